@@ -1,0 +1,40 @@
+"""The `stratarl` command: discovers subcommands in `stratarl.commands`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from stratarl import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stratarl",
+        description="Train LLM search agents with Stratified GRPO and SORL.",
+    )
+    parser.add_argument("--version", action="version", version=f"stratarl {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    import stratarl.commands as commands
+
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"stratarl.commands.{info.name}")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 0
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

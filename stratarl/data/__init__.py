@@ -1,0 +1,1 @@
+"""Datasets (Search-R1 formats), the synthetic knowledge base, model loading."""

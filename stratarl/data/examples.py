@@ -1,0 +1,23 @@
+"""The one question type every loader produces and the trainer consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Example:
+    """A question with its gold answers.
+
+    ``id`` is unique within a loaded dataset (loaders make one when the file has
+    none; never ``extra_info.index``, which restarts per source in merged files).
+    ``metadata`` carries anything else a loader kept (split, original index,
+    synthetic-benchmark hops and question type, multiple-choice options).
+    """
+
+    id: str
+    question: str
+    golden_answers: tuple[str, ...]
+    data_source: str = "unknown"
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)

