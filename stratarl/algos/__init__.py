@@ -1,0 +1,87 @@
+"""The algorithm core: pure tensor functions for GRPO, Stratified GRPO, GAE, PPO / SORL losses.
+
+Shapes use fixed letters: B rollouts, T response tokens. Masks are bool or {0,1} float [B, T]
+(1 = policy token, 0 = observation / padding). Empty masks give 0, never NaN. Every function
+takes explicit scalars, checks shapes at entry, never mutates its arguments, and documents its
+formula and source. See docs/ARCHITECTURE.md and the reference ALGORITHMS.md.
+"""
+
+from __future__ import annotations
+
+from stratarl.algos.advantages import (
+    broadcast_to_tokens,
+    cross_stratum_bias,
+    gae_advantages,
+    grpo_advantages,
+    outcome_to_token_rewards,
+    stratified_advantages,
+)
+from stratarl.algos.losses import (
+    AGG_MODES,
+    KL_ESTIMATORS,
+    PolicyLossOutput,
+    aggregate_loss,
+    clipped_policy_loss,
+    clipped_value_loss,
+    entropy_from_logits,
+    kl_penalty,
+)
+from stratarl.algos.registry import (
+    AdvantageBatch,
+    advantage_names,
+    get_advantage,
+    get_policy_loss,
+    policy_loss_names,
+    register_advantage,
+    register_policy_loss,
+)
+from stratarl.algos.sorl import ClipBiasNormalizer
+from stratarl.algos.turns import (
+    LEVELS,
+    cap_strata,
+    importance_ratios,
+    log_ratios,
+    num_turns,
+    search_counts,
+    sequence_log_ratios,
+    token_log_ratios,
+    turn_ids,
+    turn_log_ratios,
+    turn_start_mask,
+)
+
+__all__ = [
+    "AGG_MODES",
+    "KL_ESTIMATORS",
+    "LEVELS",
+    "AdvantageBatch",
+    "ClipBiasNormalizer",
+    "PolicyLossOutput",
+    "advantage_names",
+    "aggregate_loss",
+    "broadcast_to_tokens",
+    "cap_strata",
+    "clipped_policy_loss",
+    "clipped_value_loss",
+    "cross_stratum_bias",
+    "entropy_from_logits",
+    "gae_advantages",
+    "get_advantage",
+    "get_policy_loss",
+    "grpo_advantages",
+    "importance_ratios",
+    "kl_penalty",
+    "log_ratios",
+    "num_turns",
+    "outcome_to_token_rewards",
+    "policy_loss_names",
+    "register_advantage",
+    "register_policy_loss",
+    "search_counts",
+    "sequence_log_ratios",
+    "stratified_advantages",
+    "token_log_ratios",
+    "turn_ids",
+    "turn_log_ratios",
+    "turn_start_mask",
+]

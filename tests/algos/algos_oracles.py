@@ -1,0 +1,123 @@
+"""Slow, obviously-correct loop implementations used as oracles for the vectorised algos.
+
+Written from the formulas in ALGORITHMS.md with Python loops over groups / rows / tokens and
+per-group torch reductions, sharing no code with stratarl.algos.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def grpo_loop(rewards, group_ids, *, eps=1e-6, std_ddof=1, scale_by_std=True):
+    out = torch.zeros_like(rewards)
+    for gid in set(group_ids.tolist()):
+        idx = [i for i, g in enumerate(group_ids.tolist()) if g == gid]
+        r = rewards[idx]
+        if len(idx) < 2 or bool((r == r[0]).all()):
+            continue  # size-1 group / all-equal rewards → 0
+        centered = r - r.mean()
+        out[idx] = centered / (r.std(correction=std_ddof) + eps) if scale_by_std else centered
+    return out
+
+
+def stratified_loop(rewards, group_ids, strata_ids, *, alpha=0.6, eps=1e-6, std_ddof=1):
+    san = torch.zeros_like(rewards)
+    cells = set(zip(group_ids.tolist(), strata_ids.tolist()))
+    for cell in cells:
+        idx = [i for i, c in enumerate(zip(group_ids.tolist(), strata_ids.tolist())) if c == cell]
+        r = rewards[idx]
+        if len(idx) < 2 or bool((r == r[0]).all()):
+            continue
+        san[idx] = (r - r.mean()) / (r.std(correction=std_ddof) + eps)
+    gn = grpo_loop(rewards, group_ids, eps=eps, std_ddof=std_ddof)
+    return alpha * san + (1 - alpha) * gn
+
+
+def gae_loop(token_rewards, values, mask, *, gamma, lam):
+    """GAE on the compressed sequence of policy tokens of each row, scattered back."""
+    adv = torch.zeros_like(token_rewards)
+    ret = torch.zeros_like(token_rewards)
+    for b in range(token_rewards.shape[0]):
+        pos = [t for t in range(token_rewards.shape[1]) if mask[b, t]]
+        running = 0.0
+        for j in reversed(range(len(pos))):
+            t = pos[j]
+            next_v = values[b, pos[j + 1]].item() if j + 1 < len(pos) else 0.0
+            delta = token_rewards[b, t].item() + gamma * next_v - values[b, t].item()
+            running = delta + gamma * lam * running
+            adv[b, t] = running
+            ret[b, t] = running + values[b, t].item()
+    return adv, ret
+
+
+def turn_ids_loop(mask):
+    out = torch.full(mask.shape, -1, dtype=torch.long)
+    for b in range(mask.shape[0]):
+        turn, prev = -1, False
+        for t in range(mask.shape[1]):
+            cur = bool(mask[b, t])
+            if cur and not prev:
+                turn += 1
+            if cur:
+                out[b, t] = turn
+            prev = cur
+    return out
+
+
+def ratios_loop(log_probs, old_log_probs, mask, level):
+    """Ratio per token: token / geometric mean over the turn / over the rollout; 1 on masked tokens."""
+    ratio = torch.ones_like(log_probs)
+    ids = turn_ids_loop(mask)
+    for b in range(mask.shape[0]):
+        if level == "token":
+            groups = [[t] for t in range(mask.shape[1]) if mask[b, t]]
+        elif level == "turn":
+            groups = [[t for t in range(mask.shape[1]) if ids[b, t] == k] for k in range(int(ids[b].max()) + 1)]
+        else:
+            groups = [[t for t in range(mask.shape[1]) if mask[b, t]]]
+        for tokens in groups:
+            if not tokens:
+                continue
+            diffs = torch.stack([log_probs[b, t] - old_log_probs[b, t] for t in tokens])
+            w = torch.exp(diffs.mean())
+            for t in tokens:
+                ratio[b, t] = w
+    return ratio
+
+
+def ppo_loss_loop(log_probs, old_log_probs, advantages, mask, level, clip_low, clip_high, dual_clip=None):
+    """Token-mean of −min(rA, clip(r)A) (with dual clip) computed with min/max one token at a time;
+    at turn/sequence level the whole turn's surrogate w·Σ_t A_t is clipped at once (its sign decides)."""
+    ratio = ratios_loop(log_probs, old_log_probs, mask, level)
+    ids = turn_ids_loop(mask)
+    total, count = 0.0, 0
+    for b in range(mask.shape[0]):
+        if level == "token":
+            units = [[t] for t in range(mask.shape[1]) if mask[b, t]]
+        elif level == "turn":
+            units = [[t for t in range(mask.shape[1]) if ids[b, t] == k] for k in range(int(ids[b].max()) + 1)]
+        else:
+            units = [[t for t in range(mask.shape[1]) if mask[b, t]]] if bool(mask[b].any()) else []
+        for tokens in units:
+            r = ratio[b, tokens[0]].item()
+            a_sum = sum(advantages[b, t].item() for t in tokens)
+            surr = min(r * a_sum, min(max(r, 1 - clip_low), 1 + clip_high) * a_sum)
+            if dual_clip is not None and a_sum < 0:
+                surr = max(surr, dual_clip * a_sum)
+            total += -surr
+            count += len(tokens)
+    return total / max(count, 1)
+
+
+def kl_loop(log_probs, ref_log_probs, mask, kind):
+    out = torch.zeros_like(log_probs)
+    for b in range(mask.shape[0]):
+        for t in range(mask.shape[1]):
+            if not mask[b, t]:
+                continue
+            d = ref_log_probs[b, t].item() - log_probs[b, t].item()
+            out[b, t] = {"k1": -d, "k2": 0.5 * d * d, "k3": math.exp(d) - d - 1}[kind]
+    return out
