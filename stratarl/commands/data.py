@@ -1,0 +1,150 @@
+"""`stratarl data synth | convert | inspect`: build, convert and look at question files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("data", help="synthetic benchmark, dataset conversion and inspection")
+    commands = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+    parser.set_defaults(func=lambda args: parser.print_help() or 0)
+
+    synth = commands.add_parser(
+        "synth",
+        help="generate the synthetic knowledge-base benchmark (corpus.jsonl, train/test.parquet)",
+        description="Generate a seeded fictional world as a Search-R1 corpus plus single- and multi-hop questions.",
+    )
+    synth.add_argument("--out", required=True, help="output folder")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--size", default="small", help="small (~500 passages), medium (~10k), large (~100k) or a number")
+    synth.add_argument("--num-train", type=int, default=None, help="train questions (default: scales with size)")
+    synth.add_argument("--num-test", type=int, default=None, help="test questions (default: scales with size)")
+    synth.add_argument("--num-countries", type=int, default=5, help="answer-set size of the guessable country families")
+    synth.add_argument("--guessable", choices=("any", "only", "none"), default="any",
+                       help="keep all question families, only those with a small answer set, or none of them")
+    synth.add_argument("--hop-mix", default="0.4,0.4,0.2",
+                       help="weights of single-hop, 2-hop and 3-hop questions (default 0.4,0.4,0.2)")
+    synth.add_argument("--check-retrieval", action="store_true",
+                       help="also build a BM25 index and record each hop's top-1/top-3 recall in stats.json")
+    synth.set_defaults(func=_synth)
+
+    convert = commands.add_parser(
+        "convert",
+        help="convert a Search-R1 / veRL / SkyRL question file to Search-R1 parquet or jsonl",
+        description="Read any supported question file (parquet/jsonl/json, Search-R1, veRL or SkyRL rows) "
+        "and write Search-R1 rows; the output type follows the OUTPUT suffix (.parquet or .jsonl).",
+    )
+    convert.add_argument("input", help="input file, folder (with --split) or hub dataset name")
+    convert.add_argument("output", help="output .parquet or .jsonl")
+    convert.add_argument("--split", default=None, help="keep rows of this split (or pick {split}.parquet in a folder)")
+    convert.add_argument("--limit", type=int, default=None, help="keep the first N rows")
+    convert.set_defaults(func=_convert)
+
+    inspect = commands.add_parser("inspect", help="counts per data_source / split / question type and a few rows")
+    inspect.add_argument("file", help="a question file or a corpus .jsonl")
+    inspect.add_argument("--rows", type=int, default=3, help="rows to print (default 3)")
+    inspect.set_defaults(func=_inspect)
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from stratarl.data.synth import generate_knowledge_base, write_synthetic_kb
+
+    try:
+        hop_mix = tuple(float(x) for x in args.hop_mix.split(","))
+    except ValueError:
+        return _fail(f"--hop-mix {args.hop_mix!r}: expected three comma-separated numbers, e.g. 0.4,0.4,0.2")
+    try:
+        start = time.perf_counter()
+        kb = generate_knowledge_base(
+            seed=args.seed, size=args.size, num_train=args.num_train, num_test=args.num_test,
+            num_countries=args.num_countries, guessable=args.guessable, hop_mix=hop_mix,
+        )
+        generated = time.perf_counter() - start
+    except ValueError as error:
+        return _fail(f"{error} (see `stratarl data synth --help`)")
+    if args.check_retrieval:
+        from stratarl.data.retrievability import format_recall_table, hop_recall
+        from stratarl.retrieval.bm25 import BM25Retriever
+
+        table = hop_recall(kb.train + kb.test, BM25Retriever.from_passages(kb.passages))
+        kb.stats["bm25_hop_recall"] = table
+        print(format_recall_table(table))
+    paths = write_synthetic_kb(kb, args.out)
+    print(f"generated {len(kb.passages)} passages, {len(kb.train)} train and {len(kb.test)} test questions "
+          f"in {generated:.1f}s")
+    for name, path in paths.items():
+        print(f"  {name:7s} {path}")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from stratarl.data.search_r1 import DatasetFormatError, load_examples, write_examples
+
+    if Path(args.output).suffix not in (".parquet", ".jsonl"):
+        return _fail(f"{args.output}: the output must end in .parquet or .jsonl")
+    try:
+        examples = load_examples(args.input, split=args.split, limit=args.limit)
+        path = write_examples(examples, args.output, split=args.split)
+    except (DatasetFormatError, FileNotFoundError, ValueError) as error:
+        return _fail(str(error))
+    print(f"wrote {len(examples)} rows to {path}")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from stratarl.data.search_r1 import DatasetFormatError, examples_from_rows, read_rows
+
+    path = Path(args.file)
+    if not path.is_file():
+        return _fail(f"{path}: no such file")
+    if path.suffix == ".jsonl" and _is_corpus(path):
+        return _inspect_corpus(path, args.rows)
+    try:
+        examples = examples_from_rows(read_rows(path), origin=str(path))
+    except DatasetFormatError as error:
+        return _fail(str(error))
+    print(f"{path}: {len(examples)} questions")
+    for label, key in (("data_source", None), ("split", "split"), ("format", "format"),
+                       ("question_type", "question_type")):
+        counts = Counter(e.data_source if key is None else e.metadata.get(key) for e in examples)
+        if set(counts) != {None}:
+            print(f"  by {label}: " + ", ".join(f"{name}={n}" for name, n in sorted(counts.items(), key=str)))
+    for example in examples[: args.rows]:
+        print(f"- id={example.id} source={example.data_source} question={example.question!r} "
+              f"answers={list(example.golden_answers)}")
+    return 0
+
+
+def _is_corpus(path: Path) -> bool:
+    with path.open(encoding="utf-8") as handle:
+        first = handle.readline()
+    try:
+        return "contents" in json.loads(first)
+    except (json.JSONDecodeError, TypeError):
+        return False
+
+
+def _inspect_corpus(path: Path, rows: int) -> int:
+    """Stream the file: a real corpus (21M passages) must not be loaded to be counted."""
+    count, shown = 0, []
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                count += 1
+                if len(shown) < rows:
+                    shown.append(line.strip()[:300])
+    print(f"{path}: corpus with {count} passages")
+    for line in shown:
+        print(line)
+    return 0

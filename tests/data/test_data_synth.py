@@ -1,0 +1,166 @@
+"""The synthetic knowledge base: determinism, answerability, retrievability, files."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from collections import Counter
+
+import pytest
+
+from stratarl.data.retrievability import format_recall_table, hop_recall
+from stratarl.data.search_r1 import load_examples
+from stratarl.data.synth import (
+    _RESERVED,
+    FAMILIES,
+    OCCUPATIONS,
+    _unique_words,
+    generate_knowledge_base,
+    write_synthetic_kb,
+)
+from stratarl.retrieval.base import Passage
+from stratarl.rewards import normalize_answer
+
+HAS_BM25 = importlib.util.find_spec("bm25s") is not None
+
+
+@pytest.fixture(scope="module")
+def kb():
+    return generate_knowledge_base(seed=0, size="small")
+
+
+def test_same_seed_same_world_other_seed_other_world(kb):
+    again = generate_knowledge_base(seed=0, size="small")
+    assert again.passages == kb.passages
+    assert [(e.id, e.question, e.golden_answers, e.metadata) for e in again.train + again.test] == [
+        (e.id, e.question, e.golden_answers, e.metadata) for e in kb.train + kb.test
+    ]
+    other = generate_knowledge_base(seed=1, size="small")
+    assert [p.contents for p in other.passages] != [p.contents for p in kb.passages]
+
+
+def test_sizes_and_counts(kb):
+    assert len(kb.passages) == 500 and kb.stats["passages"] == 500
+    assert [p.id for p in kb.passages] == [str(i) for i in range(500)]
+    assert len({p.title for p in kb.passages}) == 500  # unique titles
+    assert kb.stats["distractor_passages"] > 0
+    assert (len(kb.train), len(kb.test)) == (100, 50)
+    assert len(generate_knowledge_base(seed=0, size=2000, num_train=10, num_test=5).passages) == 2000
+
+
+def test_generated_names_are_unique_and_never_reserved_words():
+    words = _unique_words(random.Random(0), 20_000)
+    assert len(set(words)) == 20_000
+    assert all(w.isalpha() and w[0].isupper() and w.lower() not in _RESERVED for w in words)
+
+
+def test_every_hop_is_answered_by_its_passage(kb):
+    by_id = {p.id: p for p in kb.passages}
+    for example in kb.train + kb.test:
+        hops = example.metadata["hops"]
+        expected_hops = {"single_hop": 1, "multi_hop_2": 2, "multi_hop_3": 3}[example.metadata["question_type"]]
+        assert len(hops) == expected_hops == len(FAMILIES[example.metadata["family"]].relations)
+        for hop in hops:
+            assert normalize_answer(hop["answer"]) in normalize_answer(by_id[hop["passage_id"]].contents)
+        for previous, following in zip(hops, hops[1:]):  # the chain: each hop searches the last answer
+            assert previous["answer"] in following["query"]
+            assert previous["answer"] == by_id[following["passage_id"]].title
+        assert example.golden_answers == (hops[-1]["answer"],)
+
+
+def test_questions_are_unique_and_splits_disjoint(kb):
+    train, test = {e.question for e in kb.train}, {e.question for e in kb.test}
+    assert len(train) == len(kb.train) and len(test) == len(kb.test)
+    assert not train & test
+    assert all(e.metadata["split"] == "train" for e in kb.train)
+    assert len({e.id for e in kb.train + kb.test}) == 150
+
+
+def test_all_question_types_present(kb):
+    types = {e.metadata["question_type"] for e in kb.train}
+    assert types == {"single_hop", "multi_hop_2", "multi_hop_3"}
+
+
+def test_guessable_families_have_small_answer_sets():
+    only = generate_knowledge_base(seed=0, size="small", guessable="only", num_countries=4)
+    none = generate_knowledge_base(seed=0, size="small", guessable="none")
+    assert all(e.metadata["guessable"] for e in only.train) and not any(e.metadata["guessable"] for e in none.train)
+    answers = {e.golden_answers[0] for e in only.train + only.test}
+    countries = {p.title for p in only.passages if " is a country." in p.contents}
+    assert len(countries) == 4
+    assert answers <= countries | set(OCCUPATIONS)
+    assert {e.metadata["answer_set_size"] for e in only.train} <= {4, len(OCCUPATIONS)}
+    # Unguessable: the best constant guess (the most common answer) is right <= 10% of the time.
+    assert Counter(e.golden_answers[0] for e in none.train).most_common(1)[0][1] <= 0.1 * len(none.train)
+
+
+def test_hop_mix_selects_question_types():
+    kb = generate_knowledge_base(seed=0, size="small", hop_mix=(0, 0, 1))
+    assert {e.metadata["question_type"] for e in kb.train + kb.test} == {"multi_hop_3"}
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"size": "huge"}, "unknown size 'huge'"),
+        ({"size": 10}, "at least 50"),
+        ({"guessable": "maybe"}, "guessable must be"),
+        ({"hop_mix": (1, 1)}, "hop_mix must be 3"),
+        ({"num_countries": 1}, "num_countries must be >= 2"),
+        ({"num_train": 10_000}, "supports about"),
+        ({"num_orgs": 3}, "num_orgs=3 is too small"),
+    ],
+)
+def test_bad_arguments_are_explained(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        generate_knowledge_base(seed=0, **kwargs)
+
+
+@pytest.mark.skipif(not HAS_BM25, reason="bm25s is not installed")
+def test_bm25_top3_finds_at_least_90_percent_of_hops(kb):
+    from stratarl.retrieval.bm25 import BM25Retriever
+
+    table = hop_recall(kb.train + kb.test, BM25Retriever.from_passages(kb.passages), ks=(1, 3))
+    assert table["all"]["hops"] == sum(len(e.metadata["hops"]) for e in kb.train + kb.test)
+    for group, row in table.items():
+        assert row["top3"] >= 0.9, f"{group}: {row}\n{format_recall_table(table)}"
+
+
+class _FixedRetriever:
+    """Returns the same passages for every query: a hand-checkable recall."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def search(self, queries, k):
+        return [[Passage(i, '"t"\nx') for i in self.ids[:k]] for _ in queries]
+
+
+def test_hop_recall_hand_case(kb):
+    # Retriever always answers ["7", "3", "9"]. Hops needing 7 rank 1st, 3 rank 2nd, 5 absent.
+    # all: 3 hops; top1 = 1/3 (only "7"), top3 = 2/3 ("7" and "3").
+    from stratarl.data.examples import Example
+
+    examples = [
+        Example("a", "q", ("x",), metadata={"question_type": "single_hop", "hops": [{"query": "q", "passage_id": "7"}]}),
+        Example("b", "q", ("x",), metadata={"question_type": "multi_hop_2", "hops": [
+            {"query": "q", "passage_id": "3"}, {"query": "q", "passage_id": "5"}]}),
+    ]
+    table = hop_recall(examples, _FixedRetriever(["7", "3", "9"]), ks=(1, 3))
+    assert table["all"] == {"hops": 3, "top1": 1 / 3, "top3": 2 / 3}
+    assert table["multi_hop_2/hop1"] == {"hops": 1, "top1": 0.0, "top3": 1.0}
+    assert table["multi_hop_2/hop2"] == {"hops": 1, "top1": 0.0, "top3": 0.0}
+    with pytest.raises(ValueError, match="no metadata\\['hops'\\]"):
+        hop_recall([Example("c", "q", ("x",))], _FixedRetriever([]))
+
+
+def test_written_files_load_back(kb, tmp_path):
+    from stratarl.retrieval.corpus import load_corpus
+
+    paths = write_synthetic_kb(kb, tmp_path / "kb")
+    assert load_corpus(paths["corpus"]) == kb.passages
+    test = load_examples(paths["test"])
+    assert [(e.id, e.question, e.golden_answers) for e in test] == [(e.id, e.question, e.golden_answers) for e in kb.test]
+    assert test[0].metadata["hops"] == kb.test[0].metadata["hops"]
+    assert load_examples(tmp_path / "kb", split="train")[0].metadata["split"] == "train"
+    assert '"seed": 0' in paths["stats"].read_text()
