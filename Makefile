@@ -5,8 +5,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp
+VENV_VERL ?= .venv-verl
+PY_VERL   := $(VENV_VERL)/bin/python
 
-.PHONY: demo test test-fast bench clean-venv
+.PHONY: demo test test-fast test-verl bench bench-synth clean-venv
 
 $(STAMP): pyproject.toml requirements/ci.txt requirements/no-deps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,14 +21,30 @@ $(STAMP): pyproject.toml requirements/ci.txt requirements/no-deps.txt
 demo: $(STAMP)
 	$(VENV)/bin/stratarl demo
 
-test: $(STAMP)
+# veRL plugins run in their own environment (verl 0.9.1 needs transformers < 5.11); see docs/verl.md.
+$(VENV_VERL)/.stamp: pyproject.toml requirements/verl.txt
+	test -x $(PY_VERL) || $(PYTHON) -m venv $(VENV_VERL)
+	$(PY_VERL) -m pip install -q --upgrade pip
+	$(PY_VERL) -m pip install -q --no-compile --no-deps -r requirements/verl.txt
+	$(PY_VERL) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(VENV_VERL)/.stamp
+
+test: $(STAMP) $(VENV_VERL)/.stamp
 	$(PY) -m pytest -n 2 --dist loadgroup -q
+	$(PY_VERL) -m pytest tests/verl -q -p no:cacheprovider
+
+test-verl: $(VENV_VERL)/.stamp
+	$(PY_VERL) -m pytest tests/verl -q -p no:cacheprovider
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_advantages.py
+	$(PY) benchmarks/bench_retrieval.py
+
+bench-synth: $(STAMP)
+	$(PY) benchmarks/synth_retrievability.py
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VENV_VERL)

@@ -1,0 +1,72 @@
+"""Config dataclasses that extend veRL's config tree with stratarl's settings.
+
+veRL validates its config against dataclasses (``omega_conf_to_dataclass``), so an extra key
+needs a dataclass that declares it. The recipes select them with ``_target_``:
+
+    algorithm._target_: stratarl.integrations.verl.config.StratifiedAlgoConfig
+    actor_rollout_ref.actor.policy_loss._target_: stratarl.integrations.verl.config.SORLPolicyLossConfig
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from verl.base_config import BaseConfig
+from verl.trainer.config import AlgoConfig
+from verl.workers.config.actor import PolicyLossConfig
+
+
+@dataclass
+class StratifiedGRPOConfig(BaseConfig):
+    """Stratified GRPO settings (Zhu et al., arXiv 2510.06214), veRL's ``algorithm.stratified_grpo``.
+
+    Args:
+        alpha: blend α in [0, 1]: A = α · A_SAN + (1 − α) · A_GN (0 = GRPO, 1 = pure SAN; paper 0.6).
+        eps: ε added to the std (veRL's GRPO uses 1e-6).
+        std_ddof: 1 = Bessel's correction (veRL's GRPO, ``torch.std``), 0 = population std.
+        strata_cap: search counts ≥ cap share one stratum; None = one stratum per count.
+    """
+
+    alpha: float = 0.6
+    eps: float = 1e-6
+    std_ddof: int = 1
+    strata_cap: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(
+                f"algorithm.stratified_grpo.alpha must be in [0, 1] (0 = GRPO, 1 = pure SAN), got {self.alpha}"
+            )
+        if self.eps < 0:
+            raise ValueError(f"algorithm.stratified_grpo.eps must be >= 0, got {self.eps}")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"algorithm.stratified_grpo.std_ddof must be 0 or 1, got {self.std_ddof}")
+        if self.strata_cap is not None and self.strata_cap < 0:
+            raise ValueError(f"algorithm.stratified_grpo.strata_cap must be >= 0 or null, got {self.strata_cap}")
+
+
+@dataclass
+class StratifiedAlgoConfig(AlgoConfig):
+    """veRL's ``AlgoConfig`` plus the ``stratified_grpo`` block read by the ``stratified_grpo`` estimator."""
+
+    stratified_grpo: StratifiedGRPOConfig = field(default_factory=StratifiedGRPOConfig)
+
+
+@dataclass
+class SORLPolicyLossConfig(PolicyLossConfig):
+    """veRL's policy-loss config plus SORL's δ.
+
+    Args:
+        sorl_delta: δ > 0 in g ← ∇J_PPO / max(‖C‖, δ) (Li et al., arXiv 2511.20718; default 1:
+            plain PPO steps until the clipping bias ‖C‖ exceeds 1). Read by the SORL actor step
+            when ``loss_mode`` is ``sorl``.
+    """
+
+    sorl_delta: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.sorl_delta <= 0:
+            raise ValueError(
+                f"actor.policy_loss.sorl_delta must be > 0 (the paper's default is 1), got {self.sorl_delta}"
+            )
