@@ -1,0 +1,249 @@
+"""The multi-turn rollout engine: an explicit state machine over a batch of rollouts.
+
+Each turn, every live rollout is in state GENERATE; all of them go to the
+generator in one call (prompt + response so far, as token ids: the history is
+never decoded and re-tokenized; each turn re-prefills it, which is simple and
+costs one prefill per turn). The turn's text is then parsed (``parse_action``):
+
+    GENERATE --answer-------------------------------> DONE (answered)
+    GENERATE --EOS, no action-----------------------> DONE (no answer)
+    GENERATE --search, not last turn----------------> SEARCH --observation--> GENERATE
+    GENERATE --invalid, not last turn---------------> GENERATE (invalid-action feedback appended)
+    GENERATE --search or invalid in the last turn---> DONE (hit_max_turns; no search, no feedback)
+    any state --total token budget spent------------> DONE (truncated)
+
+Observations are tokenized once and appended with response_mask 0 and log-prob 0.
+A retriever that raises becomes an observation that says so (``tool_errors``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from stratarl.retrieval.base import Passage, Retriever
+from stratarl.rollout.generation import Generation, Generator, SamplingParams
+from stratarl.rollout.parsing import (
+    ANSWER_STOP,
+    INFORMATION_SUFFIX,
+    INVALID_ACTION_OBSERVATION,
+    STOP_STRINGS,
+    TRUNCATION_MARKER,
+    Action,
+    information_observation,
+    parse_action,
+    tool_error_observation,
+)
+
+EndReason = Literal["answer", "eos", "max_turns", "max_length"]
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Budgets and sampling of a rollout (Search-R1 defaults).
+
+    max_turns: generation turns per rollout; the last one runs no search.
+    max_tokens_per_turn: tokens the policy may write in one turn.
+    max_obs_tokens: cap on one observation's tokens; longer ones are cut and end
+        with ``TRUNCATION_MARKER`` + ``</information>`` so the cut is visible.
+    max_total_tokens: cap on prompt + response tokens; a rollout that reaches it ends
+        with ``truncated=True``.
+    topk: passages per search.
+    temperature, top_p, greedy: sampling (see ``SamplingParams``).
+    eos_after_answer: append EOS (mask 1, with its log-prob) after ``</answer>`` so
+        the policy learns to stop.
+    """
+
+    max_turns: int = 4
+    max_tokens_per_turn: int = 500
+    max_obs_tokens: int = 500
+    max_total_tokens: int = 4096
+    topk: int = 3
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    eos_after_answer: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_tokens_per_turn", "max_total_tokens", "topk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_obs_tokens < 16:
+            raise ValueError(f"RolloutConfig.max_obs_tokens must be >= 16 (room for the truncation "
+                             f"marker), got {self.max_obs_tokens}")
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=self.max_tokens_per_turn, temperature=self.temperature, top_p=self.top_p,
+            greedy=self.greedy, stop_strings=STOP_STRINGS,
+            eos_after=(ANSWER_STOP,) if self.eos_after_answer else (),
+        )
+
+
+@dataclass
+class Turn:
+    """One policy turn: its span in response coordinates [start, end), its action, and
+    the span of the observation appended after it (None if none)."""
+
+    start: int
+    end: int
+    action: Action
+    finish_reason: str
+    observation_span: tuple[int, int] | None = None
+
+
+@dataclass
+class Rollout:
+    """Everything the trainer and the logger need about one rollout.
+
+    ``response_ids``, ``response_mask`` (1 = written by the policy, 0 = observation)
+    and ``sampling_logprobs`` (0.0 on observation tokens) have the same length.
+    ``passages[i]`` are the passages returned for ``queries[i]`` (empty on a tool error).
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    sampling_logprobs: list[float] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    queries: list[str] = field(default_factory=list)
+    passages: list[list[Passage]] = field(default_factory=list)
+    num_searches: int = 0
+    answered: bool = False
+    answer: str | None = None
+    truncated: bool = False
+    hit_max_turns: bool = False
+    invalid_actions: int = 0
+    tool_errors: int = 0
+    truncated_observations: int = 0
+    end_reason: EndReason | None = None
+    response_text: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.end_reason is not None
+
+    @property
+    def turn_spans(self) -> list[tuple[int, int]]:
+        return [(turn.start, turn.end) for turn in self.turns]
+
+    @property
+    def total_length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def _append(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None) -> tuple[int, int]:
+        start = len(self.response_ids)
+        self.response_ids.extend(ids)
+        self.response_mask.extend([mask] * len(ids))
+        self.sampling_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        return start, len(self.response_ids)
+
+
+def _observation_ids(tokenizer, text: str, cap: int) -> tuple[list[int], bool]:
+    """Token ids of an observation, cut to ``cap`` with a visible marker when longer.
+
+    A cut information block keeps its closing ``</information>\\n\\n`` so it stays well formed.
+    """
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) <= cap:
+        return list(ids), False
+    suffix = INFORMATION_SUFFIX if text.endswith(INFORMATION_SUFFIX) else ""
+    tail = tokenizer(TRUNCATION_MARKER + suffix, add_special_tokens=False)["input_ids"]
+    return list(ids[: cap - len(tail)]) + list(tail), True
+
+
+def _search(retriever: Retriever, queries: list[str], k: int) -> list[list[Passage]] | BaseException:
+    """One batched retriever call; a raised error or a malformed reply is returned, not raised."""
+    try:
+        results = retriever.search(queries, k)
+    except Exception as error:  # noqa: BLE001 - any tool failure becomes an observation
+        return error
+    if not isinstance(results, list) or len(results) != len(queries):
+        got = len(results) if isinstance(results, list) else type(results).__name__
+        return RuntimeError(f"retriever returned {got} result lists for {len(queries)} queries")
+    return [list(hits)[:k] for hits in results]
+
+
+class RolloutEngine:
+    """Runs batches of prompts to completion with a ``Generator`` and a ``Retriever``."""
+
+    def __init__(self, generator: Generator, retriever: Retriever, tokenizer, config: RolloutConfig | None = None):
+        self.generator = generator
+        self.retriever = retriever
+        self.tokenizer = tokenizer
+        self.config = config or RolloutConfig()
+
+    def run(self, prompts: Sequence[Sequence[int]]) -> list[Rollout]:
+        """One rollout per prompt (token ids, e.g. from ``encode_prompt``), in order."""
+        config = self.config
+        rollouts = [Rollout(prompt_ids=list(p)) for p in prompts]
+        for rollout in rollouts:
+            if rollout.total_length >= config.max_total_tokens:
+                raise ValueError(f"a prompt has {rollout.total_length} tokens, which leaves no room under "
+                                 f"max_total_tokens={config.max_total_tokens}; raise it or shorten the prompt")
+        params = config.sampling_params()
+        for turn_index in range(config.max_turns):
+            live = [r for r in rollouts if not r.done]
+            if not live:
+                break
+            budgets = [min(config.max_tokens_per_turn, config.max_total_tokens - r.total_length) for r in live]
+            generations = self.generator.generate([r.prompt_ids + r.response_ids for r in live], params, budgets)
+            last_turn = turn_index == config.max_turns - 1
+            searches = [self._after_turn(r, g, last_turn) for r, g in zip(live, generations)]
+            pending = [(r, action.content) for r, action in zip(live, searches) if action is not None]
+            if pending:
+                self._run_searches(pending)
+        for rollout in rollouts:
+            if not rollout.done:  # only reachable when max_turns ran out mid-state
+                rollout.end_reason, rollout.hit_max_turns = "max_turns", True
+            rollout.response_text = self.tokenizer.decode(rollout.response_ids, skip_special_tokens=False)
+        return rollouts
+
+    def _after_turn(self, rollout: Rollout, generation: Generation, last_turn: bool) -> Action | None:
+        """Append the turn, move the state machine; return the search to run, if any."""
+        start, end = rollout._append(generation.token_ids, 1, generation.logprobs)
+        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=False)
+        action = parse_action(text)
+        rollout.turns.append(Turn(start, end, action, generation.finish_reason))
+        out_of_room = rollout.total_length >= self.config.max_total_tokens
+        if action.kind == "answer":
+            rollout.answered, rollout.answer, rollout.end_reason = True, action.content, "answer"
+        elif generation.finish_reason == "eos":
+            rollout.end_reason = "eos"
+        elif out_of_room:
+            rollout.truncated, rollout.end_reason = True, "max_length"
+        elif last_turn:
+            rollout.hit_max_turns, rollout.end_reason = True, "max_turns"
+            rollout.invalid_actions += action.kind == "invalid"
+        elif action.kind == "search":
+            return action
+        else:
+            rollout.invalid_actions += 1
+            self._observe(rollout, INVALID_ACTION_OBSERVATION)
+        return None
+
+    def _run_searches(self, pending: list[tuple[Rollout, str]]) -> None:
+        queries = [query for _, query in pending]
+        results = _search(self.retriever, queries, self.config.topk)
+        for index, (rollout, query) in enumerate(pending):
+            rollout.queries.append(query)
+            rollout.num_searches += 1
+            if isinstance(results, BaseException):
+                rollout.tool_errors += 1
+                rollout.passages.append([])
+                self._observe(rollout, tool_error_observation(results))
+            else:
+                rollout.passages.append(results[index])
+                self._observe(rollout, information_observation(results[index]))
+
+    def _observe(self, rollout: Rollout, text: str) -> None:
+        room = self.config.max_total_tokens - rollout.total_length
+        ids, cut = _observation_ids(self.tokenizer, text, self.config.max_obs_tokens)
+        if len(ids) >= room:
+            # The observation does not fit with room left to write: keep what fits, end.
+            ids, cut = ids[:room], True
+            rollout.truncated, rollout.end_reason = True, "max_length"
+        rollout.truncated_observations += cut
+        span = rollout._append(ids, 0)
+        rollout.turns[-1].observation_span = span
