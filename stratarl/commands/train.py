@@ -1,0 +1,140 @@
+"""`stratarl train` (RL, optionally after a warm start) and `stratarl demo` (the main job)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+CONFIG_HELP = "dotted overrides, e.g. algo.name=grpo trainer.steps=20 rollout.group_size=4"
+REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train a search agent with RL (grpo, stratified_grpo, ppo, so_ppo, so_grpo)",
+                              description="Train with RL. The run directory gets config.yaml, metrics.jsonl, "
+                                          "tensorboard/, transcripts/, checkpoints/, eval/ and summary.json.")
+    p.add_argument("config", nargs="?", help="YAML config (e.g. configs/demo.yaml); omit with --resume")
+    p.add_argument("overrides", nargs="*", help=CONFIG_HELP)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint "
+                   "(its config.yaml is used; overrides such as trainer.steps=N still apply)")
+    p.add_argument("--run-dir", help="write the run here instead of <trainer.output_dir>/<trainer.run_name>")
+    p.set_defaults(func=run_train)
+
+    d = subparsers.add_parser("demo", help="the main job: warm start + Stratified GRPO on the synthetic task, "
+                              "eval before/after and an HTML report (configs/demo.yaml)")
+    d.add_argument("overrides", nargs="*", help=CONFIG_HELP)
+    d.add_argument("--config", default=str(REPO_CONFIGS / "demo.yaml"), help="config to run (default: configs/demo.yaml)")
+    d.add_argument("--run-dir", help="run directory (default: runs/demo-<timestamp>)")
+    d.set_defaults(func=run_demo)
+
+
+def fail(message: str, code: int = 2) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def resolve_run_dir(cfg, run_dir: str | None) -> Path:
+    if run_dir:
+        return Path(run_dir)
+    name = cfg.trainer.run_name or f"{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(cfg.trainer.output_dir) / name
+
+
+def load_run_config(args):
+    """(config, run_dir, resume) from the command line; raises ConfigError on bad input."""
+    from stratarl.trainer.config import ConfigError, load_config
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        overrides = ([args.config] if args.config else []) + list(args.overrides)
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"--resume {run_dir}: no config.yaml there. Fix: pass the run directory `stratarl train` wrote.")
+        return load_config(run_dir / "config.yaml", overrides), run_dir, True
+    if not args.config:
+        raise ConfigError("no config given. Fix: `stratarl train configs/demo.yaml [key=value ...]` "
+                          "or `stratarl train --resume RUN_DIR`.")
+    if "=" in args.config and not Path(args.config).exists():
+        raise ConfigError(f"{args.config!r} looks like an override, not a config file. Fix: put the YAML path first.")
+    cfg = load_config(args.config, list(args.overrides))
+    return cfg, resolve_run_dir(cfg, args.run_dir), False
+
+
+def run_pipeline(cfg, run_dir: Path, *, resume: bool) -> dict:
+    """Warm start (if ``sft.enabled`` and no ``model.init_from``), then RL; returns the RL summary."""
+    from stratarl.trainer.rl import train
+    from stratarl.trainer.setup import set_threads
+
+    set_threads(cfg.trainer.num_threads)
+    init_from = None
+    summary_sft = None
+    if cfg.sft.enabled and not cfg.model.init_from:
+        sft_dir = run_dir / "sft"
+        if not (sft_dir / "model" / "config.json").is_file():
+            from stratarl.trainer.sft import warm_start
+
+            print(f"warm start: fine-tuning on {cfg.sft.num_demos} demonstrations -> {sft_dir / 'model'}", flush=True)
+            summary_sft = warm_start(cfg, sft_dir)
+            print(f"warm start done in {summary_sft['seconds']:.0f}s: loss (mean of first / last 3 steps) "
+                  f"{summary_sft['first_steps_loss']:.3f} -> {summary_sft['last_steps_loss']:.3f}, demos {summary_sft['demo_kinds']}", flush=True)
+        init_from = str(sft_dir / "model")
+    summary = train(cfg, run_dir, resume=resume, init_from=init_from)
+    if summary_sft is not None:
+        summary["sft"] = summary_sft
+    return summary
+
+
+def _guard(fn):
+    """Turn expected user errors into one clear line (STRATARL_DEBUG=1 shows the traceback)."""
+    from stratarl.trainer.config import ConfigError
+
+    try:
+        return fn()
+    except ConfigError as error:
+        return fail(str(error))
+    except (ValueError, FileNotFoundError, RuntimeError, KeyError) as error:
+        if os.environ.get("STRATARL_DEBUG"):
+            raise
+        return fail(f"{type(error).__name__}: {error}", 1)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    def body() -> int:
+        cfg, run_dir, resume = load_run_config(args)
+        print(f"run directory: {run_dir}", flush=True)
+        summary = run_pipeline(cfg, run_dir, resume=resume)
+        print(f"done: {summary['steps']} steps in {summary['train_seconds']:.0f}s; checkpoint {summary['checkpoint']}",
+              flush=True)
+        return 130 if summary.get("interrupted") else 0
+
+    return _guard(body)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    def body() -> int:
+        from stratarl.trainer.config import load_config
+        from stratarl.trainer.report import build_report
+
+        started = time.perf_counter()
+        cfg = load_config(args.config, list(args.overrides))
+        run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.trainer.output_dir) / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+        print(f"stratarl demo: {cfg.model.name}, {cfg.algo.name} (alpha={cfg.algo.alpha}), synthetic KB + BM25; "
+              f"run directory {run_dir}", flush=True)
+        summary = run_pipeline(cfg, run_dir, resume=False)
+        report = build_report([run_dir])
+        before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
+        wall = time.perf_counter() - started
+        print("\n=== stratarl demo ===")
+        if before and after:
+            print(f"held-out EM (greedy, {after.get('count', '?')} questions; RL starts after the warm start): "
+                  f"before RL {before['em']:.3f} -> after RL {after['em']:.3f}; F1 {before['f1']:.3f} -> {after['f1']:.3f} "
+                  f"(searches/question {before['searches_mean']:.2f} -> {after['searches_mean']:.2f}, "
+                  f"answer rate {before['answer_rate']:.2f} -> {after['answer_rate']:.2f})")
+        print(f"wall time: {wall / 60:.1f} min")
+        print(f"report: {report}")
+        print(f"run directory: {run_dir}")
+        return 130 if summary.get("interrupted") else 0
+
+    return _guard(body)

@@ -1,0 +1,32 @@
+"""The trainer: config tree, RL loop, warm start, eval, report (see docs/training.md).
+
+Public API::
+
+    from stratarl.trainer import load_config, train, warm_start, evaluate, build_report
+    cfg = load_config("configs/demo.yaml", ["algo.name=grpo", "trainer.steps=20"])
+    summary = train(cfg, "runs/grpo")
+"""
+
+from __future__ import annotations
+
+from stratarl.trainer.config import Config, ConfigError, load_config, save_config
+
+_LAZY = {
+    "train": ("stratarl.trainer.rl", "train"),
+    "warm_start": ("stratarl.trainer.sft", "warm_start"),
+    "evaluate": ("stratarl.trainer.evaluate", "evaluate"),
+    "build_report": ("stratarl.trainer.report", "build_report"),
+}
+
+
+def __getattr__(name: str):
+    # Heavy modules (torch, transformers) load on first use, not on `import stratarl.trainer`.
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'stratarl.trainer' has no attribute {name!r}")
+
+
+__all__ = ["Config", "ConfigError", "load_config", "save_config", *_LAZY]

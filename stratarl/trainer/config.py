@@ -1,0 +1,584 @@
+"""One typed config tree for `stratarl train`, `sft` and `eval`.
+
+Loaded from YAML, then dotted command-line overrides are applied
+(``stratarl train configs/demo.yaml algo.name=grpo trainer.steps=20``), then the
+whole tree is validated. Every error names the field path, the bad value, why it
+is wrong and how to fix it. Unknown keys list the valid ones with a close-match
+suggestion. The resolved tree is saved as ``config.yaml`` in the run directory.
+
+Defaults follow Search-R1 / the two papers (ALGORITHMS.md §3) where they apply
+to any model size; the shipped configs shrink sizes for CPU runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+ALGORITHMS = ("grpo", "stratified_grpo", "ppo", "so_ppo", "so_grpo")
+CRITIC_ALGORITHMS = ("ppo", "so_ppo")
+SORL_ALGORITHMS = ("so_ppo", "so_grpo")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message says which field and how to fix it."""
+
+
+def _fail(path: str, value: Any, why: str, fix: str) -> None:
+    raise ConfigError(f"config field `{path}` = {value!r}: {why}. Fix: {fix}.")
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    """Train LoRA adapters (peft) instead of all weights: cheaper optimizer state on CPU."""
+    r: int = 16
+    """LoRA rank."""
+    alpha: int = 32
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the LoRA input (0 keeps log-probs deterministic between passes)."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"])
+    """Module names that get adapters."""
+
+    def validate(self, p: str) -> None:
+        if self.r < 1:
+            _fail(f"{p}.r", self.r, "the LoRA rank must be at least 1", "use e.g. 8 or 16")
+        if not 0.0 <= self.dropout < 1.0:
+            _fail(f"{p}.dropout", self.dropout, "dropout must lie in [0, 1)", "use 0.0")
+        if not self.target_modules:
+            _fail(f"{p}.target_modules", self.target_modules, "no module would get an adapter", "list e.g. [q_proj, v_proj]")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m-instruct"
+    """Bundled alias (smollm2-135m-instruct), local folder, hub id, or `tiny-random` (random Llama over the SmolLM2 tokenizer, for tests)."""
+    init_from: str | None = None
+    """A model folder (safetensors) to start from instead of `name`'s weights, e.g. an `stratarl sft` output (`<run>/sft/model`)."""
+    tokenizer: str | None = None
+    """Tokenizer to load; default: the same as `name` (SmolLM2's for `tiny-random`)."""
+    tiny_hidden_size: int = 64
+    """`tiny-random` only: hidden size."""
+    tiny_num_layers: int = 2
+    """`tiny-random` only: number of layers."""
+    tiny_num_heads: int = 4
+    """`tiny-random` only: attention heads."""
+    tiny_intermediate_size: int = 128
+    """`tiny-random` only: MLP width."""
+    trainable_layers: int = 0
+    """Train only the last N transformer layers (+ final norm); embeddings and the rest stay frozen, so the
+    backward pass stops at layer L-N (about 2x cheaper on CPU with N = L/5). 0 trains everything."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, ~30% more compute."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+    def validate(self, p: str) -> None:
+        for name in ("tiny_hidden_size", "tiny_num_layers", "tiny_num_heads", "tiny_intermediate_size"):
+            if getattr(self, name) < 1:
+                _fail(f"{p}.{name}", getattr(self, name), "sizes must be positive", "use a positive integer")
+        if self.tiny_hidden_size % self.tiny_num_heads:
+            _fail(f"{p}.tiny_hidden_size", self.tiny_hidden_size, f"must be divisible by tiny_num_heads={self.tiny_num_heads}",
+                  "pick a multiple of the head count")
+        if self.trainable_layers < 0:
+            _fail(f"{p}.trainable_layers", self.trainable_layers, "must be >= 0", "use 0 to train all layers")
+        if self.init_from is not None and not Path(self.init_from).exists():
+            _fail(f"{p}.init_from", self.init_from, "no such folder", "run `stratarl sft` first or point at an existing model folder")
+        self.lora.validate(f"{p}.lora")
+
+
+@dataclass
+class SyntheticDataConfig:
+    seed: int = 0
+    """Seed of the synthetic knowledge base (same seed, same corpus and questions)."""
+    cache_dir: str | None = None
+    """Where the generated KB lives; default `$STRATARL_CACHE/synth/seed<seed>-<hash of options>`."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for `stratarl.data.synth.generate_knowledge_base` (sizes, question types)."""
+
+
+@dataclass
+class DataConfig:
+    source: Literal["synthetic", "files"] = "synthetic"
+    """`synthetic`: the generated knowledge-base task; `files`: Search-R1 parquet/jsonl in `train_files` / `test_files`."""
+    train_files: list[str] = field(default_factory=list)
+    """Training question files (Search-R1 parquet or jsonl)."""
+    test_files: list[str] = field(default_factory=list)
+    """Held-out question files, used by eval."""
+    corpus: str | None = None
+    """Corpus jsonl for `retrieval` when `source: files` and `retrieval.spec` does not name an index."""
+    max_train_examples: int | None = None
+    """Keep at most this many training questions (None: all)."""
+    max_eval_examples: int | None = 200
+    """Evaluate on at most this many held-out questions per data_source (None: all)."""
+    synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
+
+    def validate(self, p: str) -> None:
+        if self.source == "files" and not self.train_files:
+            _fail(f"{p}.train_files", self.train_files, "`data.source: files` needs training files",
+                  "list parquet/jsonl paths, or set data.source=synthetic")
+        for key in ("train_files", "test_files"):
+            for f in getattr(self, key):
+                if not Path(f).exists():
+                    _fail(f"{p}.{key}", f, "file not found", "check the path (relative paths start at the current directory)")
+        for key in ("max_train_examples", "max_eval_examples"):
+            v = getattr(self, key)
+            if v is not None and v < 1:
+                _fail(f"{p}.{key}", v, "must be positive or null", "use null for all examples")
+
+
+@dataclass
+class RetrievalConfig:
+    spec: Any = "bm25"
+    """What `stratarl.retrieval.build_retriever` gets: `bm25` (index built and cached from the corpus), an index folder, a URL of a `/retrieve` server, or a dict."""
+    topk: int = 3
+    """Passages per search (Search-R1: 3)."""
+
+    def validate(self, p: str) -> None:
+        if self.topk < 1:
+            _fail(f"{p}.topk", self.topk, "at least one passage per search is needed", "use 3 (Search-R1)")
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 5
+    """Rollouts per prompt (G; Search-R1 GRPO: 5)."""
+    max_turns: int = 4
+    """At most this many policy turns per rollout; no search runs in the last one."""
+    max_tokens_per_turn: int = 500
+    """Generation cap per turn (tokens)."""
+    max_obs_tokens: int = 500
+    """Observation (retrieved passages) cap per search (tokens; at least 16)."""
+    max_total_tokens: int = 4096
+    """Cap on prompt + response tokens; a rollout reaching it ends as truncated."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts (eval is greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling for training rollouts."""
+    backend: str = "kv_cache"
+    """Generation backend: `kv_cache` (our batched sampler) or `hf` (transformers `generate`, the reference)."""
+
+    def validate(self, p: str) -> None:
+        if self.group_size < 1:
+            _fail(f"{p}.group_size", self.group_size, "a group needs at least one rollout", "use 5 (Search-R1) or 2-8")
+        if self.max_turns < 1:
+            _fail(f"{p}.max_turns", self.max_turns, "at least one turn is needed", "use 4 (Search-R1)")
+        for key in ("max_tokens_per_turn", "max_total_tokens"):
+            if getattr(self, key) < 1:
+                _fail(f"{p}.{key}", getattr(self, key), "must be positive", "use e.g. 500")
+        if self.max_obs_tokens < 16:
+            _fail(f"{p}.max_obs_tokens", self.max_obs_tokens, "needs room for the truncation marker", "use at least 16 (Search-R1: 500)")
+        if self.temperature <= 0:
+            _fail(f"{p}.temperature", self.temperature, "training rollouts sample, so the temperature must be > 0", "use 1.0")
+        if not 0 < self.top_p <= 1:
+            _fail(f"{p}.top_p", self.top_p, "must lie in (0, 1]", "use 1.0")
+        if self.backend not in ("kv_cache", "hf"):
+            _fail(f"{p}.backend", self.backend, "unknown backend", "use kv_cache or hf")
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "stratified_grpo"
+    """One of grpo, stratified_grpo, ppo, so_ppo, so_grpo."""
+    alpha: float = 0.6
+    """Stratified GRPO blend: alpha * SAN + (1 - alpha) * GN (0 = GRPO, 1 = pure SAN; paper: 0.6)."""
+    stratum_key: str = "num_searches"
+    """How rollouts are stratified: `num_searches` (paper), `answered`, or `module:function` taking a Rollout and returning a hashable key."""
+    stratum_cap: int | None = None
+    """With num_searches: counts >= cap share one stratum (None: no cap)."""
+    epsilon: float = 1e-6
+    """Advantage normaliser epsilon (the GRPO baseline's)."""
+    clip_low: float = 0.2
+    """Lower clip range: ratios below 1 - clip_low are clipped."""
+    clip_high: float = 0.2
+    """Upper clip range: ratios above 1 + clip_high are clipped."""
+    loss_agg: str = "token-mean"
+    """Loss aggregation: token-mean (Search-R1), seq-mean-token-mean, seq-mean-token-sum."""
+    turn_level_ratio: bool | None = None
+    """Use SORL's turn-level importance ratio; None: on for so_ppo / so_grpo, off otherwise."""
+    sorl_delta: float = 1.0
+    """SORL normalisation floor delta: g <- g / max(||C||, delta)."""
+    kl_coef: float = 0.001
+    """Reference-model KL coefficient (k3 estimator); 0 disables the reference model entirely."""
+    kl_estimator: str = "k3"
+    """KL estimator: k1, k2 or k3."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient (loss -= coef * entropy)."""
+    gamma: float = 1.0
+    """GAE discount (PPO family; Search-R1: 1)."""
+    lam: float = 1.0
+    """GAE lambda (PPO family; Search-R1: 1)."""
+    value_clip: float = 0.2
+    """Clipped value loss range (PPO family)."""
+    critic_lr: float = 1e-5
+    """Learning rate of the value head (PPO family; Search-R1: 1e-5)."""
+    critic_detach: bool = True
+    """Value head reads detached policy hidden states (a cheap critic that never disturbs the policy)."""
+    old_logprobs: str = "recompute"
+    """Behaviour log-probs: `recompute` (a trainer forward pass, as veRL) or `rollout` (the sampler's own; saves a forward pass)."""
+    reward: str = "em"
+    """Outcome reward: em (Search-R1), subem, f1, or `package.module:function` taking (response_text, golds)."""
+
+    def validate(self, p: str) -> None:
+        if self.name not in ALGORITHMS:
+            close = difflib.get_close_matches(self.name, ALGORITHMS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            _fail(f"{p}.name", self.name, "unknown algorithm", f"{hint}use one of {', '.join(ALGORITHMS)}")
+        if not 0.0 <= self.alpha <= 1.0:
+            _fail(f"{p}.alpha", self.alpha, "the blend weight must lie in [0, 1]", "use 0.6 (paper)")
+        if self.stratum_key not in ("num_searches", "answered") and ":" not in self.stratum_key:
+            _fail(f"{p}.stratum_key", self.stratum_key, "unknown stratum key",
+                  "use num_searches, answered, or `package.module:function`")
+        if self.stratum_cap is not None and self.stratum_cap < 1:
+            _fail(f"{p}.stratum_cap", self.stratum_cap, "must be >= 1 or null", "use null for no cap")
+        for key in ("clip_low", "clip_high"):
+            if not 0 < getattr(self, key) < 1:
+                _fail(f"{p}.{key}", getattr(self, key), "clip ranges must lie in (0, 1)", "use 0.2")
+        if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+            _fail(f"{p}.loss_agg", self.loss_agg, "unknown aggregation", "use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+        if self.sorl_delta <= 0:
+            _fail(f"{p}.sorl_delta", self.sorl_delta, "the floor must be positive", "use 1.0")
+        if self.kl_coef < 0:
+            _fail(f"{p}.kl_coef", self.kl_coef, "must be >= 0", "use 0.001, or 0 to disable the reference model")
+        if self.kl_estimator not in ("k1", "k2", "k3"):
+            _fail(f"{p}.kl_estimator", self.kl_estimator, "unknown estimator", "use k1, k2 or k3")
+        if self.old_logprobs not in ("recompute", "rollout"):
+            _fail(f"{p}.old_logprobs", self.old_logprobs, "unknown choice", "use recompute or rollout")
+        if self.reward not in ("em", "subem", "f1") and ":" not in self.reward:
+            _fail(f"{p}.reward", self.reward, "unknown reward", "use em, subem, f1 or `package.module:function`")
+        if self.epsilon < 0:
+            _fail(f"{p}.epsilon", self.epsilon, "must be >= 0", "use 1e-6")
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            _fail(f"{p}.gamma/lam", (self.gamma, self.lam), "must lie in [0, 1]", "use 1.0 (Search-R1)")
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.name in CRITIC_ALGORITHMS
+
+    @property
+    def uses_sorl(self) -> bool:
+        return self.name in SORL_ALGORITHMS
+
+    @property
+    def use_turn_ratio(self) -> bool:
+        return self.uses_sorl if self.turn_level_ratio is None else bool(self.turn_level_ratio)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    """Policy learning rate (Search-R1: 1e-6 for 3B models; small models on CPU like 1e-5..1e-4)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up, in optimizer steps."""
+    schedule: str = "constant"
+    """After warm-up: constant or cosine (to 10% of lr at the last optimizer step)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+
+    def validate(self, p: str) -> None:
+        if self.lr <= 0:
+            _fail(f"{p}.lr", self.lr, "the learning rate must be positive", "use e.g. 1e-6 (3B) or 1e-5 (135M)")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            _fail(f"{p}.betas", self.betas, "need two values in [0, 1)", "use [0.9, 0.999]")
+        if self.warmup_steps < 0:
+            _fail(f"{p}.warmup_steps", self.warmup_steps, "must be >= 0", "use 0 or a few steps")
+        if self.schedule not in ("constant", "cosine"):
+            _fail(f"{p}.schedule", self.schedule, "unknown schedule", "use constant or cosine")
+        if self.grad_clip < 0:
+            _fail(f"{p}.grad_clip", self.grad_clip, "must be >= 0", "use 1.0, or 0 to disable")
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 100
+    """RL steps; each draws `prompts_per_step` prompts and makes group_size rollouts of each."""
+    prompts_per_step: int = 8
+    """Prompts per rollout batch."""
+    epochs: int = 1
+    """K: passes over each rollout batch (off-policy degree is epochs x mini_batches optimizer steps)."""
+    mini_batches: int = 1
+    """M: optimizer steps per pass; only the very first step of a batch is on-policy."""
+    micro_batch_tokens: int = 4096
+    """Token budget (rows x padded length) of one forward/backward; gradients accumulate over micro-batches."""
+    logprob_chunk_tokens: int = 1024
+    """Response tokens per chunk of the selective log-softmax (bounds the [tokens x vocab] buffer)."""
+    seed: int = 0
+    """Seeds data order, rollout sampling and initialisation."""
+    output_dir: str = "runs"
+    """Runs are written to `<output_dir>/<run_name>`."""
+    run_name: str | None = None
+    """Default: `<algo>-<timestamp>`."""
+    save_every: int = 0
+    """Checkpoint every N steps (0: only at the end and on Ctrl-C)."""
+    keep_last: int = 2
+    """Keep the last k checkpoints."""
+    eval_every: int = 0
+    """Evaluate every N steps (0: only before and after training when eval.before_after)."""
+    num_threads: int = 0
+    """torch intra-op threads; 0 = os.cpu_count()."""
+    device: str = "cpu"
+    """cpu or cuda."""
+
+    def validate(self, p: str) -> None:
+        for key in ("steps", "prompts_per_step", "epochs", "mini_batches", "micro_batch_tokens", "logprob_chunk_tokens", "keep_last"):
+            if getattr(self, key) < 1:
+                _fail(f"{p}.{key}", getattr(self, key), "must be at least 1", "use a positive integer")
+        for key in ("save_every", "eval_every", "num_threads"):
+            if getattr(self, key) < 0:
+                _fail(f"{p}.{key}", getattr(self, key), "must be >= 0", "use 0 to disable")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            _fail(f"{p}.device", self.device, "unknown device", "use cpu or cuda")
+
+
+@dataclass
+class SFTConfig:
+    enabled: bool = False
+    """`stratarl train` first runs the warm-start stage (unless model.init_from is set or the run resumes)."""
+    num_demos: int = 256
+    """Demonstration trajectories rendered from the synthetic KB's training questions."""
+    epochs: int = 1
+    """Passes over the demonstrations."""
+    lr: float = 1e-4
+    """SFT learning rate (AdamW, linear warm-up over 5% then constant)."""
+    batch_size: int = 8
+    """Demonstrations per optimizer step."""
+    no_search_fraction: float = 0.2
+    """Fraction of demonstrations that answer straight away without searching (imperfect on purpose)."""
+    wrong_hop_fraction: float = 0.1
+    """Fraction of multi-hop demonstrations whose last hop searches with a wrong query (imperfect on purpose)."""
+    seed: int = 0
+    """Seeds demonstration choice and order."""
+
+    def validate(self, p: str) -> None:
+        for key in ("num_demos", "epochs", "batch_size"):
+            if getattr(self, key) < 1:
+                _fail(f"{p}.{key}", getattr(self, key), "must be at least 1", "use a positive integer")
+        if self.lr <= 0:
+            _fail(f"{p}.lr", self.lr, "must be positive", "use 1e-4")
+        for key in ("no_search_fraction", "wrong_hop_fraction"):
+            if not 0 <= getattr(self, key) <= 1:
+                _fail(f"{p}.{key}", getattr(self, key), "a fraction must lie in [0, 1]", "use e.g. 0.1")
+
+
+@dataclass
+class EvalConfig:
+    before_after: bool = True
+    """`stratarl train` evaluates the held-out set before the first and after the last step."""
+    num_transcripts: int = 4
+    """Rollout transcripts saved per eval (prompt, turns, queries, passages, answer, reward, stratum)."""
+    batch_size: int = 32
+    """Questions per generation batch."""
+
+    def validate(self, p: str) -> None:
+        if self.num_transcripts < 0 or self.batch_size < 1:
+            _fail(f"{p}", (self.num_transcripts, self.batch_size), "num_transcripts >= 0 and batch_size >= 1", "use 4 and 32")
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    """Write TensorBoard event files to `<run>/tensorboard`."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs `pip install wandb`)."""
+    wandb_project: str = "stratarl"
+    """W&B project name."""
+    progress: bool = True
+    """Progress bars per phase on the terminal."""
+    num_transcripts: int = 2
+    """Training rollout transcripts saved per step."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def validate(self) -> Config:
+        for f in dataclasses.fields(self):
+            sub = getattr(self, f.name)
+            if hasattr(sub, "validate"):
+                sub.validate(f.name)
+        if self.algo.uses_critic and self.rollout.group_size < 1:
+            _fail("rollout.group_size", self.rollout.group_size, "PPO needs rollouts", "use >= 1")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` (ints widen to floats)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, path)
+            except ConfigError as e:
+                errors.append(str(e))
+        _fail(path, value, f"expected {' or '.join(_type_name(a) for a in args)}", "change the value's type")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            _fail(path, value, "not an allowed value", f"use one of {', '.join(map(str, choices))}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            _fail(path, value, "expected a mapping of sub-fields", f"write it as `{path}: {{...}}` or use dotted keys")
+        return _build(tp, value, path)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            _fail(path, value, "expected a list", f"write e.g. `{path}=[a,b]`")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            _fail(path, value, "expected a mapping", f"write e.g. `{path}: {{key: value}}`")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(path, value, "expected true or false", "write true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(path, value, "expected an integer", "write a whole number, e.g. 4")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            # YAML 1.1 reads `3e-5` (no dot) as a string; accept any numeric spelling.
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(path, value, "expected a number", "write e.g. 0.5 or 1e-6")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(path, value, "expected a string", "quote the value")
+        return value
+    return value
+
+
+def _unknown_key(cls: type, key: str, path: str) -> None:
+    valid = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"did you mean `{path + '.' if path else ''}{close[0]}`? " if close else ""
+    where = f"`{path}`" if path else "the top level"
+    raise ConfigError(f"unknown config key `{path + '.' if path else ''}{key}` in {where}. Fix: {hint}valid keys: {', '.join(valid)}.")
+
+
+def _build(cls: type, data: dict, path: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            _unknown_key(cls, key, path)
+        kwargs[key] = _coerce(value, hints[key], f"{path}.{key}" if path else key)
+    return cls(**kwargs)
+
+
+def _merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in ("options",):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"algo.name=grpo"`` -> (["algo", "name"], "grpo"); the value is read as YAML
+    (``20`` -> int, ``true`` -> bool, ``[a,b]`` -> list, ``null`` -> None)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} has no `=`. Fix: write `section.field=value`, e.g. `trainer.steps=20`.")
+    key, raw = text.split("=", 1)
+    keys = [k for k in key.strip().split(".")]
+    if not all(keys):
+        raise ConfigError(f"override {text!r}: empty key. Fix: write `section.field=value`.")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return keys, value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Return a copy of ``data`` with every dotted override set (validated later)."""
+    out = _merge({}, data)
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = out
+        for k in keys[:-1]:
+            child = node.get(k)
+            node[k] = dict(child) if isinstance(child, dict) else {}
+            node = node[k]
+        node[keys[-1]] = value
+    return out
+
+
+def config_from_dict(data: dict, overrides: list[str] | None = None) -> Config:
+    """Build and validate a Config from a (YAML-shaped) dict plus dotted overrides."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config must be a mapping of sections, got {type(data).__name__}. Fix: start the file with e.g. `trainer:`.")
+    return _build(Config, apply_overrides(data, overrides or [])).validate()
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config file (or the defaults when ``path`` is None), apply overrides, validate."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} not found. Fix: pass a path such as configs/demo.yaml.")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(path)!r} must be a mapping of sections. Fix: start it with e.g. `trainer:`.")
+    try:
+        return config_from_dict(data, overrides)
+    except ConfigError as e:
+        where = f" (in {path})" if path is not None else ""
+        raise ConfigError(f"{e}{where}") from None
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (loadable by `load_config`)."""
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -1,0 +1,121 @@
+"""`stratarl eval`: greedy rollouts over held-out questions, scored per data_source.
+
+Per data_source: EM, SubEM, token F1 (of the last ``<answer>`` of the response),
+mean search calls, answer rate, and count; plus the overall mean. Results are a
+plain dict (written as JSON) and a terminal table. Transcripts of the first few
+rollouts are kept for debugging.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+from stratarl.data.examples import Example
+from stratarl.trainer.config import Config
+
+METRIC_COLUMNS = ("em", "subem", "f1", "searches_mean", "answer_rate", "count")
+
+
+def score_rollout(rollout, example: Example) -> dict[str, float]:
+    """EM / SubEM / F1 of one rollout's final answer (0 when it never answered)."""
+    from stratarl.rewards import exact_match, f1_score, sub_exact_match
+
+    answer = rollout.answer if rollout.answered else None
+    golds = example.golden_answers
+    return {
+        "em": float(answer is not None and exact_match(answer, golds)),
+        "subem": float(answer is not None and sub_exact_match(answer, golds)),
+        "f1": float(f1_score(answer, golds)) if answer is not None else 0.0,
+        "searches": float(rollout.num_searches),
+        "answered": float(rollout.answered),
+    }
+
+
+def aggregate(scores: Sequence[dict[str, float]], sources: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Per-source means (plus ``all``) of per-rollout scores."""
+    groups: dict[str, list[dict[str, float]]] = {}
+    for s, src in zip(scores, sources):
+        groups.setdefault(src, []).append(s)
+    if len(groups) > 1:
+        groups["all"] = list(scores)
+    out = {}
+    for src, rows in groups.items():
+        n = len(rows)
+        out[src] = {"em": sum(r["em"] for r in rows) / n, "subem": sum(r["subem"] for r in rows) / n,
+                    "f1": sum(r["f1"] for r in rows) / n, "searches_mean": sum(r["searches"] for r in rows) / n,
+                    "answer_rate": sum(r["answered"] for r in rows) / n, "count": n}
+    return out
+
+
+def evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Config, *, num_transcripts: int = 4,
+             progress: bool = False, desc: str = "eval") -> dict:
+    """Greedy rollouts (one per question) -> {"per_source": ..., "transcripts": [...], "seconds": ...}."""
+    from stratarl.trainer.rollouts import collect, make_generator, transcript
+    from stratarl.trainer.setup import TimedRetriever
+
+    timed = retriever if isinstance(retriever, TimedRetriever) else TimedRetriever(retriever)
+    generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=0)
+    start = time.perf_counter()
+    scores, sources, transcripts = [], [], []
+    bar = _progress(len(examples), desc) if progress else None
+    for i in range(0, len(examples), cfg.eval.batch_size):
+        chunk = list(examples[i:i + cfg.eval.batch_size])
+        batch = collect(generator, timed, tokenizer, chunk, cfg, group_size=1, greedy=True)
+        for r, e in zip(batch.rollouts, chunk):
+            s = score_rollout(r, e)
+            scores.append(s)
+            sources.append(e.data_source)
+            if len(transcripts) < num_transcripts:
+                transcripts.append(transcript(r, e, tokenizer, reward=s["em"], stratum=r.num_searches))
+        if bar is not None:
+            bar.update(len(chunk))
+            bar.set_postfix(em=f"{sum(s['em'] for s in scores) / len(scores):.3f}")
+    if bar is not None:
+        bar.close()
+    return {"per_source": aggregate(scores, sources), "transcripts": transcripts,
+            "seconds": time.perf_counter() - start, "num_examples": len(examples)}
+
+
+def _progress(total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="q", leave=False, dynamic_ncols=True)
+
+
+def overall(result: dict) -> dict[str, float]:
+    per = result["per_source"]
+    return per.get("all") or next(iter(per.values()), {})
+
+
+def format_table(result: dict, title: str = "") -> str:
+    """A fixed-width table: one row per data_source."""
+    header = f"{'data_source':<20}" + "".join(f"{c:>14}" for c in METRIC_COLUMNS)
+    lines = [title, header, "-" * len(header)] if title else [header, "-" * len(header)]
+    for src, m in result["per_source"].items():
+        cells = "".join(f"{m[c]:>14.3f}" if c != "count" else f"{m[c]:>14d}" for c in METRIC_COLUMNS)
+        lines.append(f"{src:<20}{cells}")
+    return "\n".join(lines)
+
+
+def save_eval(result: dict, run_dir: str | Path, tag: str) -> Path:
+    """Write ``<run>/eval/<tag>.json`` (metrics) and ``<run>/eval/<tag>_transcripts.jsonl``."""
+    from stratarl.trainer.metrics import write_transcripts
+
+    out = Path(run_dir) / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{tag}.json"
+    path.write_text(json.dumps({k: v for k, v in result.items() if k != "transcripts"}, indent=2) + "\n")
+    write_transcripts(out / f"{tag}_transcripts.jsonl", result.get("transcripts", []))
+    return path
+
+
+def eval_metrics(result: dict, prefix: str = "eval") -> dict[str, float]:
+    """Namespaced scalars for metrics.jsonl: eval/<source>/em, ..."""
+    out = {}
+    for src, m in result["per_source"].items():
+        for key in ("em", "subem", "f1", "searches_mean", "answer_rate"):
+            out[f"{prefix}/{src}/{key}"] = m[key]
+    return out

@@ -1,0 +1,274 @@
+"""The RL loop of `stratarl train`, readable top to bottom.
+
+    for each step:
+        prompts   <- next P questions from a seeded sampler (state: epoch, position)
+        rollouts  <- G rollouts per prompt: the multi-turn engine + the run's retriever
+        rewards   <- outcome reward of each rollout's final answer (EM by default)
+        strata    <- structural key of each rollout (number of searches by default)
+        old / ref log-probs, values  <- one no-grad pass of the trainer
+        advantages <- GRPO / Stratified GRPO / GAE, by algorithm name
+        update    <- K epochs x M mini-batches of optimizer steps (SORL normalisation for so_*)
+        log metrics, transcripts; checkpoint every N steps
+
+Algorithms by name (``algo.name``):
+
+    grpo             group advantages (GN), token ratio
+    stratified_grpo  alpha * SAN + (1 - alpha) * GN (Zhu et al. 2510.06214), token ratio
+    ppo              critic + GAE, token ratio
+    so_ppo           critic + GAE, turn-level ratio, clipping-triggered normalisation (SORL 2511.20718)
+    so_grpo          group advantages, turn-level ratio, clipping-triggered normalisation
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from stratarl.trainer import checkpoint as ckpt
+from stratarl.trainer.config import Config, save_config
+from stratarl.trainer.metrics import MetricsLogger, PhaseTimer, format_step_line, write_transcripts
+
+ADVANTAGE_OF = {"grpo": "grpo", "so_grpo": "grpo", "stratified_grpo": "stratified", "ppo": "gae", "so_ppo": "gae"}
+
+
+def advantage_params(cfg: Config) -> dict:
+    """Keyword arguments of the registered estimator for ``cfg.algo.name``."""
+    name = ADVANTAGE_OF[cfg.algo.name]
+    if name == "gae":
+        return {"gamma": cfg.algo.gamma, "lam": cfg.algo.lam}
+    if name == "stratified":
+        return {"alpha": cfg.algo.alpha, "eps": cfg.algo.epsilon}
+    return {"eps": cfg.algo.epsilon}
+
+
+def compute_advantages(cfg: Config, batch, rewards: list[float], group_ids: list[int], strata: list[int]) -> None:
+    """Fill ``batch.advantages`` and ``batch.returns`` [B, T] with the algorithm's estimator."""
+    from stratarl.algos.registry import AdvantageBatch, get_advantage
+
+    device = batch.response_mask.device
+    inputs = AdvantageBatch(rewards=torch.tensor(rewards, dtype=torch.float32, device=device),
+                            group_ids=torch.tensor(group_ids, device=device),
+                            response_mask=batch.response_mask, strata_ids=torch.tensor(strata, device=device),
+                            values=batch.old_values)
+    batch.advantages, batch.returns = get_advantage(ADVANTAGE_OF[cfg.algo.name])(inputs, **advantage_params(cfg))
+
+
+@dataclass
+class RunState:
+    """Everything a step reads or mutates, built once per run."""
+
+    cfg: Config
+    run_dir: Path
+    model: torch.nn.Module
+    tokenizer: object
+    task: object
+    retriever: object
+    generator: object
+    learner: object
+    sampler: ckpt.DataSampler
+    shuffle_rng: torch.Generator
+    logger: MetricsLogger
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+    step: int = 0
+    prompt_cache: dict = field(default_factory=dict)
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+def rl_step(run: RunState) -> dict[str, float]:
+    """One RL step: rollouts -> rewards -> strata -> advantages -> K x M updates. Returns its metrics."""
+    from stratarl.trainer.batch import collate_rollouts, scatter_response_values
+    from stratarl.trainer.rollouts import advantage_metrics, collect, rollout_metrics, transcript
+    from stratarl.trainer.update import score_batch, update_policy
+
+    cfg, timer = run.cfg, run.timer
+    step_start = time.perf_counter()
+    examples = [run.task.train[i] for i in run.sampler.next(cfg.trainer.prompts_per_step)]
+
+    collected = collect(run.generator, run.retriever, run.tokenizer, examples, cfg,
+                        group_size=cfg.rollout.group_size, prompt_cache=run.prompt_cache)
+    timer.add("generation", collected.generation_s)
+    timer.add("retrieval", collected.retrieval_s)
+
+    batch = collate_rollouts(collected.rollouts, run.tokenizer.pad_token_id)
+    batch.old_logprobs = scatter_response_values([r.sampling_logprobs for r in collected.rollouts], batch.response_lengths)
+    batch = batch.to(cfg.trainer.device)
+    with timer("logprobs"):
+        score_batch(run.learner, batch, cfg)
+    compute_advantages(cfg, batch, collected.rewards, collected.group_ids, collected.strata)
+
+    with timer("update"):
+        update = update_policy(run.learner, batch, cfg, run.shuffle_rng)
+
+    metrics = {**rollout_metrics(collected), **advantage_metrics(batch.advantages, batch.response_mask), **update}
+    metrics.update(timer.pop())
+    metrics["time/step"] = time.perf_counter() - step_start
+    update_tokens = float(batch.attention_mask.sum()) * cfg.trainer.epochs
+    metrics["perf/update_tokens_per_s"] = update_tokens / max(metrics.get("time/update", 0.0), 1e-9)
+    generated = sum(sum(r.response_mask) for r in collected.rollouts)
+    metrics["perf/generation_tokens_per_s"] = generated / max(collected.generation_s, 1e-9)
+    if cfg.logging.num_transcripts:
+        adv = batch.advantages[:, 0] if batch.advantages.shape[1] else torch.zeros(batch.size)
+        records = [transcript(r, e, run.tokenizer, reward=rw, stratum=s, advantage=float(a))
+                   for r, e, rw, s, a in zip(collected.rollouts, collected.examples, collected.rewards,
+                                             collected.strata, adv.tolist())][:cfg.logging.num_transcripts]
+        write_transcripts(run.run_dir / "transcripts" / f"step_{run.step + 1:06d}.jsonl", records)
+    return metrics
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def save(run: RunState) -> Path:
+    state = {
+        "optimizer": run.learner.optimizer.state_dict(),
+        "scheduler": run.learner.scheduler.state_dict(),
+        "rng": ckpt.rng_state(getattr(run.generator, "rng", None)),
+        "shuffle_rng": run.shuffle_rng.get_state(),
+        "sampler": run.sampler.state_dict(),
+    }
+    return ckpt.save_checkpoint(run.ckpt_dir, run.step, model=run.model, state=state,
+                                value_head=run.learner.value_head, keep_last=run.cfg.trainer.keep_last)
+
+
+def restore(run: RunState, path: Path) -> None:
+    state = ckpt.load_checkpoint(path, model=run.model, value_head=run.learner.value_head)
+    run.learner.optimizer.load_state_dict(state["optimizer"])
+    run.learner.scheduler.load_state_dict(state["scheduler"])
+    ckpt.set_rng_state(state["rng"], getattr(run.generator, "rng", None))
+    run.shuffle_rng.set_state(state["shuffle_rng"])
+    run.sampler.load_state_dict(state["sampler"])
+    run.step = int(state["step"])
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None) -> RunState:
+    """Model, retriever, generator, optimizer, sampler and logger for ``cfg`` (fresh state)."""
+    from stratarl.trainer.rollouts import make_generator
+    from stratarl.trainer.setup import TimedRetriever, build_task_retriever, load_policy, load_task
+    from stratarl.trainer.update import build_learner
+
+    torch.manual_seed(cfg.trainer.seed)
+    task = load_task(cfg)
+    retriever = TimedRetriever(build_task_retriever(cfg, task))
+    model_cfg = cfg.model if init_from is None else type(cfg.model)(**{**cfg.model.__dict__, "init_from": init_from})
+    model, tokenizer = load_policy(model_cfg, seed=cfg.trainer.seed, device=cfg.trainer.device)
+    total_optimizer_steps = cfg.trainer.steps * cfg.trainer.epochs * cfg.trainer.mini_batches
+    learner = build_learner(model, cfg, total_optimizer_steps)
+    generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=cfg.trainer.seed)
+    logger = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
+                           wandb_project=cfg.logging.wandb_project, config=cfg.to_dict())
+    return RunState(cfg=cfg, run_dir=run_dir, model=model, tokenizer=tokenizer, task=task, retriever=retriever,
+                    generator=generator, learner=learner, sampler=ckpt.DataSampler(len(task.train), cfg.trainer.seed),
+                    shuffle_rng=torch.Generator().manual_seed(cfg.trainer.seed + 1), logger=logger)
+
+
+class _GracefulInterrupt:
+    """First Ctrl-C: finish the current step, checkpoint, exit. Second Ctrl-C: abort at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread (e.g. inside a notebook worker): no handler
+            self._previous = None
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nCtrl-C: finishing this step, then saving a checkpoint (Ctrl-C again aborts without saving)",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _run_eval(run: RunState, tag: str) -> dict:
+    from stratarl.trainer.evaluate import eval_metrics, evaluate, format_table, overall, save_eval
+    from stratarl.trainer.setup import limit_per_source
+
+    examples = limit_per_source(run.task.test, run.cfg.data.max_eval_examples)
+    if not examples:
+        return {}
+    result = evaluate(run.model, run.tokenizer, run.retriever, examples, run.cfg,
+                      num_transcripts=run.cfg.eval.num_transcripts, progress=run.cfg.logging.progress, desc=f"eval {tag}")
+    save_eval(result, run.run_dir, tag)
+    run.logger.log(run.step, {**eval_metrics(result), "time/eval": result["seconds"]})
+    print(format_table(result, title=f"eval [{tag}] step {run.step}: {len(examples)} held-out questions"), flush=True)
+    return overall(result)
+
+
+def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, init_from: str | None = None) -> dict:
+    """Run (or resume) RL training in ``run_dir``; returns a summary (final metrics, eval before/after)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    run = build_run(cfg, run_dir, init_from=init_from)
+    latest = ckpt.latest_checkpoint(run.ckpt_dir) if resume else None
+    if latest is not None:
+        restore(run, latest)
+        print(f"resumed from {latest} (step {run.step})", flush=True)
+    summary: dict = {"run_dir": str(run_dir), "algo": cfg.algo.name, "start_step": run.step}
+    started = time.perf_counter()
+    if cfg.eval.before_after and run.step == 0:
+        summary["eval_before"] = _run_eval(run, "before")
+    last: dict = {}
+    bar = _step_bar(cfg, run.step)
+    with _GracefulInterrupt() as interrupt:
+        while run.step < cfg.trainer.steps and not interrupt.requested:
+            metrics = rl_step(run)
+            run.step += 1
+            last = run.logger.log(run.step, metrics)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(reward=f"{last['reward/mean']:.3f}", em=f"{last['reward/em']:.3f}")
+            _print_line(bar, format_step_line(run.step, cfg.trainer.steps, last))
+            if cfg.trainer.save_every and run.step % cfg.trainer.save_every == 0:
+                save(run)
+            if cfg.trainer.eval_every and run.step % cfg.trainer.eval_every == 0 and run.step < cfg.trainer.steps:
+                _run_eval(run, f"step_{run.step:06d}")
+        if bar is not None:
+            bar.close()
+        path = save(run)
+        summary["checkpoint"] = str(path)
+        summary["interrupted"] = interrupt.requested
+    if interrupt.requested:
+        print(f"stopped at step {run.step}; resume with `stratarl train {run_dir}/config.yaml --resume "
+              f"trainer.run_name={run_dir.name} trainer.output_dir={run_dir.parent}`", flush=True)
+    elif cfg.eval.before_after:
+        summary["eval_after"] = _run_eval(run, "after")
+    summary.update({"steps": run.step, "final": last, "train_seconds": time.perf_counter() - started})
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    run.logger.close()
+    return summary
+
+
+def _step_bar(cfg: Config, start: int):
+    if not cfg.logging.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.trainer.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+
+
+def _print_line(bar, line: str) -> None:
+    if bar is not None:
+        bar.write(line)
+    else:
+        print(line, flush=True)

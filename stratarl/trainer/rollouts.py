@@ -1,0 +1,212 @@
+"""The trainer's side of the rollout engine: groups, rewards, strata, rollout metrics, transcripts.
+
+``collect`` runs G rollouts for each prompt with the real engine and the run's
+retriever (wrapped in a timing proxy so generation and retrieval time are
+reported apart). Groups get fresh ids per prompt occurrence in the batch (never
+the dataset's index: see COMPATIBILITY.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from stratarl.data.examples import Example
+from stratarl.trainer.config import Config
+from stratarl.trainer.setup import TimedRetriever
+
+
+@dataclass
+class CollectedBatch:
+    """Rollouts of one step with their question, group id, reward and stratum."""
+
+    rollouts: list
+    examples: list[Example]
+    group_ids: list[int]
+    rewards: list[float]
+    em: list[float]
+    strata: list[int]
+    generation_s: float
+    retrieval_s: float
+
+
+def make_generator(model, tokenizer, backend: str, seed: int):
+    from stratarl.rollout.generation import HFGenerator, KVCacheGenerator
+
+    if backend == "hf":
+        return HFGenerator(model, tokenizer, seed=seed)
+    return KVCacheGenerator(model, tokenizer, seed=seed)
+
+
+def engine_config(cfg: Config, *, greedy: bool):
+    from stratarl.rollout.engine import RolloutConfig
+
+    r = cfg.rollout
+    return RolloutConfig(max_turns=r.max_turns, max_tokens_per_turn=r.max_tokens_per_turn, max_obs_tokens=r.max_obs_tokens,
+                         max_total_tokens=r.max_total_tokens, topk=cfg.retrieval.topk, temperature=r.temperature,
+                         top_p=r.top_p, greedy=greedy)
+
+
+def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
+    """Rollout -> integer stratum: number of searches (capped), answered, or a user function."""
+    if key == "num_searches":
+        return lambda r: min(r.num_searches, cap) if cap is not None else r.num_searches
+    if key == "answered":
+        return lambda r: int(r.answered)
+    module, _, name = key.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"algo.stratum_key={key!r}: cannot import it ({error}). Fix: use `package.module:function` "
+                         "of a function Rollout -> hashable key") from None
+    seen: dict = {}
+    # Any hashable key becomes a stable small integer id.
+    return lambda r: seen.setdefault(fn(r), len(seen))
+
+
+def reward_function(name: str):
+    """A built-in reward by name (em, subem, f1) or ``package.module:function`` (response_text, golds) -> float."""
+    from stratarl.rewards import get_reward
+
+    if ":" not in name:
+        return get_reward(name)
+    module, _, attr = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"algo.reward={name!r}: cannot import it ({error}). Fix: use em, subem, f1 or "
+                         "`package.module:function`") from None
+
+
+def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = None) -> list[list[int]]:
+    from stratarl.rollout.prompt import encode_prompt
+
+    out = []
+    for e in examples:
+        if cache is not None and e.id in cache:
+            out.append(cache[e.id])
+            continue
+        ids = encode_prompt(tokenizer, e.question)
+        if cache is not None:
+            cache[e.id] = ids
+        out.append(ids)
+    return out
+
+
+def collect(generator, retriever: TimedRetriever, tokenizer, examples: Sequence[Example], cfg: Config, *,
+            group_size: int, greedy: bool = False, prompt_cache: dict | None = None) -> CollectedBatch:
+    """G rollouts per example (consecutive), scored with the run's reward and stratified."""
+    from stratarl.rewards import exact_match
+    from stratarl.rollout.engine import RolloutEngine
+
+    prompts = encode_prompts(tokenizer, examples, prompt_cache)
+    flat_prompts = [p for p in prompts for _ in range(group_size)]
+    flat_examples = [e for e in examples for _ in range(group_size)]
+    group_ids = [i for i in range(len(examples)) for _ in range(group_size)]
+    engine = RolloutEngine(generator, retriever, tokenizer, engine_config(cfg, greedy=greedy))
+    retriever.pop_seconds()
+    start = time.perf_counter()
+    rollouts = engine.run(flat_prompts)
+    total = time.perf_counter() - start
+    retrieval_s = retriever.pop_seconds()
+    reward_fn = reward_function(cfg.algo.reward)
+    rewards, em = [], []
+    for r, e in zip(rollouts, flat_examples):
+        prediction = r.answer if r.answered else None
+        rewards.append(float(reward_fn(r.response_text, e.golden_answers)))
+        em.append(float(prediction is not None and exact_match(prediction, e.golden_answers)))
+    strata_fn = stratum_function(cfg.algo.stratum_key, cfg.algo.stratum_cap)
+    strata = [int(strata_fn(r)) for r in rollouts]
+    return CollectedBatch(rollouts, flat_examples, group_ids, rewards, em, strata, total - retrieval_s, retrieval_s)
+
+
+def _distribution(values: list[int], prefix: str, max_key: int = 4) -> dict[str, float]:
+    counts = Counter(min(v, max_key) for v in values)
+    n = max(1, len(values))
+    return {f"{prefix}/{k}{'+' if k == max_key else ''}": counts.get(k, 0) / n for k in range(max_key + 1)}
+
+
+def rollout_metrics(batch: CollectedBatch) -> dict[str, float]:
+    """reward/*, rollout/* (search calls and their distribution, lengths, rates) and stratum/* metrics."""
+    rs = batch.rollouts
+    n = max(1, len(rs))
+    searches = [r.num_searches for r in rs]
+    policy_len = [sum(r.response_mask) for r in rs]
+    obs_len = [len(r.response_mask) - sum(r.response_mask) for r in rs]
+    turns = [len(r.turns) for r in rs]
+    m: dict[str, float] = {
+        "reward/mean": sum(batch.rewards) / n,
+        "reward/em": sum(batch.em) / n,
+        "rollout/search_calls_mean": sum(searches) / n,
+        "rollout/search_calls_max": float(max(searches, default=0)),
+        "rollout/turns_mean": sum(turns) / n,
+        "rollout/response_length_mean": sum(policy_len) / n,
+        "rollout/response_length_max": float(max(policy_len, default=0)),
+        "rollout/observation_length_mean": sum(obs_len) / n,
+        "rollout/prompt_length_mean": sum(len(r.prompt_ids) for r in rs) / n,
+        "rollout/answer_rate": sum(r.answered for r in rs) / n,
+        "rollout/truncated_rate": sum(r.truncated for r in rs) / n,
+        "rollout/hit_max_turns_rate": sum(r.hit_max_turns for r in rs) / n,
+        "rollout/invalid_action_rate": sum(r.invalid_actions > 0 for r in rs) / n,
+        "rollout/invalid_actions_mean": sum(r.invalid_actions for r in rs) / n,
+        "rollout/tool_errors": float(sum(r.tool_errors for r in rs)),
+        "rollout/num": float(len(rs)),
+    }
+    m.update(_distribution(searches, "rollout/search_calls_frac"))
+    by_stratum: dict[int, list[float]] = {}
+    for s, reward in zip(batch.strata, batch.rewards):
+        by_stratum.setdefault(s, []).append(reward)
+    for s, values in sorted(by_stratum.items()):
+        m[f"stratum/{s}/reward_mean"] = sum(values) / len(values)
+        m[f"stratum/{s}/count"] = float(len(values))
+    m["stratum/num_strata"] = float(len(by_stratum))
+    # Groups whose rewards are all equal give GRPO no signal: the share says how much of a batch is wasted.
+    groups: dict[int, set[float]] = {}
+    for g, reward in zip(batch.group_ids, batch.rewards):
+        groups.setdefault(g, set()).add(reward)
+    m["reward/flat_group_frac"] = sum(len(v) == 1 for v in groups.values()) / max(1, len(groups))
+    return m
+
+
+def advantage_metrics(advantages: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+    """Mean / std / min / max of the per-token advantages over policy tokens."""
+    values = advantages[response_mask.bool()]
+    if values.numel() == 0:
+        return {"advantage/mean": 0.0, "advantage/std": 0.0, "advantage/min": 0.0, "advantage/max": 0.0}
+    return {"advantage/mean": float(values.mean()), "advantage/std": float(values.std(unbiased=False)),
+            "advantage/min": float(values.min()), "advantage/max": float(values.max())}
+
+
+def transcript(rollout, example: Example, tokenizer, *, reward: float, stratum: int | None = None,
+               advantage: float | None = None) -> dict:
+    """A readable record of one rollout: prompt, each turn's text, queries, passages, answer, reward."""
+    turns = []
+    for turn in rollout.turns:
+        entry = {"text": tokenizer.decode(rollout.response_ids[turn.start:turn.end], skip_special_tokens=False),
+                 "action": turn.action.kind, "finish": turn.finish_reason}
+        if turn.observation_span is not None:
+            a, b = turn.observation_span
+            entry["observation"] = tokenizer.decode(rollout.response_ids[a:b], skip_special_tokens=False)
+        turns.append(entry)
+    return {
+        "example_id": example.id,
+        "question": example.question,
+        "golden_answers": list(example.golden_answers),
+        "prompt": tokenizer.decode(rollout.prompt_ids, skip_special_tokens=False),
+        "turns": turns,
+        "queries": list(rollout.queries),
+        "passages": [[{"id": p.id, "title": p.title, "score": p.score} for p in hits] for hits in rollout.passages],
+        "answer": rollout.answer,
+        "reward": reward,
+        "stratum": stratum,
+        "advantage": advantage,
+        "num_searches": rollout.num_searches,
+        "end_reason": rollout.end_reason,
+        "policy_tokens": sum(rollout.response_mask),
+        "observation_tokens": len(rollout.response_mask) - sum(rollout.response_mask),
+    }

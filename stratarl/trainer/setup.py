@@ -1,0 +1,222 @@
+"""Build what a run needs from its config: policy + tokenizer, question sets, retriever.
+
+Shared by `stratarl train`, `sft` and `eval` so the three always see the same
+model, data and retriever for the same config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from stratarl.data.examples import Example
+from stratarl.retrieval.base import Passage, Retriever
+from stratarl.trainer.config import Config, ModelConfig
+
+TINY_MODEL = "tiny-random"
+
+
+def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", trainable: bool = True):
+    """(model, tokenizer) for ``model_cfg``: ``init_from`` folder, `tiny-random`, or a bundled/hub model.
+
+    With ``model.lora.enabled`` and ``trainable`` the model is wrapped by peft
+    (only adapter weights train). The model is returned in eval mode (no dropout),
+    so log-probs of the same tokens agree between the rollout and the update.
+    """
+    from stratarl.data.models import DEFAULT_MODEL, build_tiny_model, load_model, load_tokenizer
+
+    tokenizer_name = model_cfg.tokenizer or (DEFAULT_MODEL if model_cfg.name == TINY_MODEL else model_cfg.name)
+    if model_cfg.init_from:
+        tokenizer = load_tokenizer(model_cfg.tokenizer or model_cfg.init_from)
+        model = load_model(model_cfg.init_from)
+    elif model_cfg.name == TINY_MODEL:
+        tokenizer = load_tokenizer(tokenizer_name)
+        model = build_tiny_model(tokenizer, hidden_size=model_cfg.tiny_hidden_size, num_layers=model_cfg.tiny_num_layers,
+                                 num_heads=model_cfg.tiny_num_heads, intermediate_size=model_cfg.tiny_intermediate_size,
+                                 seed=seed)
+    else:
+        tokenizer = load_tokenizer(tokenizer_name)
+        model = load_model(model_cfg.name)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.use_cache = False
+    if model_cfg.gradient_checkpointing and trainable:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if model_cfg.trainable_layers and trainable:
+        freeze_all_but_last_layers(model, model_cfg.trainable_layers)
+    if model_cfg.lora.enabled and trainable:
+        model = _wrap_lora(model, model_cfg)
+    return model.to(device).eval(), tokenizer
+
+
+def freeze_all_but_last_layers(model, n: int) -> None:
+    """requires_grad only on the last ``n`` decoder layers and the final norm (in place).
+
+    Autograd then never goes below layer L - n: the lower layers run forward only.
+    """
+    decoder = model.get_decoder()
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError("model.trainable_layers needs a decoder with a `.layers` list (Llama/Qwen/Mistral-style models)")
+    if n > len(layers):
+        raise ValueError(f"model.trainable_layers={n} but the model has only {len(layers)} layers; use at most {len(layers)}")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for layer in list(layers)[-n:]:
+        for p in layer.parameters():
+            p.requires_grad_(True)
+    norm = getattr(decoder, "norm", None)
+    if norm is not None:
+        for p in norm.parameters():
+            p.requires_grad_(True)
+
+
+def _wrap_lora(model, model_cfg: ModelConfig):
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise RuntimeError("model.lora.enabled=true needs peft: `pip install peft`, or set model.lora.enabled=false") from None
+    lora = model_cfg.lora
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def merged_model(model):
+    """A plain HF model to save: LoRA adapters merged in (a copy), or the model itself."""
+    if hasattr(model, "merge_and_unload"):
+        import copy
+
+        return copy.deepcopy(model).merge_and_unload()
+    return model
+
+
+def save_pretrained_model(model, tokenizer, path: str | Path) -> Path:
+    """Save a loadable model folder (safetensors + tokenizer), LoRA merged."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    plain = merged_model(model)
+    plain.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class TaskData:
+    """Questions and the corpus the retriever searches."""
+
+    train: list[Example]
+    test: list[Example]
+    corpus_path: Path | None
+    passages: list[Passage] | None = None
+
+
+def _cache_root() -> Path:
+    from stratarl.data.models import cache_root
+
+    return cache_root()
+
+
+def synthetic_dir(cfg: Config) -> Path:
+    syn = cfg.data.synthetic
+    if syn.cache_dir:
+        return Path(syn.cache_dir)
+    digest = hashlib.sha256(json.dumps(syn.options, sort_keys=True).encode()).hexdigest()[:10]
+    return _cache_root() / "synth" / f"seed{syn.seed}-{digest}"
+
+
+def load_task(cfg: Config) -> TaskData:
+    """Training and held-out questions for ``cfg.data`` (synthetic KB generated on first use)."""
+    if cfg.data.source == "synthetic":
+        from stratarl.trainer.synthetic import load_synthetic_task
+
+        data = load_synthetic_task(synthetic_dir(cfg), seed=cfg.data.synthetic.seed, options=cfg.data.synthetic.options)
+    else:
+        from stratarl.data.search_r1 import load_examples
+
+        train = [e for f in cfg.data.train_files for e in load_examples(f)]
+        test = [e for f in cfg.data.test_files for e in load_examples(f)]
+        data = TaskData(train, test, Path(cfg.data.corpus) if cfg.data.corpus else None)
+    if cfg.data.max_train_examples is not None:
+        data.train = data.train[:cfg.data.max_train_examples]
+    if not data.train:
+        raise ValueError("the training set is empty: check data.train_files / data.synthetic.options")
+    return data
+
+
+def limit_per_source(examples: list[Example], limit: int | None) -> list[Example]:
+    """At most ``limit`` examples per data_source, in file order."""
+    if limit is None:
+        return list(examples)
+    counts: dict[str, int] = {}
+    out = []
+    for e in examples:
+        if counts.get(e.data_source, 0) < limit:
+            counts[e.data_source] = counts.get(e.data_source, 0) + 1
+            out.append(e)
+    return out
+
+
+# --------------------------------------------------------------------------- retrieval
+
+
+def build_task_retriever(cfg: Config, task: TaskData) -> Retriever:
+    """The retriever for ``cfg.retrieval.spec``; `bm25` indexes the task's corpus (cached next to it)."""
+    from stratarl.retrieval.bm25 import BM25Retriever
+    from stratarl.retrieval.factory import build_retriever
+
+    spec = cfg.retrieval.spec
+    if spec == "bm25":
+        if task.corpus_path is None:
+            raise ValueError("retrieval.spec=bm25 needs a corpus: set data.corpus=PATH (Search-R1 corpus jsonl), "
+                             "or point retrieval.spec at an index folder or a /retrieve URL")
+        index_dir = task.corpus_path.parent / f"{task.corpus_path.stem}.bm25"
+        if (index_dir / "stratarl_index.json").is_file():
+            try:
+                return BM25Retriever.load(index_dir)
+            except Exception:  # a stale or foreign index: rebuild below
+                pass
+        retriever = BM25Retriever.from_corpus(task.corpus_path)
+        try:
+            retriever.save(index_dir)
+        except OSError:
+            pass
+        return retriever
+    return build_retriever(spec)
+
+
+class TimedRetriever:
+    """Retriever proxy that adds the wall time of every ``search`` call to ``seconds``."""
+
+    def __init__(self, inner: Retriever) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+        self.calls = 0
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        start = time.perf_counter()
+        try:
+            return self.inner.search(queries, k)
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.calls += len(queries)
+
+    def pop_seconds(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+def set_threads(num_threads: int) -> int:
+    import os
+
+    n = num_threads or os.cpu_count() or 1
+    torch.set_num_threads(n)
+    return n

@@ -1,0 +1,53 @@
+"""The synthetic knowledge-base task, generated from a seed on first use and cached.
+
+``stratarl.data.synth`` writes corpus.jsonl + train/test parquet into a cache
+folder (written to a temporary sibling and renamed, so a crash never leaves a
+half-written task that later runs would trust); later runs read the files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def ensure_synthetic_kb(directory: Path, *, seed: int, options: dict[str, Any]) -> Path:
+    """Generate the KB into ``directory`` unless it is already there; return the folder."""
+    from stratarl.data.synth import generate_knowledge_base, write_synthetic_kb
+
+    directory = Path(directory)
+    if (directory / "test.parquet").is_file() and (directory / "corpus.jsonl").is_file():
+        return directory
+    try:
+        kb = generate_knowledge_base(seed=seed, **options)
+    except TypeError as error:
+        raise ValueError(f"data.synthetic.options {options!r} do not fit generate_knowledge_base: {error}. "
+                         "Fix: use its keyword arguments (size, num_train, num_test, hop_mix, guessable, ...; "
+                         "see `stratarl data synth --help`)") from None
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    try:
+        write_synthetic_kb(kb, tmp)
+        try:
+            os.replace(tmp, directory)
+        except OSError:
+            if not (directory / "test.parquet").is_file():  # another process finished first otherwise
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def load_synthetic_task(directory: Path, *, seed: int, options: dict[str, Any]):
+    """TaskData (train, test, corpus path) of the seeded synthetic KB."""
+    from stratarl.data.search_r1 import load_examples
+    from stratarl.trainer.setup import TaskData
+
+    folder = ensure_synthetic_kb(directory, seed=seed, options=options)
+    train = load_examples(folder / "train.parquet")
+    test = load_examples(folder / "test.parquet")
+    return TaskData(train=train, test=test, corpus_path=folder / "corpus.jsonl")

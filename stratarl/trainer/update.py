@@ -1,0 +1,229 @@
+"""The policy update: K epochs x M mini-batches of optimizer steps over one rollout batch.
+
+Per optimizer step (one mini-batch), gradients accumulate over micro-batches
+sized by a token budget. Each micro-batch's loss is weighted so the accumulated
+gradient equals the gradient of the mini-batch loss under the chosen aggregation
+(token-mean: policy tokens of the micro-batch / policy tokens of the mini-batch).
+
+    loss = -J_PPO (token / turn ratio)  +  kl_coef * KL_k3(pi || pi_ref)  -  entropy_coef * H  [+ value loss]
+
+SORL (so_ppo / so_grpo): the clipping-bias gradient C is accumulated beside the
+gradient (``stratarl.algos.ClipBiasNormalizer``) and the policy gradient is
+scaled by 1 / max(||C||, delta) before clipping and the optimizer step.
+Observation tokens have response_mask 0 and never enter any term.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from stratarl.algos.losses import aggregate_loss, clipped_value_loss, kl_penalty
+from stratarl.algos.registry import get_policy_loss
+from stratarl.algos.sorl import ClipBiasNormalizer
+from stratarl.trainer.batch import RolloutBatch, micro_batches, mini_batch_rows
+from stratarl.trainer.config import Config
+from stratarl.trainer.critic import ValueHead, response_values
+from stratarl.trainer.logprobs import response_logprobs
+
+
+@dataclass
+class Learner:
+    """Everything the update mutates: policy, optional reference / critic, optimizer, scheduler."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    ref_model: torch.nn.Module | None = None
+    value_head: ValueHead | None = None
+    normalizer: ClipBiasNormalizer | None = None
+    use_adapter_as_ref: bool = False
+
+    def policy_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def lr_lambda(warmup_steps: int, total_steps: int, schedule: str):
+    """Multiplier of the base lr at optimizer step s: linear warm-up, then constant or cosine to 10%."""
+    def fn(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "cosine":
+            progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+    return fn
+
+
+def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: int) -> Learner:
+    """Optimizer (AdamW; the value head gets ``algo.critic_lr``), scheduler, reference model, SORL normaliser."""
+    import copy
+
+    from stratarl.trainer.critic import hidden_size_of
+
+    value_head = ValueHead(hidden_size_of(model)).to(next(model.parameters()).device) if cfg.algo.uses_critic else None
+    policy_params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": policy_params, "lr": cfg.optim.lr}]
+    if value_head is not None:
+        groups.append({"params": list(value_head.parameters()), "lr": cfg.algo.critic_lr})
+    optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(cfg.optim.warmup_steps, total_optimizer_steps, cfg.optim.schedule))
+    ref_model, adapter_ref = None, False
+    if cfg.algo.kl_coef > 0:
+        if hasattr(model, "disable_adapter"):
+            adapter_ref = True  # LoRA: the frozen base model *is* the reference; no copy needed
+        else:
+            ref_model = copy.deepcopy(model).eval()
+            for p in ref_model.parameters():
+                p.requires_grad_(False)
+    normalizer = ClipBiasNormalizer(policy_params, delta=cfg.algo.sorl_delta) if cfg.algo.uses_sorl else None
+    return Learner(model, optimizer, scheduler, ref_model, value_head, normalizer, adapter_ref)
+
+
+@torch.no_grad()
+def score_batch(learner: Learner, batch: RolloutBatch, cfg: Config) -> RolloutBatch:
+    """Fill ``old_logprobs`` (recomputed by the trainer's forward pass unless ``algo.old_logprobs``
+    is `rollout` and they are already set), ``ref_logprobs`` and ``old_values`` of ``batch`` in place."""
+    need_old = cfg.algo.old_logprobs == "recompute" or batch.old_logprobs is None
+    need_ref = cfg.algo.kl_coef > 0
+    need_values = learner.value_head is not None
+    if not (need_old or need_ref or need_values):
+        return batch
+    B, T = batch.response_mask.shape
+    device = batch.response_mask.device
+    old = torch.zeros(B, T, device=device) if need_old else batch.old_logprobs
+    ref = torch.zeros(B, T, device=device) if need_ref else None
+    values = torch.zeros(B, T, device=device) if need_values else None
+    temperature = cfg.rollout.temperature
+    for rows in micro_batches(batch.row_lengths(), cfg.trainer.micro_batch_tokens):
+        mb = batch.select(rows)
+        args = (mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_mask)
+        t = mb.response_mask.shape[1]
+        if need_old or need_values:
+            out = response_logprobs(learner.model, *args, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+                                    temperature=temperature, return_hidden=need_values)
+            if need_old:
+                old[rows, :t] = out["logprobs"]
+            if need_values:
+                values[rows, :t] = response_values(learner.value_head, out["hidden"], mb.response_mask)
+        if need_ref:
+            ctx = learner.model.disable_adapter() if learner.use_adapter_as_ref else nullcontext()
+            ref_model = learner.model if learner.use_adapter_as_ref else learner.ref_model
+            with ctx:
+                ref[rows, :t] = response_logprobs(ref_model, *args, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+                                                  temperature=temperature)["logprobs"]
+    batch.old_logprobs, batch.ref_logprobs, batch.old_values = old, ref, values
+    return batch
+
+
+def _agg_units(mask: torch.Tensor, agg: str) -> float:
+    """How much of an aggregate a set of rows accounts for (tokens for token-mean, rows otherwise)."""
+    if agg == "token-mean":
+        return float(mask.sum())
+    if agg == "seq-mean-token-mean":
+        return float((mask.sum(1) > 0).sum())
+    return float(mask.shape[0])
+
+
+def micro_batch_loss(learner: Learner, mb: RolloutBatch, cfg: Config) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    """Loss terms of one micro-batch: (policy loss incl. KL / entropy / value, clip-bias objective, metrics)."""
+    algo = cfg.algo
+    need_hidden = learner.value_head is not None
+    out = response_logprobs(learner.model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_mask,
+                            chunk_tokens=cfg.trainer.logprob_chunk_tokens, temperature=cfg.rollout.temperature,
+                            with_entropy=True, return_hidden=need_hidden)
+    logprobs, mask = out["logprobs"], mb.response_mask
+    policy_loss = get_policy_loss("sorl" if algo.use_turn_ratio else "ppo")
+    level = "turn" if algo.use_turn_ratio else "token"
+    pl = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mask, level=level, clip_low=algo.clip_low,
+                     clip_high=algo.clip_high, agg=algo.loss_agg)
+    loss = pl.loss
+    metrics = {"loss/policy": pl.loss.detach(), **{k: v for k, v in pl.metrics.items() if k != "loss/pg_loss"}}
+    entropy = aggregate_loss(out["entropy"], mask, algo.loss_agg)
+    metrics["loss/entropy"] = entropy.detach()
+    if algo.entropy_coef:
+        loss = loss - algo.entropy_coef * entropy
+    if mb.ref_logprobs is not None:
+        kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, mask, algo.kl_estimator), mask, algo.loss_agg)
+        metrics["loss/kl"] = kl.detach()
+        loss = loss + algo.kl_coef * kl
+    if learner.value_head is not None:
+        values = response_values(learner.value_head, out["hidden"], mask, detach=algo.critic_detach)
+        vloss, vmetrics = clipped_value_loss(values, mb.old_values, mb.returns, mask, clip=algo.value_clip, agg=algo.loss_agg)
+        metrics.update(vmetrics)
+        metrics["loss/value"] = vloss.detach()
+        loss = loss + vloss
+    return loss, pl.clip_bias, metrics
+
+
+def accumulate_gradients(learner: Learner, mini: RolloutBatch, cfg: Config) -> dict[str, float]:
+    """Backward over token-budgeted micro-batches of ``mini``; ``.grad`` ends up holding the gradient
+    of the mini-batch loss (and SORL's C buffers its clipping-bias gradient). Returns averaged metrics."""
+    agg = cfg.algo.loss_agg
+    total_units = _agg_units(mini.response_mask, agg)
+    sums: dict[str, float] = defaultdict(float)
+    policy_tokens = 0
+    for rows in micro_batches(mini.row_lengths(), cfg.trainer.micro_batch_tokens):
+        mb = mini.select(rows)
+        weight = _agg_units(mb.response_mask, agg) / total_units if total_units else 0.0
+        if weight == 0.0:
+            continue  # no policy tokens: contributes nothing to any term
+        loss, clip_bias, metrics = micro_batch_loss(learner, mb, cfg)
+        if learner.normalizer is not None:
+            nothing_clipped = float(metrics["loss/clip_frac"]) == 0.0
+            learner.normalizer.backward(loss * weight, clip_bias * weight, skip_clip_bias=nothing_clipped)
+        else:
+            (loss * weight).backward()
+        for key, value in metrics.items():
+            sums[key] += float(value) * weight
+        policy_tokens += int(mb.response_mask.sum())
+    sums["perf/update_policy_tokens"] = float(policy_tokens)
+    return dict(sums)
+
+
+def optimizer_step(learner: Learner, mini: RolloutBatch, cfg: Config) -> dict[str, float]:
+    """One optimizer step on a mini-batch: accumulate, SORL-normalise, clip, step."""
+    sums = accumulate_gradients(learner, mini, cfg)
+    if learner.normalizer is not None:
+        sums.update({k: float(v) for k, v in learner.normalizer.apply().items()})
+    params = learner.policy_parameters()
+    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+    if learner.value_head is not None:
+        torch.nn.utils.clip_grad_norm_(learner.value_head.parameters(), clip)
+    sums["optim/skipped_steps"] = 0.0
+    if not torch.isfinite(grad_norm):
+        # A non-finite gradient would poison Adam's moments for the rest of the run: skip the step.
+        sums["optim/skipped_steps"] = 1.0
+    else:
+        learner.optimizer.step()
+    learner.optimizer.zero_grad(set_to_none=True)
+    learner.scheduler.step()
+    sums["optim/grad_norm"] = float(grad_norm)
+    sums["optim/lr"] = learner.scheduler.get_last_lr()[0]
+    return sums
+
+
+def update_policy(learner: Learner, batch: RolloutBatch, cfg: Config, generator: torch.Generator) -> dict[str, float]:
+    """K epochs x M mini-batches of optimizer steps; returns metrics averaged over the steps."""
+    learner.model.train()
+    per_step: list[dict[str, float]] = []
+    try:
+        for _ in range(cfg.trainer.epochs):
+            for rows in mini_batch_rows(batch.size, cfg.trainer.mini_batches, generator):
+                per_step.append(optimizer_step(learner, batch.select(rows), cfg))
+    finally:
+        learner.model.eval()
+    keys = {k for m in per_step for k in m}
+    out = {k: sum(m.get(k, 0.0) for m in per_step) / len(per_step) for k in keys}
+    out["perf/update_policy_tokens"] = sum(m.get("perf/update_policy_tokens", 0.0) for m in per_step)
+    out["optim/steps"] = float(len(per_step))
+    if per_step:
+        # The first optimizer step of a batch is the on-policy one: its clip fraction must be ~0.
+        out["loss/clip_frac_first_step"] = per_step[0].get("loss/clip_frac", 0.0)
+    return out

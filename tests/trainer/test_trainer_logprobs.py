@@ -1,0 +1,92 @@
+"""Chunked selective log-softmax against the full log-softmax oracle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stratarl.trainer.batch import collate_sequences
+from stratarl.trainer.logprobs import (chunked_head_logprobs, entropy_from_logits, response_logprobs,
+                                       selective_log_softmax)
+
+
+def test_selective_log_softmax_matches_full():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, 11, generator=g)
+    targets = torch.randint(0, 11, (7,), generator=g)
+    expected = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(selective_log_softmax(logits, targets), expected)
+
+
+def test_selective_log_softmax_hand_case():
+    # logits [0, log 3]: softmax = [1/4, 3/4], so log p(1) = log 0.75 and log p(0) = log 0.25.
+    logits = torch.tensor([[0.0, torch.log(torch.tensor(3.0))], [0.0, torch.log(torch.tensor(3.0))]])
+    out = selective_log_softmax(logits, torch.tensor([1, 0]))
+    torch.testing.assert_close(out, torch.log(torch.tensor([0.75, 0.25])))
+
+
+def test_entropy_hand_case():
+    # Uniform over 4 -> log 4; one-hot-ish (huge margin) -> ~0.
+    out = entropy_from_logits(torch.tensor([[1.0, 1.0, 1.0, 1.0], [100.0, 0.0, 0.0, 0.0]]))
+    torch.testing.assert_close(out, torch.tensor([torch.log(torch.tensor(4.0)).item(), 0.0]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5, 100])
+def test_chunking_is_invisible_in_values_and_gradients(chunk):
+    g = torch.Generator().manual_seed(1)
+    head = torch.nn.Linear(8, 13, bias=False)
+    hidden = torch.randn(10, 8, generator=g, requires_grad=True)
+    targets = torch.randint(0, 13, (10,), generator=g)
+    weights = torch.randn(10, generator=g)
+    lp, ent = chunked_head_logprobs(hidden, head, targets, chunk_tokens=chunk, with_entropy=True)
+    (lp * weights).sum().add(ent.sum()).backward()
+    got_h, got_w = hidden.grad.clone(), head.weight.grad.clone()
+    hidden.grad, head.weight.grad = None, None
+    logits = head(hidden)
+    full = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+    full_ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    (full * weights).sum().add(full_ent.sum()).backward()
+    torch.testing.assert_close(lp, full.detach())
+    torch.testing.assert_close(ent, full_ent.detach())
+    torch.testing.assert_close(got_h, hidden.grad)
+    torch.testing.assert_close(got_w, head.weight.grad)
+
+
+def test_empty_selection_gives_empty_tensors():
+    head = torch.nn.Linear(4, 6)
+    lp, ent = chunked_head_logprobs(torch.zeros(0, 4), head, torch.zeros(0, dtype=torch.long))
+    assert lp.shape == (0,) and ent.shape == (0,)
+
+
+def test_shape_errors_are_clear():
+    head = torch.nn.Linear(4, 6)
+    with pytest.raises(ValueError, match=r"hidden \[N, H\]"):
+        chunked_head_logprobs(torch.zeros(2, 3, 4), head, torch.zeros(2, dtype=torch.long))
+
+
+def test_response_logprobs_match_full_forward(tiny_model):
+    # Two rows of different prompt/response lengths, right-padded, with an observation token (mask 0).
+    batch = collate_sequences([[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14, 15]], [[1, 1, 0, 1], [1, 1]], pad_id=0)
+    with torch.no_grad():
+        out = response_logprobs(tiny_model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
+                                batch.response_mask, chunk_tokens=2, with_entropy=True)
+        for b, (prompt, response) in enumerate([([5, 6, 7], [10, 11, 12, 13]), ([8, 9], [14, 15])]):
+            ids = torch.tensor([prompt + response])
+            logp = torch.log_softmax(tiny_model(input_ids=ids).logits[0].float(), -1)
+            for j, token in enumerate(response):
+                if batch.response_mask[b, j]:
+                    torch.testing.assert_close(out["logprobs"][b, j], logp[len(prompt) + j - 1, token])
+                else:  # observation tokens: never scored
+                    assert out["logprobs"][b, j] == 0 and out["entropy"][b, j] == 0
+    assert out["logprobs"].shape == (2, 4)
+    assert out["logprobs"][1, 2:].eq(0).all()  # padding
+
+
+def test_temperature_scales_logits(tiny_model):
+    batch = collate_sequences([[5, 6]], [[7, 8]], [[1, 1]], pad_id=0)
+    with torch.no_grad():
+        out = response_logprobs(tiny_model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
+                                batch.response_mask, temperature=0.5)
+        logits = tiny_model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits[0].float() / 0.5
+        expected = torch.log_softmax(logits, -1)[[1, 2], [7, 8]]
+    torch.testing.assert_close(out["logprobs"][0], expected)

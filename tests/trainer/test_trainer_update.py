@@ -1,0 +1,152 @@
+"""The update: micro-batch accumulation equals one big batch, first step on-policy,
+observation tokens inert, SORL metrics, the critic's isolation."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from stratarl.trainer.batch import collate_sequences
+from stratarl.trainer.config import load_config
+from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch, update_policy
+
+
+def _batch(seed: int = 0, rows: int = 6):
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses, masks = [], [], []
+    for r in range(rows):
+        p = torch.randint(3, 500, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+        n = int(torch.randint(3, 9, (1,), generator=g))
+        resp = torch.randint(3, 500, (n,), generator=g).tolist()
+        # policy turn, observation (mask 0), policy turn
+        mask = [1] * n
+        if n > 4:
+            mask[2:4] = [0, 0]
+        prompts.append(p), responses.append(resp), masks.append(mask)
+    batch = collate_sequences(prompts, responses, masks, pad_id=0)
+    adv = torch.randn(rows, generator=g)
+    batch.advantages = adv[:, None] * batch.response_mask
+    batch.returns = batch.advantages.clone()
+    return batch
+
+
+def _cfg(*overrides):
+    return load_config(None, ["model.name=tiny-random", "rollout.temperature=1.0", "algo.kl_coef=0.0",
+                              "trainer.logprob_chunk_tokens=7", *overrides])
+
+
+def _grads(model):
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batching_does_not_change_the_gradient(tiny_model, agg):
+    model = copy.deepcopy(tiny_model)
+    results = []
+    for budget in (10_000, 12):  # one micro-batch vs one row at a time
+        cfg = _cfg(f"trainer.micro_batch_tokens={budget}", f"algo.loss_agg={agg}", "algo.entropy_coef=0.01")
+        learner = build_learner(model, cfg, total_optimizer_steps=1)
+        batch = score_batch(learner, _batch(), cfg)
+        batch.old_logprobs = batch.old_logprobs - 0.05  # off-policy: ratios != 1, some clipped
+        model.zero_grad(set_to_none=True)
+        metrics = accumulate_gradients(learner, batch, cfg)
+        results.append((_grads(model), metrics))
+    for a, b in zip(results[0][0], results[1][0]):
+        torch.testing.assert_close(a, b)
+    assert any(g.abs().sum() > 0 for g in results[0][0])
+    torch.testing.assert_close(results[0][1]["loss/policy"], results[1][1]["loss/policy"])
+
+
+def test_first_step_is_on_policy(tiny_model):
+    model = copy.deepcopy(tiny_model)
+    cfg = _cfg("trainer.micro_batch_tokens=40")
+    learner = build_learner(model, cfg, total_optimizer_steps=1)
+    batch = score_batch(learner, _batch(1), cfg)
+    metrics = accumulate_gradients(learner, batch, cfg)
+    assert metrics["loss/clip_frac"] == 0.0
+    torch.testing.assert_close(metrics["loss/ratio_max"], 1.0)
+    torch.testing.assert_close(metrics["loss/ratio_min"], 1.0)
+
+
+def test_observation_tokens_never_contribute(tiny_model):
+    model = copy.deepcopy(tiny_model)
+    cfg = _cfg("algo.kl_coef=0.1", "algo.entropy_coef=0.1")
+    learner = build_learner(model, cfg, total_optimizer_steps=1)
+    batch = score_batch(learner, _batch(2), cfg)
+    batch.old_logprobs = batch.old_logprobs + 0.1
+    model.zero_grad(set_to_none=True)
+    accumulate_gradients(learner, batch, cfg)
+    reference = _grads(model)
+    # Scribble on every masked (observation / padding) entry of the loss inputs.
+    off = batch.response_mask == 0
+    batch.advantages = torch.where(off, torch.full_like(batch.advantages, 1e3), batch.advantages)
+    batch.old_logprobs = torch.where(off, torch.full_like(batch.old_logprobs, -50.0), batch.old_logprobs)
+    batch.ref_logprobs = torch.where(off, torch.full_like(batch.ref_logprobs, 7.0), batch.ref_logprobs)
+    model.zero_grad(set_to_none=True)
+    accumulate_gradients(learner, batch, cfg)
+    for a, b in zip(reference, _grads(model)):
+        torch.testing.assert_close(a, b)
+
+
+def test_so_grpo_logs_sorl_metrics_and_is_plain_ppo_when_nothing_clipped(tiny_model):
+    cfg_so = _cfg("algo.name=so_grpo", "trainer.epochs=1", "trainer.mini_batches=1", "optim.grad_clip=0")
+    cfg_ppo = _cfg("algo.name=grpo", "algo.turn_level_ratio=true", "trainer.epochs=1", "trainer.mini_batches=1",
+                   "optim.grad_clip=0")
+    finals = []
+    for cfg in (cfg_so, cfg_ppo):
+        model = copy.deepcopy(tiny_model)
+        learner = build_learner(model, cfg, total_optimizer_steps=1)
+        batch = score_batch(learner, _batch(3), cfg)
+        metrics = update_policy(learner, batch, cfg, torch.Generator().manual_seed(0))
+        finals.append([p.detach().clone() for p in model.parameters()])
+        if cfg is cfg_so:
+            assert metrics["sorl/c_norm"] == 0.0 and metrics["sorl/scale"] == 1.0
+            assert "loss/clip_frac_turn" in metrics
+    # delta = 1 and nothing clipped on the on-policy step: SO-GRPO's step equals the unnormalised one.
+    for a, b in zip(*finals):
+        assert torch.equal(a, b)
+
+
+def test_so_grpo_shrinks_a_heavily_clipped_step(tiny_model):
+    cfg = _cfg("algo.name=so_grpo", "algo.sorl_delta=1e-6")
+    model = copy.deepcopy(tiny_model)
+    learner = build_learner(model, cfg, total_optimizer_steps=1)
+    batch = score_batch(learner, _batch(4), cfg)
+    batch.old_logprobs = batch.old_logprobs - 2.0 * batch.response_mask  # ratio e^2: far outside the clip range
+    model.zero_grad(set_to_none=True)
+    metrics = accumulate_gradients(learner, batch, cfg)
+    assert metrics["loss/clip_frac"] > 0
+    out = learner.normalizer.apply()
+    assert out["sorl/c_norm"] > 0
+    torch.testing.assert_close(out["sorl/scale"], 1.0 / out["sorl/c_norm"])
+
+
+def test_ppo_critic_learns_without_touching_the_policy_gradient(tiny_model):
+    cfg = _cfg("algo.name=ppo", "algo.critic_detach=true")
+    model = copy.deepcopy(tiny_model)
+    learner = build_learner(model, cfg, total_optimizer_steps=1)
+    assert learner.value_head is not None
+    batch = score_batch(learner, _batch(5), cfg)
+    assert batch.old_values is not None and batch.old_values.abs().sum() == 0  # zero-initialised head
+    batch.returns = batch.advantages + 1.0 * batch.response_mask
+    model.zero_grad(set_to_none=True)
+    accumulate_gradients(learner, batch, cfg)
+    with_critic = _grads(model)
+    assert learner.value_head.linear.bias.grad.abs() > 0
+    # Same batch without the value term: identical policy gradient (the head reads detached states).
+    learner.value_head = None
+    model.zero_grad(set_to_none=True)
+    accumulate_gradients(learner, batch, cfg)
+    for a, b in zip(with_critic, _grads(model)):
+        torch.testing.assert_close(a, b)
+
+
+def test_reference_model_is_frozen_copy(tiny_model):
+    cfg = _cfg("algo.kl_coef=0.01")
+    model = copy.deepcopy(tiny_model)
+    learner = build_learner(model, cfg, total_optimizer_steps=1)
+    assert learner.ref_model is not None and learner.ref_model is not model
+    assert not any(p.requires_grad for p in learner.ref_model.parameters())
+    assert build_learner(copy.deepcopy(tiny_model), _cfg("algo.kl_coef=0"), 1).ref_model is None
