@@ -42,6 +42,9 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_advantages.py
 	$(PY) benchmarks/bench_retrieval.py
+	$(PY) benchmarks/bench_generation.py --threads 1
+	$(PY) benchmarks/bench_wordlevel.py
+	$(PY) benchmarks/bench_train.py --threads 2
 
 bench-synth: $(STAMP)
 	$(PY) benchmarks/synth_retrievability.py

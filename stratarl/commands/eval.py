@@ -42,9 +42,9 @@ def run(args: argparse.Namespace) -> int:
         task = load_task(cfg)
         examples = task.test
         if args.data:
-            from stratarl.data.search_r1 import load_examples
+            from stratarl.data.search_r1 import load_example_files
 
-            examples = [e for f in args.data for e in load_examples(f)]
+            examples = load_example_files(args.data)
         examples = limit_per_source(examples, cfg.data.max_eval_examples)
         if not examples:
             raise ValueError("no questions to evaluate: pass --data FILE or a config with held-out questions")
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         if run_dir is not None and (run_dir / "sft" / "model" / "config.json").is_file() and not cfg.model.init_from:
             init_from = str(run_dir / "sft" / "model")
         model_cfg = cfg.model if init_from is None else type(cfg.model)(**{**cfg.model.__dict__, "init_from": init_from})
-        model, tokenizer = load_policy(model_cfg, seed=cfg.trainer.seed, device=cfg.trainer.device)
+        model, tokenizer = load_policy(model_cfg, seed=cfg.trainer.seed, device=cfg.trainer.device, task=task)
         source = model_cfg.init_from or model_cfg.name
         if run_dir is not None:
             latest = ckpt.latest_checkpoint(run_dir / "checkpoints")

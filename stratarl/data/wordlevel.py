@@ -77,6 +77,7 @@ DEMONSTRATION_PHRASES: tuple[str, ...] = (
     "<think> I need to find out who, what, where, which and when. Now I know the next thing to search. </think>",
     "<think> The information says the answer is this one. So I know it, and I can answer now. </think>",
     "<think> I do not know, let me search again. I found that it was in the city of the country. </think>",
+    "<think> I need to search for this. </think>\n<think> The information gives the answer. </think>",
 )
 _ADDED_RE = re.compile("|".join(re.escape(t) for t in (*SPECIAL_TOKENS, *PROTOCOL_TAGS)))
 

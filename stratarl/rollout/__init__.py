@@ -1,48 +1,37 @@
-"""Search-R1 rollouts: tag parsing, the prompt, generation backends, the multi-turn engine."""
+"""Search-R1 rollouts: tag parsing, the prompt, generation backends, the multi-turn engine.
 
-from stratarl.rollout.engine import Rollout, RolloutConfig, RolloutEngine, Turn
-from stratarl.rollout.generation import (
-    Generation,
-    Generator,
-    HFGenerator,
-    KVCacheGenerator,
-    SamplingParams,
-    StopMatcher,
-)
-from stratarl.rollout.parsing import (
-    INVALID_ACTION_OBSERVATION,
-    STOP_STRINGS,
-    Action,
-    format_documents,
-    information_observation,
-    parse_action,
-)
-from stratarl.rollout.prompt import SEARCH_R1_TEMPLATE, build_prompt, encode_prompt, normalize_question
-from stratarl.rollout.transcript import render_mask, rollout_metrics, transcript, transcript_text
+Submodules load on first use (PEP 562), so `from stratarl.rollout.prompt import build_prompt`
+or `stratarl.rollout.parsing` does not import torch / transformers.
+"""
 
-__all__ = [
-    "INVALID_ACTION_OBSERVATION",
-    "SEARCH_R1_TEMPLATE",
-    "STOP_STRINGS",
-    "Action",
-    "Generation",
-    "Generator",
-    "HFGenerator",
-    "KVCacheGenerator",
-    "Rollout",
-    "RolloutConfig",
-    "RolloutEngine",
-    "SamplingParams",
-    "StopMatcher",
-    "Turn",
-    "build_prompt",
-    "encode_prompt",
-    "format_documents",
-    "information_observation",
-    "normalize_question",
-    "parse_action",
-    "render_mask",
-    "rollout_metrics",
-    "transcript",
-    "transcript_text",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "Rollout": "engine", "RolloutConfig": "engine", "RolloutEngine": "engine", "Turn": "engine",
+    "observation_ids": "engine",
+    "Generation": "generation", "Generator": "generation", "HFGenerator": "generation",
+    "KVCacheGenerator": "generation", "SamplingParams": "generation", "StopMatcher": "generation",
+    "INVALID_ACTION_OBSERVATION": "parsing", "STOP_STRINGS": "parsing", "Action": "parsing",
+    "format_documents": "parsing", "information_observation": "parsing", "parse_action": "parsing",
+    "SEARCH_R1_TEMPLATE": "prompt", "build_prompt": "prompt", "encode_prompt": "prompt",
+    "normalize_question": "prompt",
+    "render_mask": "transcript", "rollout_metrics": "transcript", "transcript": "transcript",
+    "transcript_text": "transcript",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'stratarl.rollout' has no attribute {name!r}")
+    module_name = _EXPORTS[name]
+    module = importlib.import_module(f"stratarl.rollout.{module_name}")
+    # Bind every export of that submodule now: importing `transcript` (the module) sets the
+    # package attribute of the same name, which the function `transcript` must win over.
+    for export, source in _EXPORTS.items():
+        if source == module_name:
+            globals()[export] = getattr(module, export)
+    return globals()[name]

@@ -140,7 +140,7 @@ class Rollout:
         return start, len(self.response_ids)
 
 
-def _observation_ids(tokenizer, text: str, cap: int) -> tuple[list[int], bool]:
+def observation_ids(tokenizer, text: str, cap: int) -> tuple[list[int], bool]:
     """Token ids of an observation, cut to ``cap`` with a visible marker when longer.
 
     A cut information block keeps its closing ``</information>\\n\\n`` so it stays well formed.
@@ -239,7 +239,7 @@ class RolloutEngine:
 
     def _observe(self, rollout: Rollout, text: str) -> None:
         room = self.config.max_total_tokens - rollout.total_length
-        ids, cut = _observation_ids(self.tokenizer, text, self.config.max_obs_tokens)
+        ids, cut = observation_ids(self.tokenizer, text, self.config.max_obs_tokens)
         if len(ids) >= room:
             # The observation does not fit with room left to write: keep what fits, end.
             ids, cut = ids[:room], True

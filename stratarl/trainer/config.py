@@ -60,7 +60,7 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     name: str = "smollm2-135m-instruct"
-    """Bundled alias (smollm2-135m-instruct), local folder, hub id, or `tiny-random` (random Llama over the SmolLM2 tokenizer, for tests)."""
+    """Bundled alias (smollm2-135m-instruct), local folder, hub id, `tiny-random` (random Llama over the SmolLM2 tokenizer, for tests), or `word-tiny` (random Llama over a word-level vocabulary built from the task's corpus and questions; sizes from tiny_*; see docs/wordlevel.md)."""
     init_from: str | None = None
     """A model folder (safetensors) to start from instead of `name`'s weights, e.g. an `stratarl sft` output (`<run>/sft/model`)."""
     tokenizer: str | None = None

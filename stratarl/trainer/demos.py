@@ -40,7 +40,7 @@ def _policy_ids(tokenizer, text: str) -> list[int]:
 def render_demonstration(example: Example, tokenizer, retriever, *, topk: int, max_obs_tokens: int,
                          prompt_ids: list[int], searches: Sequence[str], answer: str, kind: str) -> Demonstration:
     """One trajectory: a search turn per query in ``searches``, then the answer turn."""
-    from stratarl.rollout.engine import _observation_ids
+    from stratarl.rollout.engine import observation_ids
     from stratarl.rollout.parsing import information_observation
 
     response, mask, retrieved = [], [], []
@@ -48,7 +48,7 @@ def render_demonstration(example: Example, tokenizer, retriever, *, topk: int, m
         turn = _policy_ids(tokenizer, f"{SEARCH_THOUGHT}<search> {query} </search>")
         hits = retriever.search([query], topk)[0]
         retrieved.append([p.id for p in hits])
-        obs, _ = _observation_ids(tokenizer, information_observation(hits), max_obs_tokens)
+        obs, _ = observation_ids(tokenizer, information_observation(hits), max_obs_tokens)
         response += turn + obs
         mask += [1] * len(turn) + [0] * len(obs)
     final = _policy_ids(tokenizer, f"{ANSWER_THOUGHT}<answer> {answer} </answer>")

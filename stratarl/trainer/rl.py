@@ -162,7 +162,7 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None) -> Ru
     task = load_task(cfg)
     retriever = TimedRetriever(build_task_retriever(cfg, task))
     model_cfg = cfg.model if init_from is None else type(cfg.model)(**{**cfg.model.__dict__, "init_from": init_from})
-    model, tokenizer = load_policy(model_cfg, seed=cfg.trainer.seed, device=cfg.trainer.device)
+    model, tokenizer = load_policy(model_cfg, seed=cfg.trainer.seed, device=cfg.trainer.device, task=task)
     total_optimizer_steps = cfg.trainer.steps * cfg.trainer.epochs * cfg.trainer.mini_batches
     learner = build_learner(model, cfg, total_optimizer_steps)
     generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=cfg.trainer.seed)

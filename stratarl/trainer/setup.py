@@ -19,10 +19,15 @@ from stratarl.retrieval.base import Passage, Retriever
 from stratarl.trainer.config import Config, ModelConfig
 
 TINY_MODEL = "tiny-random"
+WORD_MODEL = "word-tiny"
 
 
-def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", trainable: bool = True):
-    """(model, tokenizer) for ``model_cfg``: ``init_from`` folder, `tiny-random`, or a bundled/hub model.
+def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", trainable: bool = True,
+                task: TaskData | None = None):
+    """(model, tokenizer) for ``model_cfg``: ``init_from`` folder, `tiny-random`, `word-tiny`, or a bundled/hub model.
+
+    `word-tiny` builds a word-level vocabulary from ``task``'s corpus and questions
+    (docs/wordlevel.md), so it needs ``task``.
 
     With ``model.lora.enabled`` and ``trainable`` the model is wrapped by peft
     (only adapter weights train). The model is returned in eval mode (no dropout),
@@ -34,6 +39,11 @@ def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", t
     if model_cfg.init_from:
         tokenizer = load_tokenizer(model_cfg.tokenizer or model_cfg.init_from)
         model = load_model(model_cfg.init_from)
+    elif model_cfg.name == WORD_MODEL:
+        tokenizer = _word_tokenizer(task)
+        model = build_tiny_model(tokenizer, hidden_size=model_cfg.tiny_hidden_size, num_layers=model_cfg.tiny_num_layers,
+                                 num_heads=model_cfg.tiny_num_heads, intermediate_size=model_cfg.tiny_intermediate_size,
+                                 seed=seed)
     elif model_cfg.name == TINY_MODEL:
         tokenizer = load_tokenizer(tokenizer_name)
         model = build_tiny_model(tokenizer, hidden_size=model_cfg.tiny_hidden_size, num_layers=model_cfg.tiny_num_layers,
@@ -52,6 +62,18 @@ def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", t
     if model_cfg.lora.enabled and trainable:
         model = _wrap_lora(model, model_cfg)
     return model.to(device).eval(), tokenizer
+
+
+def _word_tokenizer(task: TaskData | None):
+    from stratarl.data.wordlevel import word_tokenizer_for_task
+    from stratarl.retrieval.corpus import load_corpus
+    from stratarl.trainer.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
+
+    if task is None or task.corpus_path is None:
+        raise ValueError(f"model.name={WORD_MODEL} builds its vocabulary from the task's corpus and questions; "
+                         "it needs a task with a corpus (data.source: synthetic, or data.corpus set)")
+    return word_tokenizer_for_task(load_corpus(task.corpus_path), [*task.train, *task.test],
+                                   extra_texts=[SEARCH_THOUGHT, ANSWER_THOUGHT])
 
 
 def freeze_all_but_last_layers(model, n: int) -> None:
@@ -129,7 +151,11 @@ def synthetic_dir(cfg: Config) -> Path:
     syn = cfg.data.synthetic
     if syn.cache_dir:
         return Path(syn.cache_dir)
-    digest = hashlib.sha256(json.dumps(syn.options, sort_keys=True).encode()).hexdigest()[:10]
+    from stratarl.data.synth import SYNTH_VERSION
+
+    # The generator's version is part of the key: a changed generator never reuses a stale cache.
+    key = {"version": SYNTH_VERSION, **syn.options}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     return _cache_root() / "synth" / f"seed{syn.seed}-{digest}"
 
 
@@ -140,10 +166,11 @@ def load_task(cfg: Config) -> TaskData:
 
         data = load_synthetic_task(synthetic_dir(cfg), seed=cfg.data.synthetic.seed, options=cfg.data.synthetic.options)
     else:
-        from stratarl.data.search_r1 import load_examples
+        from stratarl.data.search_r1 import load_example_files
 
-        train = [e for f in cfg.data.train_files for e in load_examples(f)]
-        test = [e for f in cfg.data.test_files for e in load_examples(f)]
+        # load_example_files keeps ids unique across files (prompts are cached by id).
+        train = load_example_files(cfg.data.train_files)
+        test = load_example_files(cfg.data.test_files)
         data = TaskData(train, test, Path(cfg.data.corpus) if cfg.data.corpus else None)
     if cfg.data.max_train_examples is not None:
         data.train = data.train[:cfg.data.max_train_examples]

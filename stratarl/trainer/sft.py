@@ -125,7 +125,7 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     torch.manual_seed(cfg.trainer.seed)
     task = load_task(cfg)
     retriever = build_task_retriever(cfg, task)
-    model, tokenizer = load_policy(cfg.model, seed=cfg.trainer.seed, device=cfg.trainer.device)
+    model, tokenizer = load_policy(cfg.model, seed=cfg.trainer.seed, device=cfg.trainer.device, task=task)
     s = cfg.sft
     demos = render_demonstrations(task.train, tokenizer, retriever, num_demos=s.num_demos, topk=cfg.retrieval.topk,
                                   max_obs_tokens=cfg.rollout.max_obs_tokens, no_search_fraction=s.no_search_fraction,

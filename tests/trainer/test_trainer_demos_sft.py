@@ -44,7 +44,7 @@ def _segments(mask):
 
 
 def test_demonstration_layout_matches_the_protocol(smollm2_tokenizer, retriever):
-    from stratarl.rollout.engine import _observation_ids
+    from stratarl.rollout.engine import observation_ids
     from stratarl.rollout.parsing import information_observation, parse_action
 
     tok = smollm2_tokenizer
@@ -60,7 +60,7 @@ def test_demonstration_layout_matches_the_protocol(smollm2_tokenizer, retriever)
     assert demo.response_ids[-1] == tok.eos_token_id and demo.response_mask[-1] == 1
     # Observation tokens are exactly what the engine appends for the same hits.
     hits = retriever.search(["Who founded Bavir Institute?"], 2)[0]
-    expected, _ = _observation_ids(tok, information_observation(hits), 200)
+    expected, _ = observation_ids(tok, information_observation(hits), 200)
     _, a, b = segments[1]
     assert demo.response_ids[a:b] == expected
     assert demo.meta["retrieved"][0][0] == "0"

@@ -111,3 +111,24 @@ def test_trainable_layers_freeze_everything_below(tmp_path, tiny_overrides):
     initial = _initial_params(cfg)
     changed = {k for k, v in final.items() if not torch.equal(v, initial[k])}
     assert changed and all(k.startswith("model.layers.1.") or k == "model.norm.weight" for k in changed), changed
+
+
+def test_word_level_model_warm_starts_and_trains(tmp_path, tiny_overrides):
+    # model.name=word-tiny: the vocabulary is built from the task's corpus and questions, so every
+    # observation and demonstration encodes without [UNK]; SFT, then RL from its output.
+    from transformers import AutoTokenizer
+
+    from stratarl.trainer.sft import warm_start
+
+    cfg = load_config(TINY, [*tiny_overrides, "model.name=word-tiny", "sft.num_demos=4"])
+    warm_start(cfg, tmp_path / "sft", progress=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "sft" / "model"))
+    assert tokenizer.unk_token is not None and len(tokenizer) < 5000  # word-level, not SmolLM2's 49k
+    rl_cfg = load_config(TINY, [*tiny_overrides, "model.name=word-tiny", f"model.init_from={tmp_path / 'sft' / 'model'}"])
+    summary = train(rl_cfg, tmp_path / "word")
+    assert summary["steps"] == 2
+    rows = (tmp_path / "word" / "transcripts" / "step_000002.jsonl").read_text().splitlines()
+    assert rows
+    for row in rows:
+        turns = json.loads(row)["turns"]
+        assert turns and all(tokenizer.unk_token not in t["text"] + t.get("observation", "") for t in turns)
