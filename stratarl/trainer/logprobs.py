@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from stratarl.algos.losses import entropy_from_logits
+
 
 def selective_log_softmax(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[target] per row, without materialising the log-softmax.
@@ -31,19 +33,14 @@ def selective_log_softmax(logits: torch.Tensor, targets: torch.Tensor) -> torch.
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) per row: logsumexp(z) - sum softmax(z) z.  [N, V] -> [N]."""
-    lse = torch.logsumexp(logits, dim=-1)
-    return lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-
-
 def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
                 temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
     if temperature != 1.0:
         logits = logits / temperature
     logp = selective_log_softmax(logits, targets)
-    ent = entropy_from_logits(logits) if with_entropy else logits.new_zeros(logp.shape)
+    # algos' entropy takes [B, T, V]: a chunk is one row of N tokens.
+    ent = entropy_from_logits(logits.unsqueeze(0)).squeeze(0) if with_entropy else logits.new_zeros(logp.shape)
     return logp, ent
 
 

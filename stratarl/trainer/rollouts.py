@@ -133,28 +133,25 @@ def _distribution(values: list[int], prefix: str, max_key: int = 4) -> dict[str,
 
 def rollout_metrics(batch: CollectedBatch) -> dict[str, float]:
     """reward/*, rollout/* (search calls and their distribution, lengths, rates) and stratum/* metrics."""
+    from stratarl.rollout.transcript import rollout_metrics as engine_rollout_metrics
+
     rs = batch.rollouts
     n = max(1, len(rs))
     searches = [r.num_searches for r in rs]
     policy_len = [sum(r.response_mask) for r in rs]
     obs_len = [len(r.response_mask) - sum(r.response_mask) for r in rs]
-    turns = [len(r.turns) for r in rs]
+    # The engine's own rollout/* means and rates (searches, turns, answered, valid actions, ...),
+    # plus what only the trainer knows: rewards, length extremes, strata.
     m: dict[str, float] = {
+        **engine_rollout_metrics(rs),
         "reward/mean": sum(batch.rewards) / n,
         "reward/em": sum(batch.em) / n,
-        "rollout/search_calls_mean": sum(searches) / n,
         "rollout/search_calls_max": float(max(searches, default=0)),
-        "rollout/turns_mean": sum(turns) / n,
         "rollout/response_length_mean": sum(policy_len) / n,
         "rollout/response_length_max": float(max(policy_len, default=0)),
         "rollout/observation_length_mean": sum(obs_len) / n,
         "rollout/prompt_length_mean": sum(len(r.prompt_ids) for r in rs) / n,
-        "rollout/answer_rate": sum(r.answered for r in rs) / n,
-        "rollout/truncated_rate": sum(r.truncated for r in rs) / n,
-        "rollout/hit_max_turns_rate": sum(r.hit_max_turns for r in rs) / n,
         "rollout/invalid_action_rate": sum(r.invalid_actions > 0 for r in rs) / n,
-        "rollout/invalid_actions_mean": sum(r.invalid_actions for r in rs) / n,
-        "rollout/tool_errors": float(sum(r.tool_errors for r in rs)),
         "rollout/num": float(len(rs)),
     }
     m.update(_distribution(searches, "rollout/search_calls_frac"))
@@ -184,29 +181,16 @@ def advantage_metrics(advantages: torch.Tensor, response_mask: torch.Tensor) -> 
 
 def transcript(rollout, example: Example, tokenizer, *, reward: float, stratum: int | None = None,
                advantage: float | None = None) -> dict:
-    """A readable record of one rollout: prompt, each turn's text, queries, passages, answer, reward."""
-    turns = []
-    for turn in rollout.turns:
-        entry = {"text": tokenizer.decode(rollout.response_ids[turn.start:turn.end], skip_special_tokens=False),
-                 "action": turn.action.kind, "finish": turn.finish_reason}
-        if turn.observation_span is not None:
-            a, b = turn.observation_span
-            entry["observation"] = tokenizer.decode(rollout.response_ids[a:b], skip_special_tokens=False)
-        turns.append(entry)
+    """The engine's transcript (prompt, turns, searches with passages, answer, flags, mask runs)
+    with the example, the stratum and the advantage the update used."""
+    from stratarl.rollout.transcript import transcript as engine_transcript
+
+    record = engine_transcript(rollout, tokenizer, reward=reward, golds=example.golden_answers)
     return {
         "example_id": example.id,
         "question": example.question,
-        "golden_answers": list(example.golden_answers),
-        "prompt": tokenizer.decode(rollout.prompt_ids, skip_special_tokens=False),
-        "turns": turns,
-        "queries": list(rollout.queries),
-        "passages": [[{"id": p.id, "title": p.title, "score": p.score} for p in hits] for hits in rollout.passages],
-        "answer": rollout.answer,
-        "reward": reward,
+        **record,
         "stratum": stratum,
         "advantage": advantage,
-        "num_searches": rollout.num_searches,
-        "end_reason": rollout.end_reason,
-        "policy_tokens": sum(rollout.response_mask),
         "observation_tokens": len(rollout.response_mask) - sum(rollout.response_mask),
     }

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from stratarl.trainer.batch import collate_sequences
-from stratarl.trainer.logprobs import (chunked_head_logprobs, entropy_from_logits, response_logprobs,
+from stratarl.trainer.logprobs import (chunked_head_logprobs, response_logprobs,
                                        selective_log_softmax)
 
 
@@ -23,12 +23,6 @@ def test_selective_log_softmax_hand_case():
     logits = torch.tensor([[0.0, torch.log(torch.tensor(3.0))], [0.0, torch.log(torch.tensor(3.0))]])
     out = selective_log_softmax(logits, torch.tensor([1, 0]))
     torch.testing.assert_close(out, torch.log(torch.tensor([0.75, 0.25])))
-
-
-def test_entropy_hand_case():
-    # Uniform over 4 -> log 4; one-hot-ish (huge margin) -> ~0.
-    out = entropy_from_logits(torch.tensor([[1.0, 1.0, 1.0, 1.0], [100.0, 0.0, 0.0, 0.0]]))
-    torch.testing.assert_close(out, torch.tensor([torch.log(torch.tensor(4.0)).item(), 0.0]), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 5, 100])
