@@ -39,13 +39,8 @@ def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", t
     if model_cfg.init_from:
         tokenizer = load_tokenizer(model_cfg.tokenizer or model_cfg.init_from)
         model = load_model(model_cfg.init_from)
-    elif model_cfg.name == WORD_MODEL:
-        tokenizer = _word_tokenizer(task)
-        model = build_tiny_model(tokenizer, hidden_size=model_cfg.tiny_hidden_size, num_layers=model_cfg.tiny_num_layers,
-                                 num_heads=model_cfg.tiny_num_heads, intermediate_size=model_cfg.tiny_intermediate_size,
-                                 seed=seed)
-    elif model_cfg.name == TINY_MODEL:
-        tokenizer = load_tokenizer(tokenizer_name)
+    elif model_cfg.name in (TINY_MODEL, WORD_MODEL):
+        tokenizer = _word_tokenizer(task) if model_cfg.name == WORD_MODEL else load_tokenizer(tokenizer_name)
         model = build_tiny_model(tokenizer, hidden_size=model_cfg.tiny_hidden_size, num_layers=model_cfg.tiny_num_layers,
                                  num_heads=model_cfg.tiny_num_heads, intermediate_size=model_cfg.tiny_intermediate_size,
                                  seed=seed)
