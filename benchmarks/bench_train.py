@@ -92,6 +92,7 @@ def loop_bench(config: str, steps: int, overrides: list[str]) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(config, ["sft.enabled=false", "eval.before_after=false", f"trainer.steps={steps}",
+                                   f"trainer.num_threads={torch.get_num_threads()}",  # the same threads as the baseline
                                    "logging.progress=false", "logging.tensorboard=false", "logging.num_transcripts=0",
                                    f"trainer.output_dir={tmp}", *overrides])
         set_threads(cfg.trainer.num_threads)
@@ -145,6 +146,18 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
         def on_step_end(self, args, state, control, **kw):
             self.times.append(time.perf_counter() - self._t)
 
+    def ours() -> dict:
+        return loop_bench(str(REPO / "configs" / "demo.yaml"), steps,
+                          ["algo.name=grpo", "rollout.max_turns=1", f"rollout.max_tokens_per_turn={max_tokens}",
+                           f"rollout.group_size={group_size}", f"trainer.prompts_per_step={prompts}", "trainer.epochs=1",
+                           "trainer.mini_batches=1", "algo.kl_coef=0", "model.trainable_layers=0", f"optim.lr={lr}",
+                           # One update per batch: pi_old is the sampler's own log-probs, as TRL's
+                           # num_iterations=1 uses the detached current log-probs: no extra forward pass.
+                           "optim.warmup_steps=0", "algo.old_logprobs=rollout"])
+
+    # Ours before and after TRL: on a shared machine the load drifts; the mean of the two
+    # brackets TRL's run in time.
+    ours_before = ours()
     model, tokenizer = load_policy(cfg.model.__class__(name=cfg.model.name))
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as tmp:
@@ -158,14 +171,15 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
         trainer.train()
         lengths = [h.get("completions/mean_length") for h in trainer.state.log_history if "completions/mean_length" in h]
     trl_step = sum(timer.times[1:]) / max(1, len(timer.times) - 1)
-    ours = loop_bench(str(REPO / "configs" / "demo.yaml"), steps,
-                      ["algo.name=grpo", "rollout.max_turns=1", f"rollout.max_tokens_per_turn={max_tokens}",
-                       f"rollout.group_size={group_size}", f"trainer.prompts_per_step={prompts}", "trainer.epochs=1",
-                       "trainer.mini_batches=1", "algo.kl_coef=0", "model.trainable_layers=0", f"optim.lr={lr}",
-                       "optim.warmup_steps=0", "algo.old_logprobs=recompute"])
+    ours_after = ours()
+    step = (ours_before["time/step"] + ours_after["time/step"]) / 2
     return {"trl_step_s": trl_step, "trl_steps": timer.times, "trl_completion_len": lengths,
-            "stratarl_step_s": ours["time/step"], "stratarl_completion_len": ours["rollout/response_length_mean"],
-            "ratio": ours["time/step"] / trl_step}
+            "stratarl_step_s": step, "stratarl_steps_before_after": [ours_before["time/step"], ours_after["time/step"]],
+            "stratarl_phases": {k: (ours_before[k] + ours_after[k]) / 2 for k in
+                                ("time/generation", "time/logprobs", "time/update")},
+            "stratarl_completion_len": (ours_before["rollout/response_length_mean"]
+                                        + ours_after["rollout/response_length_mean"]) / 2,
+            "ratio": step / trl_step}
 
 
 def main() -> int:
@@ -192,7 +206,10 @@ def main() -> int:
         results["trl"] = cmp
         print(f"[vs TRL] single-turn GRPO, 2 prompts x 4, <= 32 new tokens, 1 update/batch: TRL GRPOTrainer "
               f"{cmp['trl_step_s']:.1f} s/step (completions {cmp['trl_completion_len']}), stratarl "
-              f"{cmp['stratarl_step_s']:.1f} s/step (completions {cmp['stratarl_completion_len']:.1f} tokens): "
+              f"{cmp['stratarl_step_s']:.1f} s/step (before / after TRL: "
+              f"{', '.join(f'{t:.1f}' for t in cmp['stratarl_steps_before_after'])}; phases "
+              f"{', '.join(f'{k[5:]} {v:.1f}' for k, v in cmp['stratarl_phases'].items())}; "
+              f"completions {cmp['stratarl_completion_len']:.1f} tokens): "
               f"ratio {cmp['ratio']:.2f} (target <= 0.67)")
         if args.trl_only:
             if args.json:

@@ -36,6 +36,7 @@ from stratarl.algos.registry import (
     register_policy_loss,
 )
 from stratarl.algos.sorl import ClipBiasNormalizer
+from stratarl.algos.strata import cross_stratum_variance, shuffle_strata_within_groups, zero_san_fraction
 from stratarl.algos.turns import (
     LEVELS,
     cap_strata,
@@ -64,6 +65,7 @@ __all__ = [
     "clipped_policy_loss",
     "clipped_value_loss",
     "cross_stratum_bias",
+    "cross_stratum_variance",
     "entropy_from_logits",
     "gae_advantages",
     "get_advantage",
@@ -79,9 +81,11 @@ __all__ = [
     "register_policy_loss",
     "search_counts",
     "sequence_log_ratios",
+    "shuffle_strata_within_groups",
     "stratified_advantages",
     "token_log_ratios",
     "turn_ids",
     "turn_log_ratios",
     "turn_start_mask",
+    "zero_san_fraction",
 ]

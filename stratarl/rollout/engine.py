@@ -2,8 +2,8 @@
 
 Each turn, every live rollout is in state GENERATE; all of them go to the
 generator in one call (prompt + response so far, as token ids: the history is
-never decoded and re-tokenized; each turn re-prefills it, which is simple and
-costs one prefill per turn). The turn's text is then parsed (``parse_action``):
+never decoded and re-tokenized; a generator with ``supports_cache_keys`` keeps each
+rollout's KV between turns, so a turn reads only the new observation). The turn's text is then parsed (``parse_action``):
 
     GENERATE --answer-------------------------------> DONE (answered)
     GENERATE --EOS, no action-----------------------> DONE (no answer)
@@ -188,7 +188,13 @@ class RolloutEngine:
             if not live:
                 break
             budgets = [min(config.max_tokens_per_turn, config.max_total_tokens - r.total_length) for r in live]
-            generations = self.generator.generate([r.prompt_ids + r.response_ids for r in live], params, budgets)
+            histories = [r.prompt_ids + r.response_ids for r in live]
+            if getattr(self.generator, "supports_cache_keys", False):
+                # Each rollout's KV from its previous turn is reused: only the observation is read.
+                keys = [(id(rollouts), i) for i, r in enumerate(rollouts) if not r.done]
+                generations = self.generator.generate(histories, params, budgets, cache_keys=keys)
+            else:
+                generations = self.generator.generate(histories, params, budgets)
             last_turn = turn_index == config.max_turns - 1
             searches = [self._after_turn(r, g, last_turn) for r, g in zip(live, generations)]
             pending = [(r, action.content) for r, action in zip(live, searches) if action is not None]

@@ -103,20 +103,41 @@ class StopMatcher:
     stops cannot be in the window: the row would already have stopped.
     """
 
-    def __init__(self, tokenizer, stop_strings: Sequence[str]):
+    def __init__(self, tokenizer, stop_strings: Sequence[str], candidates: frozenset[int] | None = None):
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)
         self.window = max((len(s) for s in self.stop_strings), default=0) + 1
+        self.candidates = candidates
 
     def check(self, token_ids: Sequence[int]) -> str | None:
         """The stop string completed by the last token, if any."""
         if not self.stop_strings:
             return None
+        if self.candidates is not None and token_ids[-1] not in self.candidates:
+            return None  # this token cannot complete a stop string: skip the decode
         text = self.tokenizer.decode(
             list(token_ids[-self.window:]), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
         found = [(text.find(s) + len(s), s) for s in self.stop_strings if s in text]
         return min(found)[1] if found else None
+
+
+def stop_candidates(tokenizer, stop_strings: Sequence[str]) -> frozenset[int] | None:
+    """Ids of the tokens that can complete one of ``stop_strings``, or None (check every token).
+
+    A token completes a stop string only if its own text holds the string's last
+    character. When every last character is ASCII this holds for a token decoded on
+    its own too (an ASCII byte always decodes to itself, in byte-level BPE,
+    SentencePiece byte fallback and word-level vocabularies alike), so one decode of
+    the vocabulary up front lets the generator skip the per-row tail decode for
+    almost every token (48 of SmolLM2's 49,152 tokens hold a ``>``).
+    """
+    last_chars = {s[-1] for s in stop_strings}
+    if not last_chars or any(not c.isascii() for c in last_chars):
+        return None
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False,
+                                   clean_up_tokenization_spaces=False)
+    return frozenset(i for i, text in enumerate(texts) if any(c in text for c in last_chars))
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -189,20 +210,48 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, rng: torch.Gener
 
 
 class KVCacheGenerator:
-    """Our batched sampler: one left-padded prefill, then one-token decode steps that
-    reuse ``past_key_values`` (a ``DynamicCache``).
+    """Our batched sampler: one left-padded prefill, then one-token decode steps over a KV cache.
+
+    The forward pass: for Llama-family models (Llama, Qwen2, Mistral, SmolLM2) our
+    plain-PyTorch ``FastDecoder`` (preallocated cache, fused projections; see
+    ``stratarl.rollout.fast_forward``), else the model's own forward with a
+    ``DynamicCache``. ``fast``: None picks the fast path when the model supports it,
+    True requires it, False always uses the model's forward. The fast path reads
+    the model's current weights at every call, so it follows training updates.
 
     Positions follow the attention mask (``cumsum - 1``), so left padding changes
-    nothing for real tokens. Rows that finish are dropped from the batch (cache rows
-    selected away) when ``drop_finished`` is True, else kept and ignored; see
-    benchmarks/bench_generation.py for which is faster. ``seed`` seeds a private
-    ``torch.Generator``: the same seed and calls give the same samples.
+    nothing for real tokens. Finished rows are dropped from the batch (cache rows
+    selected away) once they are a quarter of it when ``drop_finished`` is True (a
+    selection copies the whole cache, so it is batched), else kept and ignored; see
+    benchmarks/bench_generation.py. ``seed`` seeds a private ``torch.Generator``:
+    the same seed and calls give the same samples.
+
+    Multi-turn prefix cache (fast path only): ``generate(..., cache_keys=keys)`` keeps
+    each row's KV (prompt + generated tokens) under its key until the next call, at
+    most ``prefix_cache_bytes`` in all. A row of the next call whose key was seen and
+    whose prompt *starts with* the stored tokens (checked token by token, with the
+    same weights) computes only its new tokens: a rollout's next turn reads only the
+    observation, not the whole history again. Results equal a full prefill up to
+    float rounding.
     """
 
-    def __init__(self, model, tokenizer, *, seed: int = 0, drop_finished: bool = True):
+    def __init__(self, model, tokenizer, *, seed: int = 0, drop_finished: bool = True, fast: bool | None = None,
+                 prefix_cache_bytes: int = 2 * 2**30):
+        from stratarl.rollout.fast_forward import FastDecoder, unsupported_reason
+
         self.model = model
         self.tokenizer = tokenizer
         self.drop_finished = drop_finished
+        reason = unsupported_reason(model)
+        if fast and reason is not None:
+            raise ValueError(f"fast=True but the fast decode path does not support this model: {reason}")
+        self.fast_decoder = FastDecoder(model) if fast is not False and reason is None else None
+        self._matchers: dict[tuple[str, ...], StopMatcher] = {}
+        # Prefix cache (fast path): each row's KV after the last call, under its cache key.
+        self.supports_cache_keys = self.fast_decoder is not None
+        self.prefix_cache_bytes = prefix_cache_bytes
+        self._prefix_store: dict = {}
+        self.last_reused_tokens = 0  # prompt tokens the last call took from the prefix cache
         self.device = next(model.parameters()).device
         self.rng = torch.Generator(device=self.device)
         self.rng.manual_seed(seed)
@@ -217,12 +266,85 @@ class KVCacheGenerator:
                          past_key_values=cache, use_cache=True, **kwargs)
         return out.logits[:, -1, :].float()
 
-    @torch.inference_mode()
-    def generate(self, prompts, params: SamplingParams, max_new_tokens=None) -> list[Generation]:
+    def _matcher(self, stop_strings: tuple[str, ...]) -> StopMatcher:
+        if stop_strings not in self._matchers:
+            self._matchers[stop_strings] = StopMatcher(self.tokenizer, stop_strings,
+                                                       stop_candidates(self.tokenizer, stop_strings))
+        return self._matchers[stop_strings]
+
+    def _cached_prefixes(self, prompts: list, keys: list) -> list:
+        """Per row: the stored (tokens, keys, values) whose tokens start its prompt, or None."""
+        decoder = self.fast_decoder
+        decoder.refresh()
+        found = []
+        for prompt, key in zip(prompts, keys):
+            entry = self._prefix_store.get(key) if key is not None else None
+            if entry is not None:
+                version, tokens, _, _ = entry
+                usable = (version is not None and version == decoder._version and len(tokens) < len(prompt)
+                          and list(prompt[:len(tokens)]) == tokens)
+                entry = entry if usable else None
+            found.append(entry)
+        return found
+
+    def _start_fast(self, prompts: list, keys: list | None, max_limit: int):
+        """Prefill on the fast path (reusing cached prefixes); returns logits, decode, select."""
+        decoder = self.fast_decoder
+        entries = self._cached_prefixes(prompts, keys) if keys is not None else [None] * len(prompts)
+        suffixes = [list(p[len(e[1]):]) if e is not None else list(p) for p, e in zip(prompts, entries)]
+        ids, attention = left_pad(suffixes, self.pad_id, self.device)
+        prefixes = [(e[2], e[3]) if e is not None else None for e in entries]
+        prefix_width = max((len(e[1]) for e in entries if e is not None), default=0)
+        logits = decoder.prefill(ids, attention, prefix_width + ids.shape[1] + max_limit, prefixes)
+        self.last_reused_tokens = sum(len(e[1]) for e in entries if e is not None)
+        return logits, decoder.decode, decoder.select
+
+    def _store_rows(self, store: dict, batch_rows: list[tuple[int, int]], prompts, outputs, keys) -> None:
+        """Keep (batch position, prompt index) rows' KV in ``store`` under their keys, within the byte budget."""
+        decoder = self.fast_decoder
+        for b, row in batch_rows:
+            key = keys[row]
+            if key is None or not outputs[row]:
+                continue
+            tokens = list(prompts[row]) + outputs[row][:-1]  # the last sampled token was never fed
+            per_token = 2 * decoder.k_cache.shape[0] * decoder.k_cache.shape[2] * decoder.k_cache.shape[4] * decoder.k_cache.element_size()
+            if store.setdefault("__bytes__", 0) + per_token * len(tokens) > self.prefix_cache_bytes:
+                continue
+            store["__bytes__"] += per_token * len(tokens)
+            k, v = decoder.row_cache(b, len(tokens))
+            store[key] = (decoder._version, tokens, k, v)
+
+    def _start(self, ids, attention, capacity: int):
+        """Prefill; returns (last logits, a decode-step function, a row-selection function)."""
         from transformers import DynamicCache
 
+        cache = DynamicCache(config=self.model.config)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        logits = self._forward(ids, attention, positions, cache)
+        state = {"attention": attention, "next_position": positions[:, -1] + 1}
+
+        def step(tokens):
+            attention = state["attention"]
+            state["attention"] = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=-1)
+            out = self._forward(tokens[:, None], state["attention"], state["next_position"][:, None], cache)
+            state["next_position"] = state["next_position"] + 1
+            return out
+
+        def select(index):
+            cache.batch_select_indices(index)
+            state["attention"] = state["attention"][index]
+            state["next_position"] = state["next_position"][index]
+
+        return logits, step, select
+
+    @torch.inference_mode()
+    def generate(self, prompts, params: SamplingParams, max_new_tokens=None, cache_keys=None) -> list[Generation]:
         limits = row_limits(len(prompts), params, max_new_tokens)
-        matcher = StopMatcher(self.tokenizer, params.stop_strings)
+        if cache_keys is not None and len(cache_keys) != len(prompts):
+            raise ValueError(f"cache_keys has {len(cache_keys)} entries for {len(prompts)} prompts")
+        keys = list(cache_keys) if cache_keys is not None and self.fast_decoder is not None else None
+        store: dict = {}
+        matcher = self._matcher(tuple(params.stop_strings))
         outputs: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         finish: list[tuple[FinishReason, str | None] | None] = [None] * len(prompts)
@@ -233,11 +355,12 @@ class KVCacheGenerator:
         if not live:
             return [Generation([], [], "length") for _ in prompts]
 
-        ids, attention = left_pad([prompts[i] for i in live], self.pad_id, self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, attention, positions, cache)
-        next_position = positions[:, -1] + 1
+        if self.fast_decoder is not None:
+            live_keys = [keys[i] for i in live] if keys is not None else None
+            logits, decode_step, select_rows = self._start_fast([prompts[i] for i in live], live_keys, max(limits))
+        else:
+            ids, attention = left_pad([prompts[i] for i in live], self.pad_id, self.device)
+            logits, decode_step, select_rows = self._start(ids, attention, ids.shape[1] + max(limits))
         rows = list(live)  # batch position -> prompt index
         pending_eos: set[int] = set()  # rows that stopped on an eos_after string
         while True:
@@ -265,14 +388,20 @@ class KVCacheGenerator:
                     keep.append(b)
             if not keep:
                 break
-            if self.drop_finished and len(keep) < len(rows):
+            finished_in_batch = len(rows) - len(keep)  # finished rows not dropped yet
+            if self.drop_finished and finished_in_batch and finished_in_batch * 4 >= len(rows):
+                if keys is not None:
+                    kept = set(keep)
+                    self._store_rows(store, [(b, r) for b, r in enumerate(rows) if b not in kept], prompts, outputs, keys)
                 index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                attention, next_position, tokens = attention[index], next_position[index], tokens[index]
+                select_rows(index)
+                tokens = tokens[index]
                 rows = [rows[b] for b in keep]
-            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=-1)
-            logits = self._forward(tokens[:, None], attention, next_position[:, None], cache)
-            next_position = next_position + 1
+            logits = decode_step(tokens)
+        if keys is not None:
+            self._store_rows(store, list(enumerate(rows)), prompts, outputs, keys)
+            store.pop("__bytes__", None)
+        self._prefix_store = store  # rows not in this call are gone: their rollouts ended
         return [
             Generation(outputs[i], logprobs[i], finish[i][0], finish[i][1])  # type: ignore[index]
             for i in range(len(prompts))

@@ -25,6 +25,7 @@ import yaml
 ALGORITHMS = ("grpo", "stratified_grpo", "ppo", "so_ppo", "so_grpo")
 CRITIC_ALGORITHMS = ("ppo", "so_ppo")
 SORL_ALGORITHMS = ("so_ppo", "so_grpo")
+STRATUM_KEYS = ("num_searches", "answered", "random")
 
 
 class ConfigError(ValueError):
@@ -163,7 +164,7 @@ class RolloutConfig:
     top_p: float = 1.0
     """Nucleus sampling for training rollouts."""
     backend: str = "kv_cache"
-    """Generation backend: `kv_cache` (our batched sampler) or `hf` (transformers `generate`, the reference)."""
+    """Generation backend: `kv_cache` (our batched sampler; on Llama-family models its fast forward with a prefix cache across turns), `kv_cache_generic` (the same sampler on the model's own forward) or `hf` (transformers `generate`, the reference)."""
 
     def validate(self, p: str) -> None:
         if self.group_size < 1:
@@ -179,8 +180,8 @@ class RolloutConfig:
             _fail(f"{p}.temperature", self.temperature, "training rollouts sample, so the temperature must be > 0", "use 1.0")
         if not 0 < self.top_p <= 1:
             _fail(f"{p}.top_p", self.top_p, "must lie in (0, 1]", "use 1.0")
-        if self.backend not in ("kv_cache", "hf"):
-            _fail(f"{p}.backend", self.backend, "unknown backend", "use kv_cache or hf")
+        if self.backend not in ("kv_cache", "kv_cache_generic", "hf"):
+            _fail(f"{p}.backend", self.backend, "unknown backend", "use kv_cache, kv_cache_generic or hf")
 
 
 @dataclass
@@ -190,7 +191,7 @@ class AlgoConfig:
     alpha: float = 0.6
     """Stratified GRPO blend: alpha * SAN + (1 - alpha) * GN (0 = GRPO, 1 = pure SAN; paper: 0.6)."""
     stratum_key: str = "num_searches"
-    """How rollouts are stratified: `num_searches` (paper), `answered`, or `module:function` taking a Rollout and returning a hashable key."""
+    """How rollouts are stratified: `num_searches` (paper), `answered`, `random` (control: the num_searches strata's sizes kept inside each group, rollouts assigned to them by a seeded random permutation), or `module:function` taking a Rollout and returning a hashable key."""
     stratum_cap: int | None = None
     """With num_searches: counts >= cap share one stratum (None: no cap)."""
     epsilon: float = 1e-6
@@ -203,6 +204,9 @@ class AlgoConfig:
     """Loss aggregation: token-mean (Search-R1), seq-mean-token-mean, seq-mean-token-sum."""
     turn_level_ratio: bool | None = None
     """Use SORL's turn-level importance ratio; None: on for so_ppo / so_grpo, off otherwise."""
+    sorl_normalize: bool | None = None
+    """SORL's clipping-triggered normalisation g / max(||C||, delta); None: on for so_ppo / so_grpo, off otherwise
+    (true on grpo / ppo gives the "normalisation only" ablation, false on so_* the "turn-level ratio only" one)."""
     sorl_delta: float = 1.0
     """SORL normalisation floor delta: g <- g / max(||C||, delta)."""
     kl_coef: float = 0.001
@@ -233,9 +237,11 @@ class AlgoConfig:
             _fail(f"{p}.name", self.name, "unknown algorithm", f"{hint}use one of {', '.join(ALGORITHMS)}")
         if not 0.0 <= self.alpha <= 1.0:
             _fail(f"{p}.alpha", self.alpha, "the blend weight must lie in [0, 1]", "use 0.6 (paper)")
-        if self.stratum_key not in ("num_searches", "answered") and ":" not in self.stratum_key:
+        if self.stratum_key not in STRATUM_KEYS and ":" not in self.stratum_key:
+            close = difflib.get_close_matches(self.stratum_key, STRATUM_KEYS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             _fail(f"{p}.stratum_key", self.stratum_key, "unknown stratum key",
-                  "use num_searches, answered, or `package.module:function`")
+                  f"{hint}use num_searches, answered, random, or `package.module:function`")
         if self.stratum_cap is not None and self.stratum_cap < 1:
             _fail(f"{p}.stratum_cap", self.stratum_cap, "must be >= 1 or null", "use null for no cap")
         for key in ("clip_low", "clip_high"):
@@ -269,6 +275,10 @@ class AlgoConfig:
     @property
     def use_turn_ratio(self) -> bool:
         return self.uses_sorl if self.turn_level_ratio is None else bool(self.turn_level_ratio)
+
+    @property
+    def use_sorl_normalize(self) -> bool:
+        return self.uses_sorl if self.sorl_normalize is None else bool(self.sorl_normalize)
 
 
 @dataclass
@@ -350,7 +360,9 @@ class SFTConfig:
     epochs: int = 1
     """Passes over the demonstrations."""
     lr: float = 1e-4
-    """SFT learning rate (AdamW, linear warm-up over 5% then constant)."""
+    """SFT learning rate (AdamW, linear warm-up over 5%, then `schedule`)."""
+    schedule: str = "constant"
+    """After warm-up: constant, or cosine (decays to 10% of lr at the last step; better for short runs)."""
     batch_size: int = 8
     """Demonstrations per optimizer step."""
     no_search_fraction: float = 0.2
@@ -366,6 +378,8 @@ class SFTConfig:
                 _fail(f"{p}.{key}", getattr(self, key), "must be at least 1", "use a positive integer")
         if self.lr <= 0:
             _fail(f"{p}.lr", self.lr, "must be positive", "use 1e-4")
+        if self.schedule not in ("constant", "cosine"):
+            _fail(f"{p}.schedule", self.schedule, "unknown schedule", "use constant or cosine")
         for key in ("no_search_fraction", "wrong_hop_fraction"):
             if not 0 <= getattr(self, key) <= 1:
                 _fail(f"{p}.{key}", getattr(self, key), "a fraction must lie in [0, 1]", "use e.g. 0.1")

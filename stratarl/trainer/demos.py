@@ -14,9 +14,11 @@ rollout engine's own function; EOS follows ``</answer>`` as the engine appends i
 So the demonstration has exactly the token layout of a rollout.
 
 Some demonstrations are imperfect on purpose, so RL has something to improve:
-``no_search_fraction`` answer at once without searching (a guess: another
-question's answer), ``wrong_hop_fraction`` of multi-hop ones search a wrong
-entity in their last hop and answer what that search found.
+``no_search_fraction`` answer at once without searching (a guess: the answer of
+another question of the same family, so the guess has the right type),
+``wrong_hop_fraction`` of multi-hop ones search a wrong entity in their last hop
+(the same relation, from another question of the family) and answer what that
+search found.
 """
 
 from __future__ import annotations
@@ -60,6 +62,14 @@ def render_demonstration(example: Example, tokenizer, retriever, *, topk: int, m
                          example_id=example.id, meta={"retrieved": retrieved, "searches": list(searches), "answer": answer})
 
 
+def _other(pool: Sequence[Example], example: Example, rng: random.Random) -> Example:
+    """A uniformly drawn member of ``pool`` other than ``example`` (itself only if it is alone)."""
+    j = rng.randrange(len(pool))
+    if pool[j] is example and len(pool) > 1:
+        j = (j + 1 + rng.randrange(len(pool) - 1)) % len(pool)
+    return pool[j]
+
+
 def render_demonstrations(examples: Sequence[Example], tokenizer, retriever, *, num_demos: int, topk: int,
                           max_obs_tokens: int, no_search_fraction: float, wrong_hop_fraction: float,
                           seed: int) -> list[Demonstration]:
@@ -77,6 +87,12 @@ def render_demonstrations(examples: Sequence[Example], tokenizer, retriever, *, 
     rng = random.Random(seed)
     order = list(range(len(usable)))
     rng.shuffle(order)
+    # Imperfect demos borrow from another question of the same family when there is one, so a guess
+    # is of the right type (a country for a country question: right 1 time in num_countries) and a
+    # wrong last hop is the same relation about a wrong entity.
+    by_family: dict[str, list[Example]] = {}
+    for e in usable:
+        by_family.setdefault(e.metadata.get("family", ""), []).append(e)
     demos: list[Demonstration] = []
     for i in order:
         if len(demos) >= num_demos:
@@ -84,7 +100,9 @@ def render_demonstrations(examples: Sequence[Example], tokenizer, retriever, *, 
         example = usable[i]
         hops = example.metadata["hops"]
         prompt_ids = encode_prompt(tokenizer, example.question)
-        other = usable[rng.randrange(len(usable))]
+        peers = by_family[example.metadata.get("family", "")]
+        pool = peers if len(peers) > 1 else usable
+        other = _other(pool, example, rng)
         draw = rng.random()
         common = dict(topk=topk, max_obs_tokens=max_obs_tokens, prompt_ids=prompt_ids)
         if draw < no_search_fraction:

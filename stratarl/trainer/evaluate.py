@@ -8,6 +8,7 @@ rollouts are kept for debugging.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -34,12 +35,20 @@ def score_rollout(rollout, example: Example) -> dict[str, float]:
     }
 
 
-def aggregate(scores: Sequence[dict[str, float]], sources: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Per-source means (plus ``all``) of per-rollout scores."""
+def collection_config(cfg: Config) -> Config:
+    """``cfg`` for collecting rollouts: ``algo.stratum_key: random`` observes the num_searches strata
+    (the trainer permutes them afterwards, see stratarl.trainer.rl.advantage_strata)."""
+    if cfg.algo.stratum_key != "random":
+        return cfg
+    return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, stratum_key="num_searches"))
+
+
+def aggregate(scores: Sequence[dict[str, float]], sources: Sequence[str], *, with_all: bool = True) -> dict[str, dict[str, float]]:
+    """Per-source means (plus ``all`` when there are several sources) of per-rollout scores."""
     groups: dict[str, list[dict[str, float]]] = {}
     for s, src in zip(scores, sources):
         groups.setdefault(src, []).append(s)
-    if len(groups) > 1:
+    if len(groups) > 1 and with_all:
         groups["all"] = list(scores)
     out = {}
     for src, rows in groups.items():
@@ -52,14 +61,17 @@ def aggregate(scores: Sequence[dict[str, float]], sources: Sequence[str]) -> dic
 
 def evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Config, *, num_transcripts: int = 4,
              progress: bool = False, desc: str = "eval") -> dict:
-    """Greedy rollouts (one per question) -> {"per_source": ..., "transcripts": [...], "seconds": ...}."""
+    """Greedy rollouts (one per question) -> {"per_source": ..., "per_type": ..., "transcripts": [...], "seconds": ...}.
+
+    ``per_type`` has the same columns per ``metadata['question_type']`` (synthetic KB); {} without types."""
     from stratarl.trainer.rollouts import collect, make_generator, transcript
     from stratarl.trainer.setup import TimedRetriever
 
     timed = retriever if isinstance(retriever, TimedRetriever) else TimedRetriever(retriever)
     generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=0)
     start = time.perf_counter()
-    scores, sources, transcripts = [], [], []
+    cfg = collection_config(cfg)
+    scores, sources, types, transcripts = [], [], [], []
     bar = _progress(len(examples), desc) if progress else None
     for i in range(0, len(examples), cfg.eval.batch_size):
         chunk = list(examples[i:i + cfg.eval.batch_size])
@@ -68,6 +80,7 @@ def evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Conf
             s = score_rollout(r, e)
             scores.append(s)
             sources.append(e.data_source)
+            types.append((e.metadata or {}).get("question_type"))
             if len(transcripts) < num_transcripts:
                 transcripts.append(transcript(r, e, tokenizer, reward=s["em"], stratum=r.num_searches))
         if bar is not None:
@@ -75,7 +88,9 @@ def evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Conf
             bar.set_postfix(em=f"{sum(s['em'] for s in scores) / len(scores):.3f}")
     if bar is not None:
         bar.close()
-    return {"per_source": aggregate(scores, sources), "transcripts": transcripts,
+    typed = [(s, str(t)) for s, t in zip(scores, types) if t is not None]
+    per_type = aggregate([s for s, _ in typed], [t for _, t in typed], with_all=False) if typed else {}
+    return {"per_source": aggregate(scores, sources), "per_type": dict(sorted(per_type.items())), "transcripts": transcripts,
             "seconds": time.perf_counter() - start, "num_examples": len(examples)}
 
 
@@ -94,9 +109,11 @@ def format_table(result: dict, title: str = "") -> str:
     """A fixed-width table: one row per data_source."""
     header = f"{'data_source':<20}" + "".join(f"{c:>14}" for c in METRIC_COLUMNS)
     lines = [title, header, "-" * len(header)] if title else [header, "-" * len(header)]
-    for src, m in result["per_source"].items():
+    rows = [(src, m) for src, m in result["per_source"].items()]
+    rows += [(f"  type {t}", m) for t, m in result.get("per_type", {}).items()]
+    for name, m in rows:
         cells = "".join(f"{m[c]:>14.3f}" if c != "count" else f"{m[c]:>14d}" for c in METRIC_COLUMNS)
-        lines.append(f"{src:<20}{cells}")
+        lines.append(f"{name:<20}{cells}")
     return "\n".join(lines)
 
 
@@ -113,9 +130,12 @@ def save_eval(result: dict, run_dir: str | Path, tag: str) -> Path:
 
 
 def eval_metrics(result: dict, prefix: str = "eval") -> dict[str, float]:
-    """Namespaced scalars for metrics.jsonl: eval/<source>/em, ..."""
+    """Namespaced scalars for metrics.jsonl: eval/<source>/em, ..., and eval/type/<question_type>/em."""
     out = {}
     for src, m in result["per_source"].items():
         for key in ("em", "subem", "f1", "searches_mean", "answer_rate"):
             out[f"{prefix}/{src}/{key}"] = m[key]
+    for question_type, m in result.get("per_type", {}).items():
+        for key in ("em", "searches_mean"):
+            out[f"{prefix}/type/{question_type}/{key}"] = m[key]
     return out

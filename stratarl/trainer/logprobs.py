@@ -73,6 +73,55 @@ def chunked_head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: 
     return torch.cat(logps), torch.cat(ents)
 
 
+def _shared_prompt_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          prompt_lengths: torch.Tensor, T: int) -> torch.Tensor | None:
+    """Hidden states [B, T, H] predicting each response token, computing each distinct prompt once.
+
+    Pass 1: the U distinct prompts, left-padded to P, with a KV cache. Pass 2: the B
+    responses (right-padded to R), each over its prompt's cache rows. The state that
+    predicts response token 0 is the prompt's last one; token j's is response state j-1.
+    Returns None when sharing saves nothing (every prompt distinct, or more padded tokens).
+    """
+    B = input_ids.shape[0]
+    lengths = attention_mask.long().sum(-1)
+    prompts = [tuple(input_ids[b, :int(prompt_lengths[b])].tolist()) for b in range(B)]
+    first: dict[tuple, int] = {}
+    inverse = torch.tensor([first.setdefault(p, len(first)) for p in prompts], device=input_ids.device)
+    U, P = len(first), int(prompt_lengths.max())
+    R = int((lengths - prompt_lengths).max())
+    if U == B or R < 1 or U * P + B * R >= B * input_ids.shape[1]:
+        return None
+    unique = list(first)
+    prompt_ids = input_ids.new_zeros((U, P))
+    prompt_mask = attention_mask.new_zeros((U, P))
+    for u, prompt in enumerate(unique):  # left padding: every prompt ends at column P - 1
+        prompt_ids[u, P - len(prompt):] = torch.tensor(prompt, dtype=input_ids.dtype)
+        prompt_mask[u, P - len(prompt):] = 1
+    out = decoder(input_ids=prompt_ids, attention_mask=prompt_mask,
+                  position_ids=(prompt_mask.long().cumsum(-1) - 1).clamp(min=0), use_cache=True)
+    cache = out.past_key_values
+    cache.batch_select_indices(inverse)  # B rows; indexing keeps the autograd graph
+    columns = torch.arange(R, device=input_ids.device)
+    source = (prompt_lengths.view(B, 1) + columns.view(1, R)).clamp(max=input_ids.shape[1] - 1)
+    response_ids = input_ids.gather(1, source)
+    response_attention = (columns.view(1, R) < (lengths - prompt_lengths).view(B, 1)).to(attention_mask.dtype)
+    response_out = decoder(input_ids=response_ids, attention_mask=torch.cat([prompt_mask[inverse], response_attention], 1),
+                           position_ids=prompt_lengths.view(B, 1) + columns.view(1, R), past_key_values=cache,
+                           use_cache=True)
+    states = torch.cat([out.last_hidden_state[inverse, -1:], response_out.last_hidden_state[:, :R - 1]], dim=1)
+    if T > R:
+        states = torch.cat([states, states.new_zeros(B, T - R, states.shape[-1])], dim=1)
+    return states[:, :T]
+
+
+def _activation_checkpointing(model: torch.nn.Module) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # transformers 5 renamed it
+        if hasattr(type(base), name):
+            return bool(getattr(base, name))
+    return False
+
+
 def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     # peft wraps the HF model; get_decoder / get_output_embeddings reach through it.
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -82,7 +131,7 @@ def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn
 def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       prompt_lengths: torch.Tensor, response_mask: torch.Tensor, *, chunk_tokens: int = 1024,
                       temperature: float = 1.0, with_entropy: bool = False,
-                      return_hidden: bool = False) -> dict[str, torch.Tensor]:
+                      return_hidden: bool = False, share_prompts: bool = True) -> dict[str, torch.Tensor]:
     """Log-probs (and optionally entropies) of the policy tokens of right-padded rows.
 
     Row b is ``prompt (prompt_lengths[b] tokens) + response`` padded on the right.
@@ -91,6 +140,12 @@ def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     Returns ``logprobs`` and ``entropy`` [B, T] (0 off the mask) and, with
     ``return_hidden``, ``hidden`` [B, T, H]: the hidden state that predicts each response token.
     Only positions with response_mask = 1 go through the LM head.
+
+    ``share_prompts``: rows with the same prompt (the G rollouts of a GRPO group) run
+    the prompt through the decoder once; their responses attend to its KV cache, and
+    gradients flow back through it (``_shared_prompt_hidden``). Same values as the
+    plain pass up to float rounding; skipped when nothing is shared or under
+    gradient checkpointing (which turns the KV cache off).
     """
     B, L = input_ids.shape
     T = response_mask.shape[1]
@@ -98,11 +153,15 @@ def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
         raise ValueError(f"shape mismatch: input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)}, "
                          f"prompt_lengths {tuple(prompt_lengths.shape)}, response_mask {tuple(response_mask.shape)}")
     decoder, head = _decoder_and_head(model)
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    hidden_all = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
     # Response token j of row b sits at position P_b + j and is predicted by the state at P_b + j - 1.
     index = (prompt_lengths.view(B, 1) - 1 + torch.arange(T, device=input_ids.device).view(1, T)).clamp(max=L - 1)
-    hidden = hidden_all.gather(1, index.unsqueeze(-1).expand(B, T, hidden_all.shape[-1]))
+    hidden = None
+    if share_prompts and not _activation_checkpointing(model):
+        hidden = _shared_prompt_hidden(decoder, input_ids, attention_mask, prompt_lengths, T)
+    if hidden is None:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        hidden_all = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        hidden = hidden_all.gather(1, index.unsqueeze(-1).expand(B, T, hidden_all.shape[-1]))
     targets = input_ids.gather(1, (index + 1).clamp(max=L - 1))
     mask = response_mask.bool()
     lp_flat, ent_flat = chunked_head_logprobs(hidden[mask], head, targets[mask], chunk_tokens=chunk_tokens,

@@ -91,7 +91,8 @@ def _eval_tables(run_dir: Path) -> str:
         cols = ["em", "subem", "f1", "searches_mean", "answer_rate", "count"]
         head = "".join(f"<th>{c}</th>" for c in ["data_source", *cols])
         body = ""
-        for name, m in sources.items():
+        rows = list(sources.items()) + [(f"type {t}", m) for t, m in result.get("per_type", {}).items()]
+        for name, m in rows:
             cells = "".join(f"<td>{m.get(c, ''):.3f}</td>" if isinstance(m.get(c), float) else f"<td>{m.get(c, '')}</td>" for c in cols)
             body += f"<tr><td>{html.escape(name)}</td>{cells}</tr>"
         parts.append(f"<h4>{html.escape(path.stem)}</h4><table><tr>{head}</tr>{body}</table>")

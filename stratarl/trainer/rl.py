@@ -4,11 +4,13 @@
         prompts   <- next P questions from a seeded sampler (state: epoch, position)
         rollouts  <- G rollouts per prompt: the multi-turn engine + the run's retriever
         rewards   <- outcome reward of each rollout's final answer (EM by default)
-        strata    <- structural key of each rollout (number of searches by default)
+        strata    <- structural key of each rollout (number of searches by default; `random`: those
+                     strata permuted inside each group, the control arm)
         old / ref log-probs, values  <- one no-grad pass of the trainer
         advantages <- GRPO / Stratified GRPO / GAE, by algorithm name
         update    <- K epochs x M mini-batches of optimizer steps (SORL normalisation for so_*)
-        log metrics, transcripts; checkpoint every N steps
+        log metrics (incl. stratum/cross_var, stratum/zero_san_frac, reward/em_by_type/*), transcripts;
+        checkpoint every N steps
 
 Algorithms by name (``algo.name``):
 
@@ -59,6 +61,44 @@ def compute_advantages(cfg: Config, batch, rewards: list[float], group_ids: list
     batch.advantages, batch.returns = get_advantage(ADVANTAGE_OF[cfg.algo.name])(inputs, **advantage_params(cfg))
 
 
+def advantage_strata(cfg: Config, observed: list[int], group_ids: list[int], step: int) -> list[int]:
+    """The strata the advantage uses: the observed ones, or for ``algo.stratum_key: random`` the observed
+    strata permuted inside each group (same sizes, random members; seeded by trainer.seed and the step,
+    so a resumed run draws the same strata)."""
+    if cfg.algo.stratum_key != "random":
+        return list(observed)
+    from stratarl.algos.strata import shuffle_strata_within_groups
+
+    generator = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_003 + step)
+    return shuffle_strata_within_groups(torch.tensor(observed), torch.tensor(group_ids), generator).tolist()
+
+
+def stratum_metrics(cfg: Config, collected, strata: list[int]) -> dict[str, float]:
+    """stratum/cross_var and stratum/zero_san_frac on the strata the advantage used (see
+    stratarl.algos.strata); with random strata also stratum/cross_var_observed on the real ones."""
+    from stratarl.algos.strata import cross_stratum_variance, zero_san_fraction
+
+    if not collected.rewards:
+        return {}
+    rewards, groups = torch.tensor(collected.rewards, dtype=torch.float64), torch.tensor(collected.group_ids)
+    used = torch.tensor(strata)
+    out = {"stratum/cross_var": float(cross_stratum_variance(rewards, groups, used)),
+           "stratum/zero_san_frac": float(zero_san_fraction(rewards, groups, used))}
+    if cfg.algo.stratum_key == "random":
+        out["stratum/cross_var_observed"] = float(cross_stratum_variance(rewards, groups, torch.tensor(collected.strata)))
+    return out
+
+
+def em_by_type(examples: list, em: list[float], prefix: str = "reward/em_by_type") -> dict[str, float]:
+    """Mean EM per ``metadata['question_type']`` (synthetic KB: single, 2hop, ...); {} when no example has one."""
+    by_type: dict[str, list[float]] = {}
+    for example, value in zip(examples, em):
+        question_type = example.metadata.get("question_type") if example.metadata else None
+        if question_type is not None:
+            by_type.setdefault(str(question_type), []).append(value)
+    return {f"{prefix}/{t}": sum(v) / len(v) for t, v in sorted(by_type.items())}
+
+
 @dataclass
 class RunState:
     """Everything a step reads or mutates, built once per run."""
@@ -86,6 +126,7 @@ class RunState:
 def rl_step(run: RunState) -> dict[str, float]:
     """One RL step: rollouts -> rewards -> strata -> advantages -> K x M updates. Returns its metrics."""
     from stratarl.trainer.batch import collate_rollouts, scatter_response_values
+    from stratarl.trainer.evaluate import collection_config
     from stratarl.trainer.rollouts import advantage_metrics, collect, rollout_metrics, transcript
     from stratarl.trainer.update import score_batch, update_policy
 
@@ -93,8 +134,9 @@ def rl_step(run: RunState) -> dict[str, float]:
     step_start = time.perf_counter()
     examples = [run.task.train[i] for i in run.sampler.next(cfg.trainer.prompts_per_step)]
 
-    collected = collect(run.generator, run.retriever, run.tokenizer, examples, cfg,
+    collected = collect(run.generator, run.retriever, run.tokenizer, examples, collection_config(cfg),
                         group_size=cfg.rollout.group_size, prompt_cache=run.prompt_cache)
+    strata = advantage_strata(cfg, collected.strata, collected.group_ids, run.step)
     timer.add("generation", collected.generation_s)
     timer.add("retrieval", collected.retrieval_s)
 
@@ -103,12 +145,13 @@ def rl_step(run: RunState) -> dict[str, float]:
     batch = batch.to(cfg.trainer.device)
     with timer("logprobs"):
         score_batch(run.learner, batch, cfg)
-    compute_advantages(cfg, batch, collected.rewards, collected.group_ids, collected.strata)
+    compute_advantages(cfg, batch, collected.rewards, collected.group_ids, strata)
 
     with timer("update"):
         update = update_policy(run.learner, batch, cfg, run.shuffle_rng)
 
-    metrics = {**rollout_metrics(collected), **advantage_metrics(batch.advantages, batch.response_mask), **update}
+    metrics = {**rollout_metrics(collected), **advantage_metrics(batch.advantages, batch.response_mask), **update,
+               **stratum_metrics(cfg, collected, strata), **em_by_type(collected.examples, collected.em)}
     metrics.update(timer.pop())
     metrics["time/step"] = time.perf_counter() - step_start
     update_tokens = float(batch.attention_mask.sum()) * cfg.trainer.epochs
@@ -119,7 +162,7 @@ def rl_step(run: RunState) -> dict[str, float]:
         adv = batch.advantages[:, 0] if batch.advantages.shape[1] else torch.zeros(batch.size)
         records = [transcript(r, e, run.tokenizer, reward=rw, stratum=s, advantage=float(a))
                    for r, e, rw, s, a in zip(collected.rollouts, collected.examples, collected.rewards,
-                                             collected.strata, adv.tolist())][:cfg.logging.num_transcripts]
+                                             strata, adv.tolist())][:cfg.logging.num_transcripts]
         write_transcripts(run.run_dir / "transcripts" / f"step_{run.step + 1:06d}.jsonl", records)
     return metrics
 

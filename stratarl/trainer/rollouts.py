@@ -40,7 +40,7 @@ def make_generator(model, tokenizer, backend: str, seed: int):
 
     if backend == "hf":
         return HFGenerator(model, tokenizer, seed=seed)
-    return KVCacheGenerator(model, tokenizer, seed=seed)
+    return KVCacheGenerator(model, tokenizer, seed=seed, fast=False if backend == "kv_cache_generic" else None)
 
 
 def engine_config(cfg: Config, *, greedy: bool):

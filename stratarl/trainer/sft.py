@@ -39,7 +39,7 @@ def sft_step(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int
              chunk_tokens: int) -> dict[str, float]:
     """Accumulate the gradient of the token-mean NLL over ``demos`` (one optimizer step's worth).
 
-    Each micro-batch's summed NLL is divided by the token count of the whole step, so
+    Each micro-batch's summed NLL is divided by the policy-token count of the whole step, so
     the accumulated gradient equals that of one big batch. Returns loss and token counts.
     """
     batch = collate_sequences([d.prompt_ids for d in demos], [d.response_ids for d in demos],
@@ -58,10 +58,30 @@ def sft_step(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int
     return {"loss": loss_sum, "policy_tokens": total, "tokens": int(batch.attention_mask.sum())}
 
 
+def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> float:
+    """Multiplier of the base lr at optimizer step ``step`` (0-based).
+
+    Warm-up: (step + 1) / warmup_steps for the first ``warmup_steps`` steps. Then
+    ``constant``: 1; ``cosine``: 0.1 + 0.9 * (1 + cos(pi * p)) / 2 with p going 0 -> 1 from the end of
+    warm-up to the last step (step total_steps - 1), so the last step runs at 10% of the lr.
+    """
+    if schedule not in ("constant", "cosine"):
+        raise ValueError(f"unknown SFT lr schedule {schedule!r}; use constant or cosine")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - 1 - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def run_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int, *, lr: float, epochs: int,
             batch_size: int, seed: int, micro_batch_tokens: int, chunk_tokens: int, grad_clip: float = 1.0,
-            warmup_fraction: float = 0.05, on_step: Callable[[int, int, dict], None] | None = None) -> dict[str, float]:
-    """Fine-tune ``model`` in place on ``demos``: AdamW, linear warm-up then constant lr.
+            warmup_fraction: float = 0.05, schedule: str = "constant",
+            on_step: Callable[[int, int, dict], None] | None = None) -> dict[str, float]:
+    """Fine-tune ``model`` in place on ``demos``: AdamW, linear warm-up, then a constant lr or a
+    cosine decay to 10% of it at the last step (``lr_factor``).
 
     ``on_step(step, total_steps, metrics)`` is called after each optimizer step
     (metrics keys ``sft/loss``, ``sft/lr``, ``sft/grad_norm``, ``sft/tokens_per_s``).
@@ -74,7 +94,7 @@ def run_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int,
     steps_per_epoch = math.ceil(len(demos) / batch_size)
     total_steps = steps_per_epoch * epochs
     warmup = max(1, int(warmup_fraction * total_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, warmup, schedule))
     generator = torch.Generator().manual_seed(seed)
     model.train()
     step, epoch_losses, step_losses = 0, [], []
@@ -104,6 +124,19 @@ def run_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int,
             "first_steps_loss": sum(head) / len(head), "last_steps_loss": sum(tail) / len(tail)}
 
 
+def demo_shortfall(requested: int, rendered: int, num_questions: int) -> str | None:
+    """A warning when fewer demonstrations were rendered than ``sft.num_demos`` asked for, else None.
+
+    render_demonstrations makes at most one per training question (and drops correct ones whose
+    gold passage the retriever missed), so a small KB silently caps the warm start.
+    """
+    if rendered >= requested:
+        return None
+    return (f"warning: sft.num_demos={requested} but only {rendered} demonstrations were rendered from "
+            f"{num_questions} training questions (at most one each). Fix: raise data.synthetic.options.num_train "
+            "(and size: a small KB holds a few hundred questions), or lower sft.num_demos and raise sft.epochs")
+
+
 def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     """`stratarl sft`: render demonstrations from the training questions, fine-tune, save ``<out_dir>/model``.
 
@@ -130,6 +163,9 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     demos = render_demonstrations(task.train, tokenizer, retriever, num_demos=s.num_demos, topk=cfg.retrieval.topk,
                                   max_obs_tokens=cfg.rollout.max_obs_tokens, no_search_fraction=s.no_search_fraction,
                                   wrong_hop_fraction=s.wrong_hop_fraction, seed=s.seed)
+    shortfall = demo_shortfall(s.num_demos, len(demos), len(task.train))
+    if shortfall:
+        print(shortfall, flush=True)
     with open(out_dir / "demos_sample.jsonl", "w") as f:
         for d in demos[:5]:
             f.write(json.dumps({"kind": d.kind, "example_id": d.example_id, **d.meta,
@@ -149,7 +185,8 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
 
     result = run_sft(model, demos, tokenizer.pad_token_id, lr=s.lr, epochs=s.epochs, batch_size=s.batch_size,
                      seed=s.seed, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
-                     chunk_tokens=cfg.trainer.logprob_chunk_tokens, grad_clip=cfg.optim.grad_clip, on_step=on_step)
+                     chunk_tokens=cfg.trainer.logprob_chunk_tokens, grad_clip=cfg.optim.grad_clip, schedule=s.schedule,
+                     on_step=on_step)
     if bar is not None:
         bar.close()
     logger.close()

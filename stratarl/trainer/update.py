@@ -7,8 +7,8 @@ gradient equals the gradient of the mini-batch loss under the chosen aggregation
 
     loss = -J_PPO (token / turn ratio)  +  kl_coef * KL_k3(pi || pi_ref)  -  entropy_coef * H  [+ value loss]
 
-SORL (so_ppo / so_grpo): the clipping-bias gradient C is accumulated beside the
-gradient (``stratarl.algos.ClipBiasNormalizer``) and the policy gradient is
+SORL (so_ppo / so_grpo, or any algorithm with ``algo.sorl_normalize: true``): the
+clipping-bias gradient C is accumulated beside the gradient (``stratarl.algos.ClipBiasNormalizer``) and the policy gradient is
 scaled by 1 / max(||C||, delta) before clipping and the optimizer step.
 Observation tokens have response_mask 0 and never enter any term.
 """
@@ -81,7 +81,9 @@ def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: in
             ref_model = copy.deepcopy(model).eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
-    normalizer = ClipBiasNormalizer(policy_params, delta=cfg.algo.sorl_delta) if cfg.algo.uses_sorl else None
+    # ``algo.sorl_normalize`` (default: on exactly for so_*) decides the normalisation, independently of
+    # ``algo.turn_level_ratio``: the two SORL ablations switch one of them off.
+    normalizer = ClipBiasNormalizer(policy_params, delta=cfg.algo.sorl_delta) if cfg.algo.use_sorl_normalize else None
     return Learner(model, optimizer, scheduler, ref_model, value_head, normalizer, adapter_ref)
 
 

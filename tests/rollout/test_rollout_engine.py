@@ -215,10 +215,20 @@ class TestWithTinyModel:
         time equal a fresh forward pass over prompt + response (observations included)."""
         tok = smollm2_tokenizer
         temperature = 0.8
-        engine = RolloutEngine(KVCacheGenerator(tiny_model, tok, seed=0), DictRetriever(), tok,
+        generator = KVCacheGenerator(tiny_model, tok, seed=0)
+        engine = RolloutEngine(generator, DictRetriever(), tok,
                                RolloutConfig(max_turns=3, max_tokens_per_turn=6, temperature=temperature))
         prompts = [tok("Question: who?", add_special_tokens=False)["input_ids"], tok("x y z", add_special_tokens=False)["input_ids"]]
         rollouts = engine.run(prompts)
+        # The third turn read only the new feedback: the rest of each history (all but turn 2's
+        # last token, never fed) came from the prefix cache.
+        third_turn_reused = 0
+        for prompt, rollout in zip(prompts, rollouts):
+            mask = rollout.response_mask
+            last_feedback_end = max(i for i, m in enumerate(mask) if m == 0) + 1
+            last_feedback_len = last_feedback_end - max(i for i in range(last_feedback_end) if mask[i] == 1) - 1
+            third_turn_reused += len(prompt) + last_feedback_end - last_feedback_len - 1
+        assert generator.last_reused_tokens == third_turn_reused
         for prompt, rollout in zip(prompts, rollouts):
             check_invariants(rollout, tok)
             # The random model writes no tags: every turn but the last gets invalid feedback.

@@ -11,7 +11,7 @@ from stratarl.data.examples import Example
 from stratarl.retrieval.bm25 import BM25Retriever
 from stratarl.retrieval.base import Passage
 from stratarl.trainer.demos import render_demonstration, render_demonstrations
-from stratarl.trainer.sft import Demonstration, run_sft, sft_step
+from stratarl.trainer.sft import Demonstration, demo_shortfall, lr_factor, run_sft, sft_step
 
 PASSAGES = [
     Passage("0", '"Bavir Institute"\nBavir Institute was founded by Doushil Revedi.'),
@@ -114,3 +114,79 @@ def test_sft_reduces_the_loss(tiny_model):
     result = run_sft(model, demos, 0, lr=1e-2, epochs=6, batch_size=2, seed=0, micro_batch_tokens=64, chunk_tokens=8)
     assert result["steps"] == 6
     assert result["last_epoch_loss"] < 0.7 * result["first_epoch_loss"]
+
+
+def test_lr_factor_warmup_then_constant_or_cosine():
+    # 10 steps, 2 warm-up steps: factors 1/2, 2/2, then constant 1 ...
+    assert [lr_factor(s, 10, 2, "constant") for s in range(4)] == [0.5, 1.0, 1.0, 1.0]
+    # ... or cosine over steps 2..9 (p = (s - 2) / 7): 1 at p = 0, 0.1 + 0.9 * (1 + cos(pi/2)) / 2 = 0.55
+    # at p = 1/2 (s = 5.5, so not a step; check s = 2 and the last step), 0.1 at p = 1.
+    assert lr_factor(2, 10, 2, "cosine") == 1.0
+    assert lr_factor(9, 10, 2, "cosine") == pytest.approx(0.1)
+    cosine = [lr_factor(s, 10, 2, "cosine") for s in range(2, 10)]
+    assert all(a > b for a, b in zip(cosine, cosine[1:]))  # strictly decreasing after warm-up
+    # midpoint of a 2-step warm-up + 3-step decay (steps 2, 3, 4; p = 0, 1/2, 1): 0.1 + 0.9 * 0.5 = 0.55
+    assert lr_factor(3, 5, 2, "cosine") == pytest.approx(0.55)
+    # one step only: warm-up of 1 gives factor 1 at step 0, never a division by zero
+    assert lr_factor(0, 1, 1, "cosine") == 1.0
+    with pytest.raises(ValueError, match="cosine"):
+        lr_factor(0, 10, 1, "linear")
+
+
+def test_run_sft_cosine_schedule_reaches_a_tenth_of_the_lr(tiny_model):
+    model = copy.deepcopy(tiny_model)
+    demos = [_demo([10, 11, 12, 13, 14], [1, 1, 0, 1, 1]), _demo([20, 21, 22], [1, 1, 1])]
+    lrs = []
+    run_sft(model, demos, 0, lr=1e-2, epochs=4, batch_size=1, seed=0, micro_batch_tokens=64, chunk_tokens=8,
+            warmup_fraction=0.25, schedule="cosine", on_step=lambda step, total, m: lrs.append(m["sft/lr"]))
+    # 8 steps, warm-up int(0.25 * 8) = 2 steps. get_last_lr after step s is the lr of step s + 1:
+    # 1e-2 * [1 (s=2), ..., 0.1 (s=7)] from the second logged value on.
+    assert len(lrs) == 8
+    assert lrs[0] == pytest.approx(1e-2)  # lr after the first step = warm-up factor 2/2
+    assert lrs[-2] == pytest.approx(1e-3)  # the last step (s = 7) runs at 10% of the lr
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+
+
+def test_sft_schedule_is_validated():
+    from stratarl.trainer.config import ConfigError, SFTConfig
+
+    SFTConfig(schedule="cosine").validate("sft")
+    with pytest.raises(ConfigError, match="sft.schedule"):
+        SFTConfig(schedule="linear").validate("sft")
+
+
+def test_imperfect_demonstrations_borrow_from_the_same_family(smollm2_tokenizer):
+    from stratarl.data.synth import generate_knowledge_base
+
+    kb = generate_knowledge_base(seed=0, size=200, num_train=60, num_test=5, hop_mix=(0.5, 0.5, 0.0))
+    retriever = BM25Retriever.from_passages(kb.passages)
+    answers_of: dict[str, set[str]] = {}
+    for e in kb.train:
+        answers_of.setdefault(e.metadata["family"], set()).add(e.golden_answers[0])
+    family = {e.id: e.metadata["family"] for e in kb.train}
+    guesses = render_demonstrations(kb.train, smollm2_tokenizer, retriever, num_demos=60, topk=2, max_obs_tokens=64,
+                                    no_search_fraction=1.0, wrong_hop_fraction=0.0, seed=0)
+    assert len(guesses) == 60 and {d.kind for d in guesses} == {"no_search"}
+    size = {f: sum(family[i] == f for i in family) for f in answers_of}
+    shared = [d for d in guesses if size[family[d.example_id]] > 1]  # a family of one borrows from any question
+    # every guess is an answer of another question of the own family (a country for a country question, ...)
+    assert all(d.meta["answer"] in answers_of[family[d.example_id]] for d in shared)
+    assert len({family[d.example_id] for d in shared}) > 3  # several families, so the check has teeth
+    wrong = render_demonstrations(kb.train, smollm2_tokenizer, retriever, num_demos=60, topk=2, max_obs_tokens=64,
+                                  no_search_fraction=0.0, wrong_hop_fraction=1.0, seed=0)
+    hops_of = {e.id: e.metadata["hops"] for e in kb.train}
+    wrong = [d for d in wrong if d.kind == "wrong_hop" and size[family[d.example_id]] > 1]
+    assert len(wrong) > 10
+    for d in wrong:
+        # the last search asks the own last relation ("Where was", "Who founded", ...) about another entity
+        own = hops_of[d.example_id][-1]["query"]
+        assert d.meta["searches"][-1].split()[:2] == own.split()[:2]
+        assert d.meta["searches"][:-1] == [h["query"] for h in hops_of[d.example_id][:-1]]
+
+
+
+def test_demo_shortfall_names_the_fix():
+    assert demo_shortfall(100, 100, 400) is None and demo_shortfall(100, 120, 400) is None
+    message = demo_shortfall(2000, 96, 100)
+    assert "sft.num_demos=2000" in message and "only 96" in message and "100 training questions" in message
+    assert "data.synthetic.options.num_train" in message

@@ -84,3 +84,64 @@ def test_temperature_scales_logits(tiny_model):
         logits = tiny_model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits[0].float() / 0.5
         expected = torch.log_softmax(logits, -1)[[1, 2], [7, 8]]
     torch.testing.assert_close(out["logprobs"][0], expected)
+
+
+# Six rows, three distinct prompts (a GRPO-like batch), responses of different lengths with
+# observation tokens (mask 0) inside: sharing the prompt pass must change nothing.
+SHARED_PROMPTS = [[5, 6, 7, 8, 9], [5, 6, 7, 8, 9], [11, 12, 13], [5, 6, 7, 8, 9], [11, 12, 13], [20, 21]]
+SHARED_RESPONSES = [[30, 31, 32], [33], [34, 35, 36, 37, 38], [39, 40], [41, 42, 43], [44, 45, 46]]
+SHARED_MASKS = [[1, 1, 1], [1], [1, 0, 0, 1, 1], [1, 1], [1, 1, 1], [1, 0, 1]]
+
+
+def _both_ways(model, pad_id):
+    batch = collate_sequences(SHARED_PROMPTS, SHARED_RESPONSES, SHARED_MASKS, pad_id)
+    results = {}
+    for share in (False, True):
+        model.zero_grad()
+        out = response_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
+                                batch.response_mask, with_entropy=True, return_hidden=True, share_prompts=share)
+        # Only policy positions count (the critic reads hidden states under the mask too).
+        hidden = out["hidden"][batch.response_mask.bool()]
+        (out["logprobs"].sum() + out["entropy"].sum() + hidden.square().mean()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results[share] = (out, grads)
+    return batch, results
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prompt_pass_equals_the_plain_pass(tiny_model, smollm2_tokenizer, lora):
+    import copy
+
+    model = copy.deepcopy(tiny_model).train()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj", "down_proj"]))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(std=0.1)
+    batch, results = _both_ways(model, smollm2_tokenizer.pad_token_id)
+    (plain, plain_grads), (shared, shared_grads) = results[False], results[True]
+    mask = batch.response_mask.bool()
+    for key in ("logprobs", "entropy"):
+        torch.testing.assert_close(shared[key], plain[key])
+        assert (shared[key][~mask] == 0).all()
+    torch.testing.assert_close(shared["hidden"][mask], plain["hidden"][mask])
+    assert plain_grads.keys() == shared_grads.keys() and plain_grads
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, msg=name)
+
+
+def test_shared_prompt_pass_is_used_only_when_it_saves_work(tiny_model, smollm2_tokenizer):
+    from stratarl.trainer.logprobs import _shared_prompt_hidden
+
+    batch = collate_sequences(SHARED_PROMPTS, SHARED_RESPONSES, SHARED_MASKS, smollm2_tokenizer.pad_token_id)
+    decoder = tiny_model.get_decoder()
+    args = (batch.input_ids, batch.attention_mask, batch.prompt_lengths, batch.response_mask.shape[1])
+    with torch.no_grad():
+        assert _shared_prompt_hidden(decoder, *args) is not None
+        distinct = collate_sequences(SHARED_PROMPTS[2:4], SHARED_RESPONSES[2:4], SHARED_MASKS[2:4],
+                                     smollm2_tokenizer.pad_token_id)
+        assert _shared_prompt_hidden(decoder, distinct.input_ids, distinct.attention_mask, distinct.prompt_lengths,
+                                     distinct.response_mask.shape[1]) is None

@@ -1,0 +1,358 @@
+"""Run one evidence experiment end to end: warm starts, every arm x condition x seed, aggregation.
+
+    python benchmarks/evidence/run.py stratified            # paper A: Stratified GRPO vs GRPO
+    python benchmarks/evidence/run.py sorl --seeds 3        # paper B: SORL under off-policy reuse
+    python benchmarks/evidence/run.py sorl --reduced --out /tmp/ev   # CI smoke test sizes
+    python benchmarks/evidence/run.py stratified --aggregate-only    # re-aggregate what exists
+
+Everything goes through the real CLI: ``stratarl sft`` once per task (the shared warm start),
+``stratarl train`` per run (``model.init_from`` = that task's SFT model, so arms differ only by
+algorithm and seed), ``stratarl report --aggregate`` at the end. ``--jobs`` runs execute in
+parallel, each with one thread. A run whose directory has a finished summary.json is skipped; a
+run with checkpoints but no summary continues with ``stratarl train --resume``; anything else
+starts over. Layout::
+
+    <out>/warmstart/<task>/model                       shared SFT checkpoint of a task (both experiments
+                                                       share a task of the same name and settings)
+    <out>/<experiment>/<condition>/<arm>-s<seed>/      one run (arm.json says arm, condition, seed)
+    <out>/<experiment>/aggregate/{aggregate.json, aggregate.md, curves_*.png, report.html}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+WARMSTART = HERE / "warmstart.yaml"
+# The real CLI of the interpreter running this script (`stratarl ...` without relying on PATH).
+STRATARL = [sys.executable, "-m", "stratarl.cli"]
+
+
+@dataclass
+class RunSpec:
+    """One `stratarl train` invocation of the sweep."""
+
+    condition: str
+    arm: str
+    seed: int
+    task: str
+    run_dir: Path
+    overrides: list[str] = field(default_factory=list)
+
+
+def _value(value) -> str:
+    """A YAML value as one command-line token (flow style: dicts and lists stay on one line)."""
+    if isinstance(value, str):
+        return value
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+
+
+def flatten(mapping: dict, prefix: str = "") -> dict:
+    """Nested config sections -> dotted keys; ``options`` mappings stay whole (they are one field)."""
+    out = {}
+    for key, value in (mapping or {}).items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and key != "options" and "." not in key:
+            out.update(flatten(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
+
+
+def as_overrides(mapping: dict) -> list[str]:
+    return [f"{k}={_value(v)}" for k, v in flatten(mapping).items()]
+
+
+def load_experiment(name: str) -> dict:
+    path = Path(name) if name.endswith((".yaml", ".yml")) else HERE / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in HERE.glob("*.yaml") if p.stem not in ("base", "warmstart"))
+        sys.exit(f"error: no experiment {name!r} ({path}). Fix: use one of {', '.join(known)}")
+    exp = yaml.safe_load(path.read_text())
+    exp["name"] = path.stem
+    exp["base_path"] = str((path.parent / exp.get("base", "base.yaml")).resolve())
+    for cond, spec in exp["conditions"].items():
+        if spec["task"] not in exp["tasks"]:
+            sys.exit(f"error: {path}: condition {cond!r} names task {spec['task']!r}; tasks: {sorted(exp['tasks'])}")
+    return exp
+
+
+# What warmstart.yaml contributes: everything that shapes the warm-start checkpoint and must match it in RL
+# (model, task data, retrieval, rollout format, the SFT itself). The RL settings (algo, optim, trainer,
+# eval, logging, data.max_*, rollout.group_size) stay the experiment's, so it cannot resize the sweeps.
+WARMSTART_KEYS = ("model.", "data.source", "data.synthetic.", "retrieval.", "rollout.", "sft.")
+
+
+def warmstart_overrides() -> list[str]:
+    """SFT settings from warmstart.yaml (owned by the warm-start tuning: a config fragment or a complete
+    config, nested sections or dotted keys), restricted to WARMSTART_KEYS; [] while it does not exist
+    (base.yaml's placeholder applies)."""
+    if not WARMSTART.is_file():
+        return []
+    data = yaml.safe_load(WARMSTART.read_text()) or {}
+    if not isinstance(data, dict):
+        sys.exit(f"error: {WARMSTART} must be a mapping of config sections, got {type(data).__name__}")
+    flat = flatten(data)
+    return [f"{k}={_value(v)}" for k, v in flat.items()
+            if k.startswith(WARMSTART_KEYS) and k not in ("sft.enabled", "rollout.group_size")]
+
+
+def _in_condition(spec: dict, arm: str) -> bool:
+    """A condition may list the arms it runs (``arms: [...]``); default: every arm."""
+    return not spec.get("arms") or arm in spec["arms"]
+
+
+def _select(kind: str, all_names: list[str], wanted: list[str] | None) -> list[str]:
+    if not wanted:
+        return all_names
+    unknown = sorted(set(wanted) - set(all_names))
+    if unknown:
+        sys.exit(f"error: unknown {kind} {unknown}; the experiment has {all_names}")
+    return [n for n in all_names if n in wanted]
+
+
+def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: list[str],
+         arms: list[str] | None = None, conditions: list[str] | None = None,
+         cache: Path | None = None) -> tuple[dict, list[RunSpec]]:
+    """(task -> SFT overrides, run specs ordered seed-major so early results cover whole seeds)."""
+    red = exp.get("reduced", {}) if reduced else {}
+    arms = _select("arms", list(exp["arms"]), arms or red.get("arms"))
+    conditions = _select("conditions", list(exp["conditions"]), conditions or red.get("conditions"))
+    tail = as_overrides(red.get("overrides", {})) + list(extra)
+    common = warmstart_overrides()
+    tasks = {exp["conditions"][c]["task"] for c in conditions}
+    root = out / exp["name"]
+    if cache is not None:  # one KB folder per task (an explicit cache_dir is the KB folder itself)
+        tail += [f"data.synthetic.cache_dir={cache / '{task}'}"]
+    sft = {t: common + as_overrides(exp["tasks"][t]) + [x.replace("{task}", t) for x in tail] for t in sorted(tasks)}
+    runs = []
+    for seed in range(seeds):
+        for cond in conditions:
+            spec = exp["conditions"][cond]
+            for arm in arms:
+                if not _in_condition(spec, arm):
+                    continue
+                task = spec["task"]
+                overrides = (common + as_overrides(exp["tasks"][task]) + as_overrides(spec.get("overrides", {}))
+                             + as_overrides(exp["arms"][arm]) + [x.replace("{task}", task) for x in tail]
+                             + [f"trainer.seed={seed}", f"trainer.steps={steps}", "trainer.num_threads=1",
+                                "sft.enabled=false", f"model.init_from={out / 'warmstart' / task / 'model'}"])
+                runs.append(RunSpec(cond, arm, seed, task, root / cond / f"{arm}-s{seed}", overrides))
+    return sft, runs
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def _call(cmd: list[str], log: Path) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        return subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env())
+
+
+def _stale(lock: Path) -> bool:
+    """A lock whose runner is gone (killed): its pid no longer exists."""
+    try:
+        os.kill(int(lock.read_text() or "0"), 0)
+    except (ValueError, ProcessLookupError, FileNotFoundError):
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def run_warmstart(exp: dict, task: str, overrides: list[str], out: Path, *, wait: bool = True) -> bool | None:
+    """Train the task's shared SFT checkpoint once (a lock file keeps two runners from doing it twice).
+
+    Returns True when the checkpoint is ready, False when training it failed, and None when another
+    runner holds the lock and ``wait`` is False (try again later)."""
+    folder = out / "warmstart" / task
+    record = out / "warmstart" / f"{task}.json"
+    cmd = [*STRATARL, "sft", exp["base_path"], *overrides, "trainer.num_threads=1", "--out", str(folder)]
+    wanted = {"base": exp["base_path"], "overrides": overrides}
+    lock = out / "warmstart" / f"{task}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        if (folder / "model" / "config.json").is_file() and record.is_file():
+            if json.loads(record.read_text()) != wanted:
+                sys.exit(f"error: {folder} was trained with other settings ({record}); the runs of task {task!r} "
+                         f"would not start from the warm start they ask for. Fix: delete {folder} and {record}, "
+                         "or use another --out")
+            print(f"[skip] warm start {task}: {folder / 'model'} exists", flush=True)
+            return True
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            if _stale(lock):
+                lock.unlink(missing_ok=True)
+                continue
+            if not wait:
+                return None
+            time.sleep(1)  # another runner is training it
+    try:
+        os.write(fd, str(os.getpid()).encode())
+        started = time.perf_counter()
+        rc = _call(cmd, out / "warmstart" / f"{task}.log")
+        ok = rc == 0 and (folder / "model" / "config.json").is_file()
+        if ok:
+            record.write_text(json.dumps(wanted, indent=1) + "\n")
+        print(f"[{'done' if ok else 'FAIL'}] warm start {task} in {time.perf_counter() - started:.0f}s "
+              f"(log {out / 'warmstart' / f'{task}.log'})", flush=True)
+        return ok
+    finally:
+        os.close(fd)
+        lock.unlink(missing_ok=True)
+
+
+def finished(run_dir: Path, steps: int) -> bool:
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return False
+    try:
+        summary = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return False
+    return not summary.get("interrupted") and int(summary.get("steps", -1)) >= steps
+
+
+def _try_lock(lock: Path) -> int | None:
+    """Create ``lock`` holding our pid (a stale lock of a dead runner is taken over); None when held."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _stale(lock):
+                lock.unlink(missing_ok=True)
+                continue
+            return None
+        os.write(fd, str(os.getpid()).encode())
+        return fd
+
+
+def run_one(spec: RunSpec, exp: dict, steps: int) -> str:
+    """Train one run (skip when finished, resume from a checkpoint, else start over); returns a status.
+
+    A lock file next to the run directory lets several runners share one sweep (start another
+    ``run.py`` with the same arguments to add a worker): a run another runner holds is left to it."""
+    d = spec.run_dir
+    if finished(d, steps):
+        return "skip"
+    lock = d.parent / f".{d.name}.lock"
+    fd = _try_lock(lock)
+    if fd is None:
+        return "busy (another runner has it)"
+    try:
+        if finished(d, steps):
+            return "skip"
+        has_checkpoint = any((d / "checkpoints").glob("step_*")) if (d / "checkpoints").is_dir() else False
+        if has_checkpoint:
+            cmd = [*STRATARL, "train", "--resume", str(d), f"trainer.steps={steps}"]
+        else:
+            if d.exists():
+                shutil.rmtree(d)  # a run that died before its first checkpoint: nothing to keep
+            cmd = [*STRATARL, "train", exp["base_path"], *spec.overrides, "--run-dir", str(d)]
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "arm.json").write_text(json.dumps({"experiment": exp["name"], "condition": spec.condition, "arm": spec.arm,
+                                                "seed": spec.seed, "task": spec.task}) + "\n")
+        rc = _call(cmd, d / "train.log")
+        return ("resumed" if has_checkpoint else "done") if rc == 0 and finished(d, steps) else f"FAIL rc={rc}"
+    finally:
+        os.close(fd)
+        lock.unlink(missing_ok=True)
+
+
+def aggregate(exp: dict, root: Path, steps: int, include_unfinished: bool) -> int:
+    dirs = []
+    for path in sorted(root.glob("*/*/arm.json")):
+        info, d = json.loads(path.read_text()), path.parent
+        spec = exp["conditions"].get(info.get("condition"))
+        if spec is None or info.get("arm") not in exp["arms"] or not _in_condition(spec, info["arm"]):
+            continue  # a run of an arm / condition the experiment no longer has
+        if (d / "metrics.jsonl").is_file() and (include_unfinished or finished(d, steps)):
+            dirs.append(d)
+    if not dirs:
+        print(f"no finished runs under {root} to aggregate", flush=True)
+        return 1
+    out = root / "aggregate" / "report.html"
+    from stratarl.cli import main as stratarl_main  # the CLI in-process: saves one interpreter start
+
+    rc = stratarl_main(["report", "--aggregate", "--baseline", exp["baseline"], "--out", str(out),
+                        "--title", f"{exp['name']}: {exp.get('description', '')}", *map(str, dirs)])
+    if rc == 0:
+        print(f"aggregated {len(dirs)} runs: {out.parent / 'aggregate.md'}", flush=True)
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiment", help="stratified, sorl, or a path to an experiment YAML")
+    p.add_argument("--seeds", type=int, help="seeds 0..N-1 (default: the experiment's)")
+    p.add_argument("--steps", type=int, help="RL steps per run (default: the experiment's)")
+    p.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each (default 2)")
+    p.add_argument("--reduced", action="store_true", help="CI sizes: the experiment's `reduced` section")
+    p.add_argument("--out", default="runs/evidence", help="output root (default runs/evidence)")
+    p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra override for every run and warm start (repeatable)")
+    p.add_argument("--arms", nargs="+", help="only these arms (default: all)")
+    p.add_argument("--conditions", nargs="+", help="only these conditions (default: all)")
+    p.add_argument("--cache", type=Path, help="keep the generated knowledge bases under this folder "
+                   "(default: $STRATARL_CACHE/synth)")
+    p.add_argument("--aggregate-only", action="store_true", help="only aggregate the runs that exist")
+    p.add_argument("--include-unfinished", action="store_true", help="aggregate runs still in progress too")
+    args = p.parse_args(argv)
+    exp = load_experiment(args.experiment)
+    red = exp.get("reduced", {}) if args.reduced else {}
+    seeds = args.seeds or red.get("seeds") or exp.get("seeds", 3)
+    steps = args.steps or red.get("steps") or exp.get("steps", 30)
+    root = Path(args.out) / exp["name"]
+    if args.aggregate_only:
+        return aggregate(exp, root, steps, args.include_unfinished)
+    sft, runs = plan(exp, Path(args.out), seeds=seeds, steps=steps, reduced=args.reduced, extra=args.extra,
+                     arms=args.arms, conditions=args.conditions, cache=args.cache)
+    print(f"{exp['name']}: {len(sft)} warm start(s), {len(runs)} runs ({seeds} seeds x {len(runs) // seeds} "
+          f"arm-conditions), {steps} steps, {args.jobs} in parallel -> {root}", flush=True)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        # Tasks another runner is training right now go last, so this runner trains its own first.
+        ok = dict(zip(sft, pool.map(lambda t: run_warmstart(exp, t, sft[t], Path(args.out), wait=False), sft)))
+        busy = [t for t, v in ok.items() if v is None]
+        ok.update(zip(busy, pool.map(lambda t: run_warmstart(exp, t, sft[t], Path(args.out)), busy)))
+        todo = [r for r in runs if ok[r.task]]
+
+        def job(spec: RunSpec) -> str:
+            t0 = time.perf_counter()
+            status = run_one(spec, exp, steps)
+            print(f"[{status}] {spec.condition}/{spec.arm} seed {spec.seed} ({time.perf_counter() - t0:.0f}s; "
+                  f"{spec.run_dir})", flush=True)
+            return status
+
+        statuses = list(pool.map(job, todo))
+    failed = sum(s.startswith("FAIL") for s in statuses) + len(runs) - len(todo)
+    busy = sum(s.startswith("busy") for s in statuses)
+    if busy:
+        print(f"{busy} runs were in progress in another runner; the last runner to finish aggregates them", flush=True)
+    print(f"all runs finished in {(time.perf_counter() - started) / 60:.1f} min; {failed} failed", flush=True)
+    rc = aggregate(exp, root, steps, args.include_unfinished)
+    return 1 if failed else rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

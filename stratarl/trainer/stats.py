@@ -1,0 +1,157 @@
+"""Small-sample statistics for comparing training runs over seeds (no scipy).
+
+- :func:`t_quantile_975`: the two-sided 95% Student-t critical value t_{0.975, df}.
+- :func:`mean_ci`: mean with a 95% Student-t confidence interval over seeds.
+- :func:`paired_difference`: arm minus baseline on the same seeds (same data order), with the
+  95% CI of the paired differences.
+- :func:`collapse_step`: the step at which a run collapsed (reward falls far below its running
+  peak, or the valid-action rate drops), the SORL paper's failure mode, made a number.
+
+With one seed there is no spread to estimate: CIs are ``None`` (JSON null), never a fake 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+# t_{0.975, df} for df = 1..30, to 3 decimals: the standard Student-t table (NIST/SEMATECH
+# e-Handbook of Statistical Methods, §1.3.6.7.2 "Critical values of the Student's t distribution",
+# column 0.975). Beyond 30 the Cornish-Fisher expansion below is accurate to better than 1e-3.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+Z_975 = 1.959963984540054
+
+
+def t_quantile_975(df: int) -> float:
+    """t_{0.975, df}: table for df <= 30, else z + (z³+z)/(4df) + (5z⁵+16z³+3z)/(96df²) + (3z⁷+19z⁵+17z³−15z)/(384df³)
+    (Cornish-Fisher expansion of the t quantile; Abramowitz & Stegun 26.7.5)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = Z_975
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+@dataclass
+class Interval:
+    """Mean of n values with its 95% CI (``low`` / ``high`` / ``half_width`` are None when n < 2)."""
+
+    mean: float | None
+    n: int
+    std: float | None = None
+    half_width: float | None = None
+    low: float | None = None
+    high: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def format(self, digits: int = 3) -> str:
+        if self.mean is None:
+            return "-"
+        if self.half_width is None:
+            return f"{self.mean:.{digits}f} (n={self.n})"
+        return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
+
+
+def mean_ci(values: Sequence[float]) -> Interval:
+    """Mean and 95% Student-t CI: mean ± t_{0.975, n−1} · s / √n, s the sample std (ddof 1).
+
+    Empty input gives mean None; n = 1 gives the value with no interval; non-finite values
+    are rejected (a NaN metric should be noticed, not averaged away).
+    """
+    xs = [float(v) for v in values]
+    if any(not math.isfinite(v) for v in xs):
+        raise ValueError(f"mean_ci got non-finite values {xs}")
+    n = len(xs)
+    if n == 0:
+        return Interval(None, 0)
+    mean = sum(xs) / n
+    if n == 1:
+        return Interval(mean, 1)
+    std = math.sqrt(sum((v - mean) ** 2 for v in xs) / (n - 1))
+    half = t_quantile_975(n - 1) * std / math.sqrt(n)
+    return Interval(mean, n, std, half, mean - half, mean + half)
+
+
+def paired_difference(arm: dict[int, float], baseline: dict[int, float]) -> dict:
+    """Arm − baseline over the seeds both have: mean difference and the 95% CI of the differences.
+
+    Pairing removes the seed-to-seed spread both runs share (same data order, same initial
+    weights), so it is tighter than comparing two independent CIs. Returns
+    ``{"seeds": [...], "differences": [...], **Interval}``; with no common seed, mean None.
+    """
+    seeds = sorted(set(arm) & set(baseline))
+    diffs = [arm[s] - baseline[s] for s in seeds]
+    return {"seeds": seeds, "differences": diffs, **mean_ci(diffs).to_dict()}
+
+
+@dataclass(frozen=True)
+class CollapseRule:
+    """When a run counts as collapsed (defaults documented in benchmarks/evidence/README.md).
+
+    Reward collapse: the trailing mean of ``reward/mean`` over ``window`` steps stays below
+    ``drop_fraction`` x its running maximum for ``patience`` consecutive steps, once that running
+    maximum has reached ``min_peak`` (a run that never learned cannot collapse). Action collapse:
+    ``rollout/valid_action_rate`` falls below ``min_valid_action_rate`` (after having been at or above
+    it) and stays there for ``patience`` consecutive steps. The collapse step is the first step of the
+    first such streak.
+    """
+
+    # 5-step windows: with 32 rollouts per step a 3-step mean halves by chance (seen in the evidence runs).
+    window: int = 5
+    drop_fraction: float = 0.5
+    patience: int = 5
+    min_peak: float = 0.05
+    min_valid_action_rate: float = 0.5
+
+
+def _trailing_mean(values: Sequence[float], window: int) -> list[float]:
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1):i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def _first_streak(flags: Sequence[bool], steps: Sequence[int], patience: int) -> int | None:
+    run = 0
+    for i, flag in enumerate(flags):
+        run = run + 1 if flag else 0
+        if run >= patience:
+            return steps[i - patience + 1]
+    return None
+
+
+def collapse_step(steps: Sequence[int], reward: Sequence[float], valid_action_rate: Sequence[float] | None = None,
+                  rule: CollapseRule = CollapseRule()) -> dict:
+    """``{"step": first collapsed step or None, "reason": "reward" | "valid_action" | None}`` (see CollapseRule)."""
+    if len(steps) != len(reward) or (valid_action_rate is not None and len(valid_action_rate) != len(steps)):
+        raise ValueError("steps, reward and valid_action_rate must have one entry per step")
+    smooth = _trailing_mean(list(reward), rule.window)
+    flags, peak = [], float("-inf")
+    for value in smooth:
+        peak = max(peak, value)
+        flags.append(peak >= rule.min_peak and value < rule.drop_fraction * peak)
+    candidates = []
+    by_reward = _first_streak(flags, steps, rule.patience)
+    if by_reward is not None:
+        candidates.append((by_reward, "reward"))
+    if valid_action_rate is not None:
+        # Only a fall counts: a run that starts below the threshold (a weak warm start) has not collapsed.
+        reached, low = False, []
+        for v in valid_action_rate:
+            reached = reached or v >= rule.min_valid_action_rate
+            low.append(reached and v < rule.min_valid_action_rate)
+        by_action = _first_streak(low, steps, rule.patience)
+        if by_action is not None:
+            candidates.append((by_action, "valid_action"))
+    if not candidates:
+        return {"step": None, "reason": None}
+    step, reason = min(candidates)
+    return {"step": step, "reason": reason}

@@ -1,0 +1,118 @@
+"""The runner's plan: every arm x condition x seed, overrides in the documented order, valid configs."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from stratarl.trainer.config import load_config
+
+RUNNER = Path(__file__).resolve().parents[2] / "benchmarks" / "evidence" / "run.py"
+
+
+@pytest.fixture(scope="module")
+def runner():
+    spec = importlib.util.spec_from_file_location("evidence_run", RUNNER)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["evidence_run"] = module  # dataclasses look their module up while the class is built
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("evidence_run", None)
+
+
+def test_override_values_round_trip_through_the_config_parser(runner):
+    assert runner.flatten({"algo": {"name": "grpo", "alpha": 0.5}, "data": {"synthetic": {"options": {"size": 1}}}}) == {
+        "algo.name": "grpo", "algo.alpha": 0.5, "data.synthetic.options": {"size": 1}}
+    overrides = runner.as_overrides({"optim.lr": 3.0e-4, "algo.sorl_normalize": False, "algo.stratum_cap": None,
+                                     "data.synthetic.options": {"size": "small", "hop_mix": [0.2, 0.8, 0.0]}})
+    cfg = load_config(None, ["model.name=tiny-random", *overrides])
+    assert cfg.optim.lr == 3.0e-4 and cfg.algo.sorl_normalize is False and cfg.algo.stratum_cap is None
+    assert cfg.data.synthetic.options == {"size": "small", "hop_mix": [0.2, 0.8, 0.0]}
+
+
+@pytest.mark.parametrize("name, runs", [("stratified", 4 * 2 * 3), ("sorl", (3 + 6) * 3)])
+def test_full_plan_covers_every_arm_condition_seed_with_valid_configs(runner, tmp_path, name, runs):
+    exp = runner.load_experiment(name)
+    sft, specs = runner.plan(exp, tmp_path, seeds=3, steps=7, reduced=False, extra=[])
+    assert len(specs) == runs
+    assert len({s.run_dir for s in specs}) == runs
+    assert [s.seed for s in specs] == sorted(s.seed for s in specs)  # seed-major
+    for spec in specs:
+        # The arm's settings come after the condition's and the task's; seed / steps / init_from last.
+        assert spec.overrides[-5:-1] == ["trainer.seed=%d" % spec.seed, "trainer.steps=7", "trainer.num_threads=1",
+                                         "sft.enabled=false"]
+        assert spec.overrides[-1] == f"model.init_from={tmp_path / 'warmstart' / spec.task / 'model'}"
+        cfg = load_config(exp["base_path"], spec.overrides[:-1])  # init_from does not exist yet
+        assert cfg.trainer.seed == spec.seed
+    by_arm = {(s.condition, s.arm): load_config(exp["base_path"], s.overrides[:-1]) for s in specs if s.seed == 0}
+    if name == "stratified":
+        assert by_arm[("guessable", "random_strata")].algo.stratum_key == "random"
+        assert by_arm[("nonguessable", "san_only")].algo.alpha == 1.0
+        assert by_arm[("guessable", "grpo")].data.synthetic.options["guessable"] == "only"
+        assert set(sft) == {"guessable", "nonguessable"}
+    else:
+        normalize_only, turn_only = by_arm[("high", "normalize_only")].algo, by_arm[("high", "turn_ratio_only")].algo
+        assert normalize_only.use_sorl_normalize and not normalize_only.use_turn_ratio
+        assert turn_only.use_turn_ratio and not turn_only.use_sorl_normalize
+        assert ("low", "turn_ratio_only") not in by_arm and ("low", "so_grpo") in by_arm  # low lists its arms
+        high = by_arm[("high", "grpo")].trainer
+        assert high.epochs * high.mini_batches >= 8 and by_arm[("low", "grpo")].trainer.mini_batches == 1
+        assert set(sft) == {"guessable"}
+
+
+def test_arm_and_condition_filters(runner, tmp_path):
+    exp = runner.load_experiment("sorl")
+    _, specs = runner.plan(exp, tmp_path, seeds=1, steps=2, reduced=False, extra=["trainer.save_every=1"],
+                           arms=["ppo"], conditions=["low"])
+    assert [(s.condition, s.arm) for s in specs] == [("low", "ppo")]
+    assert "trainer.save_every=1" in specs[0].overrides
+    with pytest.raises(SystemExit, match="unknown arms"):
+        runner.plan(exp, tmp_path, seeds=1, steps=2, reduced=False, extra=[], arms=["nope"])
+
+
+def test_unknown_experiment_names_the_known_ones(runner):
+    with pytest.raises(SystemExit, match="sorl, stratified"):
+        runner.load_experiment("nope")
+
+
+def test_finished_requires_all_steps(runner, tmp_path):
+    assert not runner.finished(tmp_path, 3)
+    (tmp_path / "summary.json").write_text('{"steps": 2, "interrupted": false}')
+    assert not runner.finished(tmp_path, 3) and runner.finished(tmp_path, 2)
+    (tmp_path / "summary.json").write_text('{"steps": 3, "interrupted": true}')
+    assert not runner.finished(tmp_path, 3)
+
+
+def test_warmstart_file_contributes_only_the_warm_start_settings(runner, tmp_path, monkeypatch):
+    path = tmp_path / "warmstart.yaml"
+    path.write_text("model: {name: word-tiny, tiny_hidden_size: 64}\n"
+                    "data: {max_eval_examples: 7, synthetic: {options: {size: 2500, num_train: 1200}}}\n"
+                    "rollout: {group_size: 3, max_obs_tokens: 99}\n"
+                    "trainer: {prompts_per_step: 99}\noptim: {lr: 1.0}\n"
+                    "sft: {enabled: true, num_demos: 1200, lr: 3.0e-3}\n")
+    monkeypatch.setattr(runner, "WARMSTART", path)
+    assert runner.warmstart_overrides() == [
+        "model.name=word-tiny", "model.tiny_hidden_size=64", "data.synthetic.options={num_train: 1200, size: 2500}",
+        "rollout.max_obs_tokens=99", "sft.num_demos=1200", "sft.lr=0.003"]
+    monkeypatch.setattr(runner, "WARMSTART", tmp_path / "missing.yaml")
+    assert runner.warmstart_overrides() == []
+
+
+def test_a_run_locked_by_a_live_runner_is_left_to_it(runner, tmp_path):
+    exp = runner.load_experiment("sorl")
+    _, (spec, *_) = runner.plan(exp, tmp_path, seeds=1, steps=2, reduced=True, extra=[])
+    lock = spec.run_dir.parent / f".{spec.run_dir.name}.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text(str(os.getpid()))  # this process is alive: the lock is held
+    assert runner.run_one(spec, exp, 2).startswith("busy")
+    assert not spec.run_dir.exists()
+    lock.write_text("999999999")  # no such process: a stale lock is taken over (the run then starts)
+    fd = runner._try_lock(lock)
+    assert fd is not None and lock.read_text() == str(os.getpid())
+    os.close(fd)

@@ -1,0 +1,62 @@
+"""Both evidence experiments end to end at --reduced sizes, through the real CLI (subprocesses).
+
+The two runners go concurrently (one job each) and share one warm start (same task and sizes): 5
+`stratarl` processes in all (1 sft, 2 x 2 train), then each aggregates in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RUNNER = Path(__file__).resolve().parents[2] / "benchmarks" / "evidence" / "run.py"
+
+
+@pytest.mark.slow
+def test_reduced_experiments_run_and_aggregate(tmp_path):
+    procs = {name: subprocess.Popen([sys.executable, str(RUNNER), name, "--reduced", "--jobs", "1",
+                                     "--out", str(tmp_path / "runs"), "--cache", str(tmp_path / "kb")],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for name in ("stratified", "sorl")}
+    outputs = {name: p.communicate(timeout=300)[0] for name, p in procs.items()}
+    for name, p in procs.items():
+        assert p.returncode == 0, outputs[name]
+    expected = {"stratified": ("guessable", {"grpo", "stratified"}), "sorl": ("high", {"grpo", "so_grpo"})}
+    for name, (condition, arms) in expected.items():
+        root = tmp_path / "runs" / name
+        data = json.loads((root / "aggregate" / "aggregate.json").read_text())
+        block = data["conditions"][condition]
+        assert set(block["arms"]) == arms
+        for arm in block["arms"].values():
+            assert arm["n"] == 1 and arm["runs"]["0"]["steps"] == 2
+            for m in arm["metrics"].values():
+                assert m["half_width"] is None  # one seed: CI explicitly null
+                assert m["mean"] is not None and math.isfinite(m["mean"])
+        (other,) = arms - {"grpo"}
+        paired = block["paired"][other]
+        assert paired["final/reward/mean"]["seeds"] == [0] and paired["final/reward/mean"]["half_width"] is None
+        assert (root / "aggregate" / "aggregate.md").is_file() and (root / "aggregate" / "report.html").is_file()
+        run_dir = root / condition / "grpo-s0"
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        train = [r for r in rows if "reward/mean" in r]
+        assert "stratum/cross_var" in train[0] and "stratum/zero_san_frac" in train[0]
+    # One warm start for the task both reduced experiments use: trained by one runner, reused by the other.
+    assert [p.parent.parent.name for p in (tmp_path / "runs" / "warmstart").glob("*/model/config.json")] == ["guessable"]
+    assert sum(out.count("[done] warm start") for out in outputs.values()) == 1
+    assert sum(out.count("[skip] warm start") for out in outputs.values()) == 1
+    # Same seed -> same data order across arms: the first step's questions match.
+    sorl = tmp_path / "runs" / "sorl" / "high"
+    assert (sorl / "so_grpo-s0" / "metrics.jsonl").is_file()
+    first = [json.loads((sorl / a / "transcripts" / "step_000001.jsonl").read_text().splitlines()[0])["question"]
+             for a in ("grpo-s0", "so_grpo-s0")]
+    assert first[0] == first[1]
+    # A rerun skips every finished run and just re-aggregates.
+    rerun = subprocess.run([sys.executable, str(RUNNER), "sorl", "--reduced", "--out", str(tmp_path / "runs"),
+                            "--cache", str(tmp_path / "kb")], capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert rerun.stdout.count("[skip]") == 3  # the warm start and both runs

@@ -1,0 +1,135 @@
+"""algo.sorl_normalize and algo.stratum_key=random wiring, per-type EM, stratum metrics of a step."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from stratarl.data.examples import Example
+from stratarl.trainer.batch import collate_sequences
+from stratarl.trainer.config import ConfigError, load_config
+from stratarl.trainer.evaluate import aggregate, collection_config, eval_metrics
+from stratarl.trainer.rl import advantage_strata, em_by_type, stratum_metrics
+from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch
+
+
+def _cfg(*overrides):
+    return load_config(None, ["model.name=tiny-random", "algo.kl_coef=0.0", "trainer.logprob_chunk_tokens=7",
+                              "algo.sorl_delta=1e-6", *overrides])
+
+
+def _clipped_batch(learner, cfg, seed=0, rows=6):
+    """A batch whose old log-probs sit 2 nats below the current ones: every ratio e^2 is clipped."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(rows)]
+    responses = [torch.randint(3, 500, (8,), generator=g).tolist() for _ in range(rows)]
+    masks = [[1, 1, 1, 0, 0, 1, 1, 1] for _ in range(rows)]  # two turns around an observation
+    batch = collate_sequences(prompts, responses, masks, pad_id=0)
+    adv = torch.tensor([1.0, -1.0, 0.5, 2.0, 1.5, 0.7])[:rows]
+    batch.advantages = adv[:, None] * batch.response_mask
+    batch.returns = batch.advantages.clone()
+    batch = score_batch(learner, batch, cfg)
+    batch.old_logprobs = batch.old_logprobs - 2.0 * batch.response_mask
+    return batch
+
+
+@pytest.mark.parametrize("name, flag, expected", [("grpo", None, False), ("ppo", None, False), ("so_grpo", None, True),
+                                                  ("so_ppo", None, True), ("grpo", True, True), ("so_grpo", False, False)])
+def test_sorl_normalize_defaults_and_overrides(name, flag, expected):
+    overrides = [f"algo.name={name}"] + ([f"algo.sorl_normalize={str(flag).lower()}"] if flag is not None else [])
+    assert _cfg(*overrides).algo.use_sorl_normalize is expected
+
+
+def test_sorl_normalize_rejects_non_bool():
+    with pytest.raises(ConfigError, match="algo.sorl_normalize"):
+        _cfg("algo.sorl_normalize=maybe")
+
+
+def test_normalisation_only_arm_scales_a_clipped_step(tiny_model):
+    cfg = _cfg("algo.name=grpo", "algo.sorl_normalize=true")
+    learner = build_learner(copy.deepcopy(tiny_model), cfg, total_optimizer_steps=1)
+    assert learner.normalizer is not None and cfg.algo.use_turn_ratio is False
+    metrics = accumulate_gradients(learner, _clipped_batch(learner, cfg), cfg)
+    assert metrics["loss/clip_frac"] > 0 and "loss/clip_frac_turn" not in metrics  # token-level ratio
+    out = learner.normalizer.apply()
+    assert float(out["sorl/c_norm"]) > 0
+    assert float(out["sorl/scale"]) != 1.0
+    torch.testing.assert_close(out["sorl/scale"], 1.0 / out["sorl/c_norm"])
+
+
+def test_turn_ratio_only_arm_leaves_a_clipped_step_unscaled(tiny_model):
+    cfg_turn_only = _cfg("algo.name=so_grpo", "algo.sorl_normalize=false")
+    cfg_so = _cfg("algo.name=so_grpo")
+    grads = []
+    for cfg in (cfg_turn_only, cfg_so):
+        model = copy.deepcopy(tiny_model)
+        learner = build_learner(model, cfg, total_optimizer_steps=1)
+        metrics = accumulate_gradients(learner, _clipped_batch(learner, cfg), cfg)
+        assert metrics["loss/clip_frac_turn"] > 0  # turn-level ratio in both
+        if cfg is cfg_turn_only:
+            assert learner.normalizer is None  # nothing rescales .grad: scale 1
+        else:
+            scale = float(learner.normalizer.apply()["sorl/scale"])
+            assert scale < 1.0
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    # The normalised step is exactly the turn-ratio-only gradient times SO-GRPO's scale.
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a * scale)
+
+
+def test_random_stratum_key_is_valid_and_typos_get_a_hint():
+    assert _cfg("algo.stratum_key=random").algo.stratum_key == "random"
+    with pytest.raises(ConfigError, match="did you mean 'random'"):
+        _cfg("algo.stratum_key=randon")
+
+
+def test_random_strata_collect_the_search_counts_and_permute_per_step():
+    cfg = _cfg("algo.stratum_key=random", "trainer.seed=3")
+    assert collection_config(cfg).algo.stratum_key == "num_searches"
+    assert cfg.algo.stratum_key == "random"  # the original is untouched
+    plain = _cfg()
+    assert collection_config(plain) is plain
+    observed = [0, 0, 1, 2, 2, 2, 0, 1, 1, 1, 3, 0]
+    groups = [0] * 6 + [1] * 6
+    first, again, later = (advantage_strata(cfg, observed, groups, s) for s in (0, 0, 1))
+    assert first == again and first != later and first != observed
+    for g in (0, 1):
+        assert sorted(first[g * 6:(g + 1) * 6]) == sorted(observed[g * 6:(g + 1) * 6])
+    assert advantage_strata(plain, observed, groups, 0) == observed
+
+
+class _Collected:
+    def __init__(self, rewards, group_ids, strata):
+        self.rewards, self.group_ids, self.strata = rewards, group_ids, strata
+
+
+def test_stratum_metrics_of_a_step():
+    collected = _Collected([1.0, 1.0, 0.0, 0.0], [0, 0, 0, 0], [1, 1, 0, 0])
+    m = stratum_metrics(_cfg(), collected, collected.strata)
+    assert m == {"stratum/cross_var": pytest.approx(0.25), "stratum/zero_san_frac": 1.0}
+    m = stratum_metrics(_cfg("algo.stratum_key=random"), collected, [1, 0, 1, 0])
+    assert m["stratum/cross_var"] == pytest.approx(0.0) and m["stratum/cross_var_observed"] == pytest.approx(0.25)
+
+
+def _example(i, question_type):
+    return Example(id=str(i), question="q", golden_answers=("a",), metadata={"question_type": question_type} if question_type else {})
+
+
+def test_em_by_type():
+    examples = [_example(0, "single_hop"), _example(1, "multi_hop_2"), _example(2, "multi_hop_2"), _example(3, None)]
+    assert em_by_type(examples, [1.0, 0.0, 1.0, 1.0]) == {"reward/em_by_type/multi_hop_2": 0.5,
+                                                          "reward/em_by_type/single_hop": 1.0}
+    assert em_by_type([_example(0, None)], [1.0]) == {}
+
+
+def test_eval_metrics_include_question_types():
+    scores = [{"em": 1.0, "subem": 1.0, "f1": 1.0, "searches": 1.0, "answered": 1.0},
+              {"em": 0.0, "subem": 0.0, "f1": 0.0, "searches": 3.0, "answered": 0.0}]
+    per_type = aggregate(scores, ["single_hop", "multi_hop_2"], with_all=False)
+    assert set(per_type) == {"single_hop", "multi_hop_2"}
+    result = {"per_source": aggregate(scores, ["kb", "kb"]), "per_type": per_type}
+    m = eval_metrics(result)
+    assert m["eval/type/single_hop/em"] == 1.0 and m["eval/type/multi_hop_2/searches_mean"] == 3.0
+    assert m["eval/kb/em"] == 0.5
