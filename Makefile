@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.stamp
 VENV_VERL ?= .venv-verl
 PY_VERL   := $(VENV_VERL)/bin/python
 
-.PHONY: demo test test-fast test-verl bench bench-synth clean-venv
+.PHONY: demo test test-fast test-verl bench bench-synth evidence clean-venv
 
 $(STAMP): pyproject.toml requirements/ci.txt requirements/no-deps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,12 +42,17 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_advantages.py
 	$(PY) benchmarks/bench_retrieval.py
-	$(PY) benchmarks/bench_generation.py --threads 1
+	$(PY) benchmarks/bench_generation.py --threads 2
 	$(PY) benchmarks/bench_wordlevel.py
 	$(PY) benchmarks/bench_train.py --threads 2
 
 bench-synth: $(STAMP)
 	$(PY) benchmarks/synth_retrievability.py
+
+# Issue 7's evidence sweeps (docs/results.md): about an hour on 2 cores; rerun to resume.
+evidence: $(STAMP)
+	$(PY) benchmarks/evidence/run.py stratified --seeds 3 --jobs 2 --out runs/evidence
+	$(PY) benchmarks/evidence/run.py sorl --seeds 3 --jobs 2 --out runs/evidence
 
 clean-venv:
 	rm -rf $(VENV) $(VENV_VERL)

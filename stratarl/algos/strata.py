@@ -26,6 +26,14 @@ def _segment_sum(values: Tensor, segment: Tensor, n: int) -> Tensor:
     return values.new_zeros(n).index_add(0, segment, values)
 
 
+def _checked_rewards(rewards: Tensor, group_ids: Tensor, strata_ids: Tensor) -> Tensor:
+    """Rewards [B] as floats, after checking that ids are [B] integer tensors."""
+    check_1d("rewards", rewards)
+    check_ids("group_ids", group_ids, rewards.shape[0])
+    check_ids("strata_ids", strata_ids, rewards.shape[0])
+    return float_values("rewards", rewards)
+
+
 def cross_stratum_variance(rewards: Tensor, group_ids: Tensor, strata_ids: Tensor) -> Tensor:
     """Mean over groups of the cross-stratum variance term (a 0-dim tensor; 0 for an empty batch).
 
@@ -36,10 +44,7 @@ def cross_stratum_variance(rewards: Tensor, group_ids: Tensor, strata_ids: Tenso
     arXiv 2510.06214). It is the part of GRPO's advantage variance that depends only on a rollout's
     structure; SAN removes it. Groups are weighted equally.
     """
-    check_1d("rewards", rewards)
-    check_ids("group_ids", group_ids, rewards.shape[0])
-    check_ids("strata_ids", strata_ids, rewards.shape[0])
-    values = float_values("rewards", rewards)
+    values = _checked_rewards(rewards, group_ids, strata_ids)
     if values.numel() == 0:
         return values.new_zeros(())
     group, n_groups = dense_ids(group_ids)
@@ -60,10 +65,7 @@ def zero_san_fraction(rewards: Tensor, group_ids: Tensor, strata_ids: Tensor) ->
     A rollout gets A_SAN = 0 when its (group, stratum) cell holds one rollout or rewards that are
     all equal (the convention of :func:`stratarl.algos.advantages.segment_normalize`).
     """
-    check_1d("rewards", rewards)
-    check_ids("group_ids", group_ids, rewards.shape[0])
-    check_ids("strata_ids", strata_ids, rewards.shape[0])
-    values = float_values("rewards", rewards)
+    values = _checked_rewards(rewards, group_ids, strata_ids)
     if values.numel() == 0:
         return values.new_zeros(())
     cell, n_cells = stratum_cells(group_ids, strata_ids)

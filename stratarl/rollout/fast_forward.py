@@ -10,8 +10,9 @@ module runs the same math with:
 
 - a preallocated KV cache ``[layers, batch, kv_heads, capacity, head_dim]``
   written in place (no concatenation);
-- fused projections: one GEMM for Q|K|V and one for gate|up per layer (the fused
-  weights are rebuilt only when a parameter changed, tracked by version counters);
+- fused projections: one GEMM for Q|K|V and one for gate|up per layer, with the
+  weights pre-packed for oneDNN on CPU (rebuilt only when a parameter changed,
+  tracked by version counters);
 - decode attention by SDPA reading the grouped-query K/V in place (no repetition),
   with an additive padding bias built once per step.
 
@@ -118,17 +119,51 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * x32.to(x.dtype)
 
 
+def packing_available() -> bool:
+    """Whether oneDNN weight packing (``torch.ops.mkldnn``, as inductor's CPU freezing uses) exists here."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class _Linear:
+    """``x @ W^T + b`` for a fixed weight, oneDNN-packed on CPU (fp32) when available.
+
+    Why: at decode, M = batch rows is small and every weight is read once per step;
+    MKL's sgemm behind ``F.linear`` runs such skinny products at a fraction of the
+    bandwidth, while a pre-packed oneDNN weight runs a 30-layer SmolLM2 sweep of them
+    1.6-1.8x faster (2 threads, M = 8 and 32) and the 49k-wide LM head 2-3x faster.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
+        self.out_features = weight.shape[0]
+        self.weight, self.bias, self.packed = weight, bias, None
+        if pack and weight.device.type == "cpu" and weight.dtype == torch.float32:
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 32)
+                self.bias = bias.detach().contiguous() if bias is not None else None
+                self.weight = None
+            except (RuntimeError, AttributeError):  # an op or format this build lacks: plain GEMM
+                self.packed = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
 class _Layer:
     """One decoder layer's weights, with Q|K|V and gate|up fused into single matrices."""
 
-    def __init__(self, layer) -> None:
+    def __init__(self, layer, pack: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         q, k, v = (_weight_and_bias(p) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        self.qkv_w, self.qkv_b = _fuse([q, k, v])
-        self.o_w, self.o_b = _weight_and_bias(attn.o_proj)
+        self.qkv = _Linear(*_fuse([q, k, v]), pack)
+        self.o = _Linear(*_weight_and_bias(attn.o_proj), pack)
         gate, up = _weight_and_bias(mlp.gate_proj), _weight_and_bias(mlp.up_proj)
-        self.gate_up_w, self.gate_up_b = _fuse([gate, up])
-        self.down_w, self.down_b = _weight_and_bias(mlp.down_proj)
+        self.gate_up = _Linear(*_fuse([gate, up]), pack)
+        self.down = _Linear(*_weight_and_bias(mlp.down_proj), pack)
         self.norm1_w, self.norm1_eps = layer.input_layernorm.weight, _eps(layer.input_layernorm)
         self.norm2_w, self.norm2_eps = layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)
         self.intermediate = gate[0].shape[0]
@@ -158,7 +193,8 @@ class FastDecoder:
         decoder.select(rows)                  # keep only these batch rows
     """
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, *, pack: bool | None = None) -> None:
+        """``pack``: oneDNN-packed weights (None: when ``packing_available()``)."""
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"FastDecoder does not support this model: {reason}")
@@ -174,6 +210,7 @@ class FastDecoder:
         self.scale = self.head_dim ** -0.5
         self._layers: list[_Layer] = []
         self._lora_modules = [m for m in model.modules() if _is_lora(m)]
+        self.pack = packing_available() if pack is None else bool(pack)
         self._version: tuple | None = None
 
     # -- weights ---------------------------------------------------------------------------
@@ -189,8 +226,8 @@ class FastDecoder:
         """Re-fuse the projection weights if any parameter changed since the last call."""
         version = self._weights_version()
         if version is None or version != self._version:
-            self._layers = [_Layer(layer) for layer in self.inner.layers]
-            self._lm_head = _weight_and_bias(self.causal_lm.lm_head)
+            self._layers = [_Layer(layer, self.pack) for layer in self.inner.layers]
+            self._lm_head = _Linear(*_weight_and_bias(self.causal_lm.lm_head), self.pack)
             self._version = version
 
     # -- cache -----------------------------------------------------------------------------
@@ -299,7 +336,7 @@ class FastDecoder:
     def _qkv(self, layer: _Layer, hidden, cos, sin):
         batch, length, _ = hidden.shape
         normed = _rms_norm(hidden, layer.norm1_w, layer.norm1_eps)
-        qkv = F.linear(normed, layer.qkv_w, layer.qkv_b)
+        qkv = layer.qkv(normed)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q = qkv[..., :q_size].view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = qkv[..., q_size:q_size + kv_size].view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -310,17 +347,16 @@ class FastDecoder:
         return q, k, v
 
     def _finish_layer(self, layer: _Layer, hidden, attn):
-        hidden = hidden + F.linear(attn, layer.o_w, layer.o_b)
+        hidden = hidden + layer.o(attn)
         normed = _rms_norm(hidden, layer.norm2_w, layer.norm2_eps)
-        gate_up = F.linear(normed, layer.gate_up_w, layer.gate_up_b)
+        gate_up = layer.gate_up(normed)
         gate, up = gate_up[..., :layer.intermediate], gate_up[..., layer.intermediate:]
-        return hidden + F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
+        return hidden + layer.down(F.silu(gate) * up)
 
     def _logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
         final = self.inner.norm
         hidden_last = _rms_norm(hidden_last, final.weight, _eps(final))
-        weight, bias = self._lm_head
-        return F.linear(hidden_last, weight, bias).float()
+        return self._lm_head(hidden_last).float()
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Append one token per row (``tokens`` [B]) and return the next logits [B, V]."""

@@ -306,3 +306,18 @@ class TestPrefixCache:
         assert generator.last_reused_tokens == 0
         with pytest.raises(ValueError, match="cache_keys has 2 entries"):
             generator.generate(PROMPTS, params, cache_keys=[0, 1])
+
+
+@pytest.mark.skipif(not __import__("stratarl.rollout.fast_forward", fromlist=["x"]).packing_available(),
+                    reason="this torch build has no oneDNN weight packing")
+def test_packed_weights_give_the_same_logits(smollm2_tokenizer):
+    model = _build("qwen2_bias", smollm2_tokenizer)  # biases go through the packed op too
+    ids, mask = left_pad(PROMPTS, smollm2_tokenizer.pad_token_id, "cpu")
+    with torch.inference_mode():
+        packed, plain = FastDecoder(model, pack=True), FastDecoder(model, pack=False)
+        a = packed.prefill(ids, mask, capacity=ids.shape[1] + 2)
+        b = plain.prefill(ids, mask, capacity=ids.shape[1] + 2)
+        assert packed._layers[0].qkv.packed is not None and plain._layers[0].qkv.packed is None
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        tokens = a.argmax(-1)
+        torch.testing.assert_close(packed.decode(tokens), plain.decode(tokens), rtol=1e-4, atol=1e-4)
