@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import math
 from dataclasses import asdict
@@ -216,10 +215,7 @@ def _band_series(run_dirs: list[str], key: str) -> tuple[list[int], list[float],
 
 def plot_condition(condition: str, block: dict, out_png: Path) -> bytes | None:
     """One PNG per condition: a panel per curve metric, mean over seeds ± 95% CI band per arm."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from stratarl.trainer.report import panel_grid, save_png
 
     arms = {name: [r["run_dir"] for r in a["runs"].values()] for name, a in block["arms"].items()}
     present: set[str] = set()
@@ -230,12 +226,8 @@ def plot_condition(condition: str, block: dict, out_png: Path) -> bytes | None:
     keys = [k for k in CURVES if k in present] + sorted(k for k in present if k not in CURVES)
     if not keys:
         return None
-    cols = min(4, len(keys))
-    nrows = math.ceil(len(keys) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 2.8 * nrows), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, key in enumerate(keys):
-        ax = axes[i // cols][i % cols]
+    plt, fig, panels, colors, nrows = panel_grid(keys)
+    for ax, key in zip(panels, keys):
         for j, (name, dirs) in enumerate(arms.items()):
             xs, means, halves = _band_series(dirs, key)
             if not xs:
@@ -245,21 +237,12 @@ def plot_condition(condition: str, block: dict, out_png: Path) -> bytes | None:
             low = [m - h if h is not None else m for m, h in zip(means, halves)]
             high = [m + h if h is not None else m for m, h in zip(means, halves)]
             ax.fill_between(xs, low, high, color=color, alpha=0.2)
-        ax.set_title(key, fontsize=9)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    for i in range(len(keys), nrows * cols):
-        axes[i // cols][i % cols].axis("off")
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles, labels = panels[0].get_legend_handles_labels()
     fig.tight_layout()
     if handles:
         fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(6, len(labels)), fontsize=9)
     fig.suptitle(f"{condition or 'all runs'}: mean over seeds ± 95% CI", y=1.0 + 0.35 / nrows, fontsize=11)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    out_png.write_bytes(buf.getvalue())
-    return buf.getvalue()
+    return save_png(plt, fig, out_png)
 
 
 def _md_to_html(md: str) -> str:

@@ -44,7 +44,11 @@ def _namespace(key: str) -> str:
     return key.split("/", 1)[0] if "/" in key else "other"
 
 
-def _plot_namespace(namespace: str, keys: list[str], runs: dict[str, dict], out_png: Path) -> bytes:
+def panel_grid(keys: list[str]):
+    """A figure with one small panel per key (4 columns; unused panels off).
+
+    Returns (pyplot, figure, panels for ``keys`` in order, colour cycle, number of rows).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,29 +57,39 @@ def _plot_namespace(namespace: str, keys: list[str], runs: dict[str, dict], out_
     cols = min(4, len(keys))
     rows = math.ceil(len(keys) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, key in enumerate(keys):
-        ax = axes[i // cols][i % cols]
-        for j, (run_name, series) in enumerate(runs.items()):
-            if key in series:
-                xs, ys = series[key]
-                ax.plot(xs, ys, label=run_name, color=colors[j % len(colors)], marker="." if len(xs) < 30 else None)
+    panels = [axes[i // cols][i % cols] for i in range(rows * cols)]
+    for ax, key in zip(panels, keys):
         ax.set_title(key, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for i in range(len(keys), rows * cols):
-        axes[i // cols][i % cols].axis("off")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if len(runs) > 1 and handles:
-        fig.legend(handles, labels, loc="upper center", ncol=min(4, len(labels)), fontsize=8)
-    fig.suptitle(namespace, y=1.0 if len(runs) < 2 else 1.04, fontsize=11)
-    fig.tight_layout()
+    for ax in panels[len(keys):]:
+        ax.axis("off")
+    return plt, fig, panels[:len(keys)], plt.rcParams["axes.prop_cycle"].by_key()["color"], rows
+
+
+def save_png(plt, fig, out_png: Path) -> bytes:
+    """Write ``fig`` to ``out_png`` (90 dpi, tight) and return the PNG bytes."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
     data = buf.getvalue()
     out_png.write_bytes(data)
     return data
+
+
+def _plot_namespace(namespace: str, keys: list[str], runs: dict[str, dict], out_png: Path) -> bytes:
+    plt, fig, panels, colors, _ = panel_grid(keys)
+    for ax, key in zip(panels, keys):
+        for j, (run_name, series) in enumerate(runs.items()):
+            if key in series:
+                xs, ys = series[key]
+                ax.plot(xs, ys, label=run_name, color=colors[j % len(colors)], marker="." if len(xs) < 30 else None)
+    handles, labels = panels[0].get_legend_handles_labels()
+    if len(runs) > 1 and handles:
+        fig.legend(handles, labels, loc="upper center", ncol=min(4, len(labels)), fontsize=8)
+    fig.suptitle(namespace, y=1.0 if len(runs) < 2 else 1.04, fontsize=11)
+    fig.tight_layout()
+    return save_png(plt, fig, out_png)
 
 
 def _eval_tables(run_dir: Path) -> str:
