@@ -184,14 +184,15 @@ class RolloutEngine:
                                  f"max_total_tokens={config.max_total_tokens}; raise it or shorten the prompt")
         params = config.sampling_params()
         for turn_index in range(config.max_turns):
-            live = [r for r in rollouts if not r.done]
-            if not live:
+            live_index = [i for i, r in enumerate(rollouts) if not r.done]
+            if not live_index:
                 break
+            live = [rollouts[i] for i in live_index]
             budgets = [min(config.max_tokens_per_turn, config.max_total_tokens - r.total_length) for r in live]
             histories = [r.prompt_ids + r.response_ids for r in live]
             if getattr(self.generator, "supports_cache_keys", False):
                 # Each rollout's KV from its previous turn is reused: only the observation is read.
-                keys = [(id(rollouts), i) for i, r in enumerate(rollouts) if not r.done]
+                keys = [(id(rollouts), i) for i in live_index]
                 generations = self.generator.generate(histories, params, budgets, cache_keys=keys)
             else:
                 generations = self.generator.generate(histories, params, budgets)

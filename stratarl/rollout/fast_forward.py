@@ -208,6 +208,7 @@ class FastDecoder:
         self.num_kv_heads = getattr(self.config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.num_heads
         self.scale = self.head_dim ** -0.5
+        self.groups = self.num_heads // self.num_kv_heads  # query heads per K/V head
         self._layers: list[_Layer] = []
         self._lora_modules = [m for m in model.modules() if _is_lora(m)]
         self.pack = packing_available() if pack is None else bool(pack)
@@ -232,7 +233,8 @@ class FastDecoder:
 
     # -- cache -----------------------------------------------------------------------------
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.inner.rotary_emb(self._probe, positions)
+        # rotary_emb reads only the dtype and device of its first argument.
+        cos, sin = self.inner.rotary_emb(self.inner.embed_tokens.weight, positions)
         return cos, sin  # [B, L, D]
 
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int,
@@ -275,7 +277,6 @@ class FastDecoder:
         batch, length = ids.shape
         self.refresh()
         weight = self.inner.embed_tokens.weight
-        self._probe = weight[:1]
         shape = (len(self._layers), batch, self.num_kv_heads, capacity, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
         self.v_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
@@ -316,10 +317,9 @@ class FastDecoder:
         self.v_cache[index, :, :, prefix_width:end] = v
         if prefix_width:
             k, v = self.k_cache[index, :, :, :end], self.v_cache[index, :, :, :end]
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
+        if self.groups > 1:
+            k = k.repeat_interleave(self.groups, dim=1)
+            v = v.repeat_interleave(self.groups, dim=1)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         attn = attn.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
         return self._finish_layer(layer, hidden, attn)
@@ -375,7 +375,6 @@ class FastDecoder:
         bias = torch.zeros(self.valid[:, :self.length].shape, dtype=self.k_cache.dtype, device=tokens.device)
         bias.masked_fill_(~self.valid[:, :self.length], float("-inf"))
         bias = bias[:, None, None, :]  # [B, 1, 1, T]
-        groups = self.num_heads // self.num_kv_heads
         hidden = self.inner.embed_tokens(tokens[:, None])  # [B, 1, H]
         for index, layer in enumerate(self._layers):
             q, k, v = self._qkv(layer, hidden, cos, sin)  # q [B, heads, 1, D]
@@ -386,7 +385,7 @@ class FastDecoder:
             # Grouped-query heads read their shared K/V in place (no repetition); ~3x faster
             # than two batched matmuls of [G, D] x [D, T] per row on CPU.
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scale,
-                                                  enable_gqa=groups > 1)  # [B, heads, 1, D]
+                                                  enable_gqa=self.groups > 1)  # [B, heads, 1, D]
             hidden = self._finish_layer(layer, hidden, attn.reshape(batch, 1, self.num_heads * self.head_dim))
         return self._logits(hidden[:, 0])
 

@@ -299,25 +299,30 @@ class KVCacheGenerator:
         self.last_reused_tokens = sum(len(e[1]) for e in entries if e is not None)
         return logits, decoder.decode, decoder.select
 
-    def _store_rows(self, store: dict, batch_rows: list[tuple[int, int]], prompts, outputs, keys) -> None:
-        """Keep (batch position, prompt index) rows' KV in ``store`` under their keys, within the byte budget."""
+    def _store_rows(self, store: dict, used_bytes: int, batch_rows: list[tuple[int, int]], prompts, outputs,
+                    keys) -> int:
+        """Keep (batch position, prompt index) rows' KV in ``store`` under their keys while the
+        store's size stays within the byte budget; returns the store's new size in bytes."""
         decoder = self.fast_decoder
+        cache = decoder.k_cache  # [layers, B, kv_heads, T, head_dim]; values are the same size
+        per_token = 2 * cache.shape[0] * cache.shape[2] * cache.shape[4] * cache.element_size()
         for b, row in batch_rows:
             key = keys[row]
             if key is None or not outputs[row]:
                 continue
             tokens = list(prompts[row]) + outputs[row][:-1]  # the last sampled token was never fed
-            per_token = 2 * decoder.k_cache.shape[0] * decoder.k_cache.shape[2] * decoder.k_cache.shape[4] * decoder.k_cache.element_size()
-            if store.setdefault("__bytes__", 0) + per_token * len(tokens) > self.prefix_cache_bytes:
+            if used_bytes + per_token * len(tokens) > self.prefix_cache_bytes:
                 continue
-            store["__bytes__"] += per_token * len(tokens)
+            used_bytes += per_token * len(tokens)
             k, v = decoder.row_cache(b, len(tokens))
             store[key] = (decoder._version, tokens, k, v)
+        return used_bytes
 
-    def _start(self, ids, attention, capacity: int):
-        """Prefill; returns (last logits, a decode-step function, a row-selection function)."""
+    def _start_generic(self, prompts: list):
+        """Prefill with the model's own forward and a ``DynamicCache``; returns logits, decode, select."""
         from transformers import DynamicCache
 
+        ids, attention = left_pad(prompts, self.pad_id, self.device)
         cache = DynamicCache(config=self.model.config)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         logits = self._forward(ids, attention, positions, cache)
@@ -344,6 +349,7 @@ class KVCacheGenerator:
             raise ValueError(f"cache_keys has {len(cache_keys)} entries for {len(prompts)} prompts")
         keys = list(cache_keys) if cache_keys is not None and self.fast_decoder is not None else None
         store: dict = {}
+        store_bytes = 0
         matcher = self._matcher(tuple(params.stop_strings))
         outputs: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
@@ -355,12 +361,12 @@ class KVCacheGenerator:
         if not live:
             return [Generation([], [], "length") for _ in prompts]
 
+        live_prompts = [prompts[i] for i in live]
         if self.fast_decoder is not None:
             live_keys = [keys[i] for i in live] if keys is not None else None
-            logits, decode_step, select_rows = self._start_fast([prompts[i] for i in live], live_keys, max(limits))
+            logits, decode_step, select_rows = self._start_fast(live_prompts, live_keys, max(limits))
         else:
-            ids, attention = left_pad([prompts[i] for i in live], self.pad_id, self.device)
-            logits, decode_step, select_rows = self._start(ids, attention, ids.shape[1] + max(limits))
+            logits, decode_step, select_rows = self._start_generic(live_prompts)
         rows = list(live)  # batch position -> prompt index
         pending_eos: set[int] = set()  # rows that stopped on an eos_after string
         while True:
@@ -392,15 +398,15 @@ class KVCacheGenerator:
             if self.drop_finished and finished_in_batch and finished_in_batch * 4 >= len(rows):
                 if keys is not None:
                     kept = set(keep)
-                    self._store_rows(store, [(b, r) for b, r in enumerate(rows) if b not in kept], prompts, outputs, keys)
+                    store_bytes = self._store_rows(store, store_bytes, [(b, r) for b, r in enumerate(rows) if b not in kept],
+                                                   prompts, outputs, keys)
                 index = torch.tensor(keep, device=self.device)
                 select_rows(index)
                 tokens = tokens[index]
                 rows = [rows[b] for b in keep]
             logits = decode_step(tokens)
         if keys is not None:
-            self._store_rows(store, list(enumerate(rows)), prompts, outputs, keys)
-            store.pop("__bytes__", None)
+            self._store_rows(store, store_bytes, list(enumerate(rows)), prompts, outputs, keys)
         self._prefix_store = store  # rows not in this call are gone: their rollouts ended
         return [
             Generation(outputs[i], logprobs[i], finish[i][0], finish[i][1])  # type: ignore[index]

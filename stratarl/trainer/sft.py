@@ -20,6 +20,7 @@ import torch
 
 from stratarl.trainer.batch import collate_sequences, micro_batches
 from stratarl.trainer.logprobs import response_logprobs
+from stratarl.trainer.update import lr_multiplier
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,7 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> 
     """
     if schedule not in ("constant", "cosine"):
         raise ValueError(f"unknown SFT lr schedule {schedule!r}; use constant or cosine")
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    span = max(1, total_steps - 1 - warmup_steps)
-    progress = min(1.0, (step - warmup_steps) / span)
-    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return lr_multiplier(step, warmup_steps, total_steps - 1 - warmup_steps, schedule)
 
 
 def run_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int, *, lr: float, epochs: int,

@@ -47,16 +47,22 @@ class Learner:
         return [p for p in self.model.parameters() if p.requires_grad]
 
 
+def lr_multiplier(step: int, warmup_steps: int, decay_steps: int, schedule: str) -> float:
+    """Multiplier of the base lr at optimizer step ``step`` (0-based): linear warm-up
+    ((step + 1) / warmup_steps), then ``constant`` (1) or ``cosine`` from 1 to 0.1,
+    0.1 + 0.9 * (1 + cos(pi * p)) / 2 with p = (step - warmup_steps) / decay_steps capped at 1."""
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "cosine":
+        progress = min(1.0, (step - warmup_steps) / max(1, decay_steps))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+    return 1.0
+
+
 def lr_lambda(warmup_steps: int, total_steps: int, schedule: str):
-    """Multiplier of the base lr at optimizer step s: linear warm-up, then constant or cosine to 10%."""
-    def fn(step: int) -> float:
-        if warmup_steps and step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if schedule == "cosine":
-            progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-        return 1.0
-    return fn
+    """Multiplier of the base lr at optimizer step s: linear warm-up, then constant or cosine to 10%
+    (reached after the last of ``total_steps``)."""
+    return lambda step: lr_multiplier(step, warmup_steps, total_steps - warmup_steps, schedule)
 
 
 def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: int) -> Learner:
