@@ -14,7 +14,11 @@ def register(subparsers) -> None:
                                           "`stratarl train CONFIG model.init_from=OUT/model`.")
     p.add_argument("config", help="YAML config (its model, data, retrieval, rollout and sft sections are used)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sft.num_demos=128 sft.lr=1e-4")
-    p.add_argument("--out", required=True, help="output folder (gets model/, sft_metrics.jsonl, sft_summary.json)")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("--out", help="output folder (gets model/, sft_metrics.jsonl, sft_summary.json)")
+    out.add_argument("--rebuild", action="store_true",
+                     help="(re)build the cached warm start that `stratarl train` uses with sft.cache=true "
+                          "(e.g. `stratarl sft configs/lab.yaml --rebuild`)")
     p.set_defaults(func=run)
 
 
@@ -24,11 +28,14 @@ def run(args: argparse.Namespace) -> int:
     def body() -> int:
         from stratarl.trainer.config import load_config
         from stratarl.trainer.setup import set_threads
-        from stratarl.trainer.sft import warm_start
+        from stratarl.trainer.sft import cached_warm_start, warm_start
 
         cfg = load_config(args.config, list(args.overrides))
         set_threads(cfg.trainer.num_threads)
-        summary = warm_start(cfg, Path(args.out))
+        if args.rebuild:
+            _, summary = cached_warm_start(cfg, rebuild=True)
+        else:
+            summary = warm_start(cfg, Path(args.out))
         print(f"sft: {summary['steps']} steps on {summary['num_demos']} demonstrations {summary['demo_kinds']} in "
               f"{summary['seconds']:.0f}s; loss (first / last 3 steps) {summary['first_steps_loss']:.3f} -> {summary['last_steps_loss']:.3f}; "
               f"model: {summary['model']}", flush=True)

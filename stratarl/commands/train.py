@@ -71,15 +71,27 @@ def run_pipeline(cfg, run_dir: Path, *, resume: bool) -> dict:
     init_from = None
     summary_sft = None
     if cfg.sft.enabled and not cfg.model.init_from:
-        sft_dir = run_dir / "sft"
-        if not (sft_dir / "model" / "config.json").is_file():
-            from stratarl.trainer.sft import warm_start
+        from stratarl.trainer.sft import cached_warm_start, warm_start, warm_start_cache_dir
 
-            print(f"warm start: fine-tuning on {cfg.sft.num_demos} demonstrations -> {sft_dir / 'model'}", flush=True)
-            summary_sft = warm_start(cfg, sft_dir)
+        what = (f"{cfg.sft.steps} steps x {cfg.sft.batch_size} demonstrations from fresh worlds"
+                if cfg.sft.source == "worlds" else f"{cfg.sft.num_demos} demonstrations")
+        if cfg.sft.cache:
+            model_dir = warm_start_cache_dir(cfg) / "model"
+            if not (model_dir / "config.json").is_file():
+                print(f"warm start: {what} -> {model_dir} (cached; shared by runs with the same warm-start settings)",
+                      flush=True)
+            model_dir, summary_sft = cached_warm_start(cfg)
+            if summary_sft is None:
+                print(f"warm start: reusing {model_dir} (rebuild: `stratarl sft CONFIG --rebuild`)", flush=True)
+        else:
+            model_dir = run_dir / "sft" / "model"
+            if not (model_dir / "config.json").is_file():
+                print(f"warm start: fine-tuning on {what} -> {model_dir}", flush=True)
+                summary_sft = warm_start(cfg, run_dir / "sft")
+        if summary_sft is not None:
             print(f"warm start done in {summary_sft['seconds']:.0f}s: loss (mean of first / last 3 steps) "
                   f"{summary_sft['first_steps_loss']:.3f} -> {summary_sft['last_steps_loss']:.3f}, demos {summary_sft['demo_kinds']}", flush=True)
-        init_from = str(sft_dir / "model")
+        init_from = str(model_dir)
     summary = train(cfg, run_dir, resume=resume, init_from=init_from)
     if summary_sft is not None:
         summary["sft"] = summary_sft
@@ -124,14 +136,15 @@ def run_demo(args: argparse.Namespace) -> int:
               f"run directory {run_dir}", flush=True)
         summary = run_pipeline(cfg, run_dir, resume=False)
         report = build_report([run_dir])
-        before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
+        from stratarl.trainer.report import format_headline, headline
+
         wall = time.perf_counter() - started
         print("\n=== stratarl demo ===")
-        if before and after:
-            print(f"held-out EM (greedy, {after.get('count', '?')} questions; RL starts after the warm start): "
-                  f"before RL {before['em']:.3f} -> after RL {after['em']:.3f}; F1 {before['f1']:.3f} -> {after['f1']:.3f} "
-                  f"(searches/question {before['searches_mean']:.2f} -> {after['searches_mean']:.2f}, "
-                  f"answer rate {before['answer_rate']:.2f} -> {after['answer_rate']:.2f})")
+        # What was measured and how sure it is: EM / F1 before -> after RL with 95% CIs over the held-out
+        # questions, the paired gain, the held-out EM at every eval, and a verdict (stratarl.trainer.report).
+        print(format_headline(headline([run_dir])))
+        if cfg.sft.enabled and not cfg.model.init_from:
+            print("(before RL = after the warm start, so the gain measures the RL steps alone)")
         print(f"wall time: {wall / 60:.1f} min")
         print(f"report: {report}")
         print(f"run directory: {run_dir}")

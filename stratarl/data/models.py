@@ -177,9 +177,17 @@ def load_model_and_tokenizer(name_or_path: str = DEFAULT_MODEL, **kwargs):
 
 
 def build_tiny_model(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
-                     intermediate_size: int = 128, max_position_embeddings: int = 4096, seed: int = 0):
+                     intermediate_size: int = 128, max_position_embeddings: int = 4096, seed: int = 0,
+                     copy_init: float = 0.0):
     """A randomly initialised Llama-style causal LM over ``tokenizer``'s vocabulary
-    (a few MB): for tests and CPU smoke runs, no download."""
+    (a few MB): for tests and CPU smoke runs, no download.
+
+    ``copy_init`` > 0 starts every attention layer's value and output projections at
+    ``copy_init`` x identity (the rest stays random). With tied embeddings a head then
+    adds the attended token's normalised embedding to the residual stream, which raises
+    that token's own logit: copying a word from the context works from step 0 and only
+    *where* to attend has to be learned. From random projections a 0.4 M-parameter model
+    needs thousands of steps to find that circuit (docs/lab.md has the measurements)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -198,4 +206,11 @@ def build_tiny_model(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, n
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
+    if copy_init:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                attention = layer.self_attn
+                eye = torch.eye(hidden_size)
+                attention.v_proj.weight.copy_(copy_init * eye)
+                attention.o_proj.weight.copy_(copy_init * eye)
     return model.eval()

@@ -130,6 +130,18 @@ def _unique_words(rng: random.Random, count: int) -> list[str]:
     return words
 
 
+# Seed of the shared name pool (``name_pool``): fixed, so every knowledge base drawn from a pool of
+# the same size uses the same words, and one word-level vocabulary covers all of them.
+NAME_POOL_SEED = 20_261_201
+
+
+def name_pool_words(size: int) -> list[str]:
+    """The shared pool of ``size`` invented words (the same list for the same size, in any process)."""
+    if size < 50:
+        raise ValueError(f"name_pool must be at least 50 words, got {size}")
+    return _unique_words(random.Random(NAME_POOL_SEED), size)
+
+
 def _sizes(size: str | int) -> int:
     if isinstance(size, str) and size.isdigit():
         size = int(size)
@@ -146,13 +158,21 @@ def _sizes(size: str | int) -> int:
 
 
 def build_world(
-    rng: random.Random, *, num_countries: int, num_cities: int, num_orgs: int, num_people: int, num_works: int
+    rng: random.Random, *, num_countries: int, num_cities: int, num_orgs: int, num_people: int, num_works: int,
+    name_pool: list[str] | None = None,
 ) -> World:
-    """Draw every entity and relation. Publishers exist for every work kind."""
+    """Draw every entity and relation. Publishers exist for every work kind.
+
+    With ``name_pool`` every name word is drawn (without replacement) from that list instead of
+    being invented, so worlds of different seeds share one vocabulary but not one fact."""
     num_surnames = max(2, num_people // 3)  # ~3 people per surname: shared-word distractors
     num_first = max(4, num_people // 4)
     num_stems = max(2, (num_orgs * 2) // 3)  # some stems are shared by two organisations
-    words = iter(_unique_words(rng, num_countries + num_cities + num_surnames + num_first + num_stems + num_works))
+    needed = num_countries + num_cities + num_surnames + num_first + num_stems + num_works
+    if name_pool is not None and needed > len(name_pool):
+        raise ValueError(f"this world needs {needed} distinct name words but name_pool has {len(name_pool)}; "
+                         "use a larger name_pool or a smaller size")
+    words = iter(rng.sample(name_pool, needed) if name_pool is not None else _unique_words(rng, needed))
     take = lambda n: [next(words) for _ in range(n)]  # noqa: E731
     countries, cities, surnames, firsts, stems, title_words = (
         take(num_countries), take(num_cities), take(num_surnames), take(num_first), take(num_stems), take(num_works)
@@ -496,6 +516,7 @@ def generate_knowledge_base(
     hop_mix: tuple[float, float, float] = (0.4, 0.4, 0.2),
     guessable: str = "any",
     data_source: str = "synthkb",
+    name_pool: int | None = None,
 ) -> SyntheticKB:
     """Generate a fictional world, its corpus and train/test questions.
 
@@ -504,7 +525,10 @@ def generate_knowledge_base(
     surname-page distractors); ``num_*`` override them. ``num_countries`` is the
     answer-set size of the country families; ``guessable`` keeps "any" family, "only"
     the guessable ones (small answer set) or "none" of them. Questions: train and
-    test hold distinct (family, subject) pairs.
+    test hold distinct (family, subject) pairs. ``name_pool`` (a number of words) draws
+    every name from the shared pool ``name_pool_words(name_pool)``: worlds of different
+    seeds then share one vocabulary but no facts, so a model warm-started on some worlds
+    meets no unknown word in another and can only answer by reading (docs/lab.md).
     """
     if num_countries < 2:
         raise ValueError(f"num_countries must be >= 2, got {num_countries}")
@@ -522,7 +546,8 @@ def generate_knowledge_base(
     num_train = num_train if num_train is not None else min(20_000, max(100, total // 5))
     num_test = num_test if num_test is not None else min(2_000, max(50, total // 20))
     rng = random.Random(seed)
-    world = build_world(rng, num_countries=num_countries, **counts)
+    pool = name_pool_words(name_pool) if name_pool is not None else None
+    world = build_world(rng, num_countries=num_countries, name_pool=pool, **counts)
     passages = render_passages(world, rng, num_distractors=max(0, total - sum(counts.values()) - num_countries))
     pairs = sample_questions(world, rng, num_train + num_test, hop_mix=hop_mix, guessable=guessable)
     splits = {"test": pairs[:num_test], "train": pairs[num_test:]}
@@ -534,7 +559,7 @@ def generate_knowledge_base(
     config = {
         "version": SYNTH_VERSION, "seed": seed, "size": size, **counts, "num_countries": num_countries,
         "num_train": num_train, "num_test": num_test, "hop_mix": list(hop_mix), "guessable": guessable,
-        "data_source": data_source,
+        "data_source": data_source, **({"name_pool": name_pool} if name_pool is not None else {}),
     }
     kinds = Counter(kind for kind, _ in world.passage_of)
     stats = {

@@ -45,7 +45,7 @@ from stratarl.rollout.parsing import (
     TRUNCATION_MARKER,
     information_observation,
 )
-from stratarl.rollout.prompt import SEARCH_R1_TEMPLATE, normalize_question
+from stratarl.rollout.prompt import PROMPT_TEMPLATES, normalize_question
 
 PAD_TOKEN = "[PAD]"
 UNK_TOKEN = "[UNK]"
@@ -221,7 +221,7 @@ def protocol_texts() -> list[str]:
     observation framing, the invalid-action message, the truncation and tool-error text."""
     sample = [Passage(id="0", contents='"Title"\ntext'), Passage(id="1", contents='"Title"\ntext')]
     return [
-        SEARCH_R1_TEMPLATE.replace("{question}", ""),
+        *(template.replace("{question}", "") for template in PROMPT_TEMPLATES.values()),
         information_observation(sample),
         INVALID_ACTION_OBSERVATION,
         TRUNCATION_MARKER,

@@ -107,13 +107,18 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` with ``signed_sin`` = [-sin_1, sin_2] (the halves of sin):
+    rotate_half(x) * sin = [-x_2 sin_1, x_1 sin_2] = roll(x, D/2) * signed_sin, bit for bit
+    (negation is exact), in one copy instead of two slices, a negation and a concatenation."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # LlamaRMSNorm: the variance in fp32, the weight applied after casting back.
+    # LlamaRMSNorm: the variance in fp32, the weight applied after casting back. In fp32 that is
+    # F.rms_norm's formula (x * rsqrt(mean(x^2) + eps) * w), one call instead of six ops.
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
@@ -125,6 +130,12 @@ def packing_available() -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+# Weights with fewer elements than this are not packed when packing is automatic: oneDNN's per-call
+# overhead (~10 us) then outweighs its faster kernel (64-wide word-tiny: a packed [32, 64] x [64, 192]
+# product takes 18 us, F.linear 7 us; at the 293k-element LM head the two are equal).
+PACK_MIN_ELEMENTS = 2 ** 18
+
+
 class _Linear:
     """``x @ W^T + b`` for a fixed weight, oneDNN-packed on CPU (fp32) when available.
 
@@ -132,11 +143,14 @@ class _Linear:
     MKL's sgemm behind ``F.linear`` runs such skinny products at a fraction of the
     bandwidth, while a pre-packed oneDNN weight runs a 30-layer SmolLM2 sweep of them
     1.6-1.8x faster (2 threads, M = 8 and 32) and the 49k-wide LM head 2-3x faster.
+    ``pack``: True packs, False does not, None packs weights of at least ``PACK_MIN_ELEMENTS``.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool | None) -> None:
         self.out_features = weight.shape[0]
         self.weight, self.bias, self.packed = weight, bias, None
+        if pack is None:
+            pack = weight.numel() >= PACK_MIN_ELEMENTS
         if pack and weight.device.type == "cpu" and weight.dtype == torch.float32:
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 32)
@@ -156,7 +170,7 @@ class _Linear:
 class _Layer:
     """One decoder layer's weights, with Q|K|V and gate|up fused into single matrices."""
 
-    def __init__(self, layer, pack: bool) -> None:
+    def __init__(self, layer, pack: bool | None) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         q, k, v = (_weight_and_bias(p) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
         self.qkv = _Linear(*_fuse([q, k, v]), pack)
@@ -194,7 +208,8 @@ class FastDecoder:
     """
 
     def __init__(self, model, *, pack: bool | None = None) -> None:
-        """``pack``: oneDNN-packed weights (None: when ``packing_available()``)."""
+        """``pack``: oneDNN-packed weights: True all, False none, None (default) the weights of at least
+        ``PACK_MIN_ELEMENTS`` elements when ``packing_available()``."""
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"FastDecoder does not support this model: {reason}")
@@ -211,8 +226,9 @@ class FastDecoder:
         self.groups = self.num_heads // self.num_kv_heads  # query heads per K/V head
         self._layers: list[_Layer] = []
         self._lora_modules = [m for m in model.modules() if _is_lora(m)]
-        self.pack = packing_available() if pack is None else bool(pack)
+        self.pack = False if not packing_available() else pack
         self._version: tuple | None = None
+        self._rope_cos = self._rope_sin = None  # [n, D] tables for positions 0..n-1
 
     # -- weights ---------------------------------------------------------------------------
     def _weights_version(self) -> tuple | None:
@@ -232,10 +248,20 @@ class FastDecoder:
             self._version = version
 
     # -- cache -----------------------------------------------------------------------------
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # rotary_emb reads only the dtype and device of its first argument.
-        cos, sin = self.inner.rotary_emb(self.inner.embed_tokens.weight, positions)
-        return cos, sin  # [B, L, D]
+    def _rope(self, positions: torch.Tensor, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, L, D] of ``positions`` (all <= ``max_position``), looked up in tables the
+        model's own ``rotary_emb`` computed once for positions 0..n-1 (it multiplies each position by
+        each inverse frequency, a single rounding, so an entry equals a direct call's up to the last
+        bit of cos / sin); the sign of rotate_half is folded into the sin table (see ``_apply_rope``)."""
+        weight = self.inner.embed_tokens.weight
+        if (self._rope_cos is None or self._rope_cos.shape[0] <= max_position or self._rope_cos.device != weight.device
+                or self._rope_cos.dtype != weight.dtype):
+            size = max(2 * max_position + 2, 1024)
+            # rotary_emb reads only the dtype and device of its first argument.
+            cos, sin = self.inner.rotary_emb(weight, torch.arange(size, device=weight.device)[None])
+            half = cos.shape[-1] // 2
+            self._rope_cos, self._rope_sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+        return self._rope_cos[positions], self._rope_sin[positions]
 
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int,
                 prefixes: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None) -> torch.Tensor:
@@ -293,17 +319,24 @@ class FastDecoder:
             start[row] = n
         real = attention_mask.bool()
         self.valid[:, prefix_width:prefix_width + length] = real
+        # Additive attention bias over the cache columns for decode: 0 on real tokens, -inf elsewhere;
+        # each decode step opens one column for every row.
+        self.bias = torch.zeros((batch, capacity), dtype=weight.dtype, device=weight.device)
+        self.bias.masked_fill_(~self.valid, float("-inf"))
         self.length = prefix_width + length
         self.next_position = start + attention_mask.long().sum(-1)  # positions follow the real tokens
         positions = start[:, None] + (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        cos, sin = self._rope(positions)
+        self._max_position = int(self.next_position.max())  # the next decode step's largest position
+        cos, sin = self._rope(positions, self._max_position + capacity - self.length)
         # Causal over real keys; every position may also see itself so pad rows never softmax
         # over nothing (their outputs are unused, but a NaN would leak into later layers' K/V).
         causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril()
         allowed = (causal[None] & real[:, None, :]) | torch.eye(length, dtype=torch.bool, device=ids.device)[None]
         if prefix_width:
             allowed = torch.cat([self.valid[:, None, :prefix_width].expand(batch, length, prefix_width), allowed], dim=-1)
-        mask = allowed[:, None]  # [B, 1, L, P + L]
+        # [B, 1, L, P + L] additive: SDPA on CPU runs a float mask ~1.4x faster than a boolean one.
+        mask = torch.zeros(allowed.shape, dtype=weight.dtype, device=ids.device)
+        mask = mask.masked_fill_(~allowed, float("-inf"))[:, None]
         hidden = self.inner.embed_tokens(ids)
         for index, layer in enumerate(self._layers):
             hidden = self._layer_prefill(index, layer, hidden, cos, sin, mask, prefix_width)
@@ -334,16 +367,16 @@ class FastDecoder:
         return self.k_cache[:, row].index_select(2, columns), self.v_cache[:, row].index_select(2, columns)
 
     def _qkv(self, layer: _Layer, hidden, cos, sin):
+        """Q, K (rope applied) and V, each [B, heads, L, D]; ``sin`` is the signed table of ``_rope``."""
         batch, length, _ = hidden.shape
         normed = _rms_norm(hidden, layer.norm1_w, layer.norm1_eps)
-        qkv = layer.qkv(normed)
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q = qkv[..., :q_size].view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
-        k = qkv[..., q_size:q_size + kv_size].view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = qkv[..., q_size + kv_size:].view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = cos[:, None], sin[:, None]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = layer.qkv(normed).view(batch, length, heads + 2 * kv_heads, self.head_dim)
+        # Q and K heads rotated together: [B, L, heads + kv, D] with cos / sin [B, L, 1, D].
+        qk = _apply_rope(qkv[:, :, :heads + kv_heads], cos[:, :, None], sin[:, :, None])
+        q = qk[:, :, :heads].transpose(1, 2)
+        k = qk[:, :, heads:].transpose(1, 2)
+        v = qkv[:, :, heads + kv_heads:].transpose(1, 2)
         return q, k, v
 
     def _finish_layer(self, layer: _Layer, hidden, attn):
@@ -367,14 +400,13 @@ class FastDecoder:
         if column >= self.k_cache.shape[3]:
             raise ValueError(f"KV cache full ({column} columns): prefill with a larger capacity")
         self.valid[:, column] = True
+        self.bias[:, column] = 0.0
         self.length = column + 1
         positions = self.next_position[:, None]
         self.next_position = self.next_position + 1
-        cos, sin = self._rope(positions)
-        # Additive bias over the cache columns: 0 on real tokens, -inf on left padding.
-        bias = torch.zeros(self.valid[:, :self.length].shape, dtype=self.k_cache.dtype, device=tokens.device)
-        bias.masked_fill_(~self.valid[:, :self.length], float("-inf"))
-        bias = bias[:, None, None, :]  # [B, 1, 1, T]
+        cos, sin = self._rope(positions, self._max_position)
+        self._max_position += 1
+        bias = self.bias[:, None, None, :self.length]  # [B, 1, 1, T]: 0 on real tokens, -inf on padding
         hidden = self.inner.embed_tokens(tokens[:, None])  # [B, 1, H]
         for index, layer in enumerate(self._layers):
             q, k, v = self._qkv(layer, hidden, cos, sin)  # q [B, heads, 1, D]
@@ -394,4 +426,5 @@ class FastDecoder:
         self.k_cache = self.k_cache.index_select(1, rows)
         self.v_cache = self.v_cache.index_select(1, rows)
         self.valid = self.valid.index_select(0, rows)
+        self.bias = self.bias.index_select(0, rows)
         self.next_position = self.next_position.index_select(0, rows)

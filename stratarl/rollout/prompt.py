@@ -15,6 +15,25 @@ SEARCH_R1_TEMPLATE = (
 )
 
 
+# A short instruction for models trained from scratch (the lab, docs/lab.md): the same protocol tags,
+# a tenth of the tokens, so a tiny policy spends its compute on the question and the passages.
+SHORT_TEMPLATE = (
+    "Answer the question. Search with <search> query </search> as often as you need; the results come "
+    "between <information> and </information>. Answer with <answer> name </answer>. Question: {question}\n"
+)
+PROMPT_TEMPLATES = {"search_r1": SEARCH_R1_TEMPLATE, "short": SHORT_TEMPLATE}
+
+
+def resolve_template(template: str) -> str:
+    """A template by name (``search_r1``, ``short``) or a literal template containing ``{question}``."""
+    if template in PROMPT_TEMPLATES:
+        return PROMPT_TEMPLATES[template]
+    if "{question}" not in template:
+        raise ValueError(f"prompt template {template!r} is neither a known name ({', '.join(PROMPT_TEMPLATES)}) "
+                         "nor a template containing {question}")
+    return template
+
+
 def normalize_question(question: str) -> str:
     """Strip the question and append "?" when it does not end with one."""
     if not isinstance(question, str):
@@ -33,7 +52,7 @@ def build_prompt(question: str, template: str = SEARCH_R1_TEMPLATE) -> str:
 def encode_prompt(tokenizer, question: str, template: str = SEARCH_R1_TEMPLATE) -> list[int]:
     """Token ids of the prompt: one user message, the chat template applied when the
     tokenizer has one (``add_generation_prompt=True``), else the raw text."""
-    content = build_prompt(question, template)
+    content = build_prompt(question, resolve_template(template))
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False

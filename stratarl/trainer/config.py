@@ -74,6 +74,10 @@ class ModelConfig:
     """`tiny-random` only: attention heads."""
     tiny_intermediate_size: int = 128
     """`tiny-random` only: MLP width."""
+    tiny_copy_init: float = 0.0
+    """`tiny-random` / `word-tiny` only: start each attention layer's value and output projections at this
+    times the identity (0: random), so copying a word from the context works from the first step
+    (the lab's policy uses 1.0; docs/lab.md)."""
     trainable_layers: int = 0
     """Train only the last N transformer layers (+ final norm); embeddings and the rest stay frozen, so the
     backward pass stops at layer L-N (about 2x cheaper on CPU with N = L/5). 0 trains everything."""
@@ -163,6 +167,10 @@ class RolloutConfig:
     """Sampling temperature for training rollouts (eval is greedy)."""
     top_p: float = 1.0
     """Nucleus sampling for training rollouts."""
+    prompt_template: str = "search_r1"
+    """The user message around each question: `search_r1` (Search-R1's template, the default), `short` (the
+    same protocol in a tenth of the tokens, for from-scratch models such as the lab's), or a literal
+    template containing `{question}`."""
     backend: str = "kv_cache"
     """Generation backend: `kv_cache` (our batched sampler; on Llama-family models its fast forward with a prefix cache across turns), `kv_cache_generic` (the same sampler on the model's own forward) or `hf` (transformers `generate`, the reference)."""
 
@@ -180,6 +188,9 @@ class RolloutConfig:
             _fail(f"{p}.temperature", self.temperature, "training rollouts sample, so the temperature must be > 0", "use 1.0")
         if not 0 < self.top_p <= 1:
             _fail(f"{p}.top_p", self.top_p, "must lie in (0, 1]", "use 1.0")
+        if self.prompt_template not in ("search_r1", "short") and "{question}" not in self.prompt_template:
+            _fail(f"{p}.prompt_template", self.prompt_template, "neither a known template nor one containing {question}",
+                  "use search_r1, short, or a string with {question} in it")
         if self.backend not in ("kv_cache", "kv_cache_generic", "hf"):
             _fail(f"{p}.backend", self.backend, "unknown backend", "use kv_cache, kv_cache_generic or hf")
 
@@ -369,20 +380,64 @@ class SFTConfig:
     """Fraction of demonstrations that answer straight away without searching (imperfect on purpose)."""
     wrong_hop_fraction: float = 0.1
     """Fraction of multi-hop demonstrations whose last hop searches with a wrong query (imperfect on purpose)."""
+    early_answer_fraction: float = 0.0
+    """Fraction of multi-hop demonstrations that stop after their first search and answer what it found
+    (the first hop's answer): a deliberately weak search policy that RL can improve by searching more."""
     seed: int = 0
-    """Seeds demonstration choice and order."""
+    """Seeds demonstration choice and order, and the initial weights of a from-scratch model."""
+    source: Literal["task", "worlds"] = "task"
+    """Where demonstrations come from. `task`: the task's own training questions (`num_demos`, `epochs`).
+    `worlds`: a stream of freshly generated synthetic worlds drawn from the task's shared name pool
+    (data.synthetic.options.name_pool), none of them the task's own world, so no fact repeats and the
+    policy must learn to copy names from the passages it reads (`steps` x `batch_size` demos; docs/lab.md)."""
+    steps: int = 0
+    """`source: worlds`: optimizer steps (each on `batch_size` demonstrations never seen before)."""
+    world_options: dict[str, Any] = field(default_factory=dict)
+    """`source: worlds`: generator options of the demonstration worlds, layered over data.synthetic.options
+    (e.g. `{size: 300, num_train: 150}`: small worlds are cheap to generate and index)."""
+    reading_steps: int = 0
+    """`source: worlds`: copy pre-training steps before the trajectories: an observation of a fresh world
+    followed by every question about its first passage, loss on the answers only (docs/lab.md)."""
+    reading_curriculum: int = 0
+    """The first N reading steps shorten the observation to the sentence holding the answer, with
+    probability 1 - step / N (a short context first: the tiny model finds what to copy sooner)."""
+    reading_batch_size: int = 32
+    """Reading examples per optimizer step."""
+    observation_loss: float = 0.0
+    """Weight of the next-token loss on observation (retrieved passage) tokens, relative to policy tokens.
+    Passages repeat names (title, subject, relations), so this trains copying; the policy never emits them."""
+    cache: bool = False
+    """Keep the warm start in `$STRATARL_CACHE/warmstart/<hash of what it depends on>` and reuse it in every
+    run with the same model, data, retrieval, rollout caps and sft settings (seeds of RL runs share it);
+    `stratarl sft CONFIG --rebuild` rebuilds it."""
 
     def validate(self, p: str) -> None:
         for key in ("num_demos", "epochs", "batch_size"):
             if getattr(self, key) < 1:
                 _fail(f"{p}.{key}", getattr(self, key), "must be at least 1", "use a positive integer")
-        if self.lr <= 0:
-            _fail(f"{p}.lr", self.lr, "must be positive", "use 1e-4")
+        if self.lr <= 0 or self.lr != self.lr or self.lr == float("inf"):
+            _fail(f"{p}.lr", self.lr, "must be a positive finite number", "use 1e-4")
         if self.schedule not in ("constant", "cosine"):
             _fail(f"{p}.schedule", self.schedule, "unknown schedule", "use constant or cosine")
-        for key in ("no_search_fraction", "wrong_hop_fraction"):
+        for key in ("no_search_fraction", "wrong_hop_fraction", "early_answer_fraction"):
             if not 0 <= getattr(self, key) <= 1:
                 _fail(f"{p}.{key}", getattr(self, key), "a fraction must lie in [0, 1]", "use e.g. 0.1")
+        total = self.no_search_fraction + self.wrong_hop_fraction + self.early_answer_fraction
+        if total > 1:
+            _fail(f"{p}.early_answer_fraction", self.early_answer_fraction,
+                  f"no_search + wrong_hop + early_answer fractions sum to {total:g} > 1", "lower them")
+        if self.steps < 0:
+            _fail(f"{p}.steps", self.steps, "must be >= 0", "use e.g. 1000")
+        if self.source == "worlds" and self.steps < 1:
+            _fail(f"{p}.steps", self.steps, "sft.source=worlds trains for `steps` optimizer steps", "set e.g. sft.steps=1000")
+        if self.reading_steps < 0 or self.reading_curriculum < 0 or self.reading_batch_size < 1:
+            _fail(f"{p}.reading_steps", (self.reading_steps, self.reading_curriculum, self.reading_batch_size),
+                  "reading_steps and reading_curriculum must be >= 0, reading_batch_size >= 1", "use e.g. 1000, 800, 32")
+        if self.reading_steps and self.source != "worlds":
+            _fail(f"{p}.reading_steps", self.reading_steps, "reading pre-training draws fresh worlds",
+                  "set sft.source=worlds or sft.reading_steps=0")
+        if self.observation_loss < 0:
+            _fail(f"{p}.observation_loss", self.observation_loss, "must be >= 0", "use 0 (policy tokens only) or e.g. 0.5")
 
 
 @dataclass
@@ -433,6 +488,14 @@ class Config:
                 sub.validate(f.name)
         if self.algo.uses_critic and self.rollout.group_size < 1:
             _fail("rollout.group_size", self.rollout.group_size, "PPO needs rollouts", "use >= 1")
+        if self.sft.source == "worlds":
+            if self.data.source != "synthetic":
+                _fail("sft.source", "worlds", "demonstration worlds are synthetic knowledge bases",
+                      "use data.source=synthetic, or sft.source=task")
+            if not {**self.data.synthetic.options, **self.sft.world_options}.get("name_pool"):
+                _fail("data.synthetic.options.name_pool", None,
+                      "sft.source=worlds needs a shared name pool (otherwise every world invents new words "
+                      "that the task's vocabulary does not know)", "set e.g. data.synthetic.options.name_pool=2000")
         return self
 
     def to_dict(self) -> dict:

@@ -18,12 +18,15 @@ Some demonstrations are imperfect on purpose, so RL has something to improve:
 another question of the same family, so the guess has the right type),
 ``wrong_hop_fraction`` of multi-hop ones search a wrong entity in their last hop
 (the same relation, from another question of the family) and answer what that
-search found.
+search found, and ``early_answer_fraction`` of multi-hop ones stop after their
+first search and answer what it found (a weak search policy: one search where
+the question needs more).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from typing import Sequence
 
 from stratarl.data.examples import Example
@@ -72,7 +75,8 @@ def _other(pool: Sequence[Example], example: Example, rng: random.Random) -> Exa
 
 def render_demonstrations(examples: Sequence[Example], tokenizer, retriever, *, num_demos: int, topk: int,
                           max_obs_tokens: int, no_search_fraction: float, wrong_hop_fraction: float,
-                          seed: int) -> list[Demonstration]:
+                          seed: int, early_answer_fraction: float = 0.0,
+                          prompt_template: str = "search_r1") -> list[Demonstration]:
     """Up to ``num_demos`` demonstrations from examples that carry hops.
 
     A "correct" demonstration is kept only if every hop's gold passage was retrieved
@@ -99,7 +103,7 @@ def render_demonstrations(examples: Sequence[Example], tokenizer, retriever, *, 
             break
         example = usable[i]
         hops = example.metadata["hops"]
-        prompt_ids = encode_prompt(tokenizer, example.question)
+        prompt_ids = encode_prompt(tokenizer, example.question, prompt_template)
         peers = by_family[example.metadata.get("family", "")]
         pool = peers if len(peers) > 1 else usable
         other = _other(pool, example, rng)
@@ -114,6 +118,11 @@ def render_demonstrations(examples: Sequence[Example], tokenizer, retriever, *, 
             queries = [h["query"] for h in hops[:-1]] + [wrong["query"]]
             demos.append(render_demonstration(example, tokenizer, retriever, searches=queries, answer=wrong["answer"],
                                               kind="wrong_hop", **common))
+        elif len(hops) > 1 and draw < no_search_fraction + wrong_hop_fraction + early_answer_fraction:
+            demo = render_demonstration(example, tokenizer, retriever, searches=[hops[0]["query"]],
+                                        answer=hops[0]["answer"], kind="early_answer", **common)
+            if hops[0]["passage_id"] in demo.meta["retrieved"][0]:  # it answers what it read
+                demos.append(demo)
         else:
             demo = render_demonstration(example, tokenizer, retriever, searches=[h["query"] for h in hops],
                                         answer=example.golden_answers[0], kind="correct", **common)
@@ -121,3 +130,64 @@ def render_demonstrations(examples: Sequence[Example], tokenizer, retriever, *, 
             if found:
                 demos.append(demo)
     return demos
+
+
+def _answer_sentence(text: str, answer: str) -> str:
+    """The first sentence of ``text`` that contains ``answer`` (all of ``text`` when none does)."""
+    for sentence in re.split(r"(?<=[.])\s+", text):
+        if answer in sentence:
+            return sentence
+    return text
+
+
+def render_reading_examples(examples: Sequence[Example], tokenizer, retriever, passages: dict[str, str], *, topk: int,
+                            max_obs_tokens: int, rng: random.Random,
+                            sentence_probability: float = 0.0) -> list[Demonstration]:
+    """Copy pre-training ("reading") examples: an observation, then every question about its first passage.
+
+    For each passage that answers single-hop questions, the observation is what the retriever returns for
+    one of them (the same ``<information>Doc 1(Title: ...) ...</information>`` block a rollout sees; kept only
+    if the passage is among the hits), followed by each question and its answer:
+
+        <information>Doc 1(...) ... Doc 2(...) ...</information>  Question: q1 <answer> a1 </answer>  Question: q2 ...
+
+    Only the answers are targets (mask 1). With probability ``sentence_probability`` the observation is
+    shortened to the one sentence of the passage that holds the answer (a curriculum: a short context lets a
+    tiny model find what to copy before it has to search a long one). Returned as Demonstrations whose
+    prompt is the observation's first token.
+    """
+    from stratarl.retrieval.base import Passage
+    from stratarl.rollout.engine import observation_ids
+    from stratarl.rollout.parsing import information_observation
+
+    by_passage: dict[str, list[tuple[str, str]]] = {}
+    for example in examples:
+        hops = (example.metadata or {}).get("hops") or []
+        if len(hops) == 1:
+            by_passage.setdefault(hops[0]["passage_id"], []).append((example.question, hops[0]["answer"]))
+    if not by_passage:
+        return []
+    ids_of = list(by_passage)
+    hits = retriever.search([by_passage[pid][0][0] for pid in ids_of], topk)
+    out = []
+    for pid, found in zip(ids_of, hits):
+        questions = list(by_passage[pid])
+        rng.shuffle(questions)
+        if rng.random() < sentence_probability:
+            title, _, body = passages[pid].partition("\n")
+            short = [Passage(pid, f"{title}\n{_answer_sentence(body, questions[0][1])}")]
+            obs, _ = observation_ids(tokenizer, information_observation(short), max_obs_tokens)
+            questions = questions[:1]
+        elif pid in {p.id for p in found}:
+            obs, _ = observation_ids(tokenizer, information_observation(found), max_obs_tokens)
+        else:
+            continue
+        response, mask = list(obs[1:]), [0] * (len(obs) - 1)
+        for question, answer in questions:
+            asked = _policy_ids(tokenizer, f" Question: {question} <answer>")
+            answered = _policy_ids(tokenizer, f" {answer} </answer>")
+            response += asked + answered
+            mask += [0] * len(asked) + [1] * len(answered)
+        out.append(Demonstration(prompt_ids=list(obs[:1]), response_ids=response, response_mask=mask, kind="reading",
+                                 example_id=pid, meta={"questions": [q for q, _ in questions]}))
+    return out

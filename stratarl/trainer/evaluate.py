@@ -2,8 +2,12 @@
 
 Per data_source: EM, SubEM, token F1 (of the last ``<answer>`` of the response),
 mean search calls, answer rate, and count; plus the overall mean. Results are a
-plain dict (written as JSON) and a terminal table. Transcripts of the first few
-rollouts are kept for debugging.
+plain dict (written as JSON) and a terminal table. Every question's scores are kept
+too (``per_question``: one record per question with its example id), so two evals of
+the same questions (before / after RL) can be compared question by question.
+Transcripts of the first few rollouts are kept for debugging; the questions come in
+the same order in every eval, so the same example ids appear in the before and after
+transcripts.
 """
 
 from __future__ import annotations
@@ -61,9 +65,12 @@ def aggregate(scores: Sequence[dict[str, float]], sources: Sequence[str], *, wit
 
 def evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Config, *, num_transcripts: int = 4,
              progress: bool = False, desc: str = "eval") -> dict:
-    """Greedy rollouts (one per question) -> {"per_source": ..., "per_type": ..., "transcripts": [...], "seconds": ...}.
+    """Greedy rollouts (one per question) -> {"per_source", "per_type", "per_question", "transcripts", "seconds",
+    "num_examples"}.
 
-    ``per_type`` has the same columns per ``metadata['question_type']`` (synthetic KB); {} without types."""
+    ``per_type`` has the same columns per ``metadata['question_type']`` (synthetic KB); {} without types.
+    ``per_question`` has one record per question in ``examples`` order (see :func:`question_record`).
+    ``transcripts`` are those of the first ``num_transcripts`` questions, each with its ``example_id``."""
     from stratarl.trainer.rollouts import collect, make_generator, transcript
     from stratarl.trainer.setup import TimedRetriever
 
@@ -71,7 +78,7 @@ def evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Conf
     generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=0)
     start = time.perf_counter()
     cfg = collection_config(cfg)
-    scores, sources, types, transcripts = [], [], [], []
+    scores, sources, types, transcripts, per_question = [], [], [], [], []
     bar = _progress(len(examples), desc) if progress else None
     for i in range(0, len(examples), cfg.eval.batch_size):
         chunk = list(examples[i:i + cfg.eval.batch_size])
@@ -81,6 +88,7 @@ def evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Conf
             scores.append(s)
             sources.append(e.data_source)
             types.append((e.metadata or {}).get("question_type"))
+            per_question.append(question_record(e, s))
             if len(transcripts) < num_transcripts:
                 transcripts.append(transcript(r, e, tokenizer, reward=s["em"], stratum=r.num_searches))
         if bar is not None:
@@ -90,8 +98,17 @@ def evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Conf
         bar.close()
     typed = [(s, str(t)) for s, t in zip(scores, types) if t is not None]
     per_type = aggregate([s for s, _ in typed], [t for _, t in typed], with_all=False) if typed else {}
-    return {"per_source": aggregate(scores, sources), "per_type": dict(sorted(per_type.items())), "transcripts": transcripts,
+    return {"per_source": aggregate(scores, sources), "per_type": dict(sorted(per_type.items())),
+            "per_question": per_question, "transcripts": transcripts,
             "seconds": time.perf_counter() - start, "num_examples": len(examples)}
+
+
+def question_record(example: Example, score: dict[str, float]) -> dict:
+    """One question's eval record: ``example_id``, ``data_source``, ``question_type`` (None without one),
+    ``em``, ``subem``, ``f1``, ``searches``, ``answered`` (floats, as :func:`score_rollout` gives them)."""
+    return {"example_id": example.id, "data_source": example.data_source,
+            "question_type": (example.metadata or {}).get("question_type"),
+            **{k: score[k] for k in ("em", "subem", "f1", "searches", "answered")}}
 
 
 def _progress(total: int, desc: str):
@@ -118,7 +135,8 @@ def format_table(result: dict, title: str = "") -> str:
 
 
 def save_eval(result: dict, run_dir: str | Path, tag: str) -> Path:
-    """Write ``<run>/eval/<tag>.json`` (metrics) and ``<run>/eval/<tag>_transcripts.jsonl``."""
+    """Write ``<run>/eval/<tag>.json`` (everything but the transcripts: per_source, per_type, per_question, ...)
+    and ``<run>/eval/<tag>_transcripts.jsonl``."""
     from stratarl.trainer.metrics import write_transcripts
 
     out = Path(run_dir) / "eval"

@@ -27,6 +27,7 @@ import json
 import signal
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,8 +124,37 @@ class RunState:
         return self.run_dir / "checkpoints"
 
 
+# Policies below this many parameters run their RL step on one intra-op thread, whatever
+# trainer.num_threads says: each of the step's ~10^4 ops takes microseconds, too little to split,
+# and on a machine whose other core is busy every parallel op waits for a descheduled thread
+# (lab config, 0.4 M parameters, a loaded 2-core machine: 11.9 s a step on 2 threads, 0.82 s on 1).
+SINGLE_THREAD_MAX_PARAMS = 5_000_000
+
+
+@contextmanager
+def step_threads(model: torch.nn.Module):
+    """One intra-op thread for a policy under ``SINGLE_THREAD_MAX_PARAMS`` parameters, restored after."""
+    before = torch.get_num_threads()
+    small = sum(p.numel() for p in model.parameters()) < SINGLE_THREAD_MAX_PARAMS
+    if small and before > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
 def rl_step(run: RunState) -> dict[str, float]:
-    """One RL step: rollouts -> rewards -> strata -> advantages -> K x M updates. Returns its metrics."""
+    """One RL step: rollouts -> rewards -> strata -> advantages -> K x M updates. Returns its metrics.
+    A small policy runs it on one thread (``step_threads``)."""
+    with step_threads(run.model):
+        metrics = _rl_step(run)
+        metrics["perf/threads"] = float(torch.get_num_threads())
+    return metrics
+
+
+def _rl_step(run: RunState) -> dict[str, float]:
     from stratarl.trainer.batch import collate_rollouts, scatter_response_values
     from stratarl.trainer.evaluate import collection_config
     from stratarl.trainer.rollouts import advantage_metrics, collect, rollout_metrics, transcript

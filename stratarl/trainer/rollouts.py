@@ -83,7 +83,8 @@ def reward_function(name: str):
                          "`package.module:function`") from None
 
 
-def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = None) -> list[list[int]]:
+def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = None,
+                   template: str = "search_r1") -> list[list[int]]:
     from stratarl.rollout.prompt import encode_prompt
 
     out = []
@@ -91,7 +92,7 @@ def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = 
         if cache is not None and e.id in cache:
             out.append(cache[e.id])
             continue
-        ids = encode_prompt(tokenizer, e.question)
+        ids = encode_prompt(tokenizer, e.question, template)
         if cache is not None:
             cache[e.id] = ids
         out.append(ids)
@@ -104,7 +105,7 @@ def collect(generator, retriever: TimedRetriever, tokenizer, examples: Sequence[
     from stratarl.rewards import exact_match
     from stratarl.rollout.engine import RolloutEngine
 
-    prompts = encode_prompts(tokenizer, examples, prompt_cache)
+    prompts = encode_prompts(tokenizer, examples, prompt_cache, cfg.rollout.prompt_template)
     flat_prompts = [p for p in prompts for _ in range(group_size)]
     flat_examples = [e for e in examples for _ in range(group_size)]
     group_ids = [i for i in range(len(examples)) for _ in range(group_size)]

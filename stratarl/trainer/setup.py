@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -43,7 +43,7 @@ def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", t
         tokenizer = _word_tokenizer(task) if model_cfg.name == WORD_MODEL else load_tokenizer(tokenizer_name)
         model = build_tiny_model(tokenizer, hidden_size=model_cfg.tiny_hidden_size, num_layers=model_cfg.tiny_num_layers,
                                  num_heads=model_cfg.tiny_num_heads, intermediate_size=model_cfg.tiny_intermediate_size,
-                                 seed=seed)
+                                 seed=seed, copy_init=model_cfg.tiny_copy_init)
     else:
         tokenizer = load_tokenizer(tokenizer_name)
         model = load_model(model_cfg.name)
@@ -68,7 +68,7 @@ def _word_tokenizer(task: TaskData | None):
         raise ValueError(f"model.name={WORD_MODEL} builds its vocabulary from the task's corpus and questions; "
                          "it needs a task with a corpus (data.source: synthetic, or data.corpus set)")
     return word_tokenizer_for_task(load_corpus(task.corpus_path), [*task.train, *task.test],
-                                   extra_texts=[SEARCH_THOUGHT, ANSWER_THOUGHT])
+                                   extra_texts=[SEARCH_THOUGHT, ANSWER_THOUGHT, *task.vocabulary_texts])
 
 
 def freeze_all_but_last_layers(model, n: int) -> None:
@@ -134,6 +134,8 @@ class TaskData:
     test: list[Example]
     corpus_path: Path | None
     passages: list[Passage] | None = None
+    vocabulary_texts: list[str] = field(default_factory=list)
+    """Extra texts a word-level vocabulary must cover (a synthetic task's shared name pool)."""
 
 
 def _cache_root() -> Path:

@@ -11,10 +11,14 @@ Observation tokens (retrieved passages) are context, never targets.
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -37,26 +41,40 @@ class Demonstration:
 
 
 def sft_step(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int, *, micro_batch_tokens: int,
-             chunk_tokens: int) -> dict[str, float]:
+             chunk_tokens: int, observation_weight: float = 0.0) -> dict[str, float]:
     """Accumulate the gradient of the token-mean NLL over ``demos`` (one optimizer step's worth).
 
     Each micro-batch's summed NLL is divided by the policy-token count of the whole step, so
-    the accumulated gradient equals that of one big batch. Returns loss and token counts.
+    the accumulated gradient equals that of one big batch. With ``observation_weight`` w > 0
+    observation tokens are targets too, with weight w:
+
+        L = - sum_t m_t log pi(y_t | y_<t) / sum_t m_t,   m_t = 1 on policy tokens, w on observation tokens
+
+    Returns the loss (policy tokens only, comparable across w), the weighted loss and token counts.
     """
     batch = collate_sequences([d.prompt_ids for d in demos], [d.response_ids for d in demos],
                               [d.response_mask for d in demos], pad_id).to(next(model.parameters()).device)
     total = batch.num_policy_tokens
     if total == 0:
-        return {"loss": 0.0, "policy_tokens": 0, "tokens": 0}
-    loss_sum = 0.0
+        return {"loss": 0.0, "weighted_loss": 0.0, "policy_tokens": 0, "tokens": 0}
+    def token_weights(b) -> torch.Tensor:
+        in_response = (torch.arange(b.response_mask.shape[1], device=b.response_mask.device).view(1, -1)
+                       < b.response_lengths.view(-1, 1).to(b.response_mask.device)).float()
+        return b.response_mask + observation_weight * (in_response - b.response_mask)
+
+    weight_total = float(token_weights(batch).sum())
+    loss_sum, weighted_sum = 0.0, 0.0
     for rows in micro_batches(batch.row_lengths(), micro_batch_tokens):
         mb = batch.select(rows)
-        out = response_logprobs(model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_mask,
+        weights = token_weights(mb)
+        out = response_logprobs(model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, (weights > 0).float(),
                                 chunk_tokens=chunk_tokens)
-        nll = -(out["logprobs"] * mb.response_mask).sum() / total
+        nll = -(out["logprobs"] * weights).sum() / weight_total
         nll.backward()
-        loss_sum += float(nll.detach())
-    return {"loss": loss_sum, "policy_tokens": total, "tokens": int(batch.attention_mask.sum())}
+        weighted_sum += float(nll.detach())
+        loss_sum += float(-(out["logprobs"].detach() * mb.response_mask).sum()) / total
+    return {"loss": loss_sum, "weighted_loss": weighted_sum, "policy_tokens": total,
+            "tokens": int(batch.attention_mask.sum())}
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> float:
@@ -71,51 +89,68 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> 
     return lr_multiplier(step, warmup_steps, total_steps - 1 - warmup_steps, schedule)
 
 
-def run_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int, *, lr: float, epochs: int,
-            batch_size: int, seed: int, micro_batch_tokens: int, chunk_tokens: int, grad_clip: float = 1.0,
-            warmup_fraction: float = 0.05, schedule: str = "constant",
-            on_step: Callable[[int, int, dict], None] | None = None) -> dict[str, float]:
-    """Fine-tune ``model`` in place on ``demos``: AdamW, linear warm-up, then a constant lr or a
-    cosine decay to 10% of it at the last step (``lr_factor``).
+def epoch_batches(demos: Sequence[Demonstration], *, epochs: int, batch_size: int, seed: int) -> Iterator[list[Demonstration]]:
+    """``epochs`` seeded shuffles of ``demos``, cut into batches of ``batch_size`` (the last one may be short)."""
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(len(demos), generator=generator).tolist()
+        for start in range(0, len(order), batch_size):
+            yield [demos[i] for i in order[start:start + batch_size]]
 
+
+def run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_id: int, *, lr: float, epochs: int,
+            batch_size: int, seed: int, micro_batch_tokens: int, chunk_tokens: int, grad_clip: float = 1.0,
+            warmup_fraction: float = 0.05, schedule: str = "constant", observation_weight: float = 0.0,
+            batches: Iterable[list[Demonstration]] | None = None, total_steps: int | None = None,
+            on_step: Callable[[int, int, dict], None] | None = None) -> dict[str, float]:
+    """Fine-tune ``model`` in place: AdamW, linear warm-up, then a constant lr or a cosine decay to
+    10% of it at the last step (``lr_factor``).
+
+    Batches are ``epochs`` shuffled passes over ``demos``, or, for a stream of fresh demonstrations,
+    the first ``total_steps`` items of ``batches`` (then ``demos`` is None; "epoch" losses are the
+    first and last 10% of the steps).
     ``on_step(step, total_steps, metrics)`` is called after each optimizer step
     (metrics keys ``sft/loss``, ``sft/lr``, ``sft/grad_norm``, ``sft/tokens_per_s``).
     Returns the mean loss of the first and the last epoch, and of the first and last 3 steps.
     """
-    if not demos:
-        raise ValueError("no demonstrations to fine-tune on (sft.num_demos is 0 or the training set is empty)")
+    if batches is None:
+        if not demos:
+            raise ValueError("no demonstrations to fine-tune on (sft.num_demos is 0 or the training set is empty)")
+        total_steps = math.ceil(len(demos) / batch_size) * epochs
+        batches = epoch_batches(demos, epochs=epochs, batch_size=batch_size, seed=seed)
+        epoch_steps = math.ceil(len(demos) / batch_size)
+    else:
+        if not total_steps or total_steps < 1:
+            raise ValueError("a stream of demonstration batches needs total_steps >= 1 (sft.steps)")
+        epoch_steps = max(1, total_steps // 10)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    steps_per_epoch = math.ceil(len(demos) / batch_size)
-    total_steps = steps_per_epoch * epochs
     warmup = max(1, int(warmup_fraction * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, warmup, schedule))
-    generator = torch.Generator().manual_seed(seed)
     model.train()
-    step, epoch_losses, step_losses = 0, [], []
-    for _ in range(epochs):
-        order = torch.randperm(len(demos), generator=generator).tolist()
-        losses = []
-        for start in range(0, len(order), batch_size):
-            t0 = time.perf_counter()
-            chunk = [demos[i] for i in order[start:start + batch_size]]
-            stats = sft_step(model, chunk, pad_id, micro_batch_tokens=micro_batch_tokens, chunk_tokens=chunk_tokens)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            losses.append(stats["loss"])
-            step_losses.append(stats["loss"])
-            dt = time.perf_counter() - t0
-            if on_step is not None:
-                on_step(step, total_steps, {"sft/loss": stats["loss"], "sft/lr": scheduler.get_last_lr()[0],
-                                            "sft/grad_norm": float(grad_norm), "sft/policy_tokens": stats["policy_tokens"],
-                                            "sft/tokens_per_s": stats["tokens"] / max(dt, 1e-9), "time/sft_step": dt})
-        epoch_losses.append(sum(losses) / len(losses))
+    step, step_losses = 0, []
+    for chunk in itertools.islice(batches, total_steps):
+        t0 = time.perf_counter()
+        stats = sft_step(model, chunk, pad_id, micro_batch_tokens=micro_batch_tokens, chunk_tokens=chunk_tokens,
+                         observation_weight=observation_weight)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        step_losses.append(stats["loss"])
+        dt = time.perf_counter() - t0
+        if on_step is not None:
+            on_step(step, total_steps, {"sft/loss": stats["loss"], "sft/weighted_loss": stats["weighted_loss"],
+                                        "sft/lr": scheduler.get_last_lr()[0], "sft/grad_norm": float(grad_norm),
+                                        "sft/policy_tokens": stats["policy_tokens"],
+                                        "sft/tokens_per_s": stats["tokens"] / max(dt, 1e-9), "time/sft_step": dt})
     model.eval()
+    if not step_losses:
+        raise ValueError("the demonstration stream ended before the first step")
+    first, last = step_losses[:epoch_steps], step_losses[-epoch_steps:]
     head, tail = step_losses[:3], step_losses[-3:]
-    return {"first_epoch_loss": epoch_losses[0], "last_epoch_loss": epoch_losses[-1], "steps": step,
+    return {"first_epoch_loss": sum(first) / len(first), "last_epoch_loss": sum(last) / len(last), "steps": step,
             "first_steps_loss": sum(head) / len(head), "last_steps_loss": sum(tail) / len(tail)}
 
 
@@ -132,6 +167,137 @@ def demo_shortfall(requested: int, rendered: int, num_questions: int) -> str | N
             "(and size: a small KB holds a few hundred questions), or lower sft.num_demos and raise sft.epochs")
 
 
+# Demonstration worlds of task seed s are seeds WORLD_SEED_STRIDE * (s + 1) + i, i = 0, 1, ...: far
+# from any task seed a user writes, so the task's own world is never among them (checked, too).
+WORLD_SEED_STRIDE = 1_000_003
+
+
+def world_seed(task_seed: int, index: int) -> int:
+    """Seed of the ``index``-th demonstration world of the task with seed ``task_seed``."""
+    seed = WORLD_SEED_STRIDE * (task_seed + 1) + index
+    if seed == task_seed:  # unreachable for task seeds >= 0; kept as the guarantee's check
+        raise ValueError(f"demonstration world {index} would be the task's own world (seed {task_seed})")
+    return seed
+
+
+def _world(cfg, index: int, **overrides):
+    """The ``index``-th demonstration world (a SyntheticKB) and its BM25 retriever."""
+    from stratarl.data.synth import generate_knowledge_base
+    from stratarl.retrieval.bm25 import BM25Retriever
+
+    options = {**cfg.data.synthetic.options, **cfg.sft.world_options, **overrides}
+    try:
+        kb = generate_knowledge_base(seed=world_seed(cfg.data.synthetic.seed, index), **options)
+    except TypeError as error:
+        raise ValueError(f"sft.world_options {cfg.sft.world_options!r} do not fit generate_knowledge_base: {error}. "
+                         "Fix: use its keyword arguments (size, num_train, hop_mix, ...)") from None
+    return kb, BM25Retriever.from_passages(kb.passages)
+
+
+def reading_batches(cfg, tokenizer, *, batch_size: int, curriculum: int, mix_worlds: int = 4) -> Iterator[list[Demonstration]]:
+    """Endless batches of reading examples (``render_reading_examples``) from fresh single-hop worlds; batch i
+    shortens observations to one sentence with probability max(0, 1 - i / curriculum). Reading worlds are
+    numbered from the far end of the demonstration worlds' range, so the two stages never share a world."""
+    from stratarl.trainer.demos import render_reading_examples
+
+    rng = random.Random(cfg.sft.seed + 1)
+    pool: list[Demonstration] = []
+    index, produced = 0, 0
+    while True:
+        sentence_probability = max(0.0, 1.0 - produced / curriculum) if curriculum else 0.0
+        while len(pool) < batch_size * mix_worlds:
+            kb, retriever = _world(cfg, READING_WORLD_OFFSET + index, hop_mix=(1.0, 0.0, 0.0))
+            pool += render_reading_examples(kb.train, tokenizer, retriever, {p.id: p.contents for p in kb.passages},
+                                            topk=cfg.retrieval.topk, max_obs_tokens=cfg.rollout.max_obs_tokens, rng=rng,
+                                            sentence_probability=sentence_probability)
+            index += 1
+        rng.shuffle(pool)
+        batch, pool = pool[:batch_size], pool[batch_size:]
+        produced += 1
+        yield batch
+
+
+# Reading worlds start here (demonstration worlds count up from 0): far apart, never the same seed.
+READING_WORLD_OFFSET = WORLD_SEED_STRIDE // 2
+
+
+def world_demonstrations(cfg, tokenizer, index: int) -> list[Demonstration]:
+    """All demonstrations of the ``index``-th fresh world: a synthetic KB drawn from the task's name pool
+    with ``sft.world_options`` over ``data.synthetic.options``, indexed with its own BM25, rendered with the
+    same prompt, observation caps and imperfect-demo mix as ``sft.source: task``, shuffled."""
+    from stratarl.trainer.demos import render_demonstrations
+
+    kb, retriever = _world(cfg, index)
+    seed = world_seed(cfg.data.synthetic.seed, index)
+    s = cfg.sft
+    return render_demonstrations(kb.train, tokenizer, retriever, num_demos=len(kb.train), topk=cfg.retrieval.topk,
+                                 max_obs_tokens=cfg.rollout.max_obs_tokens, no_search_fraction=s.no_search_fraction,
+                                 wrong_hop_fraction=s.wrong_hop_fraction, early_answer_fraction=s.early_answer_fraction,
+                                 seed=seed, prompt_template=cfg.rollout.prompt_template)
+
+
+def world_batches(cfg, tokenizer, *, batch_size: int, mix_worlds: int = 4) -> Iterator[list[Demonstration]]:
+    """Endless batches of demonstrations never seen before: worlds 0, 1, 2, ... are rendered on demand and
+    each batch draws from ``mix_worlds`` worlds at a time (so one batch is not one world's facts)."""
+    rng = random.Random(cfg.sft.seed)
+    pool: list[Demonstration] = []
+    index = 0
+    while True:
+        while len(pool) < batch_size * mix_worlds:
+            pool += world_demonstrations(cfg, tokenizer, index)
+            index += 1
+        rng.shuffle(pool)
+        batch, pool = pool[:batch_size], pool[batch_size:]
+        yield batch
+
+
+def warm_start_key(cfg) -> dict:
+    """Everything a warm start depends on (the cache key of ``sft.cache``): not the RL settings."""
+    import dataclasses
+
+    return {"model": dataclasses.asdict(cfg.model), "data": dataclasses.asdict(cfg.data),
+            "retrieval": dataclasses.asdict(cfg.retrieval), "max_obs_tokens": cfg.rollout.max_obs_tokens,
+            "prompt_template": cfg.rollout.prompt_template,
+            "sft": dataclasses.asdict(cfg.sft), "grad_clip": cfg.optim.grad_clip,
+            "micro_batch_tokens": cfg.trainer.micro_batch_tokens}
+
+
+def warm_start_cache_dir(cfg) -> Path:
+    """``$STRATARL_CACHE/warmstart/<name>-<hash of warm_start_key(cfg)>``."""
+    import hashlib
+    import json
+
+    from stratarl.data.models import cache_root
+
+    digest = hashlib.sha256(json.dumps(warm_start_key(cfg), sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return cache_root() / "warmstart" / f"{cfg.model.name}-{digest}"
+
+
+def cached_warm_start(cfg, *, rebuild: bool = False, progress: bool = True) -> tuple[Path, dict | None]:
+    """The cached warm start of ``cfg`` (built on first use, or again with ``rebuild``): (model folder,
+    summary of the build or None when it was reused). Built in a temporary sibling and renamed, so a
+    crash never leaves a half-written model that a later run would trust."""
+    import os
+    import shutil
+    import tempfile
+
+    final = warm_start_cache_dir(cfg)
+    if (final / "model" / "config.json").is_file() and not rebuild:
+        return final / "model", None
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        summary = warm_start(cfg, tmp, progress=progress)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    summary["model"] = str(final / "model")
+    return final / "model", summary
+
+
 def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     """`stratarl sft`: render demonstrations from the training questions, fine-tune, save ``<out_dir>/model``.
 
@@ -140,8 +306,6 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     Returns a summary with the loss of the first and last epoch and the demo mix.
     """
     import json
-    from collections import Counter
-    from pathlib import Path
 
     from stratarl.trainer.demos import render_demonstrations
     from stratarl.trainer.metrics import MetricsLogger
@@ -150,19 +314,53 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    torch.manual_seed(cfg.trainer.seed)
-    task = load_task(cfg)
-    retriever = build_task_retriever(cfg, task)
-    model, tokenizer = load_policy(cfg.model, seed=cfg.trainer.seed, device=cfg.trainer.device, task=task)
     s = cfg.sft
-    demos = render_demonstrations(task.train, tokenizer, retriever, num_demos=s.num_demos, topk=cfg.retrieval.topk,
-                                  max_obs_tokens=cfg.rollout.max_obs_tokens, no_search_fraction=s.no_search_fraction,
-                                  wrong_hop_fraction=s.wrong_hop_fraction, seed=s.seed)
-    shortfall = demo_shortfall(s.num_demos, len(demos), len(task.train))
-    if shortfall:
-        print(shortfall, flush=True)
+    torch.manual_seed(s.seed)
+    task = load_task(cfg)
+    model, tokenizer = load_policy(cfg.model, seed=s.seed, device=cfg.trainer.device, task=task)
+    seen_kinds: Counter = Counter()  # what was trained on, for the summary (demos themselves are not kept)
+    seen_policy_tokens = 0
+    reading = None
+    if s.reading_steps:
+        reading = run_sft(model, None, tokenizer.pad_token_id, lr=s.lr, epochs=1, batch_size=s.reading_batch_size,
+                          seed=s.seed, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+                          chunk_tokens=cfg.trainer.logprob_chunk_tokens, grad_clip=cfg.optim.grad_clip,
+                          schedule="constant", batches=reading_batches(cfg, tokenizer, batch_size=s.reading_batch_size,
+                                                                       curriculum=s.reading_curriculum),
+                          total_steps=s.reading_steps)
+        reading["seconds"] = time.perf_counter() - started
+        print(f"reading pre-training: {s.reading_steps} steps in {reading['seconds']:.0f}s, answer loss "
+              f"{reading['first_steps_loss']:.3f} -> {reading['last_steps_loss']:.3f}", flush=True)
+    if s.source == "worlds":
+        stream = world_batches(cfg, tokenizer, batch_size=s.batch_size)
+        sample = next(stream)
+        total_steps = s.steps
+
+        def batches():
+            yield sample
+            yield from stream
+
+        def record(batch_iter):
+            nonlocal seen_policy_tokens
+            for batch in batch_iter:
+                seen_kinds.update(d.kind for d in batch)
+                seen_policy_tokens += sum(sum(d.response_mask) for d in batch)
+                yield batch
+
+        train_batches, demos = record(batches()), None
+    else:
+        retriever = build_task_retriever(cfg, task)
+        demos = render_demonstrations(task.train, tokenizer, retriever, num_demos=s.num_demos, topk=cfg.retrieval.topk,
+                                      max_obs_tokens=cfg.rollout.max_obs_tokens, no_search_fraction=s.no_search_fraction,
+                                      wrong_hop_fraction=s.wrong_hop_fraction,
+                                      early_answer_fraction=s.early_answer_fraction, seed=s.seed,
+                                      prompt_template=cfg.rollout.prompt_template)
+        shortfall = demo_shortfall(s.num_demos, len(demos), len(task.train))
+        if shortfall:
+            print(shortfall, flush=True)
+        sample, train_batches, total_steps = demos, None, math.ceil(len(demos) / s.batch_size) * s.epochs
     with open(out_dir / "demos_sample.jsonl", "w") as f:
-        for d in demos[:5]:
+        for d in sample[:5]:
             f.write(json.dumps({"kind": d.kind, "example_id": d.example_id, **d.meta,
                                 "text": tokenizer.decode(d.response_ids)}) + "\n")
     logger = MetricsLogger(out_dir, tensorboard=cfg.logging.tensorboard, filename="sft_metrics.jsonl")
@@ -170,7 +368,7 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     if progress and cfg.logging.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=math.ceil(len(demos) / s.batch_size) * s.epochs, desc="sft", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=total_steps, desc="sft", unit="step", dynamic_ncols=True)
 
     def on_step(step: int, total: int, metrics: dict) -> None:
         logger.log(step, metrics)
@@ -181,12 +379,16 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     result = run_sft(model, demos, tokenizer.pad_token_id, lr=s.lr, epochs=s.epochs, batch_size=s.batch_size,
                      seed=s.seed, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
                      chunk_tokens=cfg.trainer.logprob_chunk_tokens, grad_clip=cfg.optim.grad_clip, schedule=s.schedule,
-                     on_step=on_step)
+                     observation_weight=s.observation_loss, batches=train_batches,
+                     total_steps=total_steps if train_batches is not None else None, on_step=on_step)
     if bar is not None:
         bar.close()
     logger.close()
     path = save_pretrained_model(model, tokenizer, out_dir / "model")
-    summary = {**result, "model": str(path), "num_demos": len(demos), "demo_kinds": dict(Counter(d.kind for d in demos)),
-               "policy_tokens": sum(sum(d.response_mask) for d in demos), "seconds": time.perf_counter() - started}
+    if demos is not None:
+        seen_kinds, seen_policy_tokens = Counter(d.kind for d in demos), sum(sum(d.response_mask) for d in demos)
+    summary = {**result, "model": str(path), "source": s.source, "reading": reading, "num_demos": sum(seen_kinds.values()),
+               "demo_kinds": dict(seen_kinds), "policy_tokens": seen_policy_tokens,
+               "seconds": time.perf_counter() - started}
     (out_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

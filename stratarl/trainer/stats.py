@@ -4,6 +4,9 @@
 - :func:`mean_ci`: mean with a 95% Student-t confidence interval over seeds.
 - :func:`paired_difference`: arm minus baseline on the same seeds (same data order), with the
   95% CI of the paired differences.
+- :func:`paired_gain`: after minus before on the same held-out questions (paired by example id),
+  paired Student-t 95% CI, and whether that CI excludes 0 (:func:`excludes_zero`).
+- :func:`rolling_band`: a moving mean (trailing or centered) of a per-step curve ± 1.96 standard errors.
 - :func:`collapse_step`: the step at which a run collapsed (reward falls far below its running
   peak, or the valid-action rate drops), the SORL paper's failure mode, made a number.
 
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 # t_{0.975, df} for df = 1..30, to 3 decimals: the standard Student-t table (NIST/SEMATECH
 # e-Handbook of Statistical Methods, §1.3.6.7.2 "Critical values of the Student's t distribution",
@@ -89,6 +92,67 @@ def paired_difference(arm: dict[int, float], baseline: dict[int, float]) -> dict
     seeds = sorted(set(arm) & set(baseline))
     diffs = [arm[s] - baseline[s] for s in seeds]
     return {"seeds": seeds, "differences": diffs, **mean_ci(diffs).to_dict()}
+
+
+def excludes_zero(interval: Mapping) -> bool | None:
+    """Whether a 95% CI (``low`` / ``high`` keys, as in :meth:`Interval.to_dict`) lies strictly on one
+    side of 0; None when there is no interval (n < 2). A CI of [0, 0] (no change at all) includes 0."""
+    low, high = interval.get("low"), interval.get("high")
+    if low is None or high is None:
+        return None
+    return bool(low > 0 or high < 0)
+
+
+def paired_gain(after: Mapping[str, float], before: Mapping[str, float]) -> dict:
+    """After − before on the questions both evals scored (keys: example ids), with a paired 95% CI.
+
+    Paired Student-t: d_i = after_i − before_i over the n common ids, mean d̄ ± t_{0.975, n−1} · s_d / √n
+    (s_d the sample std of the d_i, ddof 1). Pairing removes the question-to-question spread both
+    evals share (a hard question is hard before and after), so the CI is tighter than comparing the
+    two independent CIs. For 0/1 metrics (EM) the d_i lie in {−1, 0, 1}; the t interval is the usual
+    large-sample approximation (it is the paired t test's interval; with few changed questions it is
+    rough). The CI is over questions: it says how much the gain would move on another draw of
+    held-out questions, not how much it would move with another training seed.
+
+    Returns ``{"ids": [...], "differences": [...], **Interval.to_dict(), "excludes_zero": bool | None}``;
+    with no common id, mean None.
+    """
+    out = paired_difference(dict(after), dict(before))
+    out["ids"] = out.pop("seeds")
+    return {**out, "excludes_zero": excludes_zero(out)}
+
+
+def rolling_band(values: Sequence[float], window: int = 5, *, centered: bool = False
+                 ) -> tuple[list[float], list[float | None], list[float | None]]:
+    """Moving mean of a per-step curve with a ±1.96 standard-error band.
+
+    At step i over a window of k values (trailing: the last min(window, i + 1) values; centered: the
+    values within window // 2 steps on either side, fewer at the ends): mean m_i, band
+    m_i ± 1.96 · s_i / √k (s_i the sample std of those k values, ddof 1). Returns (means, lows, highs);
+    lows / highs are None where k < 2. The band treats the k steps as independent draws around a
+    locally flat curve: it shows step-to-step noise, not a formal CI of a trend. A trailing mean lags a
+    rising curve; a centered one does not (but uses later steps).
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    xs = [float(v) for v in values]
+    means, lows, highs = [], [], []
+    for i in range(len(xs)):
+        if centered:
+            chunk = xs[max(0, i - window // 2):i + window // 2 + 1]
+        else:
+            chunk = xs[max(0, i - window + 1):i + 1]
+        k = len(chunk)
+        m = sum(chunk) / k
+        means.append(m)
+        if k < 2:
+            lows.append(None)
+            highs.append(None)
+            continue
+        se = math.sqrt(sum((v - m) ** 2 for v in chunk) / (k - 1)) / math.sqrt(k)
+        lows.append(m - Z_975 * se)
+        highs.append(m + Z_975 * se)
+    return means, lows, highs
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,14 @@ def ensure_synthetic_kb(directory: Path, *, seed: int, options: dict[str, Any]) 
 def load_synthetic_task(directory: Path, *, seed: int, options: dict[str, Any]):
     """TaskData (train, test, corpus path) of the seeded synthetic KB."""
     from stratarl.data.search_r1 import load_examples
+    from stratarl.data.synth import name_pool_words
     from stratarl.trainer.setup import TaskData
 
     folder = ensure_synthetic_kb(directory, seed=seed, options=options)
     train = load_examples(folder / "train.parquet")
     test = load_examples(folder / "test.parquet")
-    return TaskData(train=train, test=test, corpus_path=folder / "corpus.jsonl")
+    # A shared name pool is part of the vocabulary: a warm start trained on other worlds of the
+    # same pool then meets no unknown word here.
+    pool = options.get("name_pool")
+    vocabulary = [" ".join(name_pool_words(int(pool)))] if pool else []
+    return TaskData(train=train, test=test, corpus_path=folder / "corpus.jsonl", vocabulary_texts=vocabulary)

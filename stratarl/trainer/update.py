@@ -114,7 +114,7 @@ def score_batch(learner: Learner, batch: RolloutBatch, cfg: Config) -> RolloutBa
         t = mb.response_mask.shape[1]
         if need_old or need_values:
             out = response_logprobs(learner.model, *args, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
-                                    temperature=temperature, return_hidden=need_values)
+                                    temperature=temperature, return_hidden=need_values, with_logprobs=need_old)
             if need_old:
                 old[rows, :t] = out["logprobs"]
             if need_values:

@@ -321,3 +321,34 @@ def test_packed_weights_give_the_same_logits(smollm2_tokenizer):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         tokens = a.argmax(-1)
         torch.testing.assert_close(packed.decode(tokens), plain.decode(tokens), rtol=1e-4, atol=1e-4)
+
+
+def test_rope_tables_and_rolled_rotation_equal_the_models_rotary_embedding(smollm2_tokenizer):
+    # FastDecoder looks cos / sin up in tables and rotates with roll + a signed sin; the
+    # model's own rotary_emb + rotate_half must give the same q and k.
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from stratarl.rollout.fast_forward import _apply_rope
+
+    model = _build("llama_gqa", smollm2_tokenizer)
+    decoder = FastDecoder(model)
+    positions = torch.tensor([[0, 1, 2, 3], [5, 6, 700, 1500]])  # beyond the first table: it grows
+    with torch.inference_mode():
+        cos, signed_sin = decoder._rope(positions, int(positions.max()))
+        ref_cos, ref_sin = model.model.rotary_emb(model.model.embed_tokens.weight, positions)
+        q, k = torch.randn(2, 4, 4, 16), torch.randn(2, 2, 4, 16)  # [B, heads, L, D]
+        ref_q, ref_k = apply_rotary_pos_emb(q, k, ref_cos, ref_sin)
+        torch.testing.assert_close(cos, ref_cos)
+        torch.testing.assert_close(_apply_rope(q, cos[:, None], signed_sin[:, None]), ref_q)
+        torch.testing.assert_close(_apply_rope(k, cos[:, None], signed_sin[:, None]), ref_k)
+
+
+def test_small_weights_are_not_packed_unless_asked(smollm2_tokenizer):
+    from stratarl.rollout.fast_forward import PACK_MIN_ELEMENTS, packing_available
+
+    model = _build("llama_gqa", smollm2_tokenizer)
+    decoder = FastDecoder(model)
+    decoder.refresh()
+    assert decoder._layers[0].qkv.packed is None  # 64 x 128: far below the threshold
+    head_packed = decoder._lm_head.packed is not None
+    assert head_packed == (packing_available() and model.lm_head.weight.numel() >= PACK_MIN_ELEMENTS)

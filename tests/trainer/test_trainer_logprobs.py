@@ -145,3 +145,102 @@ def test_shared_prompt_pass_is_used_only_when_it_saves_work(tiny_model, smollm2_
                                      smollm2_tokenizer.pad_token_id)
         assert _shared_prompt_hidden(decoder, distinct.input_ids, distinct.attention_mask, distinct.prompt_lengths,
                                      distinct.response_mask.shape[1]) is None
+
+
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("with_entropy", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_closed_form_head_backward_equals_autograd(with_entropy, temperature, keep, monkeypatch):
+    # _HeadLogprobs' hand-written backward against autograd through the plain formulas,
+    # with a bias, a temperature and several chunks; the entropy term is weighted too.
+    # keep: the log-softmax saved for backward, or recomputed there.
+    import stratarl.trainer.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "HEAD_KEEP_BYTES", 2 ** 30 if keep else 0)
+    g = torch.Generator().manual_seed(3)
+    head = torch.nn.Linear(6, 11, bias=True)
+    torch.nn.init.normal_(head.bias, generator=g)
+    hidden = torch.randn(9, 6, generator=g, requires_grad=True)
+    targets = torch.randint(0, 11, (9,), generator=g)
+    w_lp, w_ent = torch.randn(9, generator=g), torch.randn(9, generator=g)
+    lp, ent = chunked_head_logprobs(hidden, head, targets, chunk_tokens=4, temperature=temperature,
+                                    with_entropy=with_entropy)
+    ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
+    got = [t.grad.clone() for t in (hidden, head.weight, head.bias)]
+    for t in (hidden, head.weight, head.bias):
+        t.grad = None
+    logp = torch.log_softmax(head(hidden) / temperature, -1)
+    full = logp.gather(-1, targets[:, None]).squeeze(-1)
+    full_ent = -(logp.exp() * logp).sum(-1) if with_entropy else torch.zeros(9)
+    ((full * w_lp).sum() + (full_ent * w_ent).sum()).backward()
+    torch.testing.assert_close(lp, full.detach())
+    torch.testing.assert_close(ent, full_ent.detach())
+    for mine, reference in zip(got, (hidden.grad, head.weight.grad, head.bias.grad)):
+        torch.testing.assert_close(mine, reference)
+
+
+def _brute_force_chunks(lengths, prompt_width, token_flops, pair_flops, pass_flops):
+    # Every way to cut the rows sorted longest first into contiguous chunks (2^(B-1) of them).
+    import itertools
+
+    order = sorted(range(len(lengths)), key=lambda b: -lengths[b])
+    best = None
+    for cuts in itertools.product([False, True], repeat=len(order) - 1):
+        chunks, current = [], [order[0]]
+        for row, cut in zip(order[1:], cuts):
+            if cut:
+                chunks.append(current)
+                current = []
+            current.append(row)
+        chunks.append(current)
+        cost = sum(pass_flops + len(c) * lengths[c[0]] * (token_flops + pair_flops * (prompt_width + lengths[c[0]]))
+                   for c in chunks)
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("pass_flops", [0.0, 50.0, 400.0, 1e9])
+def test_response_chunks_are_the_cheapest_split(pass_flops):
+    from stratarl.trainer.logprobs import response_chunks
+
+    lengths = [7, 1, 30, 12, 12, 29, 3, 18]
+    chunks = response_chunks(lengths, 5, token_flops=2.0, pair_flops=0.1, pass_flops=pass_flops)
+    assert sorted(b for c in chunks for b in c) == list(range(len(lengths)))
+    cost = sum(pass_flops + len(c) * max(lengths[b] for b in c) * (2.0 + 0.1 * (5 + max(lengths[b] for b in c)))
+               for c in chunks)
+    assert cost == pytest.approx(_brute_force_chunks(lengths, 5, 2.0, 0.1, pass_flops))
+    if pass_flops == 1e9:
+        assert len(chunks) == 1
+
+
+def test_chunked_response_pass_equals_the_plain_pass(tiny_model, smollm2_tokenizer, monkeypatch):
+    # No per-pass cost: the response pass splits into several chunks of rows; values and
+    # gradients must equal the plain pass all the same.
+    import copy
+
+    import stratarl.trainer.logprobs as logprobs
+
+    calls = []
+    original = logprobs.response_chunks
+    monkeypatch.setattr(logprobs, "PASS_OVERHEAD_FLOPS_PER_LAYER", 0.0)
+    monkeypatch.setattr(logprobs, "response_chunks", lambda *a, **k: calls.append(original(*a, **k)) or calls[-1])
+    model = copy.deepcopy(tiny_model).train()
+    batch, results = _both_ways(model, smollm2_tokenizer.pad_token_id)
+    assert calls and len(calls[-1]) > 1
+    (plain, plain_grads), (shared, shared_grads) = results[False], results[True]
+    mask = batch.response_mask.bool()
+    for key in ("logprobs", "entropy"):
+        torch.testing.assert_close(shared[key], plain[key])
+    torch.testing.assert_close(shared["hidden"][mask], plain["hidden"][mask])
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, msg=name)
+
+
+def test_hidden_only_pass_skips_the_head_and_keeps_the_states(tiny_model, smollm2_tokenizer):
+    batch = collate_sequences(SHARED_PROMPTS, SHARED_RESPONSES, SHARED_MASKS, smollm2_tokenizer.pad_token_id)
+    args = (tiny_model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, batch.response_mask)
+    with torch.no_grad():
+        full = response_logprobs(*args, return_hidden=True)
+        hidden_only = response_logprobs(*args, return_hidden=True, with_logprobs=False)
+    assert set(hidden_only) == {"hidden"}
+    torch.testing.assert_close(hidden_only["hidden"], full["hidden"])

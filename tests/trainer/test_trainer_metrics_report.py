@@ -58,9 +58,11 @@ def test_report_overlays_runs_in_one_page(tmp_path):
     _fake_run(tmp_path / "stratified", [0.2, 0.3, 0.5])
     out = build_report([tmp_path / "grpo", tmp_path / "stratified"], tmp_path / "r" / "index.html")
     page = out.read_text()
-    assert page.count("data:image/png;base64,") == 4  # reward, stratum, loss, sorl
+    assert page.count('curves" src="data:image/png;base64,') == 4  # the grid: reward, stratum, loss, sorl
     assert "grpo" in page and "stratified" in page and "<td>nq</td>" in page
-    assert {p.name for p in (tmp_path / "r").glob("*.png")} == {"reward.png", "stratum.png", "loss.png", "sorl.png"}
+    assert {p.name for p in (tmp_path / "r").glob("*.png")} == {"reward.png", "stratum.png", "loss.png", "sorl.png",
+                                                               "did_it_learn.png", "did_it_learn_searches.png",
+                                                               "did_it_learn_strata.png"}
 
 
 def test_report_needs_run_dirs(tmp_path):

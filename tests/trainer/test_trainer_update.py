@@ -150,3 +150,19 @@ def test_reference_model_is_frozen_copy(tiny_model):
     assert learner.ref_model is not None and learner.ref_model is not model
     assert not any(p.requires_grad for p in learner.ref_model.parameters())
     assert build_learner(copy.deepcopy(tiny_model), _cfg("algo.kl_coef=0"), 1).ref_model is None
+
+
+def test_small_policies_run_their_step_on_one_thread():
+    from stratarl.trainer.rl import SINGLE_THREAD_MAX_PARAMS, step_threads
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with step_threads(torch.nn.Linear(4, 4)):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2  # restored
+        large = torch.nn.Linear(SINGLE_THREAD_MAX_PARAMS // 1000 + 1, 1000, bias=False)
+        with step_threads(large):
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
