@@ -63,7 +63,16 @@ def aggregate(scores: Sequence[dict[str, float]], sources: Sequence[str], *, wit
     return out
 
 
-def evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Config, *, num_transcripts: int = 4,
+def evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Config, **kwargs) -> dict:
+    """Greedy rollouts (one per question), scored; see ``_evaluate``. A small policy runs on one thread
+    (``stratarl.trainer.setup.step_threads``)."""
+    from stratarl.trainer.setup import step_threads
+
+    with step_threads(model):
+        return _evaluate(model, tokenizer, retriever, examples, cfg, **kwargs)
+
+
+def _evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Config, *, num_transcripts: int = 4,
              progress: bool = False, desc: str = "eval") -> dict:
     """Greedy rollouts (one per question) -> {"per_source", "per_type", "per_question", "transcripts", "seconds",
     "num_examples"}.

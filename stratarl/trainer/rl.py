@@ -27,7 +27,6 @@ import json
 import signal
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import torch
 from stratarl.trainer import checkpoint as ckpt
 from stratarl.trainer.config import Config, save_config
 from stratarl.trainer.metrics import MetricsLogger, PhaseTimer, format_step_line, write_transcripts
+from stratarl.trainer.setup import SINGLE_THREAD_MAX_PARAMS, step_threads  # noqa: F401 (re-exported)
 
 ADVANTAGE_OF = {"grpo": "grpo", "so_grpo": "grpo", "stratified_grpo": "stratified", "ppo": "gae", "so_ppo": "gae"}
 
@@ -122,27 +122,6 @@ class RunState:
     @property
     def ckpt_dir(self) -> Path:
         return self.run_dir / "checkpoints"
-
-
-# Policies below this many parameters run their RL step on one intra-op thread, whatever
-# trainer.num_threads says: each of the step's ~10^4 ops takes microseconds, too little to split,
-# and on a machine whose other core is busy every parallel op waits for a descheduled thread
-# (lab config, 0.4 M parameters, a loaded 2-core machine: 11.9 s a step on 2 threads, 0.82 s on 1).
-SINGLE_THREAD_MAX_PARAMS = 5_000_000
-
-
-@contextmanager
-def step_threads(model: torch.nn.Module):
-    """One intra-op thread for a policy under ``SINGLE_THREAD_MAX_PARAMS`` parameters, restored after."""
-    before = torch.get_num_threads()
-    small = sum(p.numel() for p in model.parameters()) < SINGLE_THREAD_MAX_PARAMS
-    if small and before > 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
 
 
 def rl_step(run: RunState) -> dict[str, float]:

@@ -98,7 +98,7 @@ def epoch_batches(demos: Sequence[Demonstration], *, epochs: int, batch_size: in
             yield [demos[i] for i in order[start:start + batch_size]]
 
 
-def run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_id: int, *, lr: float, epochs: int,
+def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_id: int, *, lr: float, epochs: int,
             batch_size: int, seed: int, micro_batch_tokens: int, chunk_tokens: int, grad_clip: float = 1.0,
             warmup_fraction: float = 0.05, schedule: str = "constant", observation_weight: float = 0.0,
             batches: Iterable[list[Demonstration]] | None = None, total_steps: int | None = None,
@@ -152,6 +152,15 @@ def run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_i
     head, tail = step_losses[:3], step_losses[-3:]
     return {"first_epoch_loss": sum(first) / len(first), "last_epoch_loss": sum(last) / len(last), "steps": step,
             "first_steps_loss": sum(head) / len(head), "last_steps_loss": sum(tail) / len(tail)}
+
+
+def run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_id: int, **kwargs) -> dict[str, float]:
+    """Fine-tune ``model`` in place (see ``_run_sft`` for the arguments), on one thread for a small model
+    (``stratarl.trainer.setup.step_threads``)."""
+    from stratarl.trainer.setup import step_threads
+
+    with step_threads(model):
+        return _run_sft(model, demos, pad_id, **kwargs)
 
 
 def demo_shortfall(requested: int, rendered: int, num_questions: int) -> str | None:
