@@ -29,7 +29,7 @@ def test_every_shipped_config_loads(path):
 
 def test_shipped_configs_exist():
     names = {p.name for p in CONFIGS}
-    assert {"demo.yaml", "tiny.yaml"} <= names
+    assert {"demo.yaml", "lab.yaml", "smollm2.yaml", "tiny.yaml"} <= names
 
 
 def test_overrides_set_nested_fields_with_yaml_types():
