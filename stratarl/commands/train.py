@@ -132,7 +132,8 @@ def run_demo(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         cfg = load_config(args.config, list(args.overrides))
         run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.trainer.output_dir) / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-        print(f"stratarl demo: {cfg.model.name}, {cfg.algo.name} (alpha={cfg.algo.alpha}), synthetic KB + BM25; "
+        algo = f"{cfg.algo.name} (alpha={cfg.algo.alpha})" if cfg.algo.name == "stratified_grpo" else cfg.algo.name
+        print(f"stratarl demo: {cfg.model.name}, {algo}, synthetic KB + BM25; "
               f"run directory {run_dir}", flush=True)
         summary = run_pipeline(cfg, run_dir, resume=False)
         report = build_report([run_dir])
