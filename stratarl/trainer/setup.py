@@ -250,7 +250,7 @@ def set_threads(num_threads: int) -> int:
 # Policies below this many parameters run their RL step (and warm start, eval) on one intra-op thread, whatever
 # trainer.num_threads says: each of the step's ~10^4 ops takes microseconds, too little to split,
 # and on a machine whose other core is busy every parallel op waits for a descheduled thread
-# (lab config, 0.4 M parameters, a loaded 2-core machine: 11.9 s a step on 2 threads, 0.82 s on 1).
+# (lab config, 0.3 M parameters, a loaded 2-core machine: 11.9 s a step on 2 threads, 0.82 s on 1).
 SINGLE_THREAD_MAX_PARAMS = 5_000_000
 
 
