@@ -173,7 +173,8 @@ def render_reading_examples(examples: Sequence[Example], tokenizer, retriever, p
     for pid, found in zip(ids_of, hits):
         questions = list(by_passage[pid])
         rng.shuffle(questions)
-        if rng.random() < sentence_probability:
+        context = "sentence" if rng.random() < sentence_probability else "observation"
+        if context == "sentence":
             title, _, body = passages[pid].partition("\n")
             short = [Passage(pid, f"{title}\n{_answer_sentence(body, questions[0][1])}")]
             obs, _ = observation_ids(tokenizer, information_observation(short), max_obs_tokens)
@@ -189,5 +190,5 @@ def render_reading_examples(examples: Sequence[Example], tokenizer, retriever, p
             response += asked + answered
             mask += [0] * len(asked) + [1] * len(answered)
         out.append(Demonstration(prompt_ids=list(obs[:1]), response_ids=response, response_mask=mask, kind="reading",
-                                 example_id=pid, meta={"questions": [q for q, _ in questions]}))
+                                 example_id=pid, meta={"questions": [q for q, _ in questions], "context": context}))
     return out

@@ -163,3 +163,43 @@ def test_cached_warm_start_is_built_once_and_keyed_by_its_settings(tmp_path, mon
     assert rebuilt == model_dir and summary3 is not None
     leftovers = [p.name for p in model_dir.parent.parent.iterdir() if p.name.startswith(".")]
     assert leftovers == []  # no temporary folder left behind
+
+
+def test_copy_init_sets_value_and_output_projections_to_the_identity():
+    from stratarl.data.models import build_tiny_model
+    from stratarl.data.wordlevel import build_word_tokenizer
+
+    tok = build_word_tokenizer(["a b c d e f g"])
+    copied = build_tiny_model(tok, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, copy_init=1.0)
+    plain = build_tiny_model(tok, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32)
+    for layer in copied.model.layers:
+        assert torch.equal(layer.self_attn.v_proj.weight, torch.eye(16))
+        assert torch.equal(layer.self_attn.o_proj.weight, torch.eye(16))
+    assert not torch.equal(plain.model.layers[0].self_attn.v_proj.weight, torch.eye(16))
+    # everything else is the same seeded random init
+    assert torch.equal(copied.model.layers[0].self_attn.q_proj.weight, plain.model.layers[0].self_attn.q_proj.weight)
+
+
+def test_reading_curriculum_starts_with_one_sentence_and_ends_with_full_observations():
+    from stratarl.trainer.setup import load_policy, load_task
+    from stratarl.trainer.sft import reading_batches
+
+    cfg = _cfg()
+    _, tokenizer = load_policy(cfg.model, task=load_task(cfg))
+    stream = reading_batches(cfg, tokenizer, batch_size=8, curriculum=3, mix_worlds=1)
+    batches = [next(stream) for _ in range(8)]
+
+    def docs(demo):
+        return tokenizer.decode(demo.prompt_ids + demo.response_ids).count("Doc ")
+
+    first, late = batches[0], [d for b in batches[5:] for d in b]
+    assert all(d.meta["context"] == "sentence" for d in first)  # step 0: probability 1
+    assert all(docs(d) == 1 and len(d.meta["questions"]) == 1 for d in first)
+    # past the curriculum new worlds render full observations (a few sentence examples rendered
+    # earlier may still wait in the shuffled pool)
+    assert sum(d.meta["context"] == "observation" for d in late) >= 0.75 * len(late)
+    for d in late:
+        text = tokenizer.decode(d.response_ids)
+        assert text.count("<answer>") == len(d.meta["questions"])
+        answered = "".join(tokenizer.decode([t]) for t, m in zip(d.response_ids, d.response_mask) if m)
+        assert "</answer>" in answered and "Question" not in answered  # only answers are targets
