@@ -207,10 +207,9 @@ def build_tiny_model(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, n
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     if copy_init:
+        identity = copy_init * torch.eye(hidden_size)
         with torch.no_grad():
             for layer in model.model.layers:
-                attention = layer.self_attn
-                eye = torch.eye(hidden_size)
-                attention.v_proj.weight.copy_(copy_init * eye)
-                attention.o_proj.weight.copy_(copy_init * eye)
+                layer.self_attn.v_proj.weight.copy_(identity)
+                layer.self_attn.o_proj.weight.copy_(identity)
     return model.eval()

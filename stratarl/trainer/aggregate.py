@@ -202,14 +202,19 @@ def markdown_tables(result: dict) -> str:
 # --------------------------------------------------------------------------- plots and page
 
 
-def _band_series(run_dirs: list[str], key: str) -> tuple[list[int], list[float], list[float | None]]:
+def steps_ci(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], list]:
+    """Per step over the curves (steps, values) that logged it: the steps in order and the mean with
+    its 95% t-CI over those curves (``mean_ci``; no bounds with one curve)."""
     per_step: dict[int, list[float]] = {}
-    for d in run_dirs:
-        steps, values = _series(train_rows(Path(d)), key)
+    for steps, values in curves:
         for s, v in zip(steps, values):
             per_step.setdefault(s, []).append(v)
     xs = sorted(per_step)
-    cis = [mean_ci(per_step[s]) for s in xs]
+    return xs, [mean_ci(per_step[s]) for s in xs]
+
+
+def _band_series(run_dirs: list[str], key: str) -> tuple[list[int], list[float], list[float | None]]:
+    xs, cis = steps_ci([_series(train_rows(Path(d)), key) for d in run_dirs])
     return xs, [c.mean for c in cis], [c.half_width for c in cis]
 
 

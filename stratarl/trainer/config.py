@@ -188,9 +188,13 @@ class RolloutConfig:
             _fail(f"{p}.temperature", self.temperature, "training rollouts sample, so the temperature must be > 0", "use 1.0")
         if not 0 < self.top_p <= 1:
             _fail(f"{p}.top_p", self.top_p, "must lie in (0, 1]", "use 1.0")
-        if self.prompt_template not in ("search_r1", "short") and "{question}" not in self.prompt_template:
+        from stratarl.rollout.prompt import PROMPT_TEMPLATES, resolve_template
+
+        try:
+            resolve_template(self.prompt_template)
+        except ValueError:
             _fail(f"{p}.prompt_template", self.prompt_template, "neither a known template nor one containing {question}",
-                  "use search_r1, short, or a string with {question} in it")
+                  f"use {', '.join(PROMPT_TEMPLATES)}, or a string with {{question}} in it")
         if self.backend not in ("kv_cache", "kv_cache_generic", "hf"):
             _fail(f"{p}.backend", self.backend, "unknown backend", "use kv_cache, kv_cache_generic or hf")
 

@@ -24,7 +24,7 @@ import math
 import re
 from pathlib import Path
 
-from stratarl.trainer.aggregate import train_rows
+from stratarl.trainer.aggregate import steps_ci, train_rows
 from stratarl.trainer.metrics import read_metrics
 from stratarl.trainer.stats import Interval, excludes_zero, mean_ci, paired_gain, rolling_band
 
@@ -351,12 +351,7 @@ def _nan(values: list[float | None]) -> list[float]:
 
 def _across_steps(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
     """Per step over the runs that logged it: mean and 95% t-CI over runs (NaN bounds with one run)."""
-    per_step: dict[int, list[float]] = {}
-    for xs, ys in curves:
-        for x, y in zip(xs, ys):
-            per_step.setdefault(x, []).append(y)
-    steps = sorted(per_step)
-    cis = [mean_ci(per_step[s]) for s in steps]
+    steps, cis = steps_ci(curves)
     return steps, [c.mean for c in cis], _nan([c.low for c in cis]), _nan([c.high for c in cis])
 
 

@@ -183,10 +183,7 @@ WORLD_SEED_STRIDE = 1_000_003
 
 def world_seed(task_seed: int, index: int) -> int:
     """Seed of the ``index``-th demonstration world of the task with seed ``task_seed``."""
-    seed = WORLD_SEED_STRIDE * (task_seed + 1) + index
-    if seed == task_seed:  # unreachable for task seeds >= 0; kept as the guarantee's check
-        raise ValueError(f"demonstration world {index} would be the task's own world (seed {task_seed})")
-    return seed
+    return WORLD_SEED_STRIDE * (task_seed + 1) + index
 
 
 def _world(cfg, index: int, **overrides):
@@ -203,27 +200,39 @@ def _world(cfg, index: int, **overrides):
     return kb, BM25Retriever.from_passages(kb.passages)
 
 
-def reading_batches(cfg, tokenizer, *, batch_size: int, curriculum: int, mix_worlds: int = 4) -> Iterator[list[Demonstration]]:
-    """Endless batches of reading examples (``render_reading_examples``) from fresh single-hop worlds; batch i
-    shortens observations to one sentence with probability max(0, 1 - i / curriculum). Reading worlds are
-    numbered from the far end of the demonstration worlds' range, so the two stages never share a world."""
-    from stratarl.trainer.demos import render_reading_examples
-
-    rng = random.Random(cfg.sft.seed + 1)
+def _mixed_batches(render: Callable[[int, int], list[Demonstration]], *, batch_size: int, mix_worlds: int,
+                   rng: random.Random) -> Iterator[list[Demonstration]]:
+    """Endless batches drawn from a shuffled pool that holds at least ``mix_worlds`` batches' worth:
+    ``render(world_index, batches_so_far)`` refills it one fresh world at a time (so one batch is not
+    one world's facts)."""
     pool: list[Demonstration] = []
     index, produced = 0, 0
     while True:
-        sentence_probability = max(0.0, 1.0 - produced / curriculum) if curriculum else 0.0
         while len(pool) < batch_size * mix_worlds:
-            kb, retriever = _world(cfg, READING_WORLD_OFFSET + index, hop_mix=(1.0, 0.0, 0.0))
-            pool += render_reading_examples(kb.train, tokenizer, retriever, {p.id: p.contents for p in kb.passages},
-                                            topk=cfg.retrieval.topk, max_obs_tokens=cfg.rollout.max_obs_tokens, rng=rng,
-                                            sentence_probability=sentence_probability)
+            pool += render(index, produced)
             index += 1
         rng.shuffle(pool)
         batch, pool = pool[:batch_size], pool[batch_size:]
         produced += 1
         yield batch
+
+
+def reading_batches(cfg, tokenizer, *, batch_size: int, curriculum: int, mix_worlds: int = 4) -> Iterator[list[Demonstration]]:
+    """Endless batches of reading examples (``render_reading_examples``) from fresh single-hop worlds; a world
+    rendered after i batches shortens observations to one sentence with probability max(0, 1 - i / curriculum).
+    Reading worlds are numbered from the far end of the demonstration worlds' range, so the two stages never
+    share a world."""
+    from stratarl.trainer.demos import render_reading_examples
+
+    rng = random.Random(cfg.sft.seed + 1)
+
+    def render(index: int, produced: int) -> list[Demonstration]:
+        kb, retriever = _world(cfg, READING_WORLD_OFFSET + index, hop_mix=(1.0, 0.0, 0.0))
+        return render_reading_examples(kb.train, tokenizer, retriever, {p.id: p.contents for p in kb.passages},
+                                       topk=cfg.retrieval.topk, max_obs_tokens=cfg.rollout.max_obs_tokens, rng=rng,
+                                       sentence_probability=max(0.0, 1.0 - produced / curriculum) if curriculum else 0.0)
+
+    return _mixed_batches(render, batch_size=batch_size, mix_worlds=mix_worlds, rng=rng)
 
 
 # Reading worlds start here (demonstration worlds count up from 0): far apart, never the same seed.
@@ -248,16 +257,8 @@ def world_demonstrations(cfg, tokenizer, index: int) -> list[Demonstration]:
 def world_batches(cfg, tokenizer, *, batch_size: int, mix_worlds: int = 4) -> Iterator[list[Demonstration]]:
     """Endless batches of demonstrations never seen before: worlds 0, 1, 2, ... are rendered on demand and
     each batch draws from ``mix_worlds`` worlds at a time (so one batch is not one world's facts)."""
-    rng = random.Random(cfg.sft.seed)
-    pool: list[Demonstration] = []
-    index = 0
-    while True:
-        while len(pool) < batch_size * mix_worlds:
-            pool += world_demonstrations(cfg, tokenizer, index)
-            index += 1
-        rng.shuffle(pool)
-        batch, pool = pool[:batch_size], pool[batch_size:]
-        yield batch
+    return _mixed_batches(lambda index, _: world_demonstrations(cfg, tokenizer, index), batch_size=batch_size,
+                          mix_worlds=mix_worlds, rng=random.Random(cfg.sft.seed))
 
 
 def warm_start_key(cfg) -> dict:
@@ -345,10 +346,6 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
         sample = next(stream)
         total_steps = s.steps
 
-        def batches():
-            yield sample
-            yield from stream
-
         def record(batch_iter):
             nonlocal seen_policy_tokens
             for batch in batch_iter:
@@ -356,7 +353,7 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
                 seen_policy_tokens += sum(sum(d.response_mask) for d in batch)
                 yield batch
 
-        train_batches, demos = record(batches()), None
+        train_batches, demos = record(itertools.chain([sample], stream)), None
     else:
         retriever = build_task_retriever(cfg, task)
         demos = render_demonstrations(task.train, tokenizer, retriever, num_demos=s.num_demos, topk=cfg.retrieval.topk,
