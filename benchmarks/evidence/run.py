@@ -21,6 +21,7 @@ starts over. Layout::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -35,6 +36,16 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 WARMSTART = HERE / "warmstart.yaml"
+# Committed per-run summaries (small JSON): a sweep finished in parts, on several machines, regenerates its
+# tables from these alone (benchmarks/evidence/tables.py).
+RESULTS = HERE / "results"
+# Overrides that name paths of this machine: not part of what a run *is* (its config hash).
+MACHINE_KEYS = ("model.init_from=", "data.synthetic.cache_dir=")
+PER_STEP_KEYS = ("reward/mean", "rollout/search_calls_mean")
+BIN_STEPS = 10  # the other headline metrics are kept as means over consecutive 10-step bins
+BINNED_KEYS = ("reward/em", "rollout/valid_action_rate", "stratum/cross_var", "stratum/zero_san_frac",
+               "loss/clip_frac", "loss/clip_frac_turn", "loss/approx_kl", "optim/grad_norm", "optim/update_norm",
+               "sorl/c_norm", "sorl/scale", "sorl/engaged", "sorl/delta")
 # The real CLI of the interpreter running this script (`stratarl ...` without relying on PATH).
 STRATARL = [sys.executable, "-m", "stratarl.cli"]
 
@@ -49,6 +60,15 @@ class RunSpec:
     task: str
     run_dir: Path
     overrides: list[str] = field(default_factory=list)
+    base: str = ""
+
+    def config_hash(self) -> str:
+        """sha256 (16 hex digits) of what the run is in the design: its base config's name and its overrides
+        without this machine's paths. Equal on every machine; it changes when the experiment's YAML changes
+        this run, not when stratarl gains a config field (the summary records the commit it ran at)."""
+        portable = [o for o in self.overrides if not o.startswith(MACHINE_KEYS)]
+        design = {"base": Path(self.base).name, "overrides": portable}
+        return hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _value(value) -> str:
@@ -82,6 +102,9 @@ def load_experiment(name: str) -> dict:
     exp = yaml.safe_load(path.read_text())
     exp["name"] = path.stem
     exp["base_path"] = str((path.parent / exp.get("base", "base.yaml")).resolve())
+    # The warm-start fragment layered over the base (v1 experiments: warmstart.yaml); null: the base's own sft.
+    fragment = exp.get("warmstart", "warmstart.yaml")
+    exp["warmstart_path"] = None if fragment is None else (path.parent / fragment).resolve()
     for cond, spec in exp["conditions"].items():
         if spec["task"] not in exp["tasks"]:
             sys.exit(f"error: {path}: condition {cond!r} names task {spec['task']!r}; tasks: {sorted(exp['tasks'])}")
@@ -94,15 +117,16 @@ def load_experiment(name: str) -> dict:
 WARMSTART_KEYS = ("model.", "data.source", "data.synthetic.", "retrieval.", "rollout.", "sft.")
 
 
-def warmstart_overrides() -> list[str]:
-    """SFT settings from warmstart.yaml (owned by the warm-start tuning: a config fragment or a complete
-    config, nested sections or dotted keys), restricted to WARMSTART_KEYS; [] while it does not exist
-    (base.yaml's placeholder applies)."""
-    if not WARMSTART.is_file():
+def warmstart_overrides(path: Path | None = None) -> list[str]:
+    """SFT settings from the warm-start fragment ``path`` (default: warmstart.yaml; owned by the warm-start
+    tuning: a config fragment or a complete config, nested sections or dotted keys), restricted to
+    WARMSTART_KEYS; [] while it does not exist (the base config's own sft section applies)."""
+    path = WARMSTART if path is None else path
+    if not path.is_file():
         return []
-    data = yaml.safe_load(WARMSTART.read_text()) or {}
+    data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
-        sys.exit(f"error: {WARMSTART} must be a mapping of config sections, got {type(data).__name__}")
+        sys.exit(f"error: {path} must be a mapping of config sections, got {type(data).__name__}")
     flat = flatten(data)
     return [f"{k}={_value(v)}" for k, v in flat.items()
             if k.startswith(WARMSTART_KEYS) and k not in ("sft.enabled", "rollout.group_size")]
@@ -130,7 +154,8 @@ def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: 
     arms = _select("arms", list(exp["arms"]), arms or red.get("arms"))
     conditions = _select("conditions", list(exp["conditions"]), conditions or red.get("conditions"))
     tail = as_overrides(red.get("overrides", {})) + list(extra)
-    common = warmstart_overrides()
+    common = (warmstart_overrides(exp["warmstart_path"]) if exp["warmstart_path"] is not None else []) \
+        + as_overrides(exp.get("common", {}))
     tasks = {exp["conditions"][c]["task"] for c in conditions}
     root = out / exp["name"]
     if cache is not None:  # one KB folder per task (an explicit cache_dir is the KB folder itself)
@@ -148,7 +173,7 @@ def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: 
                              + as_overrides(exp["arms"][arm]) + [x.replace("{task}", task) for x in tail]
                              + [f"trainer.seed={seed}", f"trainer.steps={steps}", "trainer.num_threads=1",
                                 "sft.enabled=false", f"model.init_from={out / 'warmstart' / task / 'model'}"])
-                runs.append(RunSpec(cond, arm, seed, task, root / cond / f"{arm}-s{seed}", overrides))
+                runs.append(RunSpec(cond, arm, seed, task, root / cond / f"{arm}-s{seed}", overrides, exp["base_path"]))
     return sft, runs
 
 
@@ -247,13 +272,95 @@ def _try_lock(lock: Path) -> int | None:
         return fd
 
 
-def run_one(spec: RunSpec, exp: dict, steps: int) -> str:
-    """Train one run (skip when finished, resume from a checkpoint, else start over); returns a status.
+def result_path(spec: RunSpec, exp: dict, results: Path) -> Path:
+    return results / exp["name"] / spec.condition / f"{spec.arm}-s{spec.seed}.json"
+
+
+def committed(spec: RunSpec, exp: dict, steps: int, results: Path, config_hash: str) -> bool:
+    """A summary of this very run (same config hash, at least ``steps`` steps) is already under ``results``."""
+    try:
+        summary = json.loads(result_path(spec, exp, results).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return summary.get("config_hash") == config_hash and int(summary.get("steps", -1)) >= steps
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def _eval_summary(result: dict) -> dict:
+    overall = result.get("per_source", {}).get("all", {})
+    return {"em": overall.get("em"), "f1": overall.get("f1"), "searches": overall.get("searches_mean"),
+            "answer_rate": overall.get("answer_rate"), "n": overall.get("count"),
+            "em_by_type": {t: m["em"] for t, m in result.get("per_type", {}).items()}}
+
+
+def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
+    """The committed summary of a finished run: identity, per-step headline curves, binned diagnostics,
+    every held-out eval (before, step_N, after)."""
+    d = spec.run_dir
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train = {}
+    for row in rows:
+        if "reward/mean" in row:
+            train[int(row["step"])] = row  # a step logged twice (a resumed step) counts once, the last
+    steps = sorted(train)
+    per_step = {k: [_round(train[s][k]) if k in train[s] else None for s in steps] for k in PER_STEP_KEYS}
+    binned = {}
+    for key in BINNED_KEYS:
+        bins = []
+        for start in range(0, len(steps), BIN_STEPS):
+            values = [float(train[s][key]) for s in steps[start:start + BIN_STEPS] if key in train[s]]
+            bins.append(_round(sum(values) / len(values)) if values else None)
+        if any(v is not None for v in bins):
+            binned[key] = bins
+    evals = {}
+    for path in sorted((d / "eval").glob("*.json")):
+        try:
+            evals[path.stem] = _eval_summary(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue
+    run_summary = json.loads((d / "summary.json").read_text())
+    return {"experiment": exp["name"], "condition": spec.condition, "arm": spec.arm, "seed": spec.seed,
+            "task": spec.task, "steps": len(steps), "config_hash": config_hash,
+            "overrides": [o for o in spec.overrides if not o.startswith(MACHINE_KEYS)],
+            "commit": _commit(), "train_seconds": _round(float(run_summary.get("train_seconds", 0.0))),
+            "measured": time.strftime("%Y-%m-%d"), "per_step": per_step,
+            "binned": {"bin_steps": BIN_STEPS, "metrics": binned}, "eval": evals}
+
+
+def _commit() -> str | None:
+    """The stratarl commit the run used (None outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def write_result(spec: RunSpec, exp: dict, results: Path, config_hash: str) -> None:
+    path = result_path(spec, exp, results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summarize_run(spec, exp, config_hash), separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+
+
+def run_one(spec: RunSpec, exp: dict, steps: int, results: Path | None = None) -> str:
+    """Train one run (skip when finished here or summarised under ``results``, resume from a checkpoint,
+    else start over), then write its summary under ``results``; returns a status.
 
     A lock file next to the run directory lets several runners share one sweep (start another
     ``run.py`` with the same arguments to add a worker): a run another runner holds is left to it."""
     d = spec.run_dir
+    config_hash = spec.config_hash() if results is not None else ""
+    if results is not None and committed(spec, exp, steps, results, config_hash):
+        return "skip (summary)"
     if finished(d, steps):
+        if results is not None:
+            write_result(spec, exp, results, config_hash)
         return "skip"
     lock = d.parent / f".{d.name}.lock"
     fd = _try_lock(lock)
@@ -273,7 +380,11 @@ def run_one(spec: RunSpec, exp: dict, steps: int) -> str:
         (d / "arm.json").write_text(json.dumps({"experiment": exp["name"], "condition": spec.condition, "arm": spec.arm,
                                                 "seed": spec.seed, "task": spec.task}) + "\n")
         rc = _call(cmd, d / "train.log")
-        return ("resumed" if has_checkpoint else "done") if rc == 0 and finished(d, steps) else f"FAIL rc={rc}"
+        if rc != 0 or not finished(d, steps):
+            return f"FAIL rc={rc}"
+        if results is not None:
+            write_result(spec, exp, results, config_hash)
+        return "resumed" if has_checkpoint else "done"
     finally:
         os.close(fd)
         lock.unlink(missing_ok=True)
@@ -315,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conditions", nargs="+", help="only these conditions (default: all)")
     p.add_argument("--cache", type=Path, help="keep the generated knowledge bases under this folder "
                    "(default: $STRATARL_CACHE/synth)")
+    p.add_argument("--results", type=Path, help="where finished runs write their summaries (default: "
+                   "benchmarks/evidence/results, committed; with --reduced: <out>/results); a run whose summary "
+                   "is there with the same config hash is not run again")
     p.add_argument("--aggregate-only", action="store_true", help="only aggregate the runs that exist")
     p.add_argument("--include-unfinished", action="store_true", help="aggregate runs still in progress too")
     args = p.parse_args(argv)
@@ -323,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds or red.get("seeds") or exp.get("seeds", 3)
     steps = args.steps or red.get("steps") or exp.get("steps", 30)
     root = Path(args.out) / exp["name"]
+    results = args.results or (Path(args.out) / "results" if args.reduced else RESULTS)
     if args.aggregate_only:
         return aggregate(exp, root, steps, args.include_unfinished)
     sft, runs = plan(exp, Path(args.out), seeds=seeds, steps=steps, reduced=args.reduced, extra=args.extra,
@@ -330,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{exp['name']}: {len(sft)} warm start(s), {len(runs)} runs ({seeds} seeds x {len(runs) // seeds} "
           f"arm-conditions), {steps} steps, {args.jobs} in parallel -> {root}", flush=True)
     started = time.perf_counter()
+    # Runs summarised under `results` (finished here or on another machine) need neither a run nor a warm start.
+    done = [r for r in runs if committed(r, exp, steps, results, r.config_hash())]
+    for r in done:
+        print(f"[skip (summary)] {r.condition}/{r.arm} seed {r.seed} ({result_path(r, exp, results)})", flush=True)
+    runs = [r for r in runs if r not in done]
+    sft = {t: o for t, o in sft.items() if any(r.task == t for r in runs)}
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         # Tasks another runner is training right now go last, so this runner trains its own first.
         ok = dict(zip(sft, pool.map(lambda t: run_warmstart(exp, t, sft[t], Path(args.out), wait=False), sft)))
@@ -339,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def job(spec: RunSpec) -> str:
             t0 = time.perf_counter()
-            status = run_one(spec, exp, steps)
+            status = run_one(spec, exp, steps, results)
             print(f"[{status}] {spec.condition}/{spec.arm} seed {spec.seed} ({time.perf_counter() - t0:.0f}s; "
                   f"{spec.run_dir})", flush=True)
             return status
