@@ -35,7 +35,7 @@ from stratarl.algos.registry import (
     register_advantage,
     register_policy_loss,
 )
-from stratarl.algos.sorl import ClipBiasNormalizer
+from stratarl.algos.sorl import DELTA_RULES, ClipBiasNormalizer, sorl_scale
 from stratarl.algos.strata import cross_stratum_variance, shuffle_strata_within_groups, zero_san_fraction
 from stratarl.algos.turns import (
     LEVELS,
@@ -57,6 +57,7 @@ __all__ = [
     "LEVELS",
     "AdvantageBatch",
     "ClipBiasNormalizer",
+    "DELTA_RULES",
     "PolicyLossOutput",
     "advantage_names",
     "aggregate_loss",
@@ -88,4 +89,5 @@ __all__ = [
     "turn_log_ratios",
     "turn_start_mask",
     "zero_san_fraction",
+    "sorl_scale",
 ]

@@ -30,18 +30,35 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
+DELTA_RULES = ("fixed", "running_pg")
+
 
 class ClipBiasNormalizer:
     """Accumulates C = ∇J_C across micro-batches and rescales the PPO gradient by 1/max(‖C‖, δ)."""
 
-    def __init__(self, parameters: Iterable[Tensor], *, delta: float = 1.0) -> None:
+    def __init__(self, parameters: Iterable[Tensor], *, delta: float = 1.0, rule: str = "fixed",
+                 ema: float = 0.9) -> None:
         if delta <= 0:
             raise ValueError(f"delta must be > 0 (the paper's default is 1), got {delta!r}")
+        if rule not in DELTA_RULES:
+            raise ValueError(f"unknown delta rule {rule!r}; use one of {', '.join(DELTA_RULES)}")
+        if not 0 <= ema < 1:
+            raise ValueError(f"ema must lie in [0, 1), got {ema!r}")
         self.parameters = [p for p in parameters if p.requires_grad]
         if not self.parameters:
             raise ValueError("ClipBiasNormalizer got no trainable parameters (none has requires_grad=True)")
         self.delta = float(delta)
+        self.rule = rule
+        self.ema = float(ema)
+        self.pg_norm_ema: float | None = None  # running_pg: EMA of ‖∇J_PPO‖ over the previous steps
         self.c_buffers: list[Tensor] = [torch.zeros_like(p) for p in self.parameters]
+
+    def state_dict(self) -> dict:
+        """The running statistic of the ``running_pg`` rule (a checkpoint must carry it to resume exactly)."""
+        return {"pg_norm_ema": self.pg_norm_ema}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pg_norm_ema = state.get("pg_norm_ema")
 
     def backward(self, loss: Tensor, clip_bias: Tensor | None, *, skip_clip_bias: bool = False) -> None:
         """``loss.backward()`` into ``.grad``, and add ∇clip_bias into the C buffers first.
@@ -66,21 +83,55 @@ class ClipBiasNormalizer:
 
     @torch.no_grad()
     def apply(self) -> dict[str, Tensor]:
-        """Scale every tracked ``.grad`` by 1 / max(‖C‖, δ), reset C, return the step's metrics.
+        """Scale every tracked ``.grad`` (see :func:`sorl_scale`), reset C, return the step's metrics.
 
-        Metrics: ``sorl/c_norm`` (‖C‖), ``sorl/scale`` (1/max(‖C‖, δ)), ``sorl/pg_grad_norm``
-        (‖.grad‖ before scaling).
+        Metrics: ``sorl/c_norm`` (‖C‖), ``sorl/scale`` (the factor applied), ``sorl/pg_grad_norm``
+        (‖.grad‖ before scaling), ``sorl/delta`` (the floor δ_t used), ``sorl/engaged`` (1 when ‖C‖ > δ_t:
+        the step was shrunk relative to an unclipped one, else 0).
         """
         c_norm = self.c_norm()
-        scale = 1.0 / torch.clamp(c_norm, min=self.delta)
         grads = [p.grad for p in self.parameters if p.grad is not None]
         grad_norm = (
             torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
             if grads
             else c_norm.new_zeros(())
         )
+        if self.rule == "running_pg" and self.pg_norm_ema is None:
+            self.pg_norm_ema = float(grad_norm)  # first step: the running statistic starts at this step's norm
+        scale, floor = sorl_scale(c_norm, delta=self.delta, rule=self.rule, pg_norm_ema=self.pg_norm_ema)
+        if self.rule == "running_pg":
+            self.pg_norm_ema = self.ema * self.pg_norm_ema + (1 - self.ema) * float(grad_norm)
         for grad in grads:
             grad.mul_(scale.to(grad.dtype))
         for buffer in self.c_buffers:
             buffer.zero_()
-        return {"sorl/c_norm": c_norm, "sorl/scale": scale, "sorl/pg_grad_norm": grad_norm}
+        return {"sorl/c_norm": c_norm, "sorl/scale": scale, "sorl/pg_grad_norm": grad_norm,
+                "sorl/delta": floor, "sorl/engaged": (c_norm > floor).to(c_norm.dtype)}
+
+
+def sorl_scale(c_norm: Tensor, *, delta: float, rule: str = "fixed", pg_norm_ema: float | None = None
+               ) -> tuple[Tensor, Tensor]:
+    """The gradient factor of SORL's normalisation and the floor δ_t it used: (scale, δ_t).
+
+    ``fixed`` (the paper, Li et al. arXiv 2511.20718 eq. for SO-PPO): δ_t = δ, scale = 1 / max(‖C‖, δ).
+    ``running_pg`` (scale-free; stratarl's option): δ_t = δ · m_t with m_t the exponential moving average
+    of ‖∇J_PPO‖ over the previous optimizer steps, scale = δ_t / max(‖C‖, δ_t) = min(1, δ_t / ‖C‖). The
+    step is left alone (scale 1) until the clip-bias gradient exceeds δ times the typical policy-gradient
+    norm, then shrinks in proportion: the same trigger at any model size, loss scale or learning rate,
+    where a fixed δ = 1 is a gradient-norm threshold that small models never reach. Under AdamW a constant
+    factor changes nothing but Adam's ε term, so both rules act only through how the factor varies
+    between steps (docs/results.md, Paper B).
+    """
+    if c_norm.dim() != 0:
+        raise ValueError(f"c_norm must be a scalar, got shape {tuple(c_norm.shape)}")
+    if rule == "fixed":
+        floor = c_norm.new_tensor(float(delta))
+        return 1.0 / torch.maximum(c_norm, floor), floor
+    if rule == "running_pg":
+        if pg_norm_ema is None:
+            raise ValueError("the running_pg rule needs pg_norm_ema (the running mean of the policy-gradient norm)")
+        floor = c_norm.new_tensor(float(delta) * float(pg_norm_ema))
+        if float(floor) <= 0:
+            return c_norm.new_ones(()), floor  # a zero policy gradient: nothing to scale
+        return floor / torch.maximum(c_norm, floor), floor
+    raise ValueError(f"unknown delta rule {rule!r}; use one of {', '.join(DELTA_RULES)}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ ALGORITHMS = ("grpo", "stratified_grpo", "ppo", "so_ppo", "so_grpo")
 CRITIC_ALGORITHMS = ("ppo", "so_ppo")
 SORL_ALGORITHMS = ("so_ppo", "so_grpo")
 STRATUM_KEYS = ("num_searches", "answered", "random")
+OPTIMIZERS = ("adamw", "sgd")
+SORL_ORDERS = ("before_clip", "after_clip")
+SORL_DELTA_RULES = ("fixed", "running_pg")  # stratarl.algos.sorl.DELTA_RULES (not imported: config loads without torch)
 
 
 class ConfigError(ValueError):
@@ -223,7 +227,16 @@ class AlgoConfig:
     """SORL's clipping-triggered normalisation g / max(||C||, delta); None: on for so_ppo / so_grpo, off otherwise
     (true on grpo / ppo gives the "normalisation only" ablation, false on so_* the "turn-level ratio only" one)."""
     sorl_delta: float = 1.0
-    """SORL normalisation floor delta: g <- g / max(||C||, delta)."""
+    """SORL normalisation floor delta: g <- g / max(||C||, delta) (rule `fixed`); with rule `running_pg`
+    the multiple of the running policy-gradient norm at which the normalisation engages."""
+    sorl_delta_rule: str = "fixed"
+    """`fixed` (the paper: delta is a gradient-norm threshold) or `running_pg` (scale-free: delta_t = delta x
+    the moving average of ||grad J_PPO|| over previous optimizer steps, and g <- g * min(1, delta_t / ||C||))."""
+    sorl_delta_ema: float = 0.9
+    """Moving-average coefficient of the `running_pg` rule's statistic."""
+    sorl_order: str = "before_clip"
+    """Where the SORL factor is applied: `before_clip` (then gradient-norm clipping, optim.grad_clip, can undo it
+    unless ||C|| > max(delta, ||grad||)) or `after_clip` (clip first, so the factor always reaches the optimizer)."""
     kl_coef: float = 0.001
     """Reference-model KL coefficient (k3 estimator); 0 disables the reference model entirely."""
     kl_estimator: str = "k3"
@@ -264,8 +277,14 @@ class AlgoConfig:
                 _fail(f"{p}.{key}", getattr(self, key), "clip ranges must lie in (0, 1)", "use 0.2")
         if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
             _fail(f"{p}.loss_agg", self.loss_agg, "unknown aggregation", "use token-mean, seq-mean-token-mean or seq-mean-token-sum")
-        if self.sorl_delta <= 0:
-            _fail(f"{p}.sorl_delta", self.sorl_delta, "the floor must be positive", "use 1.0")
+        if not self.sorl_delta > 0 or not math.isfinite(self.sorl_delta):
+            _fail(f"{p}.sorl_delta", self.sorl_delta, "the floor must be positive and finite", "use 1.0")
+        if self.sorl_delta_rule not in SORL_DELTA_RULES:
+            _fail(f"{p}.sorl_delta_rule", self.sorl_delta_rule, "unknown rule", f"use one of {', '.join(SORL_DELTA_RULES)}")
+        if not 0 <= self.sorl_delta_ema < 1:
+            _fail(f"{p}.sorl_delta_ema", self.sorl_delta_ema, "must lie in [0, 1)", "use 0.9")
+        if self.sorl_order not in SORL_ORDERS:
+            _fail(f"{p}.sorl_order", self.sorl_order, "unknown order", f"use one of {', '.join(SORL_ORDERS)}")
         if self.kl_coef < 0:
             _fail(f"{p}.kl_coef", self.kl_coef, "must be >= 0", "use 0.001, or 0 to disable the reference model")
         if self.kl_estimator not in ("k1", "k2", "k3"):
@@ -310,6 +329,11 @@ class OptimConfig:
     """After warm-up: constant or cosine (to 10% of lr at the last optimizer step)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 disables)."""
+    name: str = "adamw"
+    """Policy optimizer: `adamw`, or `sgd` (a control: SGD, unlike Adam, is not invariant to a constant
+    gradient scale; it needs a much larger lr)."""
+    momentum: float = 0.0
+    """SGD momentum (optim.name = sgd)."""
 
     def validate(self, p: str) -> None:
         if self.lr <= 0:
@@ -322,6 +346,10 @@ class OptimConfig:
             _fail(f"{p}.schedule", self.schedule, "unknown schedule", "use constant or cosine")
         if self.grad_clip < 0:
             _fail(f"{p}.grad_clip", self.grad_clip, "must be >= 0", "use 1.0, or 0 to disable")
+        if self.name not in OPTIMIZERS:
+            _fail(f"{p}.name", self.name, "unknown optimizer", f"use one of {', '.join(OPTIMIZERS)}")
+        if not 0 <= self.momentum < 1:
+            _fail(f"{p}.momentum", self.momentum, "must lie in [0, 1)", "use 0 or 0.9")
 
 
 @dataclass

@@ -187,6 +187,8 @@ def save(run: RunState) -> Path:
         "shuffle_rng": run.shuffle_rng.get_state(),
         "sampler": run.sampler.state_dict(),
     }
+    if run.learner.normalizer is not None:
+        state["sorl"] = run.learner.normalizer.state_dict()
     return ckpt.save_checkpoint(run.ckpt_dir, run.step, model=run.model, state=state,
                                 value_head=run.learner.value_head, keep_last=run.cfg.trainer.keep_last)
 
@@ -198,6 +200,8 @@ def restore(run: RunState, path: Path) -> None:
     ckpt.set_rng_state(state["rng"], getattr(run.generator, "rng", None))
     run.shuffle_rng.set_state(state["shuffle_rng"])
     run.sampler.load_state_dict(state["sampler"])
+    if run.learner.normalizer is not None and "sorl" in state:
+        run.learner.normalizer.load_state_dict(state["sorl"])
     run.step = int(state["step"])
 
 

@@ -9,7 +9,9 @@ gradient equals the gradient of the mini-batch loss under the chosen aggregation
 
 SORL (so_ppo / so_grpo, or any algorithm with ``algo.sorl_normalize: true``): the
 clipping-bias gradient C is accumulated beside the gradient (``stratarl.algos.ClipBiasNormalizer``) and the policy gradient is
-scaled by 1 / max(||C||, delta) before clipping and the optimizer step.
+scaled by 1 / max(||C||, delta) (``algo.sorl_delta_rule``: fixed delta, or a scale-free floor relative to the
+running policy-gradient norm) before gradient-norm clipping (``algo.sorl_order: before_clip``, the default) or
+after it (``after_clip``), then the optimizer steps (``optim.name``: AdamW, or SGD as a control).
 Observation tokens have response_mask 0 and never enter any term.
 """
 
@@ -65,6 +67,13 @@ def lr_lambda(warmup_steps: int, total_steps: int, schedule: str):
     return lambda step: lr_multiplier(step, warmup_steps, total_steps - warmup_steps, schedule)
 
 
+def make_optimizer(groups: list[dict], cfg: Config) -> torch.optim.Optimizer:
+    """``optim.name``: AdamW (default) or SGD (the control for SORL's scale, which Adam largely cancels)."""
+    if cfg.optim.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay)
+    return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
+
+
 def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: int) -> Learner:
     """Optimizer (AdamW; the value head gets ``algo.critic_lr``), scheduler, reference model, SORL normaliser."""
     import copy
@@ -76,7 +85,7 @@ def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: in
     groups = [{"params": policy_params, "lr": cfg.optim.lr}]
     if value_head is not None:
         groups.append({"params": list(value_head.parameters()), "lr": cfg.algo.critic_lr})
-    optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
+    optimizer = make_optimizer(groups, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(cfg.optim.warmup_steps, total_optimizer_steps, cfg.optim.schedule))
     ref_model, adapter_ref = None, False
@@ -89,7 +98,8 @@ def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: in
                 p.requires_grad_(False)
     # ``algo.sorl_normalize`` (default: on exactly for so_*) decides the normalisation, independently of
     # ``algo.turn_level_ratio``: the two SORL ablations switch one of them off.
-    normalizer = ClipBiasNormalizer(policy_params, delta=cfg.algo.sorl_delta) if cfg.algo.use_sorl_normalize else None
+    normalizer = (ClipBiasNormalizer(policy_params, delta=cfg.algo.sorl_delta, rule=cfg.algo.sorl_delta_rule,
+                                     ema=cfg.algo.sorl_delta_ema) if cfg.algo.use_sorl_normalize else None)
     return Learner(model, optimizer, scheduler, ref_model, value_head, normalizer, adapter_ref)
 
 
@@ -195,13 +205,20 @@ def accumulate_gradients(learner: Learner, mini: RolloutBatch, cfg: Config) -> d
 
 
 def optimizer_step(learner: Learner, mini: RolloutBatch, cfg: Config) -> dict[str, float]:
-    """One optimizer step on a mini-batch: accumulate, SORL-normalise, clip, step."""
+    """One optimizer step on a mini-batch: accumulate, SORL-normalise and clip (in ``algo.sorl_order``), step.
+
+    ``optim/grad_norm`` is the norm clipping saw: after the SORL factor with `before_clip`, before it with
+    `after_clip`."""
     sums = accumulate_gradients(learner, mini, cfg)
-    if learner.normalizer is not None:
+    normalize_first = learner.normalizer is not None and cfg.algo.sorl_order == "before_clip"
+    if normalize_first:
         sums.update({k: float(v) for k, v in learner.normalizer.apply().items()})
     params = learner.policy_parameters()
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+    if learner.normalizer is not None and not normalize_first:
+        # after_clip: the factor acts on the clipped gradient, so clipping cannot undo it.
+        sums.update({k: float(v) for k, v in learner.normalizer.apply().items()})
     if learner.value_head is not None:
         torch.nn.utils.clip_grad_norm_(learner.value_head.parameters(), clip)
     sums["optim/skipped_steps"] = 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -133,3 +134,103 @@ def test_eval_metrics_include_question_types():
     m = eval_metrics(result)
     assert m["eval/type/single_hop/em"] == 1.0 and m["eval/type/multi_hop_2/searches_mean"] == 3.0
     assert m["eval/kb/em"] == 0.5
+
+
+# --------------------------------------------------------------------------- Paper B controls
+
+
+def test_sorl_scale_hand_derived_cases():
+    from stratarl.algos import sorl_scale
+
+    t = torch.tensor
+    # fixed (the paper): 1 / max(||C||, delta)
+    assert float(sorl_scale(t(0.5), delta=1.0)[0]) == 1.0
+    assert float(sorl_scale(t(2.0), delta=1.0)[0]) == 0.5
+    assert float(sorl_scale(t(0.5), delta=0.1)[0]) == 2.0  # above the floor: 1 / ||C||
+    # running_pg: delta_t = delta * m; factor = min(1, delta_t / ||C||)
+    scale, floor = sorl_scale(t(0.5), delta=2.0, rule="running_pg", pg_norm_ema=0.5)
+    assert float(floor) == 1.0 and float(scale) == 1.0
+    scale, floor = sorl_scale(t(4.0), delta=2.0, rule="running_pg", pg_norm_ema=0.5)
+    assert float(scale) == 0.25
+    assert float(sorl_scale(t(3.0), delta=1.0, rule="running_pg", pg_norm_ema=0.0)[0]) == 1.0  # zero gradient
+    with pytest.raises(ValueError, match="pg_norm_ema"):
+        sorl_scale(t(1.0), delta=1.0, rule="running_pg")
+    with pytest.raises(ValueError, match="unknown delta rule"):
+        sorl_scale(t(1.0), delta=1.0, rule="nope")
+
+
+@pytest.mark.parametrize("k", [1e-3, 7.0, 1e4])
+def test_running_pg_rule_is_scale_free(k):
+    """Multiplying the loss (so C and the policy gradient) by k leaves the running_pg factor unchanged;
+    the fixed rule's factor changes (that is what makes delta = 1 a size-dependent threshold)."""
+    from stratarl.algos import sorl_scale
+
+    c, m = torch.tensor(0.8), 0.3
+    base = float(sorl_scale(c, delta=1.5, rule="running_pg", pg_norm_ema=m)[0])
+    assert base < 1.0
+    assert math.isclose(float(sorl_scale(c * k, delta=1.5, rule="running_pg", pg_norm_ema=m * k)[0]), base, rel_tol=1e-6)
+    assert float(sorl_scale(c * k, delta=0.5)[0]) != float(sorl_scale(c, delta=0.5)[0])
+
+
+def test_running_pg_statistic_starts_at_the_first_norm_and_resumes_from_a_checkpoint(tiny_model):
+    cfg = _cfg("algo.name=so_grpo", "algo.sorl_delta=0.5", "algo.sorl_delta_rule=running_pg", "algo.sorl_delta_ema=0.8")
+    learner = build_learner(copy.deepcopy(tiny_model), cfg, total_optimizer_steps=2)
+    assert learner.normalizer.rule == "running_pg" and learner.normalizer.ema == 0.8
+    batch = _clipped_batch(learner, cfg)
+    accumulate_gradients(learner, batch, cfg)
+    first = {k: float(v) for k, v in learner.normalizer.apply().items()}
+    assert math.isclose(first["sorl/delta"], 0.5 * first["sorl/pg_grad_norm"], rel_tol=1e-6)
+    assert first["sorl/engaged"] == float(first["sorl/c_norm"] > first["sorl/delta"])
+    saved = copy.deepcopy(learner.normalizer.state_dict())
+    assert math.isclose(saved["pg_norm_ema"], first["sorl/pg_grad_norm"], rel_tol=1e-6)  # 0.8 m + 0.2 m = m
+    for p in learner.model.parameters():
+        p.grad = None
+    accumulate_gradients(learner, batch, cfg)
+    second = float(learner.normalizer.apply()["sorl/scale"])
+    restored = build_learner(copy.deepcopy(tiny_model), cfg, total_optimizer_steps=2)
+    restored.normalizer.load_state_dict(saved)
+    accumulate_gradients(restored, batch, cfg)
+    assert float(restored.normalizer.apply()["sorl/scale"]) == second
+
+
+def _sgd_step_delta(tiny_model, *overrides):
+    """One real optimizer_step with SGD at lr 1: the parameter change is minus the gradient that reached the
+    optimizer, so the order of SORL's factor and clipping shows directly."""
+    from stratarl.trainer.update import optimizer_step
+
+    cfg = _cfg("optim.name=sgd", "optim.lr=1.0", "optim.grad_clip=1e-4", *overrides)
+    model = copy.deepcopy(tiny_model)
+    learner = build_learner(model, cfg, total_optimizer_steps=1)
+    assert isinstance(learner.optimizer, torch.optim.SGD)
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = optimizer_step(learner, _clipped_batch(learner, cfg), cfg)
+    return [p.detach() - b for p, b in zip(model.parameters(), before)], metrics
+
+
+def test_sorl_order_before_clip_is_undone_by_tight_clipping_and_after_clip_is_not(tiny_model):
+    plain, _ = _sgd_step_delta(tiny_model, "algo.name=grpo")
+    before, m_before = _sgd_step_delta(tiny_model, "algo.name=grpo", "algo.sorl_normalize=true")
+    after, m_after = _sgd_step_delta(tiny_model, "algo.name=grpo", "algo.sorl_normalize=true", "algo.sorl_order=after_clip")
+    scale = m_after["sorl/scale"]
+    assert scale < 0.5 and m_before["sorl/scale"] == scale  # the factor is the same; only where it acts differs
+    for p, b, a in zip(plain, before, after):
+        torch.testing.assert_close(b, p)            # clipping to 1e-4 rescales away the factor
+        torch.testing.assert_close(a, p * scale)    # after clipping, the factor reaches the step
+
+
+def test_optimizer_choice_is_validated():
+    with pytest.raises(ConfigError, match="optim.name"):
+        _cfg("optim.name=adam")
+    with pytest.raises(ConfigError, match="algo.sorl_order"):
+        _cfg("algo.sorl_order=later")
+    with pytest.raises(ConfigError, match="algo.sorl_delta_rule"):
+        _cfg("algo.sorl_delta_rule=relative")
+    with pytest.raises(ConfigError, match="optim.momentum"):
+        _cfg("optim.momentum=1.0")
+
+
+def test_config_lists_the_delta_rules_the_normaliser_implements():
+    from stratarl.algos import DELTA_RULES
+    from stratarl.trainer.config import SORL_DELTA_RULES
+
+    assert SORL_DELTA_RULES == DELTA_RULES
