@@ -290,10 +290,15 @@ def _round(value: float) -> float:
 
 
 def _eval_summary(result: dict) -> dict:
-    overall = result.get("per_source", {}).get("all", {})
-    return {"em": overall.get("em"), "f1": overall.get("f1"), "searches": overall.get("searches_mean"),
-            "answer_rate": overall.get("answer_rate"), "n": overall.get("count"),
-            "em_by_type": {t: m["em"] for t, m in result.get("per_type", {}).items()}}
+    """Overall means over the eval's per-question records (every source), and EM per question type."""
+    rows = result.get("per_question") or []
+    n = len(rows)
+
+    def mean(key: str) -> float | None:
+        return _round(sum(float(r[key]) for r in rows) / n) if n else None
+
+    return {"em": mean("em"), "f1": mean("f1"), "searches": mean("searches"), "answer_rate": mean("answered"),
+            "n": n, "em_by_type": {t: _round(m["em"]) for t, m in result.get("per_type", {}).items()}}
 
 
 def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
@@ -442,15 +447,17 @@ def main(argv: list[str] | None = None) -> int:
         return aggregate(exp, root, steps, args.include_unfinished)
     sft, runs = plan(exp, Path(args.out), seeds=seeds, steps=steps, reduced=args.reduced, extra=args.extra,
                      arms=args.arms, conditions=args.conditions, cache=args.cache)
-    print(f"{exp['name']}: {len(sft)} warm start(s), {len(runs)} runs ({seeds} seeds x {len(runs) // seeds} "
-          f"arm-conditions), {steps} steps, {args.jobs} in parallel -> {root}", flush=True)
-    started = time.perf_counter()
+    total = len(runs)
     # Runs summarised under `results` (finished here or on another machine) need neither a run nor a warm start.
     done = [r for r in runs if committed(r, exp, steps, results, r.config_hash())]
-    for r in done:
-        print(f"[skip (summary)] {r.condition}/{r.arm} seed {r.seed} ({result_path(r, exp, results)})", flush=True)
     runs = [r for r in runs if r not in done]
     sft = {t: o for t, o in sft.items() if any(r.task == t for r in runs)}
+    print(f"{exp['name']}: {total} runs ({seeds} seeds x {total // seeds} arm-conditions), {steps} steps; "
+          f"{len(done)} already summarised under {results}; {len(runs)} to run after {len(sft)} warm start(s), "
+          f"{args.jobs} in parallel -> {root}", flush=True)
+    for r in done:
+        print(f"[skip (summary)] {r.condition}/{r.arm} seed {r.seed} ({result_path(r, exp, results)})", flush=True)
+    started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         # Tasks another runner is training right now go last, so this runner trains its own first.
         ok = dict(zip(sft, pool.map(lambda t: run_warmstart(exp, t, sft[t], Path(args.out), wait=False), sft)))

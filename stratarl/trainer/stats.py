@@ -26,18 +26,43 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
          2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
          2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 Z_975 = 1.959963984540054
+# t_{0.80, df} for df = 1..30 (one-sided 80% power), to 3 decimals: the same table's column 0.80.
+T_80 = (1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879,
+        0.876, 0.873, 0.870, 0.868, 0.866, 0.865, 0.863, 0.862, 0.861, 0.860,
+        0.859, 0.858, 0.858, 0.857, 0.856, 0.856, 0.855, 0.855, 0.854, 0.854)
+Z_80 = 0.8416212335729143
 
 
 def t_quantile_975(df: int) -> float:
     """t_{0.975, df}: table for df <= 30, else z + (z³+z)/(4df) + (5z⁵+16z³+3z)/(96df²) + (3z⁷+19z⁵+17z³−15z)/(384df³)
     (Cornish-Fisher expansion of the t quantile; Abramowitz & Stegun 26.7.5)."""
+    return _t_quantile(df, T_975, Z_975)
+
+
+def t_quantile_80(df: int) -> float:
+    """t_{0.80, df}: table for df <= 30, else the Cornish-Fisher expansion of :func:`t_quantile_975` at z_{0.80}."""
+    return _t_quantile(df, T_80, Z_80)
+
+
+def _t_quantile(df: int, table: Sequence[float], z: float) -> float:
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df <= len(T_975):
-        return T_975[df - 1]
-    z = Z_975
+    if df <= len(table):
+        return table[df - 1]
     return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
             + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+def detectable_difference(std: float | None, n: int) -> float | None:
+    """Smallest true mean difference a paired design of ``n`` pairs with difference spread ``std`` detects
+    with 80% power at two-sided 5%: (t_{0.975, n−1} + t_{0.80, n−1}) · std / √n (the standard
+    minimum-detectable-effect formula for a one-sample t-test on the differences, treating ``std`` as
+    known). None when it cannot be computed (n < 2 or no std)."""
+    if std is None or n < 2:
+        return None
+    if not math.isfinite(std) or std < 0:
+        raise ValueError(f"std must be finite and >= 0, got {std}")
+    return (t_quantile_975(n - 1) + t_quantile_80(n - 1)) * std / math.sqrt(n)
 
 
 @dataclass

@@ -59,4 +59,48 @@ def test_reduced_experiments_run_and_aggregate(tmp_path):
     rerun = subprocess.run([sys.executable, str(RUNNER), "sorl", "--reduced", "--out", str(tmp_path / "runs"),
                             "--cache", str(tmp_path / "kb")], capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert rerun.stdout.count("[skip]") == 3  # the warm start and both runs
+    # Both runs are summarised (under <out>/results with --reduced): neither they nor the warm start run again.
+    assert rerun.stdout.count("[skip (summary)]") == 2 and "0 to run after 0 warm start(s)" in rerun.stdout
+
+
+TABLES = RUNNER.parent / "tables.py"
+
+
+@pytest.mark.slow
+def test_lab_experiments_write_summaries_that_regenerate_the_tables(tmp_path):
+    """v2 (lab) experiments at --reduced sizes: each finished run writes its committed-style summary; the
+    tables regenerate from the summaries alone; a rerun elsewhere (another --out) skips every summarised run."""
+    common = ["--reduced", "--jobs", "1", "--cache", str(tmp_path / "kb"), "--results", str(tmp_path / "results")]
+    for name in ("lab_stratified", "lab_sorl"):
+        out = subprocess.run([sys.executable, str(RUNNER), name, "--out", str(tmp_path / "runs"), *common],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+    # Both experiments' multihop task is the same: one warm start, trained once.
+    assert sorted(p.parent.parent.name for p in (tmp_path / "runs" / "warmstart").glob("*/model/config.json")) == ["multihop"]
+    summaries = sorted((tmp_path / "results").glob("*/*/*.json"))
+    assert [p.relative_to(tmp_path / "results").as_posix() for p in summaries] == [
+        "lab_sorl/d4/grpo-s0.json", "lab_sorl/d4/so_grpo-s0.json",
+        "lab_stratified/multihop/grpo-s0.json", "lab_stratified/multihop/strat_a0.6-s0.json"]
+    run = json.loads(summaries[1].read_text())
+    assert run["arm"] == "so_grpo" and run["steps"] == 2 and len(run["per_step"]["reward/mean"]) == 2
+    assert len(run["config_hash"]) == 16 and not any(o.startswith("model.init_from") for o in run["overrides"])
+    assert set(run["eval"]) == {"before", "after"} and run["eval"]["after"]["n"] == 4
+    assert "sorl/c_norm" in run["binned"]["metrics"] and "sorl/engaged" in run["binned"]["metrics"]
+    assert summaries[1].stat().st_size < 20_000  # a summary is small enough to commit
+    # Tables from the summaries alone (the run folders deleted).
+    import shutil
+
+    shutil.rmtree(tmp_path / "runs")
+    tables = subprocess.run([sys.executable, str(TABLES), "lab_sorl", "--results", str(tmp_path / "results"),
+                             "--out", str(tmp_path / "docs")], capture_output=True, text=True, timeout=120)
+    assert tables.returncode == 0, tables.stdout + tables.stderr
+    md = (tmp_path / "docs" / "lab_sorl.md").read_text()
+    assert "## d4 (2 runs)" in md and "| so_grpo | em_after |" in md and (tmp_path / "docs" / "lab_sorl_d4.png").is_file()
+    data = json.loads((tmp_path / "docs" / "lab_sorl.json").read_text())
+    assert data[0]["paired"]["so_grpo"]["em_after"]["seeds"] == [0]
+    # A sweep continued in another place: every summarised run is skipped, no warm start is trained.
+    rerun = subprocess.run([sys.executable, str(RUNNER), "lab_stratified", "--out", str(tmp_path / "elsewhere"), *common],
+                           capture_output=True, text=True, timeout=120)
+    assert rerun.stdout.count("[skip (summary)]") == 2, rerun.stdout + rerun.stderr
+    assert "2 already summarised" in rerun.stdout and "0 to run after 0 warm start(s)" in rerun.stdout
+    assert not (tmp_path / "elsewhere" / "warmstart").exists()

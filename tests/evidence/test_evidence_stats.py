@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from stratarl.trainer.stats import CollapseRule, collapse_step, mean_ci, paired_difference, t_quantile_975
+from stratarl.trainer.stats import (
+    CollapseRule,
+    collapse_step,
+    detectable_difference,
+    mean_ci,
+    paired_difference,
+    t_quantile_80,
+    t_quantile_975,
+)
 
 
 @pytest.mark.parametrize("df, expected", [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (29, 2.045), (30, 2.042)])
@@ -116,3 +124,20 @@ def test_a_run_that_never_had_valid_actions_has_not_collapsed():
 def test_collapse_rejects_mismatched_lengths():
     with pytest.raises(ValueError, match="one entry per step"):
         collapse_step([1, 2], [0.1])
+
+
+@pytest.mark.parametrize("df, expected", [(1, 1.376), (4, 0.941), (30, 0.854), (40, 0.851), (60, 0.848), (120, 0.845)])
+def test_t_80_quantiles_match_published_values(df, expected):
+    # NIST table column 0.80 (rows 1, 4, 30 from the table; 40 / 60 / 120 through the expansion).
+    assert abs(t_quantile_80(df) - expected) < 1.5e-3
+
+
+def test_detectable_difference_by_hand():
+    # 5 pairs, differences with std 0.1: (t_.975,4 + t_.80,4) * 0.1 / sqrt 5 = (2.776 + 0.941) * 0.0447214
+    assert math.isclose(detectable_difference(0.1, 5), 3.717 * 0.1 / math.sqrt(5), rel_tol=1e-9)
+    # four times the pairs: a smaller detectable effect (by more than half, as the t quantiles shrink too)
+    assert detectable_difference(0.1, 20) < detectable_difference(0.1, 5) / 2
+    assert detectable_difference(0.0, 5) == 0.0
+    assert detectable_difference(None, 5) is None and detectable_difference(0.1, 1) is None
+    with pytest.raises(ValueError, match="std"):
+        detectable_difference(float("nan"), 5)
