@@ -330,7 +330,7 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
     return {"experiment": exp["name"], "condition": spec.condition, "arm": spec.arm, "seed": spec.seed,
             "task": spec.task, "steps": len(steps), "config_hash": config_hash,
             "overrides": [o for o in spec.overrides if not o.startswith(MACHINE_KEYS)],
-            "commit": _commit(), "train_seconds": _round(float(run_summary.get("train_seconds", 0.0))),
+            "commit": _run_commit(d), "train_seconds": _round(float(run_summary.get("train_seconds", 0.0))),
             "measured": time.strftime("%Y-%m-%d"), "per_step": per_step,
             "binned": {"bin_steps": BIN_STEPS, "metrics": binned}, "eval": evals}
 
@@ -343,6 +343,14 @@ def _commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
+
+
+def _run_commit(run_dir: Path) -> str | None:
+    """The commit a run started at (arm.json), else the current one."""
+    try:
+        return json.loads((run_dir / "arm.json").read_text()).get("commit") or _commit()
+    except (OSError, json.JSONDecodeError):
+        return _commit()
 
 
 def write_result(spec: RunSpec, exp: dict, results: Path, config_hash: str) -> None:
@@ -383,7 +391,7 @@ def run_one(spec: RunSpec, exp: dict, steps: int, results: Path | None = None) -
             cmd = [*STRATARL, "train", exp["base_path"], *spec.overrides, "--run-dir", str(d)]
         d.mkdir(parents=True, exist_ok=True)
         (d / "arm.json").write_text(json.dumps({"experiment": exp["name"], "condition": spec.condition, "arm": spec.arm,
-                                                "seed": spec.seed, "task": spec.task}) + "\n")
+                                                "seed": spec.seed, "task": spec.task, "commit": _commit()}) + "\n")
         rc = _call(cmd, d / "train.log")
         if rc != 0 or not finished(d, steps):
             return f"FAIL rc={rc}"
@@ -434,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, help="where finished runs write their summaries (default: "
                    "benchmarks/evidence/results, committed; with --reduced: <out>/results); a run whose summary "
                    "is there with the same config hash is not run again")
+    p.add_argument("--resummarize", action="store_true", help="rewrite the summaries of every finished run "
+                   "under --out from its run folder (e.g. after the summary format changed), then stop")
     p.add_argument("--aggregate-only", action="store_true", help="only aggregate the runs that exist")
     p.add_argument("--include-unfinished", action="store_true", help="aggregate runs still in progress too")
     args = p.parse_args(argv)
@@ -447,6 +457,12 @@ def main(argv: list[str] | None = None) -> int:
         return aggregate(exp, root, steps, args.include_unfinished)
     sft, runs = plan(exp, Path(args.out), seeds=seeds, steps=steps, reduced=args.reduced, extra=args.extra,
                      arms=args.arms, conditions=args.conditions, cache=args.cache)
+    if args.resummarize:
+        finished_here = [r for r in runs if finished(r.run_dir, steps)]
+        for r in finished_here:
+            write_result(r, exp, results, r.config_hash())
+        print(f"rewrote {len(finished_here)} of {len(runs)} summaries under {results / exp['name']}", flush=True)
+        return 0
     total = len(runs)
     # Runs summarised under `results` (finished here or on another machine) need neither a run nor a warm start.
     done = [r for r in runs if committed(r, exp, steps, results, r.config_hash())]
