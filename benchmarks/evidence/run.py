@@ -210,12 +210,14 @@ def run_warmstart(exp: dict, task: str, overrides: list[str], out: Path, *, wait
     folder = out / "warmstart" / task
     record = out / "warmstart" / f"{task}.json"
     cmd = [*STRATARL, "sft", exp["base_path"], *overrides, "trainer.num_threads=1", "--out", str(folder)]
-    wanted = {"base": exp["base_path"], "overrides": overrides}
+    # The base config by name (a sweep continued from another checkout trusts the same warm start).
+    wanted = {"base": Path(exp["base_path"]).name, "overrides": overrides}
     lock = out / "warmstart" / f"{task}.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     while True:
         if (folder / "model" / "config.json").is_file() and record.is_file():
-            if json.loads(record.read_text()) != wanted:
+            have = json.loads(record.read_text())
+            if {**have, "base": Path(have.get("base", "")).name} != wanted:
                 sys.exit(f"error: {folder} was trained with other settings ({record}); the runs of task {task!r} "
                          f"would not start from the warm start they ask for. Fix: delete {folder} and {record}, "
                          "or use another --out")
