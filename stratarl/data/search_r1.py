@@ -109,6 +109,26 @@ def _parse_metadata(value: Any) -> dict:
     return {} if value is None else {"raw_metadata": value}
 
 
+def _as_messages(value: Any, where: str) -> tuple[dict[str, str], ...] | None:
+    """The row's ``prompt`` as chat messages (a bare string is one user message), or None if absent."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [{"role": "user", "content": value}]
+    items = value.tolist() if hasattr(value, "tolist") else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise DatasetFormatError(f"{where}: field 'prompt' = {value!r}: expected a list of chat messages "
+                                 '[{"role": "user", "content": "..."}] or a string')
+    messages = []
+    for i, message in enumerate(items):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise DatasetFormatError(f"{where}: field 'prompt[{i}]' = {message!r}: expected "
+                                     '{"role": "...", "content": "<text>"}')
+        messages.append({"role": message["role"], "content": message["content"]})
+    return tuple(messages)
+
+
 def example_from_row(row: dict, *, row_index: int, origin: str, id_: str | None = None) -> Example:
     """One Search-R1 / veRL / SkyRL row as an Example.
 
@@ -130,15 +150,17 @@ def example_from_row(row: dict, *, row_index: int, origin: str, id_: str | None 
             f"{where}: no question: expected a 'question' column, extra_info.question, or a 'prompt' "
             f"with a user message (columns present: {sorted(row)})"
         )
+    # Search-R1's reward reads reward_model.ground_truth.target, so it comes first. Empty answers
+    # are kept: Search-R1 scores a prediction that normalises to "" against them (EM 1 for "the").
     answers = None
     for value in (
-        row.get("golden_answers"),
         _nested(row, "reward_model", "ground_truth"),
         _nested(row, "reward_spec", "ground_truth"),
+        row.get("golden_answers"),
         row.get("answers"),
         row.get("answer"),
     ):
-        answers = [a.strip() for a in _as_answers(value) or [] if a.strip()]
+        answers = [a.strip() for a in _as_answers(value) or []]
         if answers:
             break
     if not answers:
@@ -162,6 +184,7 @@ def example_from_row(row: dict, *, row_index: int, origin: str, id_: str | None 
         golden_answers=tuple(answers),
         data_source=source,
         metadata=metadata,
+        prompt=_as_messages(row.get("prompt"), where),
     )
 
 
@@ -326,7 +349,7 @@ def search_r1_row(example: Example, index: int, *, split: str | None = None) -> 
         "question": example.question,
         "golden_answers": list(example.golden_answers),
         "data_source": example.data_source,
-        "prompt": [{"role": "user", "content": build_prompt(example.question)}],
+        "prompt": list(example.prompt) if example.prompt else [{"role": "user", "content": build_prompt(example.question)}],
         "ability": "fact-reasoning",
         "reward_model": {"style": "rule", "ground_truth": {"target": list(example.golden_answers)}},
         "extra_info": {"split": split or str(example.metadata.get("split", "train")), "index": index},

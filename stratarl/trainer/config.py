@@ -156,13 +156,20 @@ class RolloutConfig:
     group_size: int = 5
     """Rollouts per prompt (G; Search-R1 GRPO: 5)."""
     max_turns: int = 4
-    """At most this many policy turns per rollout; no search runs in the last one."""
+    """Turns that may search, as Search-R1's `max_turns`: one final turn without search follows, so a rollout
+    has at most max_turns + 1 turns and max_turns searches (0: one turn, no search)."""
     max_tokens_per_turn: int = 500
     """Generation cap per turn (tokens)."""
     max_obs_tokens: int = 500
     """Observation (retrieved passages) cap per search (tokens; at least 16)."""
     max_total_tokens: int = 4096
     """Cap on prompt + response tokens; a rollout reaching it ends as truncated."""
+    stop_on_eos: bool = False
+    """A turn that ends with end-of-sequence and no action ends the rollout (true), or gets the invalid-action
+    feedback and the loop goes on (false, Search-R1)."""
+    rebuild_prompt: bool = False
+    """Build every prompt from the question with `prompt_template`, ignoring a data file's own `prompt` column
+    (false: a row's own prompt is what the policy sees, as in Search-R1; rows without one are templated)."""
     temperature: float = 1.0
     """Sampling temperature for training rollouts (eval is greedy)."""
     top_p: float = 1.0
@@ -177,8 +184,9 @@ class RolloutConfig:
     def validate(self, p: str) -> None:
         if self.group_size < 1:
             _fail(f"{p}.group_size", self.group_size, "a group needs at least one rollout", "use 5 (Search-R1) or 2-8")
-        if self.max_turns < 1:
-            _fail(f"{p}.max_turns", self.max_turns, "at least one turn is needed", "use 4 (Search-R1)")
+        if self.max_turns < 0:
+            _fail(f"{p}.max_turns", self.max_turns, "counts the turns that may search, so it cannot be negative",
+                  "use 4 (Search-R1's default: 4 search turns + 1 final answer turn), or 0 for a single turn")
         for key in ("max_tokens_per_turn", "max_total_tokens"):
             if getattr(self, key) < 1:
                 _fail(f"{p}.{key}", getattr(self, key), "must be positive", "use e.g. 500")

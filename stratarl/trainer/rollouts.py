@@ -49,7 +49,7 @@ def engine_config(cfg: Config, *, greedy: bool):
     r = cfg.rollout
     return RolloutConfig(max_turns=r.max_turns, max_tokens_per_turn=r.max_tokens_per_turn, max_obs_tokens=r.max_obs_tokens,
                          max_total_tokens=r.max_total_tokens, topk=cfg.retrieval.topk, temperature=r.temperature,
-                         top_p=r.top_p, greedy=greedy)
+                         top_p=r.top_p, greedy=greedy, stop_on_eos=r.stop_on_eos)
 
 
 def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
@@ -84,15 +84,23 @@ def reward_function(name: str):
 
 
 def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = None,
-                   template: str = "search_r1") -> list[list[int]]:
-    from stratarl.rollout.prompt import encode_prompt
+                   template: str = "search_r1", rebuild: bool = False) -> list[list[int]]:
+    """Prompt ids per example: the example's own prompt (a data file's `prompt` column) when it has
+    one and ``rebuild`` is off, else ``template`` around the question."""
+    from stratarl.rollout.prompt import encode_messages, encode_prompt
 
     out = []
     for e in examples:
         if cache is not None and e.id in cache:
             out.append(cache[e.id])
             continue
-        ids = encode_prompt(tokenizer, e.question, template)
+        if e.prompt and not rebuild:
+            try:
+                ids = encode_messages(tokenizer, e.prompt)
+            except ValueError as error:
+                raise ValueError(f"example {e.id!r}: {error}") from None
+        else:
+            ids = encode_prompt(tokenizer, e.question, template)
         if cache is not None:
             cache[e.id] = ids
         out.append(ids)
@@ -105,7 +113,7 @@ def collect(generator, retriever: TimedRetriever, tokenizer, examples: Sequence[
     from stratarl.rewards import exact_match
     from stratarl.rollout.engine import RolloutEngine
 
-    prompts = encode_prompts(tokenizer, examples, prompt_cache, cfg.rollout.prompt_template)
+    prompts = encode_prompts(tokenizer, examples, prompt_cache, cfg.rollout.prompt_template, cfg.rollout.rebuild_prompt)
     flat_prompts = [p for p in prompts for _ in range(group_size)]
     flat_examples = [e for e in examples for _ in range(group_size)]
     group_ids = [i for i in range(len(examples)) for _ in range(group_size)]
