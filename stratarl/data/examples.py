@@ -1,4 +1,4 @@
-"""The one question type every loader produces and the trainer consumes."""
+"""The one question type every loader produces and the trainer consumes, and the loaders' one error type."""
 
 from __future__ import annotations
 
@@ -24,3 +24,7 @@ class Example:
     data_source: str = "unknown"
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     prompt: tuple[dict[str, str], ...] | None = field(default=None, compare=False, hash=False)
+
+
+class DatasetFormatError(ValueError):
+    """A question file is unreadable or a row lacks a field; the message names file, row and field."""

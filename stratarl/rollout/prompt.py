@@ -44,8 +44,22 @@ def normalize_question(question: str) -> str:
     return question if question.endswith("?") else question + "?"
 
 
-def build_prompt(question: str, template: str = SEARCH_R1_TEMPLATE) -> str:
-    """The user message: ``template`` with the normalised question filled in."""
+def render_options(options: dict[str, str]) -> str:
+    """``A. text`` one line per option, in letter order."""
+    return "\n".join(f"{letter}. {options[letter]}" for letter in sorted(options))
+
+
+def build_prompt(question: str, template: str = SEARCH_R1_TEMPLATE, options: dict[str, str] | None = None) -> str:
+    """The user message: ``template`` with the normalised question filled in.
+
+    With multiple-choice ``options`` (letter -> text) the question is the stem, stripped, then the
+    options one per line (``A. text``); no "?" is appended (stems often end in ":").
+    """
+    if options:
+        stem = question.strip() if isinstance(question, str) else ""
+        if not stem:
+            raise ValueError(f"question is empty: every example needs a non-empty question text, got {question!r}")
+        return template.format(question=f"{stem}\n{render_options(options)}")
     return template.format(question=normalize_question(question))
 
 
@@ -73,6 +87,8 @@ def encode_messages(tokenizer, messages) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def encode_prompt(tokenizer, question: str, template: str = SEARCH_R1_TEMPLATE) -> list[int]:
-    """Token ids of the templated question as one user message (see ``encode_messages``)."""
-    return encode_messages(tokenizer, [{"role": "user", "content": build_prompt(question, resolve_template(template))}])
+def encode_prompt(tokenizer, question: str, template: str = SEARCH_R1_TEMPLATE,
+                  options: dict[str, str] | None = None) -> list[int]:
+    """Token ids of the templated question (with its options, if any) as one user message (see ``encode_messages``)."""
+    content = build_prompt(question, resolve_template(template), options)
+    return encode_messages(tokenizer, [{"role": "user", "content": content}])

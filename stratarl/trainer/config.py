@@ -251,7 +251,9 @@ class AlgoConfig:
     old_logprobs: str = "recompute"
     """Behaviour log-probs: `recompute` (a trainer forward pass, as veRL) or `rollout` (the sampler's own; saves a forward pass)."""
     reward: str = "em"
-    """Outcome reward: em (Search-R1), subem, f1, or `package.module:function` taking (response_text, golds)."""
+    """Outcome reward: em (Search-R1), subem, f1, multiple_choice, or `package.module:function` taking
+    (response_text, golds). Multiple-choice data sources (medqa, medmcqa, synthetic_mc) always use
+    multiple_choice (the letter or the option text), as Search-R1 picks its scorer by data_source."""
 
     def validate(self, p: str) -> None:
         if self.name not in ALGORITHMS:
@@ -280,8 +282,9 @@ class AlgoConfig:
             _fail(f"{p}.kl_estimator", self.kl_estimator, "unknown estimator", "use k1, k2 or k3")
         if self.old_logprobs not in ("recompute", "rollout"):
             _fail(f"{p}.old_logprobs", self.old_logprobs, "unknown choice", "use recompute or rollout")
-        if self.reward not in ("em", "subem", "f1") and ":" not in self.reward:
-            _fail(f"{p}.reward", self.reward, "unknown reward", "use em, subem, f1 or `package.module:function`")
+        if self.reward not in ("em", "subem", "f1", "multiple_choice") and ":" not in self.reward:
+            _fail(f"{p}.reward", self.reward, "unknown reward",
+                  "use em, subem, f1, multiple_choice or `package.module:function`")
         if self.epsilon < 0:
             _fail(f"{p}.epsilon", self.epsilon, "must be >= 0", "use 1e-6")
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):

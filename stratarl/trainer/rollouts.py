@@ -100,7 +100,7 @@ def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = 
             except ValueError as error:
                 raise ValueError(f"example {e.id!r}: {error}") from None
         else:
-            ids = encode_prompt(tokenizer, e.question, template)
+            ids = encode_prompt(tokenizer, e.question, template, e.metadata.get("options"))
         if cache is not None:
             cache[e.id] = ids
         out.append(ids)
@@ -110,7 +110,7 @@ def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = 
 def collect(generator, retriever: TimedRetriever, tokenizer, examples: Sequence[Example], cfg: Config, *,
             group_size: int, greedy: bool = False, prompt_cache: dict | None = None) -> CollectedBatch:
     """G rollouts per example (consecutive), scored with the run's reward and stratified."""
-    from stratarl.rewards import exact_match
+    from stratarl.rewards import answer_match, reward_for_source
     from stratarl.rollout.engine import RolloutEngine
 
     prompts = encode_prompts(tokenizer, examples, prompt_cache, cfg.rollout.prompt_template, cfg.rollout.rebuild_prompt)
@@ -127,8 +127,8 @@ def collect(generator, retriever: TimedRetriever, tokenizer, examples: Sequence[
     rewards, em = [], []
     for r, e in zip(rollouts, flat_examples):
         prediction = r.answer if r.answered else None
-        rewards.append(float(reward_fn(r.response_text, e.golden_answers)))
-        em.append(float(prediction is not None and exact_match(prediction, e.golden_answers)))
+        rewards.append(float(reward_for_source(e.data_source, reward_fn)(r.response_text, e.golden_answers)))
+        em.append(float(prediction is not None and answer_match(e.data_source, prediction, e.golden_answers)))
     strata_fn = stratum_function(cfg.algo.stratum_key, cfg.algo.stratum_cap)
     strata = [int(strata_fn(r)) for r in rollouts]
     return CollectedBatch(rollouts, flat_examples, group_ids, rewards, em, strata, total - retrieval_s, retrieval_s)
