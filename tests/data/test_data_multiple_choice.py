@@ -7,13 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stratarl.data import DatasetFormatError, load_examples
+from stratarl.data import DatasetFormatError, load_examples, write_examples
 from stratarl.rewards import answer_match, em_reward, get_reward, reward_for_source
 from stratarl.rollout.prompt import build_prompt
 
@@ -117,6 +118,25 @@ class TestMedMCQA:
         rows = [{**MEDMCQA_RELEASE_ROWS[1], "opc": ""}]
         with pytest.raises(DatasetFormatError, match=r"row 0: field 'opc'"):
             load_examples(_jsonl(tmp_path / "q.jsonl", rows))
+
+
+def test_hub_names_load_through_datasets(monkeypatch):
+    # The hub path is datasets.load_dataset(name, split=split); a stand-in module records the call (no network).
+    calls = []
+    fake = types.ModuleType("datasets")
+    fake.load_dataset = lambda name, split: calls.append((name, split)) or _hub_rows()
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    examples = load_examples("openlifescienceai/medmcqa", split="validation")
+    assert calls == [("openlifescienceai/medmcqa", "validation")]
+    assert [e.golden_answers for e in examples] == [("A", "Leukemoid reaction"), ("D", "Ethosuximide")]
+
+
+def test_written_as_search_r1_rows_and_read_back(tmp_path):
+    examples = load_examples(_jsonl(tmp_path / "q.jsonl", MEDQA_ROWS))
+    again = load_examples(write_examples(examples, tmp_path / "medqa_search_r1.parquet"))
+    assert [(e.data_source, e.golden_answers) for e in again] == [(e.data_source, e.golden_answers) for e in examples]
+    # The written prompt lists the options, and is what the policy sees when the file is read back.
+    assert again[0].prompt[0]["content"] == build_prompt(examples[0].question, options=examples[0].metadata["options"])
 
 
 class TestRewardBySource:
