@@ -228,9 +228,10 @@ class RolloutEngine:
         action = parse_action(self.tokenizer.decode(ids, skip_special_tokens=False))
         eos = generation.finish_reason == "eos"
         stops = self.config.stop_on_eos or last_turn
-        if eos and action.kind != "answer" and not stops and ids:
+        if eos and action.kind != "answer" and not stops and len(ids) > 1:
             # The loop goes on after this turn: drop its final EOS token, as Search-R1's decode with
-            # skip_special_tokens=True does, so the next turn never reads an end-of-sequence.
+            # skip_special_tokens=True does, so the next turn never reads an end-of-sequence. A turn
+            # that is EOS alone keeps it: every turn holds at least one policy token.
             ids, logprobs = ids[:-1], logprobs[:-1]
         start, end = rollout._append(ids, 1, logprobs)
         rollout.turns.append(Turn(start, end, action, generation.finish_reason))

@@ -101,6 +101,14 @@ class TestProtocol:
         assert decode(tok, rollout.response_ids[slice(*first.observation_span)]) == INVALID_ACTION_OBSERVATION
         assert tok.eos_token_id not in generator.calls[1]["inputs"][0]
 
+    def test_a_turn_of_eos_alone_keeps_its_token(self, smollm2_tokenizer):
+        # Dropping it would leave an empty policy turn and merge two observations into one run of the mask.
+        tok = smollm2_tokenizer
+        (rollout,), _ = run(tok, {P1: ["<EOS>", "<answer>x</answer>"]})
+        check_invariants(rollout, tok)
+        first = rollout.turns[0]
+        assert rollout.response_ids[first.start:first.end] == [tok.eos_token_id] and rollout.answer == "x"
+
     def test_eos_without_action_ends_the_rollout_with_stop_on_eos(self, smollm2_tokenizer):
         (rollout,), _ = run(smollm2_tokenizer, {P1: ["just text<EOS>", "<answer>x</answer>"]}, stop_on_eos=True)
         check_invariants(rollout, smollm2_tokenizer)
