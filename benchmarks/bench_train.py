@@ -112,7 +112,7 @@ def loop_bench(config: str, steps: int, overrides: list[str]) -> dict:
 
 def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, lr: float = 1e-6) -> dict:
     """Single-turn GRPO, same model / prompts / group size / max new tokens / one update per batch,
-    in TRL's GRPOTrainer and in stratarl's loop (max_turns 1, all weights trainable, no KL).
+    in TRL's GRPOTrainer and in stratarl's loop (max_turns 0: one turn, all weights trainable, no KL).
     Step time = mean wall time of steps 2..N (the first warms up)."""
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -148,7 +148,7 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
 
     def ours() -> dict:
         return loop_bench(str(REPO / "configs" / "demo.yaml"), steps,
-                          ["algo.name=grpo", "rollout.max_turns=1", f"rollout.max_tokens_per_turn={max_tokens}",
+                          ["algo.name=grpo", "rollout.max_turns=0", f"rollout.max_tokens_per_turn={max_tokens}",
                            f"rollout.group_size={group_size}", f"trainer.prompts_per_step={prompts}", "trainer.epochs=1",
                            "trainer.mini_batches=1", "algo.kl_coef=0", "model.trainable_layers=0", f"optim.lr={lr}",
                            # One update per batch: pi_old is the sampler's own log-probs, as TRL's

@@ -56,7 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", action="store_true", help="sample at temperature 1.0 instead of greedy")
     parser.add_argument("--group-size", type=int, default=1, help="rollouts per question")
-    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--max-turns", type=int, default=2, help="turns that may search; one final turn follows")
     parser.add_argument("--max-tokens-per-turn", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (1 on a busy shared CPU)")
     parser.add_argument("--seed", type=int, default=0)

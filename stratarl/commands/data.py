@@ -30,6 +30,9 @@ def register(subparsers) -> None:
                        help="keep all question families, only those with a small answer set, or none of them")
     synth.add_argument("--hop-mix", default="0.4,0.4,0.2",
                        help="weights of single-hop, 2-hop and 3-hop questions (default 0.4,0.4,0.2)")
+    synth.add_argument("--multiple-choice", type=int, default=0, metavar="N",
+                       help="make every question an N-option multiple-choice question (wrong options of the same "
+                            "type; data source synthetic_mc); 0 (default): open answers")
     synth.add_argument("--check-retrieval", action="store_true",
                        help="also build a BM25 index and record each hop's top-1/top-3 recall in stats.json")
     synth.set_defaults(func=_synth)
@@ -69,6 +72,7 @@ def _synth(args: argparse.Namespace) -> int:
         kb = generate_knowledge_base(
             seed=args.seed, size=args.size, num_train=args.num_train, num_test=args.num_test,
             num_countries=args.num_countries, guessable=args.guessable, hop_mix=hop_mix,
+            multiple_choice=args.multiple_choice,
         )
         generated = time.perf_counter() - start
     except ValueError as error:

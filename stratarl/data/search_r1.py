@@ -27,15 +27,12 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from stratarl.data.examples import Example
+from stratarl.data.examples import DatasetFormatError, Example
+from stratarl.data.multiple_choice import medmcqa_cop_base, medmcqa_example, medqa_example, row_kind
 
 VERL_PREFIX = "searchR1_"
 _FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
 _QUESTION_MARKER = "Question:"
-
-
-class DatasetFormatError(ValueError):
-    """A question file is unreadable or a row lacks a field; the message names file, row and field."""
 
 
 def extract_question(prompt: str | Sequence[dict]) -> str:
@@ -109,15 +106,42 @@ def _parse_metadata(value: Any) -> dict:
     return {} if value is None else {"raw_metadata": value}
 
 
-def example_from_row(row: dict, *, row_index: int, origin: str, id_: str | None = None) -> Example:
-    """One Search-R1 / veRL / SkyRL row as an Example.
+def _as_messages(value: Any, where: str) -> tuple[dict[str, str], ...] | None:
+    """The row's ``prompt`` as chat messages (a bare string is one user message), or None if absent."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [{"role": "user", "content": value}]
+    items = value.tolist() if hasattr(value, "tolist") else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise DatasetFormatError(f"{where}: field 'prompt' = {value!r}: expected a list of chat messages "
+                                 '[{"role": "user", "content": "..."}] or a string')
+    messages = []
+    for i, message in enumerate(items):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise DatasetFormatError(f"{where}: field 'prompt[{i}]' = {message!r}: expected "
+                                     '{"role": "...", "content": "<text>"}')
+        messages.append({"role": message["role"], "content": message["content"]})
+    return tuple(messages)
+
+
+def example_from_row(row: dict, *, row_index: int, origin: str, id_: str | None = None,
+                     cop_base: int = 0) -> Example:
+    """One Search-R1 / veRL / SkyRL / MedQA / MedMCQA row as an Example.
 
     ``origin`` (the file name) and ``row_index`` (0-based) go into error messages.
     ``id_`` overrides the id (the loader passes the file's id when it is unique).
+    ``cop_base`` is the first value of MedMCQA's ``cop`` in this file (``medmcqa_cop_base``).
     """
     where = f"{origin}: row {row_index}"
     if not isinstance(row, dict):
         raise DatasetFormatError(f"{where}: expected an object with fields, got {type(row).__name__}")
+    kind = row_kind(row)
+    if kind == "medqa":
+        return medqa_example(row, row_index=row_index, origin=origin, id_=id_)
+    if kind == "medmcqa":
+        return medmcqa_example(row, row_index=row_index, origin=origin, id_=id_, cop_base=cop_base)
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
     question = row.get("question") or extra.get("question")
     if not question and row.get("prompt") is not None:
@@ -130,15 +154,17 @@ def example_from_row(row: dict, *, row_index: int, origin: str, id_: str | None 
             f"{where}: no question: expected a 'question' column, extra_info.question, or a 'prompt' "
             f"with a user message (columns present: {sorted(row)})"
         )
+    # Search-R1's reward reads reward_model.ground_truth.target, so it comes first. Empty answers
+    # are kept: Search-R1 scores a prediction that normalises to "" against them (EM 1 for "the").
     answers = None
     for value in (
-        row.get("golden_answers"),
         _nested(row, "reward_model", "ground_truth"),
         _nested(row, "reward_spec", "ground_truth"),
+        row.get("golden_answers"),
         row.get("answers"),
         row.get("answer"),
     ):
-        answers = [a.strip() for a in _as_answers(value) or [] if a.strip()]
+        answers = [a.strip() for a in _as_answers(value) or []]
         if answers:
             break
     if not answers:
@@ -162,6 +188,7 @@ def example_from_row(row: dict, *, row_index: int, origin: str, id_: str | None 
         golden_answers=tuple(answers),
         data_source=source,
         metadata=metadata,
+        prompt=_as_messages(row.get("prompt"), where),
     )
 
 
@@ -175,8 +202,10 @@ def examples_from_rows(rows: Sequence[dict], *, origin: str) -> list[Example]:
             "multi-source files); using '<data_source>-<row>' ids instead",
             stacklevel=3,
         )
+    cop_base = medmcqa_cop_base(rows, origin) if any(row_kind(row) == "medmcqa" for row in rows) else 0
     return [
-        example_from_row(row, row_index=i, origin=origin, id_=str(file_ids[i]) if use_file_ids else None)
+        example_from_row(row, row_index=i, origin=origin, id_=str(file_ids[i]) if use_file_ids else None,
+                         cop_base=cop_base)
         for i, row in enumerate(rows)
     ]
 
@@ -198,9 +227,12 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def _read_json(path: Path) -> list[dict]:
+    text = path.read_text(encoding="utf-8")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text)
     except json.JSONDecodeError as error:
+        if error.msg == "Extra data" and text.lstrip().startswith("{"):
+            return _read_jsonl(path)  # one object a line under a .json name (MedMCQA's own release)
         raise DatasetFormatError(
             f"{path}: not valid JSON ({error.msg} at line {error.lineno}); a file with one object per "
             "line should be named .jsonl"
@@ -321,12 +353,13 @@ def search_r1_row(example: Example, index: int, *, split: str | None = None) -> 
     from stratarl.rollout.prompt import build_prompt  # lazy: the rollout package imports torch
 
     metadata = {k: v for k, v in example.metadata.items() if k not in ("format", "row", "split", "index", "raw_data_source")}
+    prompt = example.prompt or [{"role": "user", "content": build_prompt(example.question, options=example.metadata.get("options"))}]
     return {
         "id": example.id,
         "question": example.question,
         "golden_answers": list(example.golden_answers),
         "data_source": example.data_source,
-        "prompt": [{"role": "user", "content": build_prompt(example.question)}],
+        "prompt": list(prompt),
         "ability": "fact-reasoning",
         "reward_model": {"style": "rule", "ground_truth": {"target": list(example.golden_answers)}},
         "extra_info": {"split": split or str(example.metadata.get("split", "train")), "index": index},

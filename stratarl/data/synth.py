@@ -16,12 +16,18 @@ families whose answer comes from a small set (a country among ``num_countries``,
 an occupation among ``len(OCCUPATIONS)``): those let experiments measure how
 often guessing without search pays.
 
-Everything is drawn from one ``random.Random(seed)``: the same arguments give the
-same corpus and questions, byte for byte.
+With ``multiple_choice=N`` every question becomes an N-option multiple-choice question (data source
+``synthetic_mc``): the gold answer among N - 1 wrong options of the same type (cities for a birthplace,
+people for a founder, ...), so the options reveal nothing and the right one is found only by searching.
+
+Everything is drawn from one ``random.Random(seed)`` (the options from a second one, so a world with and
+without options has the same corpus and questions): the same arguments give the same corpus and
+questions, byte for byte.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from stratarl.data.examples import Example
+from stratarl.data.multiple_choice import LETTERS
 from stratarl.retrieval.base import Passage
 
 # Bumped whenever the same arguments would generate a different world, so caches
@@ -461,6 +468,48 @@ def make_question(world: World, family: str, subject: int, *, example_id: str, s
     )
 
 
+# The kind of entity each relation's answer names: the pool a multiple-choice question's wrong options come from.
+ANSWER_KINDS = {"birthplace": "city", "headquarters": "city", "employer": "org", "publisher": "org",
+                "founder": "person", "creator": "person", "country": "country", "occupation": "occupation"}
+
+
+def _answer_pools(world: World) -> dict[str, list[str]]:
+    return {"city": world.city_names, "org": world.org_names, "person": world.person_names,
+            "country": world.countries, "occupation": list(OCCUPATIONS)}
+
+
+def with_options(example: Example, pools: dict[str, list[str]], rng: random.Random, num_options: int) -> Example:
+    """``example`` as a multiple-choice question: its answer among ``num_options - 1`` distinct wrong
+    answers of the same kind, in random order; golds = (letter, answer text)."""
+    answer = example.golden_answers[0]
+    pool = pools[ANSWER_KINDS[FAMILIES[example.metadata["family"]].relations[-1]]]
+    wrong: list[str] = []
+    while len(wrong) < num_options - 1:
+        candidate = pool[rng.randrange(len(pool))]
+        if candidate != answer and candidate not in wrong:
+            wrong.append(candidate)
+    texts = [answer, *wrong]
+    rng.shuffle(texts)
+    options = dict(zip(LETTERS, texts))
+    letter = LETTERS[texts.index(answer)]
+    metadata = {**example.metadata, "options": options, "answer_letter": letter}
+    return dataclasses.replace(example, golden_answers=(letter, answer), metadata=metadata)
+
+
+def _add_options(world: World, questions: dict[str, list[Example]], seed: int, num_options: int) -> dict[str, list[Example]]:
+    if not 2 <= num_options <= len(LETTERS):
+        raise ValueError(f"multiple_choice={num_options}: a multiple-choice question needs 2 to {len(LETTERS)} options "
+                         "(0 turns options off)")
+    pools = _answer_pools(world)
+    used = {ANSWER_KINDS[FAMILIES[e.metadata["family"]].relations[-1]] for es in questions.values() for e in es}
+    for kind in sorted(used):
+        if len(set(pools[kind])) < num_options:
+            raise ValueError(f"multiple_choice={num_options}: only {len(set(pools[kind]))} distinct {kind} names to "
+                             f"draw options from; use fewer options or a larger world (num_countries for countries)")
+    rng = random.Random(f"{seed}:multiple_choice")
+    return {split: [with_options(e, pools, rng, num_options) for e in es] for split, es in questions.items()}
+
+
 def _families(guessable: str) -> dict[str, list[str]]:
     if guessable not in ("any", "only", "none"):
         raise ValueError(f"guessable must be 'any', 'only' or 'none', got {guessable!r}")
@@ -515,8 +564,9 @@ def generate_knowledge_base(
     num_test: int | None = None,
     hop_mix: tuple[float, float, float] = (0.4, 0.4, 0.2),
     guessable: str = "any",
-    data_source: str = "synthkb",
+    data_source: str | None = None,
     name_pool: int | None = None,
+    multiple_choice: int = 0,
 ) -> SyntheticKB:
     """Generate a fictional world, its corpus and train/test questions.
 
@@ -529,7 +579,10 @@ def generate_knowledge_base(
     every name from the shared pool ``name_pool_words(name_pool)``: worlds of different
     seeds then share one vocabulary but no facts, so a model warm-started on some worlds
     meets no unknown word in another and can only answer by reading (docs/lab.md).
+    ``multiple_choice`` (0: off) makes every question an N-option multiple-choice question
+    (see the module docstring); ``data_source`` defaults to "synthkb", or "synthetic_mc" with options.
     """
+    data_source = data_source or ("synthetic_mc" if multiple_choice else "synthkb")
     if num_countries < 2:
         raise ValueError(f"num_countries must be >= 2, got {num_countries}")
     total = _sizes(size)
@@ -556,10 +609,13 @@ def generate_knowledge_base(
                               data_source=data_source) for i, (family, subject) in enumerate(chosen)]
         for split, chosen in splits.items()
     }
+    if multiple_choice:
+        questions = _add_options(world, questions, seed, multiple_choice)
     config = {
         "version": SYNTH_VERSION, "seed": seed, "size": size, **counts, "num_countries": num_countries,
         "num_train": num_train, "num_test": num_test, "hop_mix": list(hop_mix), "guessable": guessable,
         "data_source": data_source, **({"name_pool": name_pool} if name_pool is not None else {}),
+        **({"multiple_choice": multiple_choice} if multiple_choice else {}),
     }
     kinds = Counter(kind for kind, _ in world.passage_of)
     stats = {
@@ -604,7 +660,8 @@ def _synth_command(config: dict) -> str:
     c = config
     return (f"stratarl data synth --out DIR --seed {c['seed']} --size {c['size']} --num-train {c['num_train']} "
             f"--num-test {c['num_test']} --num-countries {c['num_countries']} --guessable {c['guessable']} "
-            f"--hop-mix {','.join(f'{w:g}' for w in c['hop_mix'])}")
+            f"--hop-mix {','.join(f'{w:g}' for w in c['hop_mix'])}"
+            + (f" --multiple-choice {c['multiple_choice']}" if c.get("multiple_choice") else ""))
 
 
 def _readme(kb: SyntheticKB) -> str:

@@ -45,7 +45,7 @@ from stratarl.rollout.parsing import (
     TRUNCATION_MARKER,
     information_observation,
 )
-from stratarl.rollout.prompt import PROMPT_TEMPLATES, normalize_question
+from stratarl.rollout.prompt import PROMPT_TEMPLATES, normalize_question, render_options
 
 PAD_TOKEN = "[PAD]"
 UNK_TOKEN = "[UNK]"
@@ -233,8 +233,8 @@ def protocol_texts() -> list[str]:
 
 def task_texts(passages: Iterable[Passage], examples: Iterable[Example]) -> Iterable[str]:
     """The texts a rollout over this corpus and these questions can show: passage
-    contents, normalised questions, gold answers, and the query and answer of every
-    hop in ``metadata["hops"]``."""
+    contents, normalised questions, gold answers, multiple-choice options as the prompt
+    lists them, and the query and answer of every hop in ``metadata["hops"]``."""
     # A passage's "Doc i(Title: ...)" rendering has the same pieces up to leading spaces,
     # and every word enters the vocabulary in both spellings.
     for passage in passages:
@@ -242,6 +242,8 @@ def task_texts(passages: Iterable[Passage], examples: Iterable[Example]) -> Iter
     for example in examples:
         yield normalize_question(example.question)
         yield from example.golden_answers
+        if example.metadata.get("options"):
+            yield render_options(example.metadata["options"])
         for hop in example.metadata.get("hops") or ():
             yield str(hop.get("query", ""))
             yield str(hop.get("answer", ""))

@@ -30,6 +30,24 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 
+# Rewards chosen by an example's data_source, as Search-R1's _select_rm_score_fn chooses its scorer by
+# data_source: multiple-choice sources are scored by letter or option text whatever the run's reward is.
+MULTIPLE_CHOICE_SOURCES = ("medqa", "medmcqa", "synthetic_mc")
+SOURCE_REWARDS: dict[str, RewardFn] = {source: multiple_choice_reward for source in MULTIPLE_CHOICE_SOURCES}
+
+
+def reward_for_source(data_source: str, default: RewardFn) -> RewardFn:
+    """The reward of ``data_source`` (``SOURCE_REWARDS``), else ``default`` (the run's ``algo.reward``)."""
+    return SOURCE_REWARDS.get(data_source, default)
+
+
+def answer_match(data_source: str, prediction: str, golds) -> float:
+    """1.0 if an extracted answer is right: the multiple-choice match for multiple-choice sources, else EM."""
+    if data_source in SOURCE_REWARDS:
+        return multiple_choice_match(prediction, golds)
+    return exact_match(prediction, golds)
+
+
 def get_reward(name: str) -> RewardFn:
     """The built-in reward called ``name``; unknown names list the valid ones."""
     try:
@@ -39,7 +57,10 @@ def get_reward(name: str) -> RewardFn:
 
 
 __all__ = [
+    "MULTIPLE_CHOICE_SOURCES",
     "REWARDS",
+    "SOURCE_REWARDS",
+    "answer_match",
     "RewardFn",
     "em_reward",
     "exact_match",
@@ -53,6 +74,7 @@ __all__ = [
     "multiple_choice_match",
     "multiple_choice_reward",
     "normalize_answer",
+    "reward_for_source",
     "sub_exact_match",
     "subem_reward",
 ]

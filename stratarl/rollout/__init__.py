@@ -15,7 +15,7 @@ _EXPORTS = {
     "KVCacheGenerator": "generation", "SamplingParams": "generation", "StopMatcher": "generation",
     "INVALID_ACTION_OBSERVATION": "parsing", "STOP_STRINGS": "parsing", "Action": "parsing",
     "format_documents": "parsing", "information_observation": "parsing", "parse_action": "parsing",
-    "SEARCH_R1_TEMPLATE": "prompt", "build_prompt": "prompt", "encode_prompt": "prompt",
+    "SEARCH_R1_TEMPLATE": "prompt", "build_prompt": "prompt", "encode_messages": "prompt", "encode_prompt": "prompt",
     "normalize_question": "prompt",
     "render_mask": "transcript", "rollout_metrics": "transcript", "transcript": "transcript",
     "transcript_text": "transcript",

@@ -6,11 +6,16 @@ never decoded and re-tokenized; a generator with ``supports_cache_keys`` keeps e
 rollout's KV between turns, so a turn reads only the new observation). The turn's text is then parsed (``parse_action``):
 
     GENERATE --answer-------------------------------> DONE (answered)
-    GENERATE --EOS, no action-----------------------> DONE (no answer)
     GENERATE --search, not last turn----------------> SEARCH --observation--> GENERATE
     GENERATE --invalid, not last turn---------------> GENERATE (invalid-action feedback appended)
+    GENERATE --EOS, no action, not last turn--------> GENERATE (the EOS token dropped, feedback appended),
+                                                      or DONE (no answer) with ``stop_on_eos``
     GENERATE --search or invalid in the last turn---> DONE (hit_max_turns; no search, no feedback)
+    GENERATE --EOS, no action, last turn------------> DONE (no answer)
     any state --total token budget spent------------> DONE (truncated)
+
+Turns follow Search-R1's ``run_llm_loop`` (search_r1/llm_agent/generation.py): ``max_turns``
+turns that may search, then one final turn in which no search runs.
 
 Observations are tokenized once and appended with response_mask 0 and log-prob 0.
 A retriever that raises becomes an observation that says so (``tool_errors``).
@@ -43,16 +48,22 @@ EndReason = Literal["answer", "eos", "max_turns", "max_length"]
 class RolloutConfig:
     """Budgets and sampling of a rollout (Search-R1 defaults).
 
-    max_turns: generation turns per rollout; the last one runs no search.
+    max_turns: turns that may search (Search-R1's ``max_turns``); one final turn
+        without search follows, so a rollout has at most ``max_turns + 1`` turns and
+        ``max_turns`` searches. 0 gives a single turn that cannot search.
     max_tokens_per_turn: tokens the policy may write in one turn.
     max_obs_tokens: cap on one observation's tokens; longer ones are cut and end
         with ``TRUNCATION_MARKER`` + ``</information>`` so the cut is visible.
     max_total_tokens: cap on prompt + response tokens; a rollout that reaches it ends
         with ``truncated=True``.
-    topk: passages per search.
+    topk: passages asked of the retriever per search; every passage it returns is shown.
     temperature, top_p, greedy: sampling (see ``SamplingParams``).
     eos_after_answer: append EOS (mask 1, with its log-prob) after ``</answer>`` so
         the policy learns to stop.
+    stop_on_eos: a turn that ends with end-of-sequence and no action ends the rollout
+        (True), or is an invalid action (False, Search-R1): its EOS token is dropped (Search-R1
+        decodes turns with ``skip_special_tokens=True``), the invalid-action feedback is
+        appended and the loop goes on.
     """
 
     max_turns: int = 4
@@ -64,9 +75,12 @@ class RolloutConfig:
     top_p: float = 1.0
     greedy: bool = False
     eos_after_answer: bool = True
+    stop_on_eos: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_tokens_per_turn", "max_total_tokens", "topk"):
+        if self.max_turns < 0:
+            raise ValueError(f"RolloutConfig.max_turns must be >= 0 (turns that may search), got {self.max_turns}")
+        for name in ("max_tokens_per_turn", "max_total_tokens", "topk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_obs_tokens < 16:
@@ -162,7 +176,8 @@ def _search(retriever: Retriever, queries: list[str], k: int) -> list[list[Passa
     if not isinstance(results, list) or len(results) != len(queries):
         got = len(results) if isinstance(results, list) else type(results).__name__
         return RuntimeError(f"retriever returned {got} result lists for {len(queries)} queries")
-    return [list(hits)[:k] for hits in results]
+    # Every hit is kept: Search-R1 shows all the server returns (its SerpAPI server may return more than topk).
+    return [list(hits) for hits in results]
 
 
 class RolloutEngine:
@@ -183,7 +198,7 @@ class RolloutEngine:
                 raise ValueError(f"a prompt has {rollout.total_length} tokens, which leaves no room under "
                                  f"max_total_tokens={config.max_total_tokens}; raise it or shorten the prompt")
         params = config.sampling_params()
-        for turn_index in range(config.max_turns):
+        for turn_index in range(config.max_turns + 1):
             live_index = [i for i, r in enumerate(rollouts) if not r.done]
             if not live_index:
                 break
@@ -196,7 +211,7 @@ class RolloutEngine:
                 generations = self.generator.generate(histories, params, budgets, cache_keys=keys)
             else:
                 generations = self.generator.generate(histories, params, budgets)
-            last_turn = turn_index == config.max_turns - 1
+            last_turn = turn_index == config.max_turns
             searches = [self._after_turn(r, g, last_turn) for r, g in zip(live, generations)]
             pending = [(r, action.content) for r, action in zip(live, searches) if action is not None]
             if pending:
@@ -209,14 +224,21 @@ class RolloutEngine:
 
     def _after_turn(self, rollout: Rollout, generation: Generation, last_turn: bool) -> Action | None:
         """Append the turn, move the state machine; return the search to run, if any."""
-        start, end = rollout._append(generation.token_ids, 1, generation.logprobs)
-        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=False)
-        action = parse_action(text)
+        ids, logprobs = generation.token_ids, generation.logprobs
+        action = parse_action(self.tokenizer.decode(ids, skip_special_tokens=False))
+        eos = generation.finish_reason == "eos"
+        stops = self.config.stop_on_eos or last_turn
+        if eos and action.kind != "answer" and not stops and len(ids) > 1:
+            # The loop goes on after this turn: drop its final EOS token, as Search-R1's decode with
+            # skip_special_tokens=True does, so the next turn never reads an end-of-sequence. A turn
+            # that is EOS alone keeps it: every turn holds at least one policy token.
+            ids, logprobs = ids[:-1], logprobs[:-1]
+        start, end = rollout._append(ids, 1, logprobs)
         rollout.turns.append(Turn(start, end, action, generation.finish_reason))
         out_of_room = rollout.total_length >= self.config.max_total_tokens
         if action.kind == "answer":
             rollout.answered, rollout.answer, rollout.end_reason = True, action.content, "answer"
-        elif generation.finish_reason == "eos":
+        elif eos and stops:
             rollout.end_reason = "eos"
         elif out_of_room:
             rollout.truncated, rollout.end_reason = True, "max_length"

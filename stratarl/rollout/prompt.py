@@ -44,19 +44,51 @@ def normalize_question(question: str) -> str:
     return question if question.endswith("?") else question + "?"
 
 
-def build_prompt(question: str, template: str = SEARCH_R1_TEMPLATE) -> str:
-    """The user message: ``template`` with the normalised question filled in."""
+def render_options(options: dict[str, str]) -> str:
+    """``A. text`` one line per option, in letter order."""
+    return "\n".join(f"{letter}. {options[letter]}" for letter in sorted(options))
+
+
+def build_prompt(question: str, template: str = SEARCH_R1_TEMPLATE, options: dict[str, str] | None = None) -> str:
+    """The user message: ``template`` with the normalised question filled in.
+
+    With multiple-choice ``options`` (letter -> text) the question is the stem, stripped, then the
+    options one per line (``A. text``); no "?" is appended (stems often end in ":").
+    """
+    if options:
+        stem = question.strip() if isinstance(question, str) else ""
+        if not stem:
+            raise ValueError(f"question is empty: every example needs a non-empty question text, got {question!r}")
+        return template.format(question=f"{stem}\n{render_options(options)}")
     return template.format(question=normalize_question(question))
 
 
-def encode_prompt(tokenizer, question: str, template: str = SEARCH_R1_TEMPLATE) -> list[int]:
-    """Token ids of the prompt: one user message, the chat template applied when the
-    tokenizer has one (``add_generation_prompt=True``), else the raw text."""
-    content = build_prompt(question, resolve_template(template))
+def encode_messages(tokenizer, messages) -> list[int]:
+    """Token ids of a chat prompt, tokenized as Search-R1's ``RLHFDataset`` does.
+
+    With a chat template: the template applied (``add_generation_prompt=True``), then the
+    text tokenized with ``add_special_tokens=False`` (the template wrote any special tokens it
+    wants). Without one: the message's content alone, also with ``add_special_tokens=False``
+    (a tokenizer that adds BOS does not get one here, as in Search-R1). Several messages need a
+    chat template (Search-R1 would silently keep only the first).
+    """
+    messages = [{"role": "user", "content": messages}] if isinstance(messages, str) else list(messages)
+    if not messages:
+        raise ValueError("prompt has no messages")
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-        )
-        # The chat template already wrote any special tokens it wants.
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return list(tokenizer(content)["input_ids"])
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    elif len(messages) == 1:
+        text = messages[0]["content"]
+    else:
+        roles = [m.get("role") for m in messages]
+        raise ValueError(f"the prompt has {len(messages)} messages ({', '.join(map(str, roles))}) but the tokenizer has "
+                         "no chat template to join them; use a model with a chat template, or set "
+                         "rollout.rebuild_prompt=true to build one user message from the question")
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_prompt(tokenizer, question: str, template: str = SEARCH_R1_TEMPLATE,
+                  options: dict[str, str] | None = None) -> list[int]:
+    """Token ids of the templated question (with its options, if any) as one user message (see ``encode_messages``)."""
+    content = build_prompt(question, resolve_template(template), options)
+    return encode_messages(tokenizer, [{"role": "user", "content": content}])

@@ -160,13 +160,20 @@ class RolloutConfig:
     group_size: int = 5
     """Rollouts per prompt (G; Search-R1 GRPO: 5)."""
     max_turns: int = 4
-    """At most this many policy turns per rollout; no search runs in the last one."""
+    """Turns that may search, as Search-R1's `max_turns`: one final turn without search follows, so a rollout
+    has at most max_turns + 1 turns and max_turns searches (0: one turn, no search)."""
     max_tokens_per_turn: int = 500
     """Generation cap per turn (tokens)."""
     max_obs_tokens: int = 500
     """Observation (retrieved passages) cap per search (tokens; at least 16)."""
     max_total_tokens: int = 4096
     """Cap on prompt + response tokens; a rollout reaching it ends as truncated."""
+    stop_on_eos: bool = False
+    """A turn that ends with end-of-sequence and no action ends the rollout (true), or gets the invalid-action
+    feedback and the loop goes on (false, Search-R1)."""
+    rebuild_prompt: bool = False
+    """Build every prompt from the question with `prompt_template`, ignoring a data file's own `prompt` column
+    (false: a row's own prompt is what the policy sees, as in Search-R1; rows without one are templated)."""
     temperature: float = 1.0
     """Sampling temperature for training rollouts (eval is greedy)."""
     top_p: float = 1.0
@@ -181,8 +188,9 @@ class RolloutConfig:
     def validate(self, p: str) -> None:
         if self.group_size < 1:
             _fail(f"{p}.group_size", self.group_size, "a group needs at least one rollout", "use 5 (Search-R1) or 2-8")
-        if self.max_turns < 1:
-            _fail(f"{p}.max_turns", self.max_turns, "at least one turn is needed", "use 4 (Search-R1)")
+        if self.max_turns < 0:
+            _fail(f"{p}.max_turns", self.max_turns, "counts the turns that may search, so it cannot be negative",
+                  "use 4 (Search-R1's default: 4 search turns + 1 final answer turn), or 0 for a single turn")
         for key in ("max_tokens_per_turn", "max_total_tokens"):
             if getattr(self, key) < 1:
                 _fail(f"{p}.{key}", getattr(self, key), "must be positive", "use e.g. 500")
@@ -256,7 +264,9 @@ class AlgoConfig:
     old_logprobs: str = "recompute"
     """Behaviour log-probs: `recompute` (a trainer forward pass, as veRL) or `rollout` (the sampler's own; saves a forward pass)."""
     reward: str = "em"
-    """Outcome reward: em (Search-R1), subem, f1, or `package.module:function` taking (response_text, golds)."""
+    """Outcome reward: em (Search-R1), subem, f1, multiple_choice, or `package.module:function` taking
+    (response_text, golds). Multiple-choice data sources (medqa, medmcqa, synthetic_mc) always use
+    multiple_choice (the letter or the option text), as Search-R1 picks its scorer by data_source."""
 
     def validate(self, p: str) -> None:
         if self.name not in ALGORITHMS:
@@ -291,8 +301,9 @@ class AlgoConfig:
             _fail(f"{p}.kl_estimator", self.kl_estimator, "unknown estimator", "use k1, k2 or k3")
         if self.old_logprobs not in ("recompute", "rollout"):
             _fail(f"{p}.old_logprobs", self.old_logprobs, "unknown choice", "use recompute or rollout")
-        if self.reward not in ("em", "subem", "f1") and ":" not in self.reward:
-            _fail(f"{p}.reward", self.reward, "unknown reward", "use em, subem, f1 or `package.module:function`")
+        if self.reward not in ("em", "subem", "f1", "multiple_choice") and ":" not in self.reward:
+            _fail(f"{p}.reward", self.reward, "unknown reward",
+                  "use em, subem, f1, multiple_choice or `package.module:function`")
         if self.epsilon < 0:
             _fail(f"{p}.epsilon", self.epsilon, "must be >= 0", "use 1e-6")
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):

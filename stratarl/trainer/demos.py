@@ -103,7 +103,7 @@ def render_demonstrations(examples: Sequence[Example], tokenizer, retriever, *, 
             break
         example = usable[i]
         hops = example.metadata["hops"]
-        prompt_ids = encode_prompt(tokenizer, example.question, prompt_template)
+        prompt_ids = encode_prompt(tokenizer, example.question, prompt_template, example.metadata.get("options"))
         peers = by_family[example.metadata.get("family", "")]
         pool = peers if len(peers) > 1 else usable
         other = _other(pool, example, rng)

@@ -25,15 +25,18 @@ METRIC_COLUMNS = ("em", "subem", "f1", "searches_mean", "answer_rate", "count")
 
 
 def score_rollout(rollout, example: Example) -> dict[str, float]:
-    """EM / SubEM / F1 of one rollout's final answer (0 when it never answered)."""
-    from stratarl.rewards import exact_match, f1_score, sub_exact_match
+    """EM / SubEM / F1 of one rollout's final answer (0 when it never answered). For a multiple-choice
+    source all three are the multiple-choice match (the letter or the option text)."""
+    from stratarl.rewards import SOURCE_REWARDS, answer_match, f1_score, sub_exact_match
 
     answer = rollout.answer if rollout.answered else None
     golds = example.golden_answers
+    em = float(answer is not None and answer_match(example.data_source, answer, golds))
+    multiple_choice = example.data_source in SOURCE_REWARDS
     return {
-        "em": float(answer is not None and exact_match(answer, golds)),
-        "subem": float(answer is not None and sub_exact_match(answer, golds)),
-        "f1": float(f1_score(answer, golds)) if answer is not None else 0.0,
+        "em": em,
+        "subem": em if multiple_choice else float(answer is not None and sub_exact_match(answer, golds)),
+        "f1": em if multiple_choice else (float(f1_score(answer, golds)) if answer is not None else 0.0),
         "searches": float(rollout.num_searches),
         "answered": float(rollout.answered),
     }

@@ -49,7 +49,7 @@ def engine_config(cfg: Config, *, greedy: bool):
     r = cfg.rollout
     return RolloutConfig(max_turns=r.max_turns, max_tokens_per_turn=r.max_tokens_per_turn, max_obs_tokens=r.max_obs_tokens,
                          max_total_tokens=r.max_total_tokens, topk=cfg.retrieval.topk, temperature=r.temperature,
-                         top_p=r.top_p, greedy=greedy)
+                         top_p=r.top_p, greedy=greedy, stop_on_eos=r.stop_on_eos)
 
 
 def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
@@ -84,15 +84,23 @@ def reward_function(name: str):
 
 
 def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = None,
-                   template: str = "search_r1") -> list[list[int]]:
-    from stratarl.rollout.prompt import encode_prompt
+                   template: str = "search_r1", rebuild: bool = False) -> list[list[int]]:
+    """Prompt ids per example: the example's own prompt (a data file's `prompt` column) when it has
+    one and ``rebuild`` is off, else ``template`` around the question."""
+    from stratarl.rollout.prompt import encode_messages, encode_prompt
 
     out = []
     for e in examples:
         if cache is not None and e.id in cache:
             out.append(cache[e.id])
             continue
-        ids = encode_prompt(tokenizer, e.question, template)
+        if e.prompt and not rebuild:
+            try:
+                ids = encode_messages(tokenizer, e.prompt)
+            except ValueError as error:
+                raise ValueError(f"example {e.id!r}: {error}") from None
+        else:
+            ids = encode_prompt(tokenizer, e.question, template, e.metadata.get("options"))
         if cache is not None:
             cache[e.id] = ids
         out.append(ids)
@@ -102,10 +110,10 @@ def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = 
 def collect(generator, retriever: TimedRetriever, tokenizer, examples: Sequence[Example], cfg: Config, *,
             group_size: int, greedy: bool = False, prompt_cache: dict | None = None) -> CollectedBatch:
     """G rollouts per example (consecutive), scored with the run's reward and stratified."""
-    from stratarl.rewards import exact_match
+    from stratarl.rewards import answer_match, reward_for_source
     from stratarl.rollout.engine import RolloutEngine
 
-    prompts = encode_prompts(tokenizer, examples, prompt_cache, cfg.rollout.prompt_template)
+    prompts = encode_prompts(tokenizer, examples, prompt_cache, cfg.rollout.prompt_template, cfg.rollout.rebuild_prompt)
     flat_prompts = [p for p in prompts for _ in range(group_size)]
     flat_examples = [e for e in examples for _ in range(group_size)]
     group_ids = [i for i in range(len(examples)) for _ in range(group_size)]
@@ -119,8 +127,8 @@ def collect(generator, retriever: TimedRetriever, tokenizer, examples: Sequence[
     rewards, em = [], []
     for r, e in zip(rollouts, flat_examples):
         prediction = r.answer if r.answered else None
-        rewards.append(float(reward_fn(r.response_text, e.golden_answers)))
-        em.append(float(prediction is not None and exact_match(prediction, e.golden_answers)))
+        rewards.append(float(reward_for_source(e.data_source, reward_fn)(r.response_text, e.golden_answers)))
+        em.append(float(prediction is not None and answer_match(e.data_source, prediction, e.golden_answers)))
     strata_fn = stratum_function(cfg.algo.stratum_key, cfg.algo.stratum_cap)
     strata = [int(strata_fn(r)) for r in rollouts]
     return CollectedBatch(rollouts, flat_examples, group_ids, rewards, em, strata, total - retrieval_s, retrieval_s)

@@ -44,13 +44,16 @@ def ensure_synthetic_kb(directory: Path, *, seed: int, options: dict[str, Any]) 
 
 def load_synthetic_task(directory: Path, *, seed: int, options: dict[str, Any]):
     """TaskData (train, test, corpus path) of the seeded synthetic KB."""
+    import dataclasses
+
     from stratarl.data.search_r1 import load_examples
     from stratarl.data.synth import name_pool_words
     from stratarl.trainer.setup import TaskData
 
     folder = ensure_synthetic_kb(directory, seed=seed, options=options)
-    train = load_examples(folder / "train.parquet")
-    test = load_examples(folder / "test.parquet")
+    # The files' prompt column is our own Search-R1 rendering: drop it, so rollout.prompt_template decides.
+    train, test = ([dataclasses.replace(e, prompt=None) for e in load_examples(folder / f"{split}.parquet")]
+                   for split in ("train", "test"))
     # A shared name pool is part of the vocabulary: a warm start trained on other worlds of the
     # same pool then meets no unknown word here.
     pool = options.get("name_pool")

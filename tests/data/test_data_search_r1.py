@@ -106,11 +106,22 @@ class TestLoadFormats:
         assert [e.id for e in examples] == ["nq-0", "triviaqa-1"]
         assert examples[1].metadata["split"] == "test" and examples[1].metadata["format"] == "search_r1"
 
-    def test_raw_columns_win_over_prompt(self, tmp_path):
+    def test_raw_question_wins_over_prompt_and_reward_target_over_golden_answers(self, tmp_path):
+        # Search-R1's reward (verl/trainer/main_ppo.py, a14dc3a) scores against reward_model.ground_truth.
         row = search_r1_row("templated", ["a"], question="raw question", golden_answers=["gold"])
         (example,) = load_examples(write_jsonl(tmp_path / "d.jsonl", [row]))
         assert example.question == "raw question"
-        assert example.golden_answers == ("gold",)
+        assert example.golden_answers == ("a",)
+        assert example.prompt == tuple(row["prompt"])  # the file's own prompt, kept as it is
+
+    def test_empty_gold_answers_are_kept(self, tmp_path):
+        (example,) = load_examples(write_jsonl(tmp_path / "d.jsonl", [search_r1_row("q", ["", "Paris"])]))
+        assert example.golden_answers == ("", "Paris")
+
+    def test_malformed_prompt_names_row_and_field(self, tmp_path):
+        row = {**search_r1_row("q", ["a"]), "prompt": [{"role": "user", "content": 3}]}
+        with pytest.raises(DatasetFormatError, match=r"d.jsonl: row 0: field 'prompt"):
+            load_examples(write_jsonl(tmp_path / "d.jsonl", [row]))
 
     def test_verl_variant(self, tmp_path):
         (example,) = load_examples(write_parquet(tmp_path / "v.parquet", [verl_row("who is kesh", ["K"])]))

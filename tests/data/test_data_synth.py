@@ -164,3 +164,52 @@ def test_written_files_load_back(kb, tmp_path):
     assert test[0].metadata["hops"] == kb.test[0].metadata["hops"]
     assert load_examples(tmp_path / "kb", split="train")[0].metadata["split"] == "train"
     assert '"seed": 0' in paths["stats"].read_text()
+
+
+class TestMultipleChoiceFamily:
+    @pytest.fixture(scope="class")
+    def mc(self):
+        return generate_knowledge_base(seed=0, size="small", multiple_choice=4)
+
+    def test_same_world_and_questions_as_without_options(self, kb, mc):
+        assert mc.passages == kb.passages
+        assert [(e.question, e.metadata["hops"]) for e in mc.train] == [(e.question, e.metadata["hops"]) for e in kb.train]
+        assert "options" not in kb.train[0].metadata and kb.train[0].data_source == "synthkb"
+
+    def test_options_hold_the_answer_once_among_wrong_answers_of_its_type(self, kb, mc):
+        from stratarl.data.synth import ANSWER_KINDS
+
+        for plain, e in zip(kb.train + kb.test, mc.train + mc.test):
+            options = e.metadata["options"]
+            answer = plain.golden_answers[0]
+            assert e.data_source == "synthetic_mc" and list(options) == ["A", "B", "C", "D"]
+            assert len(set(options.values())) == 4 and list(options.values()).count(answer) == 1
+            assert e.golden_answers == (e.metadata["answer_letter"], answer) and options[e.golden_answers[0]] == answer
+            kind = ANSWER_KINDS[FAMILIES[e.metadata["family"]].relations[-1]]
+            pool = set(_answer_pool_of(mc, kind))
+            assert set(options.values()) <= pool  # every option is a name of the answer's type
+
+    def test_the_right_letter_is_spread_over_the_options(self, mc):
+        letters = Counter(e.metadata["answer_letter"] for e in mc.train)
+        assert set(letters) == {"A", "B", "C", "D"} and min(letters.values()) > len(mc.train) / 8
+
+    def test_too_many_options_for_the_countries_is_explained(self):
+        with pytest.raises(ValueError, match=r"multiple_choice=6: only 5 distinct country names"):
+            generate_knowledge_base(seed=0, size=200, num_train=30, num_test=5, multiple_choice=6, guessable="only")
+        with pytest.raises(ValueError, match="2 to 10 options"):
+            generate_knowledge_base(seed=0, size=200, num_train=30, num_test=5, multiple_choice=1)
+
+    def test_written_and_loaded_back_with_options(self, mc, tmp_path):
+        paths = write_synthetic_kb(mc, tmp_path)
+        loaded = load_examples(paths["test"])
+        assert [(e.golden_answers, e.metadata["options"]) for e in loaded] == \
+            [(e.golden_answers, e.metadata["options"]) for e in mc.test]
+
+
+def _answer_pool_of(kb, kind):
+    """Every name of ``kind`` in ``kb``'s world (the world rebuilt from the generator's seeded RNG)."""
+    from stratarl.data.synth import _answer_pools, build_world
+
+    world = build_world(random.Random(0), num_countries=kb.config["num_countries"],
+                        **{k: kb.config[k] for k in ("num_people", "num_works", "num_orgs", "num_cities")})
+    return _answer_pools(world)[kind]

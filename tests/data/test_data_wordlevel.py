@@ -234,7 +234,7 @@ def test_rollout_engine_runs_over_the_word_tokenizer_without_unk(tokenizer, kb):
         def search(self, queries, k):
             return [[by_id[next(h["passage_id"] for h in hops if h["query"] == q)]] for q in queries]
 
-    engine = RolloutEngine(Scripted(), GoldRetriever(), tokenizer, RolloutConfig(max_turns=4, topk=1))
+    engine = RolloutEngine(Scripted(), GoldRetriever(), tokenizer, RolloutConfig(max_turns=3, topk=1))
     [rollout] = engine.run([encode_prompt(tokenizer, example.question)])
     assert rollout.queries == [h["query"] for h in hops]
     assert rollout.invalid_actions == 1 and rollout.answer == example.golden_answers[0]

@@ -16,6 +16,7 @@ from stratarl.rollout import (
     transcript,
     transcript_text,
 )
+from stratarl.retrieval.base import Passage
 from stratarl.rollout.parsing import INFORMATION_SUFFIX, TRUNCATION_MARKER
 
 from rollout_fakes import DictRetriever, FailingRetriever, ScriptedGenerator
@@ -88,16 +89,51 @@ class TestProtocol:
         span = rollout.turns[0].observation_span
         assert decode(tok, rollout.response_ids[span[0]:span[1]]) == INVALID_ACTION_OBSERVATION
 
-    def test_eos_without_action_ends_without_answer(self, smollm2_tokenizer):
-        (rollout,), _ = run(smollm2_tokenizer, {P1: ["just text<EOS>"]})
+    def test_eos_without_action_is_invalid_and_the_loop_goes_on(self, smollm2_tokenizer):
+        # Search-R1 (generation.py, a14dc3a): a turn without an action gets the feedback, whatever ended it,
+        # and its decode with skip_special_tokens=True drops the EOS token before the next turn.
+        tok = smollm2_tokenizer
+        (rollout,), generator = run(tok, {P1: ["just text<EOS>", "<answer>x</answer>"]})
+        check_invariants(rollout, tok)
+        assert (rollout.end_reason, rollout.answer, rollout.invalid_actions) == ("answer", "x", 1)
+        first = rollout.turns[0]
+        assert first.finish_reason == "eos" and decode(tok, rollout.response_ids[first.start:first.end]) == "just text"
+        assert decode(tok, rollout.response_ids[slice(*first.observation_span)]) == INVALID_ACTION_OBSERVATION
+        assert tok.eos_token_id not in generator.calls[1]["inputs"][0]
+
+    def test_a_turn_of_eos_alone_keeps_its_token(self, smollm2_tokenizer):
+        # Dropping it would leave an empty policy turn and merge two observations into one run of the mask.
+        tok = smollm2_tokenizer
+        (rollout,), _ = run(tok, {P1: ["<EOS>", "<answer>x</answer>"]})
+        check_invariants(rollout, tok)
+        first = rollout.turns[0]
+        assert rollout.response_ids[first.start:first.end] == [tok.eos_token_id] and rollout.answer == "x"
+
+    def test_eos_without_action_ends_the_rollout_with_stop_on_eos(self, smollm2_tokenizer):
+        (rollout,), _ = run(smollm2_tokenizer, {P1: ["just text<EOS>", "<answer>x</answer>"]}, stop_on_eos=True)
         check_invariants(rollout, smollm2_tokenizer)
         assert (rollout.end_reason, rollout.answered, rollout.answer) == ("eos", False, None)
         assert rollout.response_ids[-1] == smollm2_tokenizer.eos_token_id and rollout.response_mask[-1] == 1
 
+    def test_eos_in_the_last_turn_ends_the_rollout(self, smollm2_tokenizer):
+        (rollout,), _ = run(smollm2_tokenizer, {P1: ["just text<EOS>"]}, max_turns=0)
+        assert (rollout.end_reason, rollout.answered, len(rollout.turns)) == ("eos", False, 1)
+        assert rollout.response_ids[-1] == smollm2_tokenizer.eos_token_id and 0 not in rollout.response_mask
+
+    def test_max_turns_counts_search_turns_then_one_final_turn(self, smollm2_tokenizer):
+        # Search-R1's run_llm_loop: `for step in range(max_turns)` may search, then one final turn without.
+        tok = smollm2_tokenizer
+        retriever = DictRetriever()
+        scripts = {P1: ["<search>a</search>", "<search>b</search>", "<search>c</search>"]}
+        (rollout,), generator = run(tok, scripts, retriever, max_turns=2)
+        assert len(generator.calls) == 3 and rollout.queries == ["a", "b"]
+        assert [c[0] for c in retriever.calls] == [["a"], ["b"]]
+        assert (rollout.hit_max_turns, rollout.end_reason) == (True, "max_turns")
+
     def test_last_turn_search_is_not_run(self, smollm2_tokenizer):
         tok = smollm2_tokenizer
         retriever = DictRetriever()
-        (rollout,), generator = run(tok, {P1: ["<search>a</search>", "<search>b</search>"]}, retriever, max_turns=2)
+        (rollout,), generator = run(tok, {P1: ["<search>a</search>", "<search>b</search>"]}, retriever, max_turns=1)
         check_invariants(rollout, tok)
         assert rollout.queries == ["a"] and [c[0] for c in retriever.calls] == [["a"]]
         assert (rollout.hit_max_turns, rollout.answered, rollout.end_reason) == (True, False, "max_turns")
@@ -105,7 +141,7 @@ class TestProtocol:
         assert rollout.response_mask[-1] == 1  # ends on the policy's own tokens, no observation
 
     def test_last_turn_invalid_gets_no_feedback(self, smollm2_tokenizer):
-        (rollout,), _ = run(smollm2_tokenizer, {P1: ["hmm"]}, max_turns=1)
+        (rollout,), _ = run(smollm2_tokenizer, {P1: ["hmm"]}, max_turns=0)
         assert rollout.invalid_actions == 1 and rollout.hit_max_turns and 0 not in rollout.response_mask
 
     def test_batch_of_mixed_rollouts_in_one_call_per_turn(self, smollm2_tokenizer):
@@ -166,10 +202,28 @@ class TestBudgets:
         with pytest.raises(ValueError, match="max_total_tokens=2"):
             run(smollm2_tokenizer, {P2: ["x"]}, max_total_tokens=2)
 
-    @pytest.mark.parametrize(("field", "value"), [("max_turns", 0), ("topk", 0), ("max_obs_tokens", 3)])
+    @pytest.mark.parametrize(("field", "value"), [("max_turns", -1), ("topk", 0), ("max_obs_tokens", 3)])
     def test_config_validation(self, field, value):
         with pytest.raises(ValueError, match=f"RolloutConfig.{field}"):
             RolloutConfig(**{field: value})
+
+
+class TestRetrieverCalls:
+    def test_topk_is_asked_and_every_returned_hit_is_shown(self, smollm2_tokenizer):
+        # Search-R1 sends topk to the server and formats every hit it returns (_passages2string);
+        # its SerpAPI server returns up to 7 for topk 3.
+        class Generous(DictRetriever):
+            def search(self, queries, k):
+                self.calls.append((list(queries), k))
+                return [[Passage(f"{q}#{i}", f'"T{i}"\nfact {i}.') for i in range(7)] for q in queries]
+
+        tok = smollm2_tokenizer
+        retriever = Generous()
+        (rollout,), _ = run(tok, {P1: ["<search>q</search>", "<answer>x</answer>"]}, retriever, topk=3)
+        assert retriever.calls == [(["q"], 3)]
+        assert [p.id for p in rollout.passages[0]] == [f"q#{i}" for i in range(7)]
+        observation = decode(tok, rollout.response_ids[slice(*rollout.turns[0].observation_span)])
+        assert observation == information_observation(rollout.passages[0]) and "Doc 7(Title: \"T6\") fact 6." in observation
 
 
 class TestToolErrors:
@@ -217,7 +271,7 @@ class TestWithTinyModel:
         temperature = 0.8
         generator = KVCacheGenerator(tiny_model, tok, seed=0)
         engine = RolloutEngine(generator, DictRetriever(), tok,
-                               RolloutConfig(max_turns=3, max_tokens_per_turn=6, temperature=temperature))
+                               RolloutConfig(max_turns=2, max_tokens_per_turn=6, temperature=temperature))
         prompts = [tok("Question: who?", add_special_tokens=False)["input_ids"], tok("x y z", add_special_tokens=False)["input_ids"]]
         rollouts = engine.run(prompts)
         # The third turn read only the new feedback: the rest of each history (all but turn 2's

@@ -50,7 +50,7 @@ def test_lab_config_is_the_documented_recipe():
     assert cfg.model.name == "word-tiny" and cfg.model.tiny_copy_init == 1.0
     assert cfg.sft.source == "worlds" and cfg.sft.cache and cfg.sft.reading_steps > 0
     assert cfg.sft.early_answer_fraction > 0.5  # the weak search policy RL improves on
-    assert cfg.rollout.group_size * cfg.trainer.prompts_per_step >= 32 and cfg.rollout.max_turns == 4
+    assert cfg.rollout.group_size * cfg.trainer.prompts_per_step >= 32 and cfg.rollout.max_turns == 3 and cfg.rollout.stop_on_eos
     assert cfg.data.max_eval_examples >= 200 and cfg.data.synthetic.options["num_test"] >= 200
     demo = load_config(CONFIGS / "demo.yaml")
     from stratarl.trainer.sft import warm_start_cache_dir

@@ -21,7 +21,7 @@ LAB = {
              "synthetic": {"seed": 0, "options": {"size": 120, "num_train": 30, "num_test": 6,
                                                   "hop_mix": [0.5, 0.5, 0.0], "guessable": "none", "name_pool": POOL}}},
     "retrieval": {"spec": "bm25", "topk": 2},
-    "rollout": {"group_size": 2, "max_turns": 3, "max_tokens_per_turn": 24, "max_obs_tokens": 64,
+    "rollout": {"group_size": 2, "max_turns": 2, "max_tokens_per_turn": 24, "max_obs_tokens": 64,
                 "max_total_tokens": 512},
     "algo": {"name": "grpo", "kl_coef": 0.0},
     "trainer": {"steps": 1, "prompts_per_step": 2, "num_threads": 1, "micro_batch_tokens": 4096},

@@ -57,7 +57,7 @@ def search_documents(query_list: Sequence[str], *, retriever: Retriever | None =
     """Search every query and return Search-R1's result text, one block per query.
 
     A single query gives ``Doc 1(Title: …) …`` lines exactly as Search-R1's ``<information>``
-    content; several queries are separated by a blank line. Empty / oversized input is rejected
+    content; the blocks of several queries are joined by one newline. Empty / oversized input is rejected
     with a message the model sees (veRL turns tool exceptions into tool responses).
     """
     if isinstance(query_list, str):
