@@ -153,32 +153,53 @@ def verdict(exp: dict, table: dict) -> str:
     return f"{primary} vs {exp['baseline']}: " + "; ".join(parts) if parts else "no paired runs yet"
 
 
+def _band(curves: list[list[float]]) -> tuple[list[float], list[float | None], list[float | None]]:
+    """Per index: mean and 95% CI over the curves (cut to the shortest)."""
+    length = min(len(c) for c in curves)
+    ivs = [mean_ci([c[i] for c in curves]) for i in range(length)]
+    return [iv.mean for iv in ivs], [iv.low for iv in ivs], [iv.high for iv in ivs]
+
+
 def figure(exp: dict, condition: str, arms: dict[str, dict[int, dict]], path: Path) -> None:
+    """Training reward per arm (mean ± 95% CI over seeds), plus one panel per binned metric the experiment's
+    ``metrics.figure`` lists (e.g. stratum/cross_var), on the same step axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    extra = list(exp.get("metrics", {}).get("figure", []))
+    fig, axes = plt.subplots(1, 1 + len(extra), figsize=(6.5 * (1 + len(extra)), 4), squeeze=False)
     for arm in exp["arms"]:
         if arm not in arms:
             continue
-        curves = [rolling_band(_reward(r), SMOOTH, centered=True)[0] for r in arms[arm].values()]
-        length = min(len(c) for c in curves)
-        steps = list(range(1, length + 1))
-        ivs = [mean_ci([c[i] for c in curves]) for i in range(length)]
-        mean = [iv.mean for iv in ivs]
-        line = ax.plot(steps, mean, label=f"{arm} (n={len(curves)})", lw=1.2)[0]
-        if len(curves) > 1:
-            ax.fill_between(steps, [iv.low for iv in ivs], [iv.high for iv in ivs], color=line.get_color(), alpha=0.15)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel(f"training reward ({SMOOTH}-step centered mean)")
-    ax.set_title(f"{exp['name']} / {condition}: mean ± 95% CI over seeds")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        runs = list(arms[arm].values())
+        mean, low, high = _band([rolling_band(_reward(r), SMOOTH, centered=True)[0] for r in runs])
+        line = axes[0][0].plot(range(1, len(mean) + 1), mean, label=f"{arm} (n={len(runs)})", lw=1.2)[0]
+        if len(runs) > 1:
+            axes[0][0].fill_between(range(1, len(mean) + 1), low, high, color=line.get_color(), alpha=0.15)
+        for ax, key in zip(axes[0][1:], extra):
+            curves = [r["binned"]["metrics"].get(key) for r in runs]
+            curves = [[v for v in c if v is not None] for c in curves if c]
+            if not curves or not all(curves):
+                continue
+            bin_steps = runs[0]["binned"]["bin_steps"]
+            mean, low, high = _band(curves)
+            xs = [bin_steps * (i + 0.5) for i in range(len(mean))]
+            ax.plot(xs, mean, color=line.get_color(), lw=1.2)
+            if len(curves) > 1:
+                ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
+    axes[0][0].set_ylabel(f"training reward ({SMOOTH}-step centered mean)")
+    axes[0][0].legend(fontsize=8)
+    for ax, key in zip(axes[0][1:], extra):
+        ax.set_ylabel(f"{key} (10-step bins)")
+    for ax in axes[0]:
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{exp['name']} / {condition}: mean ± 95% CI over seeds")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
