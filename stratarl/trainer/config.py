@@ -145,10 +145,26 @@ class RetrievalConfig:
     """What `stratarl.retrieval.build_retriever` gets: `bm25` (index built and cached from the corpus), an index folder, a URL of a `/retrieve` server, or a dict."""
     topk: int = 3
     """Passages per search (Search-R1: 3)."""
+    step_budget_s: float | None = 120.0
+    """Most wall seconds one training step may spend in searches (a hanging server costs at most this per
+    step): a remote retriever stops retrying at it, and once it is spent the step's remaining searches
+    fail at once. null: no budget."""
+    max_failed_fraction: float = 0.5
+    """A step counts as failing when more than this fraction of its searches fail (the terminal shows a
+    warning for every step with a failed search)."""
+    max_failed_steps: int = 3
+    """Stop the run, with a checkpoint and a message naming the retriever and its last error, after this
+    many consecutive failing steps (0: never stop)."""
 
     def validate(self, p: str) -> None:
         if self.topk < 1:
             _fail(f"{p}.topk", self.topk, "at least one passage per search is needed", "use 3 (Search-R1)")
+        if self.step_budget_s is not None and self.step_budget_s <= 0:
+            _fail(f"{p}.step_budget_s", self.step_budget_s, "must be positive or null", "use e.g. 120, or null for no budget")
+        if not 0 <= self.max_failed_fraction < 1:
+            _fail(f"{p}.max_failed_fraction", self.max_failed_fraction, "must lie in [0, 1)", "use 0.5")
+        if self.max_failed_steps < 0:
+            _fail(f"{p}.max_failed_steps", self.max_failed_steps, "must be >= 0", "use 3, or 0 to never stop")
 
 
 @dataclass
