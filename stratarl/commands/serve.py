@@ -57,6 +57,10 @@ def run_serve(args: argparse.Namespace) -> int:
     from stratarl.retrieval.factory import build_retriever
     from stratarl.retrieval.server import ServerLimits, serve
 
+    if not 0 <= args.port <= 65535:
+        print(f"stratarl serve: error: --port {args.port} is not a TCP port. Fix: use a number in 1-65535, e.g. 8000",
+              file=sys.stderr)
+        return 2
     try:
         limits = ServerLimits(
             default_topk=args.topk,

@@ -115,8 +115,9 @@ def _guard(fn):
     except OSError as error:  # disk full, read-only or unwritable run directory, a path under a file
         if os.environ.get("STRATARL_DEBUG"):
             raise
-        where = f" ({error.filename})" if error.filename and str(error.filename) not in str(error.strerror) else ""
-        return fail(f"{error.strerror or error}{where}", 1)
+        from stratarl.commands import describe_os_error
+
+        return fail(describe_os_error(error), 1)
 
 
 def run_train(args: argparse.Namespace) -> int:

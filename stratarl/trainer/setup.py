@@ -23,6 +23,16 @@ TINY_MODEL = "tiny-random"
 WORD_MODEL = "word-tiny"
 
 
+def check_device(device: str) -> None:
+    """Raise `ConfigError` when ``trainer.device`` names a device this torch build cannot use."""
+    from stratarl.trainer.config import ConfigError
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ConfigError(f"config field `trainer.device` = {device!r}: {why}. Fix: set trainer.device=cpu, or "
+                          "install a CUDA build of torch on a machine with a GPU.")
+
+
 def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", trainable: bool = True,
                 task: TaskData | None = None):
     """(model, tokenizer) for ``model_cfg``: ``init_from`` folder, `tiny-random`, `word-tiny`, or a bundled/hub model.
@@ -35,6 +45,8 @@ def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", t
     so log-probs of the same tokens agree between the rollout and the update.
     """
     from stratarl.data.models import DEFAULT_MODEL, build_tiny_model, load_model, load_tokenizer
+
+    check_device(device)
 
     tokenizer_name = model_cfg.tokenizer or (DEFAULT_MODEL if model_cfg.name == TINY_MODEL else model_cfg.name)
     if model_cfg.init_from:
