@@ -31,7 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # `train CONFIG --run-dir DIR key=value`: argparse leaves overrides that follow an option unparsed.
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(
+            "=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0

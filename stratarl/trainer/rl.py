@@ -250,10 +250,12 @@ def resume_or_fail(run: RunState, *, start_over: bool) -> None:
 
 def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None) -> RunState:
     """Model, retriever, generator, optimizer, sampler and logger for ``cfg`` (fresh state)."""
-    from stratarl.trainer.rollouts import make_generator
+    from stratarl.trainer.rollouts import make_generator, reward_function, stratum_function
     from stratarl.trainer.setup import TimedRetriever, build_task_retriever, load_policy, load_task
     from stratarl.trainer.update import build_learner
 
+    reward_function(cfg.algo.reward)  # a config-named function that cannot load fails before any work
+    stratum_function(cfg.algo.stratum_key, cfg.algo.stratum_cap)
     torch.manual_seed(cfg.trainer.seed)
     task = load_task(cfg)
     retriever = TimedRetriever(build_task_retriever(cfg, task), budget_s=cfg.retrieval.step_budget_s)
