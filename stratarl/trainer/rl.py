@@ -255,7 +255,7 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None) -> Ru
     from stratarl.trainer.update import build_learner
 
     reward_function(cfg.algo.reward)  # a config-named function that cannot load fails before any work
-    if cfg.algo.stratum_key not in ("random",):
+    if cfg.algo.stratum_key != "random":
         stratum_function(cfg.algo.stratum_key, cfg.algo.stratum_cap)
     torch.manual_seed(cfg.trainer.seed)
     task = load_task(cfg)
