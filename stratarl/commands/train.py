@@ -70,6 +70,11 @@ def run_pipeline(cfg, run_dir: Path, *, resume: bool, start_over: bool = False) 
     from stratarl.trainer.setup import set_threads
 
     set_threads(cfg.trainer.num_threads)
+    if not resume:  # before the warm start: a run killed during it can be resumed (--start-over)
+        from stratarl.trainer.config import save_config
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
     init_from = None
     summary_sft = None
     if cfg.sft.enabled and not cfg.model.init_from:

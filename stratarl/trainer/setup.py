@@ -127,12 +127,22 @@ def merged_model(model):
 
 
 def save_pretrained_model(model, tokenizer, path: str | Path) -> Path:
-    """Save a loadable model folder (safetensors + tokenizer), LoRA merged."""
+    """Save a loadable model folder (safetensors + tokenizer), LoRA merged. Written into a temporary
+    sibling and renamed into place, so a kill never leaves a half-written folder with a config.json."""
+    import shutil
+    import tempfile
+
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    plain = merged_model(model)
-    plain.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        merged_model(model).save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
