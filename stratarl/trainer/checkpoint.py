@@ -205,7 +205,6 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, model: torch.nn.Module, 
     root = Path(ckpt_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)
-        clean_stale(root)
         final = root / f"step_{step:06d}"
         tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{step:06d}-", dir=root))
     except OSError as error:
@@ -238,6 +237,7 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, model: torch.nn.Module, 
             shutil.rmtree(tmp, ignore_errors=True)
         if replaced is not None and final.exists():
             shutil.rmtree(replaced, ignore_errors=True)
+    clean_stale(root)
     _prune(root, keep_last)
     return final
 
@@ -247,6 +247,9 @@ def clean_stale(root: str | Path) -> list[Path]:
     (``.replaced-*``) whose step folder is back in place. Returns what was removed."""
     root = Path(root)
     removed = []
+    if (root / ".latest.tmp").is_file():
+        (root / ".latest.tmp").unlink()
+        removed.append(root / ".latest.tmp")
     for p in sorted(root.glob(f"{TMP_PREFIX}*")) if root.is_dir() else []:
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
@@ -319,6 +322,23 @@ def find_checkpoint(ckpt_dir: str | Path) -> tuple[Path | None, list[str]]:
             continue
         return path, skipped
     return None, skipped
+
+
+def reinstate(path: str | Path) -> Path:
+    """Move a checkpoint found in a moved-aside ``.replaced-*`` folder back to ``step_N`` and point
+    ``latest`` at it (after a kill inside a re-save); other paths are returned unchanged."""
+    path = Path(path)
+    if not path.parent.name.startswith(REPLACED_PREFIX):
+        return path
+    root = path.parent.parent
+    target = root / path.name
+    if target.exists():
+        return path
+    os.replace(path, target)
+    _fsync_dir(root)
+    _atomic_write_text(root / "latest", target.name + "\n")
+    clean_stale(root)
+    return target
 
 
 def load_checkpoint(path: str | Path, *, model: torch.nn.Module, value_head: torch.nn.Module | None = None) -> dict:

@@ -220,7 +220,7 @@ def restore_newest(run: RunState) -> tuple[Path | None, list[str]]:
         except (ckpt.CheckpointError, KeyError, TypeError) as error:
             skipped.append(str(error) if isinstance(error, ckpt.CheckpointError) else f"{path}: state.pt lacks {error}")
             continue
-        return path, skipped
+        return ckpt.reinstate(path), skipped
     return None, skipped
 
 

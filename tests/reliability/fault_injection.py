@@ -1,0 +1,157 @@
+"""Fault injection for the reliability tests and `benchmarks/bench_reliability.py`.
+
+`run_killed` trains in a forked child that sends itself SIGKILL at a chosen point: the n-th call
+of an instrumented function (a training step, or a piece of the checkpoint writer), before or
+after it runs, or for a file writer after tearing its output in half. The parent then resumes the
+run in-process and compares it with an uninterrupted run bit for bit (`compare_runs`).
+
+Kill points are ``(name, n, when)``; `KILL_POINTS` lists the names. The child records every
+checkpoint step whose `save_checkpoint` returned, so the parent knows the newest checkpoint the
+resume must find (at least that one; never an older one, never step 0 by accident).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+KILL_POINTS = ("rl_step", "save_model", "torch.save", "os.replace", "write_manifest", "rmtree", "fsync")
+WRITERS = ("save_model", "torch.save")  # "torn" tears the file they write
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _counting(name: str, real, target: tuple[str, int, str], counts: dict[str, int]):
+    target_name, target_n, when = target
+
+    def wrapper(*args, **kwargs):
+        counts[name] = counts.get(name, 0) + 1
+        hit = name == target_name and counts[name] == target_n
+        if hit and when == "before":
+            _die()
+        out = real(*args, **kwargs)
+        if hit and when == "torn":
+            path = Path(args[1])  # save_model(model, filename), torch.save(obj, f)
+            with open(path, "r+b") as f:
+                f.truncate(max(1, path.stat().st_size // 2))
+            _die()
+        if hit:
+            _die()
+        return out
+
+    return wrapper
+
+
+def instrument(target: tuple[str, int, str], counts: dict[str, int], completed: Path | None = None) -> None:
+    """Patch the kill points in this process (meant for a forked child, or a counting dry run with a
+    target that never fires)."""
+    import shutil
+
+    from stratarl.trainer import checkpoint as ckpt
+    from stratarl.trainer import rl
+
+    ckpt.save_model = _counting("save_model", ckpt.save_model, target, counts)
+    ckpt.torch.save = _counting("torch.save", torch.save, target, counts)
+    ckpt.os.replace = _counting("os.replace", os.replace, target, counts)
+    ckpt.os.fsync = _counting("fsync", os.fsync, target, counts)
+    ckpt._write_manifest = _counting("write_manifest", ckpt._write_manifest, target, counts)
+    ckpt.shutil.rmtree = _counting("rmtree", shutil.rmtree, target, counts)
+    rl.rl_step = _counting("rl_step", rl.rl_step, target, counts)
+    real_save = ckpt.save_checkpoint
+
+    def recording_save(ckpt_dir, step, **kwargs):
+        path = real_save(ckpt_dir, step, **kwargs)
+        if completed is not None:
+            with open(completed, "a") as f:
+                f.write(f"{step}\n")
+        return path
+
+    ckpt.save_checkpoint = recording_save
+
+
+def count_calls(cfg, run_dir: Path) -> dict[str, int]:
+    """How often each kill point runs in an uninterrupted run (in a forked child, to keep this process
+    unpatched)."""
+    out = Path(run_dir).with_suffix(".counts.json")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            from stratarl.trainer.rl import train
+
+            counts: dict[str, int] = {}
+            instrument(("", 0, "never"), counts)
+            train(cfg, run_dir)
+            out.write_text(json.dumps(counts))
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the counting run failed"
+    return json.loads(out.read_text())
+
+
+def run_killed(cfg, run_dir: Path, target: tuple[str, int, str], *, resume: bool = False) -> tuple[bool, list[int]]:
+    """Train ``cfg`` in ``run_dir`` in a forked child killed at ``target``. Returns (whether the kill
+    happened, steps whose checkpoint write completed before it)."""
+    completed = Path(run_dir).with_suffix(".completed")
+    completed.unlink(missing_ok=True)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            import sys
+
+            sys.stdout = sys.stderr = open(os.devnull, "w")
+            from stratarl.trainer.rl import train
+
+            instrument(target, {}, completed)
+            train(cfg, run_dir, resume=resume)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    steps = [int(x) for x in completed.read_text().split()] if completed.is_file() else []
+    return killed, steps
+
+
+def random_targets(counts: dict[str, int], n: int, seed: int) -> list[tuple[str, int, str]]:
+    """``n`` seeded kill points drawn over every call an uninterrupted run makes."""
+    rng = random.Random(seed)
+    calls = [(name, i) for name in KILL_POINTS for i in range(1, counts.get(name, 0) + 1)]
+    out = []
+    for _ in range(n):
+        name, i = rng.choice(calls)
+        whens = ("before", "after", "torn") if name in WRITERS else ("before", "after")
+        out.append((name, i, rng.choice(whens)))
+    return out
+
+
+def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(run_dir) / "checkpoints" / f"step_{step:06d}" / "model.safetensors"))
+
+
+def compare_runs(straight: Path, resumed: Path, steps: int) -> list[str]:
+    """What differs between an uninterrupted and a killed-then-resumed run ([] when bit-exact):
+    final weights, and metrics.jsonl holding each step once with the same rewards."""
+    problems = []
+    a, b = final_weights(straight, steps), final_weights(resumed, steps)
+    if a.keys() != b.keys() or any(not torch.equal(a[k], b[k]) for k in a):
+        problems.append("final weights differ")
+    rows_a = [json.loads(x) for x in (Path(straight) / "metrics.jsonl").read_text().splitlines()]
+    rows_b = [json.loads(x) for x in (Path(resumed) / "metrics.jsonl").read_text().splitlines()]
+    steps_b = [r["step"] for r in rows_b if "reward/mean" in r]
+    if steps_b != list(range(1, steps + 1)):
+        problems.append(f"metrics.jsonl training steps are {steps_b}")
+    if [r.get("reward/mean") for r in rows_a] != [r.get("reward/mean") for r in rows_b]:
+        problems.append("metrics.jsonl rewards differ")
+    return problems
