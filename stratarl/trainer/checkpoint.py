@@ -280,7 +280,7 @@ def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
     except (OSError, UnicodeDecodeError):
         return None
     path = root / name
-    return path if name and (path / "state.pt").is_file() else None
+    return path if name.startswith("step_") and "/" not in name and path.is_dir() else None
 
 
 def _step_of(path: Path) -> int:
