@@ -155,3 +155,84 @@ def compare_runs(straight: Path, resumed: Path, steps: int) -> list[str]:
     if [r.get("reward/mean") for r in rows_a] != [r.get("reward/mean") for r in rows_b]:
         problems.append("metrics.jsonl rewards differ")
     return problems
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+
+def bad_input_cases(root: Path, tiny_config: Path, kb_dir: Path, run_without_checkpoint: Path,
+                    trained_run: Path) -> list[tuple]:
+    """(name, argv, text the one-line error must contain) for every bad input, with the files they
+    need written under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    a_file = root / "a_file"
+    a_file.write_text("not a folder\n")
+    (root / "bad.jsonl").write_bytes(b'{"id": "0", "contents": "ok"}\n\xff\xfe broken\n')
+    (root / "fake.jsonl.gz").write_text('{"id": "0", "contents": "plain text, not gzip"}\n')
+    (root / "questions.jsonl").write_text('{"question": "who?", "golden_answers": ["me"]}\n')
+    (root / "dup.yaml").write_text("trainer:\n  steps: 2\nalgo:\n  name: grpo\ntrainer:\n  seed: 1\n")
+    (root / "binary.yaml").write_bytes(bytes(range(256)))
+    corpus_dir = root / "corpus_dir"
+    corpus_dir.mkdir(exist_ok=True)
+    (corpus_dir / "corpus.jsonl").write_text('{"id": "0", "contents": "\\"T\\"\\nsome text"}\n')
+    (root / "wrong_sig.py").write_text("def reward(text):\n    return 0.0\n")
+    tiny = [str(tiny_config), f"data.synthetic.cache_dir={kb_dir}"]
+    train = ["train", *tiny, f"trainer.output_dir={root / 'runs'}"]
+    cases = [
+        ("optim.lr=inf", [*train, "optim.lr=.inf"], "optim.lr"),
+        ("optim.lr=nan", [*train, "optim.lr=.nan"], "optim.lr"),
+        ("algo.critic_lr=-1", [*train, "algo.critic_lr=-1"], "algo.critic_lr"),
+        ("algo.value_clip=-1", [*train, "algo.value_clip=-1"], "algo.value_clip"),
+        ("rollout.temperature=nan", [*train, "rollout.temperature=.nan"], "rollout.temperature"),
+        ("retrieval.step_budget_s=0", [*train, "retrieval.step_budget_s=0"], "retrieval.step_budget_s"),
+        ("reward with the wrong signature", [*train, f"algo.reward={root / 'wrong_sig.py'}:reward"], "cannot be called with 2"),
+        ("--run-dir under a file", ["train", *tiny, "--run-dir", str(a_file / "run")], "a_file"),
+        ("trainer.output_dir is a file", ["train", *tiny, f"trainer.output_dir={a_file}"], "a_file"),
+        ("duplicate YAML key", ["train", str(root / "dup.yaml")], "key `trainer` appears twice"),
+        ("binary YAML", ["train", str(root / "binary.yaml")], "is not UTF-8 text"),
+        ("--resume without a checkpoint", ["train", "--resume", str(run_without_checkpoint)], "no intact checkpoint"),
+        ("--start-over without --resume", [*train, "--start-over"], "--start-over only applies"),
+        ("eval a run without a checkpoint", ["eval", str(run_without_checkpoint)], "no loadable checkpoint"),
+        ("eval --out under a file", ["eval", str(trained_run), "--out", str(a_file / "eval")], "a_file"),
+        ("serve --port 99999", ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--port", "99999"], "--port 99999"),
+        ("index build over its own corpus", ["index", "build", "--corpus", str(corpus_dir / "corpus.jsonl"), "--out",
+                                             str(corpus_dir)], "would overwrite the corpus"),
+        ("non-UTF-8 corpus", ["index", "build", "--corpus", str(root / "bad.jsonl"), "--out", str(root / "idx")],
+         "bad.jsonl, line 2: not UTF-8"),
+        ("plain file named .jsonl.gz", ["index", "build", "--corpus", str(root / "fake.jsonl.gz"), "--out",
+                                        str(root / "idx")], "fake.jsonl.gz: not a readable gzip file"),
+        ("data inspect a non-UTF-8 corpus", ["data", "inspect", str(root / "bad.jsonl")], "line 2: not UTF-8"),
+        ("data synth --out is a file", ["data", "synth", "--out", str(a_file)], "is a file"),
+        ("data synth --num-train -1", ["data", "synth", "--out", str(root / "synth"), "--num-train", "-1"], "--num-train -1"),
+        ("data convert to a path under a file", ["data", "convert", str(root / "questions.jsonl"),
+                                                 str(a_file / "out.jsonl")], "a_file"),
+    ]
+    if not torch.cuda.is_available():
+        cases.append(("trainer.device=cuda on a CPU build", [*train, "trainer.device=cuda"], "trainer.device"))
+    return cases
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    """`stratarl ARGV` in this process: (exit code, stderr). An exception escaping main is returned
+    as its traceback text (what a user would see)."""
+    import contextlib
+    import io
+    import traceback
+
+    from stratarl.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as error:
+            code = error.code if isinstance(error.code, int) else 1
+        except Exception:  # noqa: BLE001 - the point is to show what escaped
+            return 1, err.getvalue() + traceback.format_exc()
+    return code, err.getvalue()
+
+
+def clear_error(code: int, stderr: str, expected: str) -> bool:
+    """A non-zero exit, no traceback, and exactly one error line, which contains ``expected``."""
+    lines = [line for line in stderr.splitlines() if "error:" in line]
+    return code != 0 and "Traceback" not in stderr and len(lines) == 1 and expected in lines[0]
