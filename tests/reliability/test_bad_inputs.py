@@ -36,11 +36,11 @@ def test_every_bad_input_gets_one_clear_error_line(cases):
     assert len(cases) >= 23
 
 
-def test_a_failed_resume_leaves_config_yaml_unchanged(tiny_cfg, tmp_path):
-    from stratarl.trainer.rl import train
+def test_a_failed_resume_leaves_config_yaml_unchanged(straight_run, tmp_path):
+    import shutil
 
     run_dir = tmp_path / "run"
-    train(tiny_cfg, run_dir)
+    shutil.copytree(straight_run, run_dir)
     before = (run_dir / "config.yaml").read_bytes()
     code, stderr = run_cli(["train", "--resume", str(run_dir), "data.max_train_examples=3"])
     assert clear_error(code, stderr, "same data config")

@@ -138,7 +138,7 @@ def _train_against(url, tmp_path, monkeypatch, base_overrides, extra=()):
     return summary
 
 
-LIES = {"500": "HTTP 500", "not json": "the response is not JSON", "wrong count": "sent 6 queries but got 5 result lists"}
+LIES = {"500": "HTTP 500", "not json": "the response is not JSON", "wrong count": "sent 4 queries but got 3 result lists"}
 
 
 @pytest.mark.parametrize("lying_server", list(LIES), indirect=True)
@@ -146,7 +146,7 @@ def test_a_lying_server_stops_the_run_with_a_checkpoint(lying_server, tmp_path, 
     url, mode = lying_server
     summary = _train_against(url, tmp_path, monkeypatch, base_overrides)
     err = capsys.readouterr().err
-    assert "warning: step 1: 6 of 6 searches failed" in err and "warning: step 2: 6 of 6" in err
+    assert "warning: step 1: 4 of 4 searches failed" in err and "warning: step 2: 4 of 4" in err
     assert summary["steps"] == 2 and (tmp_path / "run" / "checkpoints" / "step_000002" / "manifest.json").is_file()
     assert url in summary["retrieval_failure"] and "2 consecutive steps" in summary["retrieval_failure"]
     assert LIES[mode] in summary["retrieval_failure"]

@@ -28,7 +28,7 @@ CALLS = [0]
 def reward(response_text, golds):
     CALLS[0] += 1
     sync = pathlib.Path(os.environ["STRATARL_TEST_SYNC"])
-    if CALLS[0] == 7 and not (sync / "go").exists():  # 2 prompts x 3 rollouts per step
+    if CALLS[0] == 5 and not (sync / "go").exists():  # 2 prompts x 2 rollouts per step
         (sync / "ready").touch()
         deadline = time.monotonic() + 120
         while not (sync / "go").exists() and time.monotonic() < deadline:
@@ -46,22 +46,37 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 180) -> Non
         time.sleep(0.02)
 
 
-def _start(tmp_path, run_dir):
+def _start(tmp_path, run_dir, kb_override):
     sync = tmp_path / "sync"
     sync.mkdir(exist_ok=True)
     (tmp_path / "gated.py").write_text(GATED_REWARD)
     env = {**os.environ, "STRATARL_TEST_SYNC": str(sync)}
-    overrides = [f"data.synthetic.cache_dir={tmp_path / 'kb'}", f"algo.reward={tmp_path / 'gated.py'}:reward",
-                 "trainer.steps=4", "logging.tensorboard=false", "data.synthetic.options.num_train=8"]
+    overrides = [kb_override, f"algo.reward={tmp_path / 'gated.py'}:reward", "trainer.steps=4", "trainer.epochs=1",
+                 "rollout.group_size=2", "logging.tensorboard=false", "data.synthetic.options.num_train=8"]
     proc = subprocess.Popen([sys.executable, "-m", "stratarl.cli", "train", str(TINY), *overrides, "--run-dir",
                              str(run_dir)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, sync, env
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_signal_checkpoints_and_the_printed_resume_command_works(tmp_path, signum):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_each_stop_signal_is_caught_once_then_aborts(signum, capsys):
+    from stratarl.trainer.rl import _GracefulInterrupt
+
+    with _GracefulInterrupt() as interrupt:
+        signal.raise_signal(signum)
+        assert interrupt.requested and interrupt.exit_code == 128 + signum
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signum)
+    assert signal.getsignal(signum) is not interrupt._handle
+    shown = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    assert f"{shown}: finishing this step" in capsys.readouterr().err
+
+
+def test_sigterm_checkpoints_and_the_printed_resume_command_works(tmp_path, base_overrides, straight_run):
+    signum = signal.SIGTERM
     run_dir = tmp_path / "run dir"  # a space: the printed command must quote it
-    proc, sync, env = _start(tmp_path, run_dir)
+    # straight_run has generated the shared knowledge base already: the subprocesses only read it.
+    proc, sync, env = _start(tmp_path, run_dir, next(o for o in base_overrides if o.startswith("data.synthetic.cache_dir")))
     _wait_for(sync / "ready", proc)
     proc.send_signal(signum)
     (sync / "go").touch()
@@ -72,8 +87,6 @@ def test_signal_checkpoints_and_the_printed_resume_command_works(tmp_path, signu
     line = next(x for x in out.splitlines() if "resume with `" in x)
     command = shlex.split(line.split("`")[1])
     assert command[:3] == ["stratarl", "train", "--resume"]
-    if signum != signal.SIGTERM:
-        return
     resumed = subprocess.run([sys.executable, "-m", "stratarl.cli", *command[1:]], env=env, capture_output=True,
                              text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stderr
