@@ -3,12 +3,9 @@ reliability tests, and a reward with variance written to a file (named by path, 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
-STEPS = 3
+from fault_injection import STEPS, TINY
 
 REWARD = '''
 def length_parity_reward(response_text, golds):

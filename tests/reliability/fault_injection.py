@@ -21,6 +21,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+STEPS = 3
+"""The shared tiny run: 3 steps, a checkpoint every step (so the last one is saved twice)."""
+
 KILL_POINTS = ("rl_step", "save_model", "torch.save", "os.replace", "write_manifest", "rmtree", "fsync")
 WRITERS = ("save_model", "torch.save")  # "torn" tears the file they write
 

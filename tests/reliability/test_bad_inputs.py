@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import TINY
-from fault_injection import bad_input_cases, clear_error, run_cli
+from fault_injection import TINY, bad_input_cases, clear_error, run_cli
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from conftest import STEPS
-from fault_injection import compare_runs, count_calls, random_targets, run_killed
+from fault_injection import STEPS, compare_runs, count_calls, random_targets, run_killed
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="needs fork and SIGKILL")]
 

@@ -11,6 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from fault_injection import TINY
 
 from stratarl.retrieval.base import RetrievalError
 from stratarl.retrieval.remote import RemoteRetriever
@@ -127,7 +128,6 @@ def _train_against(url, tmp_path, monkeypatch, base_overrides, extra=()):
     from stratarl.trainer.config import load_config
     from stratarl.trainer.rl import RETRIEVAL_STOP_CODE, train
 
-    from conftest import TINY
 
     monkeypatch.setattr(rollouts, "make_generator", lambda model, tokenizer, backend, seed: SearchingGenerator(tokenizer))
     spec = json.dumps({"kind": "remote", "url": url, "timeout_s": 5, "max_retries": 1, "backoff_s": 0.01})
