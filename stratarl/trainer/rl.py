@@ -314,10 +314,6 @@ class _GracefulInterrupt:
             signal.signal(signum, previous)
 
 
-class RetrievalFailure(RuntimeError):
-    """Too many consecutive steps had most of their searches fail."""
-
-
 @dataclass
 class RetrievalWatch:
     """Warns on every step with a failed search; counts consecutive steps whose failed fraction exceeds
