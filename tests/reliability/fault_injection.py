@@ -129,12 +129,14 @@ def run_killed(cfg, run_dir: Path, target: tuple[str, int, str], *, resume: bool
 
 
 def random_targets(counts: dict[str, int], n: int, seed: int) -> list[tuple[str, int, str]]:
-    """``n`` seeded kill points drawn over every call an uninterrupted run makes."""
+    """``n`` seeded kill points: a kill point name drawn uniformly (so the many fsync calls do not
+    crowd out the rest), then one of its calls in an uninterrupted run."""
     rng = random.Random(seed)
-    calls = [(name, i) for name in KILL_POINTS for i in range(1, counts.get(name, 0) + 1)]
+    names = [name for name in KILL_POINTS if counts.get(name, 0)]
     out = []
     for _ in range(n):
-        name, i = rng.choice(calls)
+        name = rng.choice(names)
+        i = rng.randint(1, counts[name])
         whens = ("before", "after", "torn") if name in WRITERS else ("before", "after")
         out.append((name, i, rng.choice(whens)))
     return out
