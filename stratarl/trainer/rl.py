@@ -347,8 +347,10 @@ def _run_eval(run: RunState, tag: str) -> dict:
     examples = limit_per_source(run.task.test, run.cfg.data.max_eval_examples)
     if not examples:
         return {}
-    result = evaluate(run.model, run.tokenizer, run.retriever, examples, run.cfg,
-                      num_transcripts=run.cfg.eval.num_transcripts, progress=run.cfg.logging.progress, desc=f"eval {tag}")
+    with run.retriever.unbudgeted():
+        result = evaluate(run.model, run.tokenizer, run.retriever, examples, run.cfg,
+                          num_transcripts=run.cfg.eval.num_transcripts, progress=run.cfg.logging.progress,
+                          desc=f"eval {tag}")
     save_eval(result, run.run_dir, tag)
     run.logger.log(run.step, {**eval_metrics(result), "time/eval": result["seconds"]})
     print(format_table(result, title=f"eval [{tag}] step {run.step}: {len(examples)} held-out questions"), flush=True)

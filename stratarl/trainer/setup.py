@@ -276,8 +276,8 @@ class TimedRetriever:
             if remaining is not None and remaining <= 0:
                 raise RetrievalError(f"this step's retrieval time budget (retrieval.step_budget_s={self.budget_s:g}) "
                                      "is spent; the search was not sent")
-            if remaining is not None and hasattr(self.inner, "deadline"):
-                self.inner.deadline = time.monotonic() + remaining
+            if hasattr(self.inner, "deadline"):
+                self.inner.deadline = None if remaining is None else time.monotonic() + remaining
             results = self.inner.search(queries, k)
             if not isinstance(results, list) or len(results) != len(queries):
                 got = len(results) if isinstance(results, list) else type(results).__name__
@@ -292,6 +292,15 @@ class TimedRetriever:
             self.seconds += elapsed
             self.step_seconds += elapsed
             self.calls += len(queries)
+
+    @contextmanager
+    def unbudgeted(self):
+        """No step budget inside (evaluation: its searches are not a training step's)."""
+        budget, self.budget_s = self.budget_s, None
+        try:
+            yield self
+        finally:
+            self.budget_s = budget
 
     def pop_seconds(self) -> float:
         seconds, self.seconds = self.seconds, 0.0

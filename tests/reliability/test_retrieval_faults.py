@@ -162,3 +162,21 @@ def test_a_hanging_server_stops_the_run_within_the_budget(hanging_server, tmp_pa
     assert summary["steps"] == 2 and "timed out" in summary["retrieval_failure"]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(row["time/retrieval"] < 5 for row in rows)  # bounds the hang: 5 s timeout x 2 attempts unbudgeted
+
+
+def test_evaluation_searches_are_not_cut_by_a_spent_step_budget():
+    class Recording:
+        deadline = "unset"
+
+        def search(self, queries, k):
+            self.seen_deadline = self.deadline
+            return [[] for _ in queries]
+
+    inner = Recording()
+    timed = TimedRetriever(inner, budget_s=1.0)
+    timed.step_seconds = 5.0  # this step's budget is spent
+    with pytest.raises(RetrievalError, match="budget"):
+        timed.search(["a"], 1)
+    with timed.unbudgeted():
+        assert timed.search(["a"], 1) == [[]]
+    assert inner.seen_deadline is None and timed.budget_s == 1.0
