@@ -134,9 +134,10 @@ def run_train(args: argparse.Namespace) -> int:
         if args.start_over and not resume:
             raise ConfigError("--start-over only applies with --resume RUN_DIR")
         summary = run_pipeline(cfg, run_dir, resume=resume, start_over=args.start_over)
-        print(f"done: {summary['steps']} steps in {summary['train_seconds']:.0f}s; checkpoint {summary['checkpoint']}",
-              flush=True)
-        return summary.get("exit_code", 0)
+        code = summary.get("exit_code", 0)
+        print(f"{'stopped' if code else 'done'}: {summary['steps']} steps in {summary['train_seconds']:.0f}s; "
+              f"checkpoint {summary['checkpoint']}", flush=True)
+        return code
 
     return _guard(body)
 
