@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 MANIFEST = "manifest.json"
@@ -225,9 +226,11 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, model: torch.nn.Module, 
         _fsync_dir(root)
     except OSError as error:
         raise _disk_error(error, root) from None
-    except RuntimeError as error:  # torch.save reports a full disk as "[enforce fail at inline_container.cc]"
+    except (RuntimeError, SafetensorError) as error:
+        # torch.save reports a full disk as "[enforce fail at inline_container.cc]", safetensors as
+        # "IoError(Os { code: 28, kind: StorageFull ... })".
         free = shutil.disk_usage(root).free
-        if free < (64 << 20):
+        if free < (64 << 20) or "StorageFull" in str(error):
             raise OSError(errno.ENOSPC, f"disk full while writing a checkpoint under {root} ({free >> 20} MiB "
                           "free); the previous checkpoint is intact. Fix: free space, then `stratarl train --resume "
                           "RUN_DIR`") from None
@@ -354,7 +357,7 @@ def load_checkpoint(path: str | Path, *, model: torch.nn.Module, value_head: tor
     except RuntimeError as error:  # shape mismatch
         raise ValueError(f"checkpoint {path} does not match the model ({str(error)[:300]}); resume with the same "
                          "model config") from None
-    except Exception as error:  # noqa: BLE001 - safetensors raises its own error type on a corrupt header
+    except (SafetensorError, OSError) as error:  # a corrupt header (a folder without a manifest)
         raise CheckpointError(f"{path}/model.safetensors cannot be read ({str(error)[:200]})") from None
     if missing or unexpected:
         raise ValueError(f"checkpoint {path} does not match the model: missing {sorted(missing)[:5]}, unexpected "

@@ -131,6 +131,28 @@ def test_torch_save_enforce_failure_on_a_full_disk_reads_disk_full(two_steps, mo
         ckpt.save_checkpoint(two_steps, 3, model=_model(), state={})
 
 
+def test_safetensors_storage_full_reads_disk_full(two_steps, monkeypatch):
+    from safetensors import SafetensorError
+
+    def storage_full(*args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space '
+                              'left on device" })')
+
+    monkeypatch.setattr(ckpt, "save_model", storage_full)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.save_checkpoint(two_steps, 3, model=_model(), state={})
+    assert ckpt.find_checkpoint(two_steps) == (two_steps / "step_000002", [])
+
+
+def test_a_legacy_folder_without_manifest_with_a_torn_model_is_skipped(two_steps):
+    legacy = two_steps / "step_000002"
+    (legacy / "manifest.json").unlink()
+    with open(legacy / "model.safetensors", "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(ckpt.CheckpointError, match="cannot be read"):
+        ckpt.load_checkpoint(legacy, model=_model())
+
+
 class _Usage:
     def __init__(self, free):
         self.free = free
