@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
 from stratarl import __version__
+from stratarl.commands import describe_os_error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,11 +31,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # `train CONFIG --run-dir DIR key=value`: argparse leaves overrides that follow an option unparsed.
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(
+            "=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (OSError, UnicodeDecodeError) as error:
+        # A path that is a file (or under one), an unwritable folder, a full disk, a binary file:
+        # one line that names the path; STRATARL_DEBUG=1 shows the traceback.
+        if os.environ.get("STRATARL_DEBUG"):
+            raise
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

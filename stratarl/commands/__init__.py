@@ -6,3 +6,17 @@ more subcommands; `stratarl.cli` discovers them, so a new command is one new fil
 Keep imports of heavy modules (torch, transformers) inside the handlers so that
 ``stratarl --help`` stays fast.
 """
+
+import errno
+
+
+def describe_os_error(error: BaseException) -> str:
+    """One line for an OSError or a UnicodeDecodeError: what happened, the path, and a fix."""
+    if isinstance(error, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({error.reason} at byte {error.start}); pass a text file"
+    what = error.strerror or str(error)
+    fix = {errno.ENOSPC: "free disk space", errno.EACCES: "choose a folder you can write to",
+           errno.EROFS: "choose a writable folder", errno.ENOTDIR: "a part of the path is a file: choose another path",
+           errno.EEXIST: "a file is in the way: choose another path", errno.EISDIR: "pass a file, not a folder"}.get(error.errno)
+    where = f": {error.filename}" if error.filename else ""
+    return f"{what}{where}" + (f". Fix: {fix}" if fix else "")

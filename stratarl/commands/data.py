@@ -67,6 +67,11 @@ def _synth(args: argparse.Namespace) -> int:
         hop_mix = tuple(float(x) for x in args.hop_mix.split(","))
     except ValueError:
         return _fail(f"--hop-mix {args.hop_mix!r}: expected three comma-separated numbers, e.g. 0.4,0.4,0.2")
+    for flag, value in (("--num-train", args.num_train), ("--num-test", args.num_test)):
+        if value is not None and value < 1:
+            return _fail(f"{flag} {value}: must be at least 1 (or left out for the size's default)")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        return _fail(f"--out {args.out} is a file, not a folder. Fix: pass a folder path")
     try:
         start = time.perf_counter()
         kb = generate_knowledge_base(
@@ -131,23 +136,27 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _is_corpus(path: Path) -> bool:
-    with path.open(encoding="utf-8") as handle:
+    with path.open("rb") as handle:
         first = handle.readline()
     try:
         return "contents" in json.loads(first)
-    except (json.JSONDecodeError, TypeError):
+    except (ValueError, TypeError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return False
 
 
 def _inspect_corpus(path: Path, rows: int) -> int:
-    """Stream the file: a real corpus (21M passages) must not be loaded to be counted."""
+    """Stream the file (a real corpus has 21M passages): every line is parsed, so a broken one is an
+    error naming its line rather than a counted passage."""
+    from stratarl.retrieval.corpus import CorpusError, iter_corpus
+
     count, shown = 0, []
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                count += 1
-                if len(shown) < rows:
-                    shown.append(line.strip()[:300])
+    try:
+        for passage in iter_corpus(path):
+            count += 1
+            if len(shown) < rows:
+                shown.append(json.dumps(passage.to_document(), ensure_ascii=False)[:300])
+    except CorpusError as error:
+        return _fail(str(error))
     print(f"{path}: corpus with {count} passages")
     for line in shown:
         print(line)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -55,10 +56,15 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer = load_policy(model_cfg, seed=cfg.trainer.seed, device=cfg.trainer.device, task=task)
         source = model_cfg.init_from or model_cfg.name
         if run_dir is not None:
-            latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
-            if latest is not None:
-                ckpt.load_checkpoint(latest, model=model)
-                source = str(latest)
+            latest, skipped = ckpt.find_checkpoint(run_dir / "checkpoints")
+            for line in skipped:
+                print(f"warning: skipped checkpoint: {line}", file=sys.stderr, flush=True)
+            if latest is None:
+                raise ConfigError(f"{run_dir} has no loadable checkpoint (checkpoints/ holds no intact step_* "
+                                  "folder). Fix: resume the run with `stratarl train --resume RUN_DIR`, or evaluate "
+                                  "a model without training: `stratarl eval CONFIG.yaml`")
+            ckpt.load_checkpoint(latest, model=model)
+            source = str(latest)
         retriever = build_task_retriever(cfg, task)
         result = evaluate(model, tokenizer, retriever, examples, cfg, num_transcripts=cfg.eval.num_transcripts,
                           progress=cfg.logging.progress)

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -53,6 +54,11 @@ def run_build(args: argparse.Namespace) -> int:
     from stratarl.retrieval.corpus import CorpusError, load_corpus
 
     start = time.perf_counter()
+    corpus, out = Path(args.corpus).resolve(), Path(args.out).resolve()
+    if out == corpus or out in corpus.parents:
+        return _fail(f"--corpus {args.corpus} lies inside --out {args.out}: building would overwrite the corpus "
+                     "it reads (the index keeps its own corpus.jsonl). Fix: choose another --out, e.g. "
+                     f"{Path(args.out) / 'index'} is not allowed but {Path(args.out).parent / 'index'} is")
     try:
         passages = load_corpus(args.corpus)
         if args.kind == "bm25":

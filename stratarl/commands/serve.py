@@ -34,6 +34,8 @@ def register(subparsers) -> None:
         default=1024,
         help="most queries merged into one retriever call across concurrent requests (default: 1024; 1 = no merging)",
     )
+    parser.add_argument("--max-hits", type=int, default=16384,
+                        help="most passages one request may ask for, queries x topk (default: 16384)")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run_serve)
 
@@ -57,6 +59,10 @@ def run_serve(args: argparse.Namespace) -> int:
     from stratarl.retrieval.factory import build_retriever
     from stratarl.retrieval.server import ServerLimits, serve
 
+    if not 0 <= args.port <= 65535:
+        print(f"stratarl serve: error: --port {args.port} is not a TCP port. Fix: use a number in 1-65535, e.g. 8000",
+              file=sys.stderr)
+        return 2
     try:
         limits = ServerLimits(
             default_topk=args.topk,
@@ -64,6 +70,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_queries=args.max_queries,
             max_query_chars=args.max_query_chars,
             max_batch_queries=args.max_batch_queries,
+            max_hits=args.max_hits,
         )
         retriever = build_retriever(_retriever_spec(args))
     except (CorpusError, FileNotFoundError, ValueError, ModuleNotFoundError, OSError) as error:
@@ -86,5 +93,6 @@ def run_serve(args: argparse.Namespace) -> int:
         max_queries=limits.max_queries,
         max_query_chars=limits.max_query_chars,
         max_batch_queries=limits.max_batch_queries,
+        max_hits=limits.max_hits,
     )
     return 0

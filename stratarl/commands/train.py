@@ -20,6 +20,8 @@ def register(subparsers) -> None:
     p.add_argument("overrides", nargs="*", help=CONFIG_HELP)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint "
                    "(its config.yaml is used; overrides such as trainer.steps=N still apply)")
+    p.add_argument("--start-over", action="store_true", help="with --resume: when RUN_DIR holds no intact "
+                   "checkpoint (e.g. it was killed before its first one), train it again from step 0 instead of failing")
     p.add_argument("--run-dir", help="write the run here instead of <trainer.output_dir>/<trainer.run_name>")
     p.set_defaults(func=run_train)
 
@@ -62,12 +64,17 @@ def load_run_config(args):
     return cfg, resolve_run_dir(cfg, args.run_dir), False
 
 
-def run_pipeline(cfg, run_dir: Path, *, resume: bool) -> dict:
+def run_pipeline(cfg, run_dir: Path, *, resume: bool, start_over: bool = False) -> dict:
     """Warm start (if ``sft.enabled`` and no ``model.init_from``), then RL; returns the RL summary."""
     from stratarl.trainer.rl import train
     from stratarl.trainer.setup import set_threads
 
     set_threads(cfg.trainer.num_threads)
+    if not resume:  # before the warm start: a run killed during it can be resumed (--start-over)
+        from stratarl.trainer.config import save_config
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
     init_from = None
     summary_sft = None
     if cfg.sft.enabled and not cfg.model.init_from:
@@ -92,7 +99,7 @@ def run_pipeline(cfg, run_dir: Path, *, resume: bool) -> dict:
             print(f"warm start done in {summary_sft['seconds']:.0f}s: loss (mean of first / last 3 steps) "
                   f"{summary_sft['first_steps_loss']:.3f} -> {summary_sft['last_steps_loss']:.3f}, demos {summary_sft['demo_kinds']}", flush=True)
         init_from = str(model_dir)
-    summary = train(cfg, run_dir, resume=resume, init_from=init_from)
+    summary = train(cfg, run_dir, resume=resume, init_from=init_from, start_over=start_over)
     if summary_sft is not None:
         summary["sft"] = summary_sft
     return summary
@@ -110,16 +117,27 @@ def _guard(fn):
         if os.environ.get("STRATARL_DEBUG"):
             raise
         return fail(f"{type(error).__name__}: {error}", 1)
+    except OSError as error:  # disk full, read-only or unwritable run directory, a path under a file
+        if os.environ.get("STRATARL_DEBUG"):
+            raise
+        from stratarl.commands import describe_os_error
+
+        return fail(describe_os_error(error), 1)
 
 
 def run_train(args: argparse.Namespace) -> int:
     def body() -> int:
+        from stratarl.trainer.config import ConfigError
+
         cfg, run_dir, resume = load_run_config(args)
         print(f"run directory: {run_dir}", flush=True)
-        summary = run_pipeline(cfg, run_dir, resume=resume)
-        print(f"done: {summary['steps']} steps in {summary['train_seconds']:.0f}s; checkpoint {summary['checkpoint']}",
-              flush=True)
-        return 130 if summary.get("interrupted") else 0
+        if args.start_over and not resume:
+            raise ConfigError("--start-over only applies with --resume RUN_DIR")
+        summary = run_pipeline(cfg, run_dir, resume=resume, start_over=args.start_over)
+        code = summary.get("exit_code", 0)
+        print(f"{'stopped' if code else 'done'}: {summary['steps']} steps in {summary['train_seconds']:.0f}s; "
+              f"checkpoint {summary['checkpoint']}", flush=True)
+        return code
 
     return _guard(body)
 
@@ -149,6 +167,6 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"wall time: {wall / 60:.1f} min")
         print(f"report: {report}")
         print(f"run directory: {run_dir}")
-        return 130 if summary.get("interrupted") else 0
+        return summary.get("exit_code", 0)
 
     return _guard(body)

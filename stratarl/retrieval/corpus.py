@@ -24,6 +24,20 @@ def _open_text(path: Path, mode: str) -> IO[str]:
     return open(path, mode, encoding="utf-8")
 
 
+def _open_binary(path: Path) -> IO[bytes]:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]
+
+
+def _lines(handle: IO[bytes], path: Path) -> Iterator[bytes]:
+    try:
+        yield from handle
+    except (gzip.BadGzipFile, EOFError, OSError) as error:
+        if isinstance(error, (gzip.BadGzipFile, EOFError)) or "gzip" in str(error).lower():
+            raise CorpusError(f"{path}: not a readable gzip file ({error}). Fix: compress it with gzip, or name a "
+                              "plain-text corpus .jsonl") from None
+        raise
+
+
 def _passage_from_record(record: object, path: Path, line_number: int) -> Passage:
     """One parsed JSON line → Passage.
 
@@ -63,8 +77,13 @@ def iter_corpus(path: str | Path) -> Iterator[Passage]:
     path = Path(path)
     if not path.is_file():
         raise CorpusError(f"corpus file not found: {path}. Pass a Search-R1 corpus jsonl ({CORPUS_LINE_EXAMPLE} per line)")
-    with _open_text(path, "r") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with _open_binary(path) as handle:
+        for line_number, raw in enumerate(_lines(handle, path), start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise CorpusError(f"{path}, line {line_number}: not UTF-8 text (byte {error.start + 1} of the line "
+                                  "cannot be decoded). Fix: re-encode the file as UTF-8") from None
             if not line.strip():
                 continue
             try:

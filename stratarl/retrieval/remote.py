@@ -63,6 +63,8 @@ class RemoteRetriever:
     connection error or a retryable status (408, 425, 429, 5xx) it is retried up to ``max_retries``
     times, sleeping ``backoff_s · 2^attempt`` in between, then `RetrievalError` is raised with the
     last error. Other 4xx answers are raised at once (retrying a bad request cannot help).
+    ``deadline`` (a `time.monotonic()` value, or None) caps the whole call: no attempt or sleep runs
+    past it, and each attempt's timeout shrinks to the time left (the trainer sets it per step).
     Thread-safe: one pooled ``httpx.Client`` is shared.
     """
 
@@ -93,6 +95,7 @@ class RemoteRetriever:
         self._stats_lock = threading.Lock()
         self.num_requests = 0
         self.num_retries = 0
+        self.deadline: float | None = None
 
     def __repr__(self) -> str:
         return f"RemoteRetriever({self.url!r}, timeout_s={self.timeout_s}, max_retries={self.max_retries})"
@@ -111,17 +114,30 @@ class RemoteRetriever:
 
         last_error = ""
         attempts = self.max_retries + 1
+        deadline = self.deadline
+        tried = 0
         for attempt in range(attempts):
             if attempt > 0:
                 with self._stats_lock:
                     self.num_retries += 1
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                pause = self.backoff_s * 2 ** (attempt - 1)
+                if deadline is not None and time.monotonic() + pause >= deadline:
+                    last_error += " (no time left in the step's retrieval budget for another retry)"
+                    break
+                time.sleep(pause)
+            timeout = self.timeout_s
+            if deadline is not None:
+                timeout = min(timeout, deadline - time.monotonic())
+                if timeout <= 0:
+                    last_error = last_error or "the step's retrieval budget was spent before the request"
+                    break
             with self._stats_lock:
                 self.num_requests += 1
+            tried += 1
             try:
-                response = self._client.post(self.url, json=body)
+                response = self._client.post(self.url, json=body, timeout=timeout)
             except httpx.TimeoutException:
-                last_error = f"timed out after {self.timeout_s} s"
+                last_error = f"timed out after {timeout:.3g} s"
                 continue
             except httpx.TransportError as error:
                 last_error = f"{type(error).__name__}: {error}"
@@ -139,7 +155,7 @@ class RemoteRetriever:
             except ValueError:
                 raise RetrievalError(f"POST {self.url}: the response is not JSON: {response.text[:200]!r}") from None
         raise RetrievalError(
-            f"POST {self.url} failed after {attempts} attempt(s) (timeout {self.timeout_s} s each, "
+            f"POST {self.url} failed after {tried} attempt(s) (timeout {self.timeout_s} s each, "
             f"{self.max_retries} retries with backoff from {self.backoff_s} s); last error: {last_error}. "
             "Is the server running? Start one with `stratarl serve --index DIR` or `stratarl serve --corpus corpus.jsonl`."
         )

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 
 from stratarl.retrieval.base import Passage, Retriever
+
+logger = logging.getLogger("stratarl.server")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,9 @@ class ServerLimits:
     max_topk: int = 100
     max_body_bytes: int = 16 * 1024 * 1024
     max_batch_queries: int = 1024
+    max_hits: int = 16384
+    """Most passages one request may ask for (queries x topk): bounds the work and the response size
+    of a single request (16384 = 4096 queries at topk 4)."""
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -75,7 +81,11 @@ def parse_retrieve_request(payload: object, limits: ServerLimits) -> tuple[list[
     if topk is None or topk == 0:
         topk = limits.default_topk
     if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= limits.max_topk:
-        raise RequestError(422, f"'topk' must be an integer from 1 to {limits.max_topk}, got {topk!r}")
+        shown = repr(topk) if len(repr(topk)) <= 40 else f"{repr(topk)[:20]}... ({len(repr(topk))} characters)"
+        raise RequestError(422, f"'topk' must be an integer from 1 to {limits.max_topk}, got {shown}")
+    if len(queries) * topk > limits.max_hits:
+        raise RequestError(413, f"{len(queries)} queries x topk {topk} = {len(queries) * topk} passages; this server "
+                                f"returns at most {limits.max_hits} per request (split the batch or lower topk)")
     return_scores = payload.get("return_scores")
     if return_scores is None:
         return_scores = False
@@ -127,6 +137,16 @@ class MicroBatcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stratarl-retriever")
 
     async def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        """Results of ``queries`` in order. A request larger than ``max_batch_queries`` is searched one
+        chunk at a time, each queued behind the requests that arrived meanwhile, so it cannot hold the
+        retriever while other clients wait."""
+        results: list[list[Passage]] = []
+        self.stats.requests += 1
+        for start in range(0, len(queries), self.max_batch_queries):
+            results.extend(await self._submit(queries[start : start + self.max_batch_queries], k))
+        return results
+
+    async def _submit(self, queries: list[str], k: int) -> list[list[Passage]]:
         if not queries:
             return []
         loop = asyncio.get_running_loop()
@@ -135,7 +155,6 @@ class MicroBatcher:
             self._queue, self._loop = asyncio.Queue(), loop
             self._worker = loop.create_task(self._run())
         future = loop.create_future()
-        self.stats.requests += 1
         self.stats.queries += len(queries)
         await self._queue.put(_Pending(queries, k, future))
         return await future
@@ -209,8 +228,12 @@ def create_app(
     max_topk: int = 100,
     max_body_bytes: int = 16 * 1024 * 1024,
     max_batch_queries: int = 1024,
+    max_hits: int = 16384,
 ):
-    """A FastAPI app serving ``retriever`` over Search-R1's ``/retrieve`` protocol, plus ``/health``."""
+    """A FastAPI app serving ``retriever`` over Search-R1's ``/retrieve`` protocol, plus ``/health``.
+
+    Every malformed request gets a 4xx with ``{"error": message}``; a client that disconnects before
+    its body arrives is logged in one line (logger ``stratarl.server``)."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -222,6 +245,7 @@ def create_app(
         max_topk=max_topk,
         max_body_bytes=max_body_bytes,
         max_batch_queries=max_batch_queries,
+        max_hits=max_hits,
     )
     batcher = MicroBatcher(retriever, max_batch_queries=limits.max_batch_queries)
 
@@ -241,15 +265,24 @@ def create_app(
     # Plain Starlette routes: the handler reads and validates the raw body itself, so every bad
     # request gets our {"error"} JSON and a precise status instead of pydantic's 422 format.
     async def retrieve(request):
+        from starlette.requests import ClientDisconnect
+        from starlette.responses import Response
+
         try:
             body = await _read_body(request, limits.max_body_bytes)
             try:
                 payload = json.loads(body)
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                raise RequestError(400, f"request body is not valid JSON: {error}") from None
+            except RecursionError:
+                raise RequestError(400, "request body is nested too deeply") from None
+            except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, an integer of > 4300 digits
+                raise RequestError(400, f"request body is not valid JSON: {str(error)[:200]}") from None
             queries, topk, return_scores = parse_retrieve_request(payload, limits)
         except RequestError as error:
             return _error(error.status, error.message)
+        except ClientDisconnect:
+            client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+            logger.warning("%s disconnected before sending its whole request; nothing was searched", client)
+            return Response(status_code=400)
         try:
             results = await batcher.search(queries, topk)
         except Exception as error:

@@ -6,15 +6,22 @@ Layout of ``<run>/checkpoints/step_000004/``:
     value_head.safetensors  the critic's head (PPO family only)
     state.pt              optimizer, scheduler, RNG states, data sampler, step counter
                           (plain types and tensors only: loaded with weights_only=True)
+    manifest.json         size and sha256 of every other file, written last
 
-A checkpoint is written into a temporary sibling folder and renamed into place;
-``latest`` (a one-line text file) is then replaced atomically. A crash at any
-point leaves the previous ``latest`` checkpoint intact and loadable.
+A checkpoint is written into a temporary sibling folder, completed by its manifest and
+renamed into place; ``latest`` (a one-line text file) is then replaced atomically. A
+re-save of the same step moves the old folder aside and deletes it only once the new one
+is in place. A kill at any instant therefore leaves at least one complete checkpoint;
+`find_checkpoint` returns the newest one whose checksums match, naming what it skipped.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 import os
+import pickle
 import random
 import shutil
 import tempfile
@@ -23,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
+
+MANIFEST = "manifest.json"
+REQUIRED_FILES = ("model.safetensors", "state.pt")
+TMP_PREFIX = ".step_"
+REPLACED_PREFIX = ".replaced-step_"
 
 
 @dataclass
@@ -112,31 +125,144 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class CheckpointError(ValueError):
+    """A checkpoint folder is incomplete or damaged (missing file, size or checksum mismatch)."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_manifest(folder: Path, step: int) -> None:
+    """Fsync every file, then write ``manifest.json`` (size + sha256 of each) last: its presence means
+    the folder is complete."""
+    files = {}
+    for f in sorted(folder.iterdir()):
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+        files[f.name] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+    body = json.dumps({"format": 1, "step": step, "files": files}, indent=1) + "\n"
+    with open(folder / MANIFEST, "w") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Raise `CheckpointError` unless every file the manifest lists is there with its size and sha256.
+    A folder without a manifest (written by stratarl before checksums) passes when its files exist."""
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        for name in REQUIRED_FILES:
+            if not (path / name).is_file():
+                raise CheckpointError(f"{path}: no {MANIFEST} and no {name} (an incomplete write)")
+        return
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise CheckpointError(f"{path}/{MANIFEST} is damaged (not the JSON stratarl writes)") from None
+    for name in REQUIRED_FILES:
+        if name not in files:
+            raise CheckpointError(f"{path}/{MANIFEST} does not list {name}")
+    for name, expected in files.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{f} is missing")
+        if f.stat().st_size != expected.get("bytes"):
+            raise CheckpointError(f"{f} has {f.stat().st_size} bytes, the manifest says {expected.get('bytes')} "
+                                  "(a torn write)")
+        if _sha256(f) != expected.get("sha256"):
+            raise CheckpointError(f"{f} fails its sha256 checksum (the file changed on disk after it was written)")
+
+
+def _disk_error(error: OSError, root: Path) -> OSError:
+    if error.errno == errno.ENOSPC:
+        return OSError(errno.ENOSPC, f"disk full while writing a checkpoint under {root}; the previous checkpoint "
+                                     "is intact. Fix: free space (or lower trainer.keep_last), then "
+                                     "`stratarl train --resume RUN_DIR`")
+    if error.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+        return OSError(error.errno, f"cannot write a checkpoint under {root} ({error.strerror}). Fix: make the run "
+                                    "directory writable or choose another one with --run-dir")
+    return error
+
+
 def save_checkpoint(ckpt_dir: str | Path, step: int, *, model: torch.nn.Module, state: dict[str, Any],
                     value_head: torch.nn.Module | None = None, keep_last: int = 2) -> Path:
-    """Write checkpoint ``step`` atomically, point ``latest`` at it, prune to ``keep_last``."""
+    """Write checkpoint ``step`` so that a kill at any instant leaves a loadable one, point ``latest``
+    at it, prune to ``keep_last``.
+
+    The files go to a temporary sibling folder, get a manifest (sha256 per file) last, and the folder
+    is renamed into place. Re-saving an existing step moves the old folder aside first
+    (``.replaced-step_N-*``) and deletes it only after the new one is in place, so there is always a
+    complete copy on disk; ``find_checkpoint`` also looks at such a folder.
+    """
     root = Path(ckpt_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".step_{step:06d}-", dir=root))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"step_{step:06d}"
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{step:06d}-", dir=root))
+    except OSError as error:
+        raise _disk_error(error, root) from None
+    replaced = None
     try:
         save_model(model, str(tmp / "model.safetensors"))
         if value_head is not None:
             save_model(value_head, str(tmp / "value_head.safetensors"))
         torch.save({**state, "step": step}, tmp / "state.pt")
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+        _write_manifest(tmp, step)
         if final.exists():
-            shutil.rmtree(final)
+            replaced = Path(tempfile.mkdtemp(prefix=f"{REPLACED_PREFIX}{step:06d}-", dir=root))
+            os.replace(final, replaced / final.name)
         os.replace(tmp, final)
         _fsync_dir(root)
         _atomic_write_text(root / "latest", final.name + "\n")
+        _fsync_dir(root)
+    except OSError as error:
+        raise _disk_error(error, root) from None
+    except (RuntimeError, SafetensorError) as error:
+        # torch.save reports a full disk as "[enforce fail at inline_container.cc]", safetensors as
+        # "IoError(Os { code: 28, kind: StorageFull ... })".
+        free = shutil.disk_usage(root).free
+        if free < (64 << 20) or "StorageFull" in str(error):
+            raise OSError(errno.ENOSPC, f"disk full while writing a checkpoint under {root} ({free >> 20} MiB "
+                          "free); the previous checkpoint is intact. Fix: free space, then `stratarl train --resume "
+                          "RUN_DIR`") from None
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if replaced is not None and final.exists():
+            shutil.rmtree(replaced, ignore_errors=True)
+    clean_stale(root)
     _prune(root, keep_last)
     return final
+
+
+def clean_stale(root: str | Path) -> list[Path]:
+    """Remove temporary folders left by killed writes (``.step_*``), and moved-aside old copies
+    (``.replaced-*``) whose step folder is back in place. Returns what was removed."""
+    root = Path(root)
+    removed = []
+    if (root / ".latest.tmp").is_file():
+        (root / ".latest.tmp").unlink()
+        removed.append(root / ".latest.tmp")
+    for p in sorted(root.glob(f"{TMP_PREFIX}*")) if root.is_dir() else []:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    for p in sorted(root.glob(f"{REPLACED_PREFIX}*")) if root.is_dir() else []:
+        inner = [c for c in p.iterdir() if c.is_dir()] if p.is_dir() else []
+        if not inner or all((root / c.name).is_dir() for c in inner):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
 def _prune(root: Path, keep_last: int) -> None:
@@ -148,29 +274,97 @@ def _prune(root: Path, keep_last: int) -> None:
 
 
 def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
-    """The checkpoint ``latest`` points at, or None when there is none."""
+    """The checkpoint ``latest`` points at, or None when there is none (no checksum check: see
+    `find_checkpoint`)."""
     root = Path(ckpt_dir)
     pointer = root / "latest"
-    if not pointer.is_file():
+    try:
+        name = pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError):
         return None
-    path = root / pointer.read_text().strip()
-    return path if (path / "state.pt").is_file() else None
+    path = root / name
+    return path if name.startswith("step_") and "/" not in name and path.is_dir() else None
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name.split("_")[-1])
+    except ValueError:
+        return -1
+
+
+def checkpoint_candidates(ckpt_dir: str | Path) -> list[Path]:
+    """Checkpoint folders newest first: the one ``latest`` names, then every ``step_*`` by step, then
+    moved-aside copies of a re-save that a kill interrupted."""
+    root = Path(ckpt_dir)
+    if not root.is_dir():
+        return []
+    folders = [p for p in root.glob("step_*") if p.is_dir()]
+    folders += [c for p in root.glob(f"{REPLACED_PREFIX}*") if p.is_dir() for c in p.iterdir() if c.is_dir()]
+    ordered = sorted(folders, key=lambda p: (_step_of(p), p.parent == root), reverse=True)
+    pointed = latest_checkpoint(root)
+    if pointed is not None and pointed in ordered:
+        ordered.remove(pointed)
+        ordered.insert(0, pointed)
+    return ordered
+
+
+def find_checkpoint(ckpt_dir: str | Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint whose files pass `verify_checkpoint`, and one line per folder skipped on
+    the way (why it was skipped). (None, skipped) when no intact checkpoint exists."""
+    skipped = []
+    root = Path(ckpt_dir)
+    pointed = latest_checkpoint(root)
+    if root.is_dir() and (root / "latest").exists() and pointed is None:
+        skipped.append(f"{root / 'latest'} does not name a checkpoint folder")
+    for path in checkpoint_candidates(root):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as error:
+            skipped.append(str(error))
+            continue
+        return path, skipped
+    return None, skipped
+
+
+def reinstate(path: str | Path) -> Path:
+    """Move a checkpoint found in a moved-aside ``.replaced-*`` folder back to ``step_N`` and point
+    ``latest`` at it (after a kill inside a re-save); other paths are returned unchanged."""
+    path = Path(path)
+    if not path.parent.name.startswith(REPLACED_PREFIX):
+        return path
+    root = path.parent.parent
+    target = root / path.name
+    if target.exists():
+        return path
+    os.replace(path, target)
+    _fsync_dir(root)
+    _atomic_write_text(root / "latest", target.name + "\n")
+    clean_stale(root)
+    return target
 
 
 def load_checkpoint(path: str | Path, *, model: torch.nn.Module, value_head: torch.nn.Module | None = None) -> dict:
-    """Load weights into ``model`` (and ``value_head``) in place; return the training state dict."""
+    """Verify ``path`` (`verify_checkpoint`), load weights into ``model`` (and ``value_head``) in place,
+    and return the training state dict. Raises `CheckpointError` on damaged files."""
     path = Path(path)
-    if not (path / "state.pt").is_file():
+    if not (path / "state.pt").is_file() and not (path / MANIFEST).is_file():
         raise FileNotFoundError(f"{path} is not a stratarl checkpoint (no state.pt); pass a run directory or a "
                                 "checkpoints/step_* folder")
+    verify_checkpoint(path)
     try:
         missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
     except RuntimeError as error:  # shape mismatch
         raise ValueError(f"checkpoint {path} does not match the model ({str(error)[:300]}); resume with the same "
                          "model config") from None
+    except (SafetensorError, OSError) as error:  # a corrupt header (a folder without a manifest)
+        raise CheckpointError(f"{path}/model.safetensors cannot be read ({str(error)[:200]})") from None
     if missing or unexpected:
         raise ValueError(f"checkpoint {path} does not match the model: missing {sorted(missing)[:5]}, unexpected "
                          f"{sorted(unexpected)[:5]}; resume with the same model config")
     if value_head is not None:
         load_model(value_head, str(path / "value_head.safetensors"))
-    return torch.load(path / "state.pt", weights_only=True)
+    try:
+        return torch.load(path / "state.pt", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        raise CheckpointError(f"{path}/state.pt cannot be read ({str(error)[:200]})") from None

@@ -149,10 +149,26 @@ class RetrievalConfig:
     """What `stratarl.retrieval.build_retriever` gets: `bm25` (index built and cached from the corpus), an index folder, a URL of a `/retrieve` server, or a dict."""
     topk: int = 3
     """Passages per search (Search-R1: 3)."""
+    step_budget_s: float | None = 120.0
+    """Most wall seconds one training step may spend in searches (a hanging server costs at most this per
+    step): a remote retriever stops retrying at it, and once it is spent the step's remaining searches
+    fail at once. null: no budget."""
+    max_failed_fraction: float = 0.5
+    """A step counts as failing when more than this fraction of its searches fail (the terminal shows a
+    warning for every step with a failed search)."""
+    max_failed_steps: int = 3
+    """Stop the run, with a checkpoint and a message naming the retriever and its last error, after this
+    many consecutive failing steps (0: never stop)."""
 
     def validate(self, p: str) -> None:
         if self.topk < 1:
             _fail(f"{p}.topk", self.topk, "at least one passage per search is needed", "use 3 (Search-R1)")
+        if self.step_budget_s is not None and self.step_budget_s <= 0:
+            _fail(f"{p}.step_budget_s", self.step_budget_s, "must be positive or null", "use e.g. 120, or null for no budget")
+        if not 0 <= self.max_failed_fraction < 1:
+            _fail(f"{p}.max_failed_fraction", self.max_failed_fraction, "must lie in [0, 1)", "use 0.5")
+        if self.max_failed_steps < 0:
+            _fail(f"{p}.max_failed_steps", self.max_failed_steps, "must be >= 0", "use 3, or 0 to never stop")
 
 
 @dataclass
@@ -306,6 +322,12 @@ class AlgoConfig:
                   "use em, subem, f1, multiple_choice or `package.module:function`")
         if self.epsilon < 0:
             _fail(f"{p}.epsilon", self.epsilon, "must be >= 0", "use 1e-6")
+        if self.critic_lr <= 0:
+            _fail(f"{p}.critic_lr", self.critic_lr, "the critic's learning rate must be positive", "use 1e-5 (Search-R1)")
+        if self.value_clip <= 0:
+            _fail(f"{p}.value_clip", self.value_clip, "the value clip range must be positive", "use 0.2")
+        if self.entropy_coef < 0:
+            _fail(f"{p}.entropy_coef", self.entropy_coef, "a negative bonus would penalise entropy", "use 0.0 or e.g. 0.001")
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             _fail(f"{p}.gamma/lam", (self.gamma, self.lam), "must lie in [0, 1]", "use 1.0 (Search-R1)")
 
@@ -351,6 +373,8 @@ class OptimConfig:
             _fail(f"{p}.lr", self.lr, "the learning rate must be positive", "use e.g. 1e-6 (3B) or 1e-5 (135M)")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             _fail(f"{p}.betas", self.betas, "need two values in [0, 1)", "use [0.9, 0.999]")
+        if self.weight_decay < 0:
+            _fail(f"{p}.weight_decay", self.weight_decay, "must be >= 0", "use 0.0 or e.g. 0.01")
         if self.warmup_steps < 0:
             _fail(f"{p}.warmup_steps", self.warmup_steps, "must be >= 0", "use 0 or a few steps")
         if self.schedule not in ("constant", "cosine"):
@@ -605,6 +629,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             _fail(path, value, "expected a number", "write e.g. 0.5 or 1e-6")
+        if not math.isfinite(value):
+            _fail(path, value, "must be a finite number (inf and nan would train a NaN model)", "write e.g. 0.5 or 1e-6")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -679,6 +705,27 @@ def config_from_dict(data: dict, overrides: list[str] | None = None) -> Config:
     return _build(Config, apply_overrides(data, overrides or [])).validate()
 
 
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: let SafeLoader report it
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise _DuplicateKey(f"key `{key}` appears twice (lines {first} and {key_node.start_mark.line + 1}); "
+                                    "the second would silently replace the first. Fix: merge them into one")
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
     """Load a YAML config file (or the defaults when ``path`` is None), apply overrides, validate."""
     data: dict = {}
@@ -687,7 +734,12 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} not found. Fix: pass a path such as configs/demo.yaml.")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {e.start} cannot be decoded). "
+                              "Fix: pass a YAML config such as configs/demo.yaml.") from None
+        except _DuplicateKey as e:
+            raise ConfigError(f"config file {str(path)!r}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
         if not isinstance(data, dict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -56,7 +57,8 @@ class MetricsLogger:
                  wandb_project: str = "stratarl", config: dict | None = None, filename: str = "metrics.jsonl") -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(self.run_dir / filename, "a", buffering=1)
+        self._path = self.run_dir / filename
+        self._jsonl = open(self._path, "a", buffering=1)
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -84,6 +86,18 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(numeric, step=step)
         return plain
+
+    def truncate(self, keep) -> int:
+        """Keep only the rows for which ``keep(row)`` is true (a resume drops the steps it trains again);
+        the file is replaced atomically. Returns the number of rows dropped."""
+        self._jsonl.close()
+        rows = read_metrics(self.run_dir, self._path.name)
+        kept = [row for row in rows if keep(row)]
+        tmp = self._path.with_name(f".{self._path.name}.tmp")
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        os.replace(tmp, self._path)
+        self._jsonl = open(self._path, "a", buffering=1)
+        return len(rows) - len(kept)
 
     def close(self) -> None:
         self._jsonl.close()

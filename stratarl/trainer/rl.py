@@ -24,6 +24,7 @@ Algorithms by name (``algo.name``):
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import sys
 import time
@@ -205,18 +206,64 @@ def restore(run: RunState, path: Path) -> None:
     run.step = int(state["step"])
 
 
+class NoCheckpointError(RuntimeError):
+    """`--resume` found no intact checkpoint to continue from."""
+
+
+def restore_newest(run: RunState) -> tuple[Path | None, list[str]]:
+    """Restore the newest checkpoint that verifies and loads; returns it (None: none did) and one line
+    per checkpoint skipped on the way. Stale temporary folders of killed writes are removed first."""
+    ckpt.clean_stale(run.ckpt_dir)
+    skipped: list[str] = []
+    pointer = run.ckpt_dir / "latest"
+    if pointer.exists() and ckpt.latest_checkpoint(run.ckpt_dir) is None:
+        skipped.append(f"{pointer} does not name a checkpoint folder")
+    for path in ckpt.checkpoint_candidates(run.ckpt_dir):
+        try:
+            restore(run, path)
+        except (ckpt.CheckpointError, KeyError, TypeError) as error:
+            skipped.append(str(error) if isinstance(error, ckpt.CheckpointError) else f"{path}: state.pt lacks {error}")
+            continue
+        return ckpt.reinstate(path), skipped
+    return None, skipped
+
+
+def resume_or_fail(run: RunState, *, start_over: bool) -> None:
+    """Restore for `--resume`: the newest intact checkpoint (a warning names each one skipped); with
+    none, step 0 only when ``start_over``, else `NoCheckpointError`. metrics.jsonl then loses the rows
+    of steps after the restored one (they are trained again)."""
+    path, skipped = restore_newest(run)
+    for line in skipped:
+        print(f"warning: skipped checkpoint: {line}", file=sys.stderr, flush=True)
+    if path is None and not start_over:
+        found = "; ".join(skipped) if skipped else f"{run.ckpt_dir} holds none"
+        raise NoCheckpointError(f"--resume {run.run_dir}: no intact checkpoint to continue from ({found}). Fix: "
+                                f"`stratarl train --resume {run.run_dir} --start-over` trains it again from step 0 "
+                                "in the same directory (its metrics.jsonl is cleared)")
+    if path is None:
+        print(f"--start-over: no intact checkpoint in {run.ckpt_dir}; training from step 0", flush=True)
+    else:
+        print(f"resumed from {path} (step {run.step})", flush=True)
+    redo_eval = run.step >= run.cfg.trainer.steps and run.cfg.eval.before_after
+    run.logger.truncate(lambda row: row.get("step", 0) < run.step or (
+        row.get("step") == run.step and run.step > 0 and not (redo_eval and "time/eval" in row)))
+
+
 # --------------------------------------------------------------------------- setup
 
 
 def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None) -> RunState:
     """Model, retriever, generator, optimizer, sampler and logger for ``cfg`` (fresh state)."""
-    from stratarl.trainer.rollouts import make_generator
+    from stratarl.trainer.rollouts import make_generator, reward_function, stratum_function
     from stratarl.trainer.setup import TimedRetriever, build_task_retriever, load_policy, load_task
     from stratarl.trainer.update import build_learner
 
+    reward_function(cfg.algo.reward)  # a config-named function that cannot load fails before any work
+    if cfg.algo.stratum_key != "random":
+        stratum_function(cfg.algo.stratum_key, cfg.algo.stratum_cap)
     torch.manual_seed(cfg.trainer.seed)
     task = load_task(cfg)
-    retriever = TimedRetriever(build_task_retriever(cfg, task))
+    retriever = TimedRetriever(build_task_retriever(cfg, task), budget_s=cfg.retrieval.step_budget_s)
     model_cfg = cfg.model if init_from is None else type(cfg.model)(**{**cfg.model.__dict__, "init_from": init_from})
     model, tokenizer = load_policy(model_cfg, seed=cfg.trainer.seed, device=cfg.trainer.device, task=task)
     total_optimizer_steps = cfg.trainer.steps * cfg.trainer.epochs * cfg.trainer.mini_batches
@@ -229,30 +276,72 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None) -> Ru
                     shuffle_rng=torch.Generator().manual_seed(cfg.trainer.seed + 1), logger=logger)
 
 
+STOP_SIGNALS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP"}
+RETRIEVAL_STOP_CODE = 3
+"""Exit code of `stratarl train` when retrieval failures stopped the run (a signal gives 128 + its number)."""
+
+
 class _GracefulInterrupt:
-    """First Ctrl-C: finish the current step, checkpoint, exit. Second Ctrl-C: abort at once."""
+    """First Ctrl-C, SIGTERM or SIGHUP: finish the current step, checkpoint, exit with 128 + the signal
+    number (130, 143, 129). A second one aborts at once."""
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self.signum: int | None = None
+        self._previous: dict = {}
 
     def __enter__(self):
-        try:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        except ValueError:  # not the main thread (e.g. inside a notebook worker): no handler
-            self._previous = None
+        for name in STOP_SIGNALS:
+            signum = getattr(signal, name, None)
+            if signum is None:  # no SIGHUP on Windows
+                continue
+            try:
+                self._previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread (e.g. inside a notebook worker): no handler
+                break
         return self
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
-        print("\nCtrl-C: finishing this step, then saving a checkpoint (Ctrl-C again aborts without saving)",
+        self.requested, self.signum = True, signum
+        what = STOP_SIGNALS.get(signal.Signals(signum).name, str(signum))
+        print(f"\n{what}: finishing this step, then saving a checkpoint (a second {what} aborts without saving)",
               file=sys.stderr, flush=True)
 
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signum) if self.signum is not None else 0
+
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+
+@dataclass
+class RetrievalWatch:
+    """Warns on every step with a failed search; counts consecutive steps whose failed fraction exceeds
+    ``max_failed_fraction`` and says when ``max_failed_steps`` of them in a row should stop the run."""
+
+    max_failed_fraction: float
+    max_failed_steps: int
+    failing_in_a_row: int = 0
+
+    def check(self, step: int, retriever) -> str | None:
+        """After step ``step``: a warning line on stderr if searches failed; the stop message, or None."""
+        total, failed = retriever.step_queries, retriever.step_failed
+        if not failed:
+            self.failing_in_a_row = 0
+            return None
+        print(f"warning: step {step}: {failed} of {total} searches failed ({retriever.where}: "
+              f"{retriever.last_error[:300]})", file=sys.stderr, flush=True)
+        self.failing_in_a_row = self.failing_in_a_row + 1 if failed > self.max_failed_fraction * total else 0
+        if self.max_failed_steps and self.failing_in_a_row >= self.max_failed_steps:
+            return (f"retrieval failed: more than {self.max_failed_fraction:.0%} of the searches failed in "
+                    f"{self.failing_in_a_row} consecutive steps; retriever {retriever.where}; last error: "
+                    f"{retriever.last_error[:500]}. Fix: check the server (or retrieval.spec), then resume; "
+                    "retrieval.max_failed_steps=0 never stops")
+        return None
 
 
 def _run_eval(run: RunState, tag: str) -> dict:
@@ -262,32 +351,41 @@ def _run_eval(run: RunState, tag: str) -> dict:
     examples = limit_per_source(run.task.test, run.cfg.data.max_eval_examples)
     if not examples:
         return {}
-    result = evaluate(run.model, run.tokenizer, run.retriever, examples, run.cfg,
-                      num_transcripts=run.cfg.eval.num_transcripts, progress=run.cfg.logging.progress, desc=f"eval {tag}")
+    with run.retriever.unbudgeted():
+        result = evaluate(run.model, run.tokenizer, run.retriever, examples, run.cfg,
+                          num_transcripts=run.cfg.eval.num_transcripts, progress=run.cfg.logging.progress,
+                          desc=f"eval {tag}")
     save_eval(result, run.run_dir, tag)
     run.logger.log(run.step, {**eval_metrics(result), "time/eval": result["seconds"]})
     print(format_table(result, title=f"eval [{tag}] step {run.step}: {len(examples)} held-out questions"), flush=True)
     return overall(result)
 
 
-def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, init_from: str | None = None) -> dict:
-    """Run (or resume) RL training in ``run_dir``; returns a summary (final metrics, eval before/after)."""
+def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, init_from: str | None = None,
+          start_over: bool = False) -> dict:
+    """Run (or resume) RL training in ``run_dir``; returns a summary (final metrics, eval before/after).
+
+    ``resume`` continues from the newest intact checkpoint (`resume_or_fail`); config.yaml is rewritten
+    only once the run is built and restored, so a resume that fails leaves it as it was."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
+    if not resume:
+        save_config(cfg, run_dir / "config.yaml")
     run = build_run(cfg, run_dir, init_from=init_from)
-    latest = ckpt.latest_checkpoint(run.ckpt_dir) if resume else None
-    if latest is not None:
-        restore(run, latest)
-        print(f"resumed from {latest} (step {run.step})", flush=True)
+    if resume:
+        resume_or_fail(run, start_over=start_over)
+        save_config(cfg, run_dir / "config.yaml")
     summary: dict = {"run_dir": str(run_dir), "algo": cfg.algo.name, "start_step": run.step}
     started = time.perf_counter()
     if cfg.eval.before_after and run.step == 0:
         summary["eval_before"] = _run_eval(run, "before")
     last: dict = {}
     bar = _step_bar(cfg, run.step)
+    watch = RetrievalWatch(cfg.retrieval.max_failed_fraction, cfg.retrieval.max_failed_steps)
+    stopped = None
     with _GracefulInterrupt() as interrupt:
-        while run.step < cfg.trainer.steps and not interrupt.requested:
+        while run.step < cfg.trainer.steps and not interrupt.requested and stopped is None:
+            run.retriever.start_step()
             metrics = rl_step(run)
             run.step += 1
             last = run.logger.log(run.step, metrics)
@@ -295,18 +393,25 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, init_from: 
                 bar.update(1)
                 bar.set_postfix(reward=f"{last['reward/mean']:.3f}", em=f"{last['reward/em']:.3f}")
             _print_line(bar, format_step_line(run.step, cfg.trainer.steps, last))
+            stopped = watch.check(run.step, run.retriever)
             if cfg.trainer.save_every and run.step % cfg.trainer.save_every == 0:
                 save(run)
-            if cfg.trainer.eval_every and run.step % cfg.trainer.eval_every == 0 and run.step < cfg.trainer.steps:
+            if (cfg.trainer.eval_every and run.step % cfg.trainer.eval_every == 0 and run.step < cfg.trainer.steps
+                    and stopped is None):
                 _run_eval(run, f"step_{run.step:06d}")
         if bar is not None:
             bar.close()
         path = save(run)
         summary["checkpoint"] = str(path)
         summary["interrupted"] = interrupt.requested
-    if interrupt.requested:
-        print(f"stopped at step {run.step}; resume with `stratarl train {run_dir}/config.yaml --resume "
-              f"trainer.run_name={run_dir.name} trainer.output_dir={run_dir.parent}`", flush=True)
+        summary["exit_code"] = interrupt.exit_code or (RETRIEVAL_STOP_CODE if stopped else 0)
+    resume_hint = f"resume with `stratarl train --resume {shlex.quote(str(run_dir))}`"
+    if stopped is not None:
+        print(f"error: {stopped}", file=sys.stderr, flush=True)
+        print(f"stopped at step {run.step} (checkpoint {path}); {resume_hint}", flush=True)
+        summary["retrieval_failure"] = stopped
+    elif interrupt.requested:
+        print(f"stopped at step {run.step}; {resume_hint}", flush=True)
     elif cfg.eval.before_after:
         summary["eval_after"] = _run_eval(run, "after")
     summary.update({"steps": run.step, "final": last, "train_seconds": time.perf_counter() - started})

@@ -8,7 +8,6 @@ the dataset's index: see COMPATIBILITY.md).
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -58,12 +57,9 @@ def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
         return lambda r: min(r.num_searches, cap) if cap is not None else r.num_searches
     if key == "answered":
         return lambda r: int(r.answered)
-    module, _, name = key.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"algo.stratum_key={key!r}: cannot import it ({error}). Fix: use `package.module:function` "
-                         "of a function Rollout -> hashable key") from None
+    from stratarl.trainer.callables import resolve_callable
+
+    fn = resolve_callable(key, "algo.stratum_key", num_args=1)
     seen: dict = {}
     # Any hashable key becomes a stable small integer id.
     return lambda r: seen.setdefault(fn(r), len(seen))
@@ -75,12 +71,9 @@ def reward_function(name: str):
 
     if ":" not in name:
         return get_reward(name)
-    module, _, attr = name.partition(":")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"algo.reward={name!r}: cannot import it ({error}). Fix: use em, subem, f1 or "
-                         "`package.module:function`") from None
+    from stratarl.trainer.callables import resolve_callable
+
+    return resolve_callable(name, "algo.reward", num_args=2)
 
 
 def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = None,

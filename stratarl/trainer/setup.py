@@ -23,6 +23,16 @@ TINY_MODEL = "tiny-random"
 WORD_MODEL = "word-tiny"
 
 
+def check_device(device: str) -> None:
+    """Raise `ConfigError` when ``trainer.device`` names a device this torch build cannot use."""
+    from stratarl.trainer.config import ConfigError
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ConfigError(f"config field `trainer.device` = {device!r}: {why}. Fix: set trainer.device=cpu, or "
+                          "install a CUDA build of torch on a machine with a GPU.")
+
+
 def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", trainable: bool = True,
                 task: TaskData | None = None):
     """(model, tokenizer) for ``model_cfg``: ``init_from`` folder, `tiny-random`, `word-tiny`, or a bundled/hub model.
@@ -35,6 +45,8 @@ def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", t
     so log-probs of the same tokens agree between the rollout and the update.
     """
     from stratarl.data.models import DEFAULT_MODEL, build_tiny_model, load_model, load_tokenizer
+
+    check_device(device)
 
     tokenizer_name = model_cfg.tokenizer or (DEFAULT_MODEL if model_cfg.name == TINY_MODEL else model_cfg.name)
     if model_cfg.init_from:
@@ -115,12 +127,22 @@ def merged_model(model):
 
 
 def save_pretrained_model(model, tokenizer, path: str | Path) -> Path:
-    """Save a loadable model folder (safetensors + tokenizer), LoRA merged."""
+    """Save a loadable model folder (safetensors + tokenizer), LoRA merged. Written into a temporary
+    sibling and renamed into place, so a kill never leaves a half-written folder with a config.json."""
+    import shutil
+    import tempfile
+
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    plain = merged_model(model)
-    plain.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        merged_model(model).save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
@@ -219,20 +241,66 @@ def build_task_retriever(cfg: Config, task: TaskData) -> Retriever:
 
 
 class TimedRetriever:
-    """Retriever proxy that adds the wall time of every ``search`` call to ``seconds``."""
+    """Retriever proxy that adds the wall time of every ``search`` call to ``seconds`` and counts the
+    queries that failed (raised, or a reply with the wrong number of result lists).
 
-    def __init__(self, inner: Retriever) -> None:
+    ``budget_s`` bounds the time searches may take between two `start_step` calls: a retriever with a
+    ``deadline`` attribute (`RemoteRetriever`) stops retrying at it, and once the budget is spent every
+    further search of the step fails at once instead of waiting on a hanging server."""
+
+    def __init__(self, inner: Retriever, budget_s: float | None = None) -> None:
         self.inner = inner
+        self.budget_s = budget_s
         self.seconds = 0.0
         self.calls = 0
+        self.start_step()
+
+    def start_step(self) -> None:
+        """Reset the per-step counters and the time budget."""
+        self.step_queries = self.step_failed = 0
+        self.step_seconds = 0.0
+        self.last_error = ""
+
+    @property
+    def where(self) -> str:
+        """The server URL (remote retrievers) or the retriever's repr."""
+        return getattr(self.inner, "url", None) or repr(self.inner)
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        from stratarl.retrieval.base import RetrievalError
+
         start = time.perf_counter()
+        self.step_queries += len(queries)
         try:
-            return self.inner.search(queries, k)
+            remaining = None if self.budget_s is None else self.budget_s - self.step_seconds
+            if remaining is not None and remaining <= 0:
+                raise RetrievalError(f"this step's retrieval time budget (retrieval.step_budget_s={self.budget_s:g}) "
+                                     "is spent; the search was not sent")
+            if hasattr(self.inner, "deadline"):
+                self.inner.deadline = None if remaining is None else time.monotonic() + remaining
+            results = self.inner.search(queries, k)
+            if not isinstance(results, list) or len(results) != len(queries):
+                got = len(results) if isinstance(results, list) else type(results).__name__
+                raise RetrievalError(f"retriever returned {got} result lists for {len(queries)} queries")
+            return results
+        except Exception as error:
+            self.step_failed += len(queries)
+            self.last_error = f"{type(error).__name__}: {error}"
+            raise
         finally:
-            self.seconds += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.seconds += elapsed
+            self.step_seconds += elapsed
             self.calls += len(queries)
+
+    @contextmanager
+    def unbudgeted(self):
+        """No step budget inside (evaluation: its searches are not a training step's)."""
+        budget, self.budget_s = self.budget_s, None
+        try:
+            yield self
+        finally:
+            self.budget_s = budget
 
     def pop_seconds(self) -> float:
         seconds, self.seconds = self.seconds, 0.0
