@@ -189,6 +189,45 @@ def bench_server(index_dir: Path, queries: list[str], num_requests: int, per_req
             process.wait(timeout=30)
 
 
+def bench_contention(index_dir: Path, queries: list[str], num_requests: int, large_workers: int = 4) -> dict:
+    """Small requests (1 query, k 3, 4 clients) alone, then while ``large_workers`` clients keep sending the
+    largest request the default limits allow (4,096 queries x k 4 = 16,384 hits): p50 / p99 of the small ones in
+    both phases, from one server in the same run."""
+    import httpx
+
+    process, url = start_server(index_dir, 1024)
+    try:
+        drive(url, queries, 4, 20)  # warm-up
+        alone = drive(url, queries, 4, num_requests)
+        stop = threading.Event()
+        large_latencies, large_errors = [], []
+        big = [queries[i % len(queries)] for i in range(4096)]
+
+        def hammer():
+            with httpx.Client(timeout=300) as client:
+                while not stop.is_set():
+                    start = time.perf_counter()
+                    response = client.post(url + "/retrieve", json={"queries": big, "topk": 4})
+                    large_latencies.append(time.perf_counter() - start)
+                    if response.status_code != 200:
+                        large_errors.append(response.status_code)
+
+        threads = [threading.Thread(target=hammer, daemon=True) for _ in range(large_workers)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)  # the large requests are in flight before the small ones start
+        contended = drive(url, queries, 4, num_requests)
+        stop.set()
+        for t in threads:
+            t.join(timeout=300)
+        return {"alone": alone, "with_large": contended, "large_requests": len(large_latencies),
+                "large_errors": len(large_errors),
+                "large_p50_s": statistics.median(large_latencies) if large_latencies else None}
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
 def bench_dense(passages, queries, num_passages: int) -> dict:
     from stratarl.retrieval.dense import DenseRetriever
 
@@ -197,6 +236,16 @@ def bench_dense(passages, queries, num_passages: int) -> dict:
     sample = queries[:512]
     _, search_s = timed(retriever.search, sample, 3)
     return {"passages": len(subset), "encode_passages_per_s": len(subset) / build_s, "batched_qps": len(sample) / search_s}
+
+
+def report_contention(row: dict, results: dict) -> None:
+    results["contention"] = row
+    a, c = row["alone"], row["with_large"]
+    print(f"\nsmall requests (1 query, 4 clients) alone vs while 4 clients send 4,096-query x k 4 requests "
+          f"({row['large_requests']} large requests served, median {row['large_p50_s'] or 0:.2f} s, {row['large_errors']} errors)")
+    print(f"  alone        p50 {a['p50_ms']:8.1f} ms  p99 {a['p99_ms']:8.1f} ms  errors {a['errors']}")
+    print(f"  with large   p50 {c['p50_ms']:8.1f} ms  p99 {c['p99_ms']:8.1f} ms  errors {c['errors']}  "
+          f"(p99 {c['p99_ms'] / a['p99_ms']:.1f}x alone)")
 
 
 def main() -> None:
@@ -208,6 +257,9 @@ def main() -> None:
     parser.add_argument("--per-request", type=int, default=1, help="queries per HTTP request")
     parser.add_argument("--dense-passages", type=int, default=0, help="also time dense retrieval on this many passages")
     parser.add_argument("--json", default=None, help="also write the numbers to this file")
+    parser.add_argument("--contention", action="store_true", help="also: p99 of small requests while 4 clients "
+                        "send the largest requests the server's default limits allow")
+    parser.add_argument("--contention-only", action="store_true", help="only the contention run (builds the index)")
     args = parser.parse_args()
 
     print(f"machine: {os.cpu_count()} CPUs, torch threads {__import__('torch').get_num_threads()}")
@@ -216,6 +268,12 @@ def main() -> None:
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         index_dir = Path(tmp) / "bm25"
+        if args.contention_only:
+            BM25Retriever.from_passages(passages).save(index_dir)
+            report_contention(bench_contention(index_dir, queries, args.requests), results)
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=2))
+            return
         bm25 = bench_bm25(passages, queries, args.queries, index_dir)
         retriever = bm25.pop("retriever")
         results["bm25"] = bm25
@@ -242,6 +300,8 @@ def main() -> None:
         by = {(r["server"], r["clients"]): r["qps"] for r in rows}
         print(f"  32 vs 1 client, batched: {by[('batched', 32)] / by[('batched', 1)]:.1f}x; "
               f"batched vs no merging at 32 clients: {by[('batched', 32)] / by[('no merging (baseline)', 32)]:.1f}x")
+        if args.contention:
+            report_contention(bench_contention(index_dir, queries, args.requests), results)
 
     if args.dense_passages:
         dense = bench_dense(passages, queries, args.dense_passages)

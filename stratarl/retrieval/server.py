@@ -124,49 +124,62 @@ class MicroBatcher:
 
     Requests that arrive while a call runs are merged (up to ``max_batch_queries`` queries, one
     retriever call per distinct k) into the next call; each request gets back exactly its own
-    slice, in order. The queue and the worker are created on first use in the running loop.
+    slice, in order. A request of more than ``bulk_chunk_queries`` queries is *bulk*: it is searched
+    one chunk of that size at a time, and a retriever call takes every waiting small request but at
+    most one bulk chunk, so a small request waits for at most one call of about ``bulk_chunk_queries``
+    queries however many large requests are in flight. The queues and the worker are created on first
+    use in the running loop.
     """
 
-    def __init__(self, retriever: Retriever, *, max_batch_queries: int = 1024) -> None:
+    def __init__(self, retriever: Retriever, *, max_batch_queries: int = 1024, bulk_chunk_queries: int = 256) -> None:
         self.retriever = retriever
         self.max_batch_queries = max_batch_queries
+        self.chunk_queries = max(1, min(max_batch_queries, bulk_chunk_queries))
         self.stats = BatcherStats()
-        self._queue: asyncio.Queue | None = None
+        self._small: asyncio.Queue | None = None
+        self._bulk: asyncio.Queue | None = None
+        self._ready: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stratarl-retriever")
 
     async def search(self, queries: list[str], k: int) -> list[list[Passage]]:
-        """Results of ``queries`` in order. A request larger than ``max_batch_queries`` is searched one
-        chunk at a time, each queued behind the requests that arrived meanwhile, so it cannot hold the
-        retriever while other clients wait."""
-        results: list[list[Passage]] = []
+        """Results of ``queries`` in order (a bulk request chunk by chunk, each behind the small requests
+        that arrived meanwhile)."""
         self.stats.requests += 1
-        for start in range(0, len(queries), self.max_batch_queries):
-            results.extend(await self._submit(queries[start : start + self.max_batch_queries], k))
+        if len(queries) <= self.chunk_queries:
+            return await self._submit(queries, k, bulk=False)
+        results: list[list[Passage]] = []
+        for start in range(0, len(queries), self.chunk_queries):
+            results.extend(await self._submit(queries[start : start + self.chunk_queries], k, bulk=True))
         return results
 
-    async def _submit(self, queries: list[str], k: int) -> list[list[Passage]]:
+    async def _submit(self, queries: list[str], k: int, *, bulk: bool) -> list[list[Passage]]:
         if not queries:
             return []
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done() or self._loop is not loop:
             # (Re)start in this loop: an app can outlive the loop it first ran in (test clients).
-            self._queue, self._loop = asyncio.Queue(), loop
+            self._small, self._bulk, self._ready, self._loop = asyncio.Queue(), asyncio.Queue(), asyncio.Event(), loop
             self._worker = loop.create_task(self._run())
         future = loop.create_future()
         self.stats.queries += len(queries)
-        await self._queue.put(_Pending(queries, k, future))
+        (self._bulk if bulk else self._small).put_nowait(_Pending(queries, k, future))
+        self._ready.set()
         return await future
 
     async def _run(self) -> None:
-        assert self._queue is not None
+        assert self._small is not None and self._bulk is not None and self._ready is not None
         while True:
-            batch = [await self._queue.get()]
-            size = len(batch[0].queries)
-            while size < self.max_batch_queries and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            await self._ready.wait()
+            batch, size = [], 0
+            while not self._small.empty() and size < self.max_batch_queries:
+                batch.append(self._small.get_nowait())
                 size += len(batch[-1].queries)
+            if not self._bulk.empty() and size < self.max_batch_queries:
+                batch.append(self._bulk.get_nowait())  # at most one bulk chunk per call
+            if self._small.empty() and self._bulk.empty():
+                self._ready.clear()
             for k in sorted({item.k for item in batch}):
                 await self._answer([item for item in batch if item.k == k], k)
 

@@ -95,3 +95,26 @@ def test_a_client_that_disconnects_mid_body_is_logged_in_one_line(server, caplog
     records = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len([r for r in records if "disconnected" in r.getMessage()]) == 1
     assert not [r for r in records if r.exc_info or "Traceback" in r.getMessage()]
+
+
+def test_a_small_request_waits_for_at_most_one_bulk_chunk_however_many_large_requests_wait():
+    retriever = EchoRetriever()
+    batcher = MicroBatcher(retriever, max_batch_queries=8, bulk_chunk_queries=2)
+
+    async def scenario():
+        retriever.release.clear()  # the first bulk chunk blocks in the retriever
+        bigs = [asyncio.create_task(batcher.search([f"big{j}-{i}" for i in range(6)], 1)) for j in range(3)]
+        while not retriever.calls:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.01)  # the other large requests' first chunks are queued
+        small = asyncio.create_task(batcher.search(["small"], 1))
+        await asyncio.sleep(0.01)
+        retriever.release.set()
+        return [await b for b in bigs], await small
+
+    bigs, small = asyncio.run(scenario())
+    assert small[0][0].id == "small#0"
+    assert all([h[0].id for h in big] == [f"big{j}-{i}#0" for i in range(6)] for j, big in enumerate(bigs))
+    small_call = next(i for i, call in enumerate(retriever.calls) if "small" in call)
+    assert small_call == 1  # the call right after the blocked one
+    assert all(sum(q.startswith("big") for q in call) <= 2 for call in retriever.calls)  # one chunk per call
