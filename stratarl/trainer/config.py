@@ -23,21 +23,21 @@ from typing import Any, Literal, Union
 
 import yaml
 
-ALGORITHMS = ("grpo", "stratified_grpo", "ppo", "so_ppo", "so_grpo")
-CRITIC_ALGORITHMS = ("ppo", "so_ppo")
-SORL_ALGORITHMS = ("so_ppo", "so_grpo")
+from stratarl.algos.losses import KL_ESTIMATORS
+from stratarl.algos.presets import PRESETS, AlgorithmSpec
+from stratarl.algos.registry import advantage_info
+from stratarl.algos.sorl import DELTA_RULES as SORL_DELTA_RULES
+from stratarl.trainer.algorithm import resolve_algorithm
+from stratarl.trainer.config_errors import ConfigError, close_match
+from stratarl.trainer.config_errors import fail as _fail
+
+ALGORITHMS = tuple(PRESETS)  # the presets' names (stratarl.algos.presets)
 STRATUM_KEYS = ("num_searches", "answered", "random")
 OPTIMIZERS = ("adamw", "sgd")
 SORL_ORDERS = ("before_clip", "after_clip")
-SORL_DELTA_RULES = ("fixed", "running_pg")  # stratarl.algos.sorl.DELTA_RULES (not imported: config loads without torch)
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message says which field and how to fix it."""
-
-
-def _fail(path: str, value: Any, why: str, fix: str) -> None:
-    raise ConfigError(f"config field `{path}` = {value!r}: {why}. Fix: {fix}.")
+__all__ = ["ALGORITHMS", "Config", "ConfigError", "SORL_DELTA_RULES", "config_from_dict", "load_config", "save_config"]
 
 
 @dataclass
@@ -213,8 +213,31 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
+    """The algorithm: a preset (`name`) whose parts `advantage`, `policy_loss`, `ratio_level`, `normalizer`
+    and `critic` can each be replaced; see stratarl.algos.presets and stratarl.trainer.algorithm."""
+
     name: str = "stratified_grpo"
-    """One of grpo, stratified_grpo, ppo, so_ppo, so_grpo."""
+    """The preset: grpo, stratified_grpo, ppo, so_ppo, so_grpo, drgrpo or gspo (stratarl.algos.presets.PRESETS)."""
+    advantage: str | None = None
+    """Advantage estimator, a registered name (grpo, drgrpo, stratified, gae, or one a `--import`ed module
+    registers); null: the preset's."""
+    advantage_params: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the estimator (checked against its signature), e.g. `{std_ddof: 0}`; they win over
+    the shared knobs alpha, epsilon, gamma, lam."""
+    policy_loss: str | None = None
+    """Policy loss, a registered name (ppo, sorl, ...); null: the preset's."""
+    policy_loss_params: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the policy loss, e.g. `{dual_clip: 3.0}` (dual clip, Ye et al. 2020); they win over
+    clip_low / clip_high. The ratio level and aggregation are `ratio_level` and `loss_agg`."""
+    ratio_level: Literal["token", "turn", "sequence"] | None = None
+    """Importance ratio per token, per turn (SORL) or per rollout (GSPO); null: the preset's (or turn_level_ratio)."""
+    normalizer: str | None = None
+    """Gradient normaliser: `none` or a registered name (`sorl`: g / max(||C||, delta)); null: the preset's
+    (or sorl_normalize)."""
+    normalizer_params: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the normaliser; they win over sorl_delta, sorl_delta_rule, sorl_delta_ema."""
+    critic: str | None = None
+    """`none` or `value_head` (a value head on the policy's hidden states; GAE needs it); null: the preset's."""
     alpha: float = 0.6
     """Stratified GRPO blend: alpha * SAN + (1 - alpha) * GN (0 = GRPO, 1 = pure SAN; paper: 0.6)."""
     stratum_key: str = "num_searches"
@@ -230,10 +253,11 @@ class AlgoConfig:
     loss_agg: str = "token-mean"
     """Loss aggregation: token-mean (Search-R1), seq-mean-token-mean, seq-mean-token-sum."""
     turn_level_ratio: bool | None = None
-    """Use SORL's turn-level importance ratio; None: on for so_ppo / so_grpo, off otherwise."""
+    """Use SORL's turn-level importance ratio (true: ratio_level turn, false: token); None: the preset's
+    (on for so_ppo / so_grpo)."""
     sorl_normalize: bool | None = None
-    """SORL's clipping-triggered normalisation g / max(||C||, delta); None: on for so_ppo / so_grpo, off otherwise
-    (true on grpo / ppo gives the "normalisation only" ablation, false on so_* the "turn-level ratio only" one)."""
+    """SORL's clipping-triggered normalisation g / max(||C||, delta) (true: normalizer sorl, false: none); None: the
+    preset's, on for so_ppo / so_grpo (true on grpo / ppo gives the "normalisation only" ablation, false on so_* the "turn-level ratio only" one)."""
     sorl_delta: float = 1.0
     """SORL normalisation floor delta: g <- g / max(||C||, delta) (rule `fixed`); with rule `running_pg`
     the multiple of the running policy-gradient norm at which the normalisation engages."""
@@ -269,10 +293,7 @@ class AlgoConfig:
     multiple_choice (the letter or the option text), as Search-R1 picks its scorer by data_source."""
 
     def validate(self, p: str) -> None:
-        if self.name not in ALGORITHMS:
-            close = difflib.get_close_matches(self.name, ALGORITHMS, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            _fail(f"{p}.name", self.name, "unknown algorithm", f"{hint}use one of {', '.join(ALGORITHMS)}")
+        resolve_algorithm(self, p)
         if not 0.0 <= self.alpha <= 1.0:
             _fail(f"{p}.alpha", self.alpha, "the blend weight must lie in [0, 1]", "use 0.6 (paper)")
         if self.stratum_key not in STRATUM_KEYS and ":" not in self.stratum_key:
@@ -285,8 +306,9 @@ class AlgoConfig:
         for key in ("clip_low", "clip_high"):
             if not 0 < getattr(self, key) < 1:
                 _fail(f"{p}.{key}", getattr(self, key), "clip ranges must lie in (0, 1)", "use 0.2")
-        if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
-            _fail(f"{p}.loss_agg", self.loss_agg, "unknown aggregation", "use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+        if self.loss_agg not in LOSS_AGGREGATIONS:
+            _fail(f"{p}.loss_agg", self.loss_agg, "unknown aggregation", f"{close_match(self.loss_agg, LOSS_AGGREGATIONS)}"
+                  f"use one of {', '.join(LOSS_AGGREGATIONS)}")
         if not self.sorl_delta > 0 or not math.isfinite(self.sorl_delta):
             _fail(f"{p}.sorl_delta", self.sorl_delta, "the floor must be positive and finite", "use 1.0")
         if self.sorl_delta_rule not in SORL_DELTA_RULES:
@@ -297,8 +319,8 @@ class AlgoConfig:
             _fail(f"{p}.sorl_order", self.sorl_order, "unknown order", f"use one of {', '.join(SORL_ORDERS)}")
         if self.kl_coef < 0:
             _fail(f"{p}.kl_coef", self.kl_coef, "must be >= 0", "use 0.001, or 0 to disable the reference model")
-        if self.kl_estimator not in ("k1", "k2", "k3"):
-            _fail(f"{p}.kl_estimator", self.kl_estimator, "unknown estimator", "use k1, k2 or k3")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            _fail(f"{p}.kl_estimator", self.kl_estimator, "unknown estimator", f"use one of {', '.join(KL_ESTIMATORS)}")
         if self.old_logprobs not in ("recompute", "rollout"):
             _fail(f"{p}.old_logprobs", self.old_logprobs, "unknown choice", "use recompute or rollout")
         if self.reward not in ("em", "subem", "f1", "multiple_choice") and ":" not in self.reward:
@@ -310,20 +332,21 @@ class AlgoConfig:
             _fail(f"{p}.gamma/lam", (self.gamma, self.lam), "must lie in [0, 1]", "use 1.0 (Search-R1)")
 
     @property
-    def uses_critic(self) -> bool:
-        return self.name in CRITIC_ALGORITHMS
+    def spec(self) -> AlgorithmSpec:
+        """The resolved parts and their complete parameters (what the trainer passes to each part)."""
+        return resolve_algorithm(self)
 
     @property
-    def uses_sorl(self) -> bool:
-        return self.name in SORL_ALGORITHMS
+    def uses_critic(self) -> bool:
+        return self.spec.uses_critic
 
     @property
     def use_turn_ratio(self) -> bool:
-        return self.uses_sorl if self.turn_level_ratio is None else bool(self.turn_level_ratio)
+        return self.spec.ratio_level == "turn"
 
     @property
     def use_sorl_normalize(self) -> bool:
-        return self.uses_sorl if self.sorl_normalize is None else bool(self.sorl_normalize)
+        return self.spec.uses_normalizer
 
 
 @dataclass
@@ -529,8 +552,7 @@ class Config:
             sub = getattr(self, f.name)
             if hasattr(sub, "validate"):
                 sub.validate(f.name)
-        if self.algo.uses_critic and self.rollout.group_size < 1:
-            _fail("rollout.group_size", self.rollout.group_size, "PPO needs rollouts", "use >= 1")
+        self._check_across_sections()
         if self.sft.source == "worlds":
             if self.data.source != "synthetic":
                 _fail("sft.source", "worlds", "demonstration worlds are synthetic knowledge bases",
@@ -540,6 +562,20 @@ class Config:
                       "sft.source=worlds needs a shared name pool (otherwise every world invents new words "
                       "that the task's vocabulary does not know)", "set e.g. data.synthetic.options.name_pool=2000")
         return self
+
+    def _check_across_sections(self) -> None:
+        rollouts = self.trainer.prompts_per_step * self.rollout.group_size
+        if self.trainer.mini_batches > rollouts:
+            _fail("trainer.mini_batches", self.trainer.mini_batches,
+                  f"a step has only prompts_per_step x group_size = {self.trainer.prompts_per_step} x "
+                  f"{self.rollout.group_size} = {rollouts} rollouts to cut into mini-batches",
+                  f"use trainer.mini_batches <= {rollouts}, or raise trainer.prompts_per_step / rollout.group_size")
+        spec = self.algo.spec
+        if self.rollout.group_size < 2 and advantage_info(spec.advantage).group_relative:
+            _fail("rollout.group_size", self.rollout.group_size,
+                  f"advantage estimator {spec.advantage!r} compares the rollouts of one prompt, so a group of one "
+                  "rollout gets advantage 0 and the policy never moves",
+                  "use rollout.group_size >= 2 (Search-R1: 5), or an estimator with a critic (algo.name=ppo)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -561,6 +597,9 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        others = [a for a in args if a is not type(None)]
+        if len(others) == 1:  # `X | None`: X's own message (e.g. a Literal's choices)
+            return _coerce(value, others[0], path)
         errors = []
         for arg in args:
             if arg is type(None):

@@ -7,18 +7,16 @@
         strata    <- structural key of each rollout (number of searches by default; `random`: those
                      strata permuted inside each group, the control arm)
         old / ref log-probs, values  <- one no-grad pass of the trainer
-        advantages <- GRPO / Stratified GRPO / GAE, by algorithm name
-        update    <- K epochs x M mini-batches of optimizer steps (SORL normalisation for so_*)
+        advantages <- the algorithm's estimator (``cfg.algo.spec.advantage``: a registered name)
+        update    <- K epochs x M mini-batches of optimizer steps (policy loss at the spec's ratio level,
+                     the spec's gradient normaliser if any, then gradient-norm clipping)
         log metrics (incl. stratum/cross_var, stratum/zero_san_frac, reward/em_by_type/*), transcripts;
         checkpoint every N steps
 
-Algorithms by name (``algo.name``):
-
-    grpo             group advantages (GN), token ratio
-    stratified_grpo  alpha * SAN + (1 - alpha) * GN (Zhu et al. 2510.06214), token ratio
-    ppo              critic + GAE, token ratio
-    so_ppo           critic + GAE, turn-level ratio, clipping-triggered normalisation (SORL 2511.20718)
-    so_grpo          group advantages, turn-level ratio, clipping-triggered normalisation
+The algorithm is one value: ``algo.name`` picks a preset of stratarl.algos.presets (grpo,
+stratified_grpo, ppo, so_ppo, so_grpo, drgrpo, gspo) and ``algo.advantage`` / ``policy_loss`` /
+``ratio_level`` / ``normalizer`` / ``critic`` replace its parts (stratarl.trainer.algorithm). This
+loop reads only the resolved parts, never the preset's name.
 """
 
 from __future__ import annotations
@@ -32,34 +30,21 @@ from pathlib import Path
 
 import torch
 
+from stratarl.algos.registry import AdvantageBatch, get_advantage
 from stratarl.trainer import checkpoint as ckpt
 from stratarl.trainer.config import Config, save_config
 from stratarl.trainer.metrics import MetricsLogger, PhaseTimer, format_step_line, write_transcripts
 from stratarl.trainer.setup import SINGLE_THREAD_MAX_PARAMS, step_threads  # noqa: F401 (re-exported)
 
-ADVANTAGE_OF = {"grpo": "grpo", "so_grpo": "grpo", "stratified_grpo": "stratified", "ppo": "gae", "so_ppo": "gae"}
-
-
-def advantage_params(cfg: Config) -> dict:
-    """Keyword arguments of the registered estimator for ``cfg.algo.name``."""
-    name = ADVANTAGE_OF[cfg.algo.name]
-    if name == "gae":
-        return {"gamma": cfg.algo.gamma, "lam": cfg.algo.lam}
-    if name == "stratified":
-        return {"alpha": cfg.algo.alpha, "eps": cfg.algo.epsilon}
-    return {"eps": cfg.algo.epsilon}
-
-
 def compute_advantages(cfg: Config, batch, rewards: list[float], group_ids: list[int], strata: list[int]) -> None:
-    """Fill ``batch.advantages`` and ``batch.returns`` [B, T] with the algorithm's estimator."""
-    from stratarl.algos.registry import AdvantageBatch, get_advantage
-
+    """Fill ``batch.advantages`` and ``batch.returns`` [B, T] with the algorithm's estimator (``algo.spec``)."""
+    spec = cfg.algo.spec
     device = batch.response_mask.device
     inputs = AdvantageBatch(rewards=torch.tensor(rewards, dtype=torch.float32, device=device),
                             group_ids=torch.tensor(group_ids, device=device),
                             response_mask=batch.response_mask, strata_ids=torch.tensor(strata, device=device),
                             values=batch.old_values)
-    batch.advantages, batch.returns = get_advantage(ADVANTAGE_OF[cfg.algo.name])(inputs, **advantage_params(cfg))
+    batch.advantages, batch.returns = get_advantage(spec.advantage)(inputs, **spec.advantage_params)
 
 
 def advantage_strata(cfg: Config, observed: list[int], group_ids: list[int], step: int) -> list[int]:

@@ -5,10 +5,11 @@ sized by a token budget. Each micro-batch's loss is weighted so the accumulated
 gradient equals the gradient of the mini-batch loss under the chosen aggregation
 (token-mean: policy tokens of the micro-batch / policy tokens of the mini-batch).
 
-    loss = -J_PPO (token / turn ratio)  +  kl_coef * KL_k3(pi || pi_ref)  -  entropy_coef * H  [+ value loss]
+    loss = policy loss (``algo.spec.policy_loss`` at its ratio level)  +  kl_coef * KL(pi || pi_ref)
+           -  entropy_coef * H  [+ value loss when the spec has a critic]
 
-SORL (so_ppo / so_grpo, or any algorithm with ``algo.sorl_normalize: true``): the
-clipping-bias gradient C is accumulated beside the gradient (``stratarl.algos.ClipBiasNormalizer``) and the policy gradient is
+With a gradient normaliser (``algo.spec.normalizer``; ``sorl`` for so_ppo / so_grpo, or
+``algo.sorl_normalize: true`` on any preset), SORL's clipping-bias gradient C is accumulated beside the gradient (``stratarl.algos.ClipBiasNormalizer``) and the policy gradient is
 scaled by 1 / max(||C||, delta) (``algo.sorl_delta_rule``: fixed delta, or a scale-free floor relative to the
 running policy-gradient norm) before gradient-norm clipping (``algo.sorl_order: before_clip``, the default) or
 after it (``after_clip``), then the optimizer steps (``optim.name``: AdamW, or SGD as a control).
@@ -25,8 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from stratarl.algos.losses import aggregate_loss, clipped_value_loss, kl_penalty
-from stratarl.algos.registry import get_policy_loss
-from stratarl.algos.sorl import ClipBiasNormalizer
+from stratarl.algos.registry import GradNormalizer, get_grad_normalizer, get_policy_loss
 from stratarl.trainer.batch import RolloutBatch, micro_batches, mini_batch_rows
 from stratarl.trainer.config import Config
 from stratarl.trainer.critic import ValueHead, response_values
@@ -42,7 +42,7 @@ class Learner:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     ref_model: torch.nn.Module | None = None
     value_head: ValueHead | None = None
-    normalizer: ClipBiasNormalizer | None = None
+    normalizer: GradNormalizer | None = None
     use_adapter_as_ref: bool = False
 
     def policy_parameters(self) -> list[torch.nn.Parameter]:
@@ -75,12 +75,14 @@ def make_optimizer(groups: list[dict], cfg: Config) -> torch.optim.Optimizer:
 
 
 def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: int) -> Learner:
-    """Optimizer (AdamW; the value head gets ``algo.critic_lr``), scheduler, reference model, SORL normaliser."""
+    """Optimizer (``optim.name``; the value head gets ``algo.critic_lr``), scheduler, reference model, and the
+    spec's critic and gradient normaliser."""
     import copy
 
     from stratarl.trainer.critic import hidden_size_of
 
-    value_head = ValueHead(hidden_size_of(model)).to(next(model.parameters()).device) if cfg.algo.uses_critic else None
+    spec = cfg.algo.spec
+    value_head = ValueHead(hidden_size_of(model)).to(next(model.parameters()).device) if spec.uses_critic else None
     policy_params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": policy_params, "lr": cfg.optim.lr}]
     if value_head is not None:
@@ -96,10 +98,9 @@ def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: in
             ref_model = copy.deepcopy(model).eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
-    # ``algo.sorl_normalize`` (default: on exactly for so_*) decides the normalisation, independently of
-    # ``algo.turn_level_ratio``: the two SORL ablations switch one of them off.
-    normalizer = (ClipBiasNormalizer(policy_params, delta=cfg.algo.sorl_delta, rule=cfg.algo.sorl_delta_rule,
-                                     ema=cfg.algo.sorl_delta_ema) if cfg.algo.use_sorl_normalize else None)
+    # The normaliser is its own part, independent of the ratio level: the two SORL ablations switch one off.
+    normalizer = (get_grad_normalizer(spec.normalizer)(policy_params, **spec.normalizer_params)
+                  if spec.uses_normalizer else None)
     return Learner(model, optimizer, scheduler, ref_model, value_head, normalizer, adapter_ref)
 
 
@@ -150,16 +151,13 @@ def _agg_units(mask: torch.Tensor, agg: str) -> float:
 
 def micro_batch_loss(learner: Learner, mb: RolloutBatch, cfg: Config) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
     """Loss terms of one micro-batch: (policy loss incl. KL / entropy / value, clip-bias objective, metrics)."""
-    algo = cfg.algo
+    algo, spec = cfg.algo, cfg.algo.spec
     need_hidden = learner.value_head is not None
     out = response_logprobs(learner.model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_mask,
                             chunk_tokens=cfg.trainer.logprob_chunk_tokens, temperature=cfg.rollout.temperature,
                             with_entropy=True, return_hidden=need_hidden)
     logprobs, mask = out["logprobs"], mb.response_mask
-    policy_loss = get_policy_loss("sorl" if algo.use_turn_ratio else "ppo")
-    level = "turn" if algo.use_turn_ratio else "token"
-    pl = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mask, level=level, clip_low=algo.clip_low,
-                     clip_high=algo.clip_high, agg=algo.loss_agg)
+    pl = get_policy_loss(spec.policy_loss)(logprobs, mb.old_logprobs, mb.advantages, mask, **spec.policy_loss_params)
     loss = pl.loss
     metrics = {"loss/policy": pl.loss.detach(), **{k: v for k, v in pl.metrics.items() if k != "loss/pg_loss"}}
     entropy = aggregate_loss(out["entropy"], mask, algo.loss_agg)
