@@ -31,7 +31,7 @@ from stratarl.algos.registry import (
     keyword_params,
     policy_loss_names,
 )
-from stratarl.trainer.config_errors import close_match, fail
+from stratarl.config_errors import close_match, fail
 
 # (algo field, keyword of the registered function) per part: a knob reaches every part that takes it.
 KNOBS: Mapping[str, tuple[tuple[str, str], ...]] = {

@@ -28,8 +28,9 @@ from stratarl.algos.presets import PRESETS, AlgorithmSpec
 from stratarl.algos.registry import advantage_info
 from stratarl.algos.sorl import DELTA_RULES as SORL_DELTA_RULES
 from stratarl.trainer.algorithm import resolve_algorithm
-from stratarl.trainer.config_errors import ConfigError, close_match
-from stratarl.trainer.config_errors import fail as _fail
+from stratarl.config_errors import ConfigError, close_match
+from stratarl.config_errors import fail as _fail
+from stratarl.rollout.config import RolloutConfig
 
 ALGORITHMS = tuple(PRESETS)  # the presets' names (stratarl.algos.presets)
 STRATUM_KEYS = ("num_searches", "answered", "random")
@@ -153,62 +154,6 @@ class RetrievalConfig:
     def validate(self, p: str) -> None:
         if self.topk < 1:
             _fail(f"{p}.topk", self.topk, "at least one passage per search is needed", "use 3 (Search-R1)")
-
-
-@dataclass
-class RolloutConfig:
-    group_size: int = 5
-    """Rollouts per prompt (G; Search-R1 GRPO: 5)."""
-    max_turns: int = 4
-    """Turns that may search, as Search-R1's `max_turns`: one final turn without search follows, so a rollout
-    has at most max_turns + 1 turns and max_turns searches (0: one turn, no search)."""
-    max_tokens_per_turn: int = 500
-    """Generation cap per turn (tokens)."""
-    max_obs_tokens: int = 500
-    """Observation (retrieved passages) cap per search (tokens; at least 16)."""
-    max_total_tokens: int = 4096
-    """Cap on prompt + response tokens; a rollout reaching it ends as truncated."""
-    stop_on_eos: bool = False
-    """A turn that ends with end-of-sequence and no action ends the rollout (true), or gets the invalid-action
-    feedback and the loop goes on (false, Search-R1)."""
-    rebuild_prompt: bool = False
-    """Build every prompt from the question with `prompt_template`, ignoring a data file's own `prompt` column
-    (false: a row's own prompt is what the policy sees, as in Search-R1; rows without one are templated)."""
-    temperature: float = 1.0
-    """Sampling temperature for training rollouts (eval is greedy)."""
-    top_p: float = 1.0
-    """Nucleus sampling for training rollouts."""
-    prompt_template: str = "search_r1"
-    """The user message around each question: `search_r1` (Search-R1's template, the default), `short` (the
-    same protocol in a tenth of the tokens, for from-scratch models such as the lab's), or a literal
-    template containing `{question}`."""
-    backend: str = "kv_cache"
-    """Generation backend: `kv_cache` (our batched sampler; on Llama-family models its fast forward with a prefix cache across turns), `kv_cache_generic` (the same sampler on the model's own forward) or `hf` (transformers `generate`, the reference)."""
-
-    def validate(self, p: str) -> None:
-        if self.group_size < 1:
-            _fail(f"{p}.group_size", self.group_size, "a group needs at least one rollout", "use 5 (Search-R1) or 2-8")
-        if self.max_turns < 0:
-            _fail(f"{p}.max_turns", self.max_turns, "counts the turns that may search, so it cannot be negative",
-                  "use 4 (Search-R1's default: 4 search turns + 1 final answer turn), or 0 for a single turn")
-        for key in ("max_tokens_per_turn", "max_total_tokens"):
-            if getattr(self, key) < 1:
-                _fail(f"{p}.{key}", getattr(self, key), "must be positive", "use e.g. 500")
-        if self.max_obs_tokens < 16:
-            _fail(f"{p}.max_obs_tokens", self.max_obs_tokens, "needs room for the truncation marker", "use at least 16 (Search-R1: 500)")
-        if self.temperature <= 0:
-            _fail(f"{p}.temperature", self.temperature, "training rollouts sample, so the temperature must be > 0", "use 1.0")
-        if not 0 < self.top_p <= 1:
-            _fail(f"{p}.top_p", self.top_p, "must lie in (0, 1]", "use 1.0")
-        from stratarl.rollout.prompt import PROMPT_TEMPLATES, resolve_template
-
-        try:
-            resolve_template(self.prompt_template)
-        except ValueError:
-            _fail(f"{p}.prompt_template", self.prompt_template, "neither a known template nor one containing {question}",
-                  f"use {', '.join(PROMPT_TEMPLATES)}, or a string with {{question}} in it")
-        if self.backend not in ("kv_cache", "kv_cache_generic", "hf"):
-            _fail(f"{p}.backend", self.backend, "unknown backend", "use kv_cache, kv_cache_generic or hf")
 
 
 @dataclass
@@ -564,6 +509,9 @@ class Config:
         return self
 
     def _check_across_sections(self) -> None:
+        if self.rollout.greedy:
+            _fail("rollout.greedy", True, "training rollouts sample (eval is always greedy)",
+                  "drop rollout.greedy, or lower rollout.temperature")
         rollouts = self.trainer.prompts_per_step * self.rollout.group_size
         if self.trainer.mini_batches > rollouts:
             _fail("trainer.mini_batches", self.trainer.mini_batches,
@@ -578,7 +526,9 @@ class Config:
                   "use rollout.group_size >= 2 (Search-R1: 5), or an estimator with a critic (algo.name=ppo)")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["rollout"].pop("topk")  # retrieval.topk is the one place for it (see config_from_dict)
+        return data
 
 
 # --------------------------------------------------------------------------- loading
@@ -668,7 +618,12 @@ def _build(cls: type, data: dict, path: str = "") -> Any:
         if key not in names:
             _unknown_key(cls, key, path)
         kwargs[key] = _coerce(value, hints[key], f"{path}.{key}" if path else key)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError as error:
+        # A section that validates itself on construction (the rollout engine's RolloutConfig) names its
+        # fields by its class; name them by their place in this tree instead.
+        raise ConfigError(str(error).replace(f"`{cls.__name__}.", f"`{path}.", 1)) from None
 
 
 def _merge(base: dict, update: dict) -> dict:
@@ -715,7 +670,14 @@ def config_from_dict(data: dict, overrides: list[str] | None = None) -> Config:
     """Build and validate a Config from a (YAML-shaped) dict plus dotted overrides."""
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping of sections, got {type(data).__name__}. Fix: start the file with e.g. `trainer:`.")
-    return _build(Config, apply_overrides(data, overrides or [])).validate()
+    data = apply_overrides(data, overrides or [])
+    rollout = data.get("rollout")
+    if isinstance(rollout, dict) and "topk" in rollout:
+        raise ConfigError(f"config field `rollout.topk` = {rollout['topk']!r}: passages per search are set once, in "
+                          "`retrieval.topk`. Fix: write retrieval.topk instead.")
+    cfg = _build(Config, data).validate()
+    cfg.rollout = cfg.rollout.replace(topk=cfg.retrieval.topk)
+    return cfg
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:

@@ -44,12 +44,8 @@ def make_generator(model, tokenizer, backend: str, seed: int):
 
 
 def engine_config(cfg: Config, *, greedy: bool):
-    from stratarl.rollout.engine import RolloutConfig
-
-    r = cfg.rollout
-    return RolloutConfig(max_turns=r.max_turns, max_tokens_per_turn=r.max_tokens_per_turn, max_obs_tokens=r.max_obs_tokens,
-                         max_total_tokens=r.max_total_tokens, topk=cfg.retrieval.topk, temperature=r.temperature,
-                         top_p=r.top_p, greedy=greedy, stop_on_eos=r.stop_on_eos)
+    """The engine's config: the run's ``rollout`` section with ``retrieval.topk`` passages per search."""
+    return cfg.rollout.replace(topk=cfg.retrieval.topk, greedy=greedy)
 
 
 def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:

@@ -1,4 +1,5 @@
-"""The one error type of the config tree and its what / why / fix message."""
+"""The one error type of every config in stratarl (the trainer's tree, the rollout engine's config) and its
+what / why / fix message."""
 
 from __future__ import annotations
 
