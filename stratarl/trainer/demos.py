@@ -27,10 +27,24 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from stratarl.data.examples import Example
-from stratarl.trainer.sft import Demonstration
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One rendered trajectory; ``kind`` says whether it is a correct or an imperfect demo."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    kind: str = "correct"
+    example_id: str = ""
+    text: str = ""
+    meta: dict = field(default_factory=dict, compare=False)
+
 
 # The two thoughts differ from their first word on, so the search-or-answer decision is one
 # clear token for the model to learn (a shared prefix made greedy decoding pick the wrong one).

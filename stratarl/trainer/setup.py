@@ -10,14 +10,16 @@ import hashlib
 import json
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from stratarl.cache import cache_root
 from stratarl.data.examples import Example
 from stratarl.retrieval.base import Passage, Retriever
 from stratarl.trainer.config import Config, ModelConfig
+from stratarl.trainer.task import TaskData
 
 TINY_MODEL = "tiny-random"
 WORD_MODEL = "word-tiny"
@@ -127,24 +129,6 @@ def save_pretrained_model(model, tokenizer, path: str | Path) -> Path:
 # --------------------------------------------------------------------------- data
 
 
-@dataclass
-class TaskData:
-    """Questions and the corpus the retriever searches."""
-
-    train: list[Example]
-    test: list[Example]
-    corpus_path: Path | None
-    passages: list[Passage] | None = None
-    vocabulary_texts: list[str] = field(default_factory=list)
-    """Extra texts a word-level vocabulary must cover (a synthetic task's shared name pool)."""
-
-
-def _cache_root() -> Path:
-    from stratarl.data.models import cache_root
-
-    return cache_root()
-
-
 def synthetic_dir(cfg: Config) -> Path:
     syn = cfg.data.synthetic
     if syn.cache_dir:
@@ -154,7 +138,7 @@ def synthetic_dir(cfg: Config) -> Path:
     # The generator's version is part of the key: a changed generator never reuses a stale cache.
     key = {"version": SYNTH_VERSION, **syn.options}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    return _cache_root() / "synth" / f"seed{syn.seed}-{digest}"
+    return cache_root() / "synth" / f"seed{syn.seed}-{digest}"
 
 
 def load_task(cfg: Config) -> TaskData:

@@ -16,28 +16,16 @@ import math
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from stratarl.cache import cache_root
 from stratarl.trainer.batch import collate_sequences, micro_batches
+from stratarl.trainer.demos import Demonstration, render_demonstrations, render_reading_examples
 from stratarl.trainer.logprobs import response_logprobs
 from stratarl.trainer.update import lr_multiplier
-
-
-@dataclass(frozen=True)
-class Demonstration:
-    """One rendered trajectory; ``kind`` says whether it is a correct or an imperfect demo."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_mask: list[int]
-    kind: str = "correct"
-    example_id: str = ""
-    text: str = ""
-    meta: dict = field(default_factory=dict, compare=False)
 
 
 def sft_step(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int, *, micro_batch_tokens: int,
@@ -222,7 +210,6 @@ def reading_batches(cfg, tokenizer, *, batch_size: int, curriculum: int, mix_wor
     rendered after i batches shortens observations to one sentence with probability max(0, 1 - i / curriculum).
     Reading worlds are numbered from the far end of the demonstration worlds' range, so the two stages never
     share a world."""
-    from stratarl.trainer.demos import render_reading_examples
 
     rng = random.Random(cfg.sft.seed + 1)
 
@@ -243,7 +230,6 @@ def world_demonstrations(cfg, tokenizer, index: int) -> list[Demonstration]:
     """All demonstrations of the ``index``-th fresh world: a synthetic KB drawn from the task's name pool
     with ``sft.world_options`` over ``data.synthetic.options``, indexed with its own BM25, rendered with the
     same prompt, observation caps and imperfect-demo mix as ``sft.source: task``, shuffled."""
-    from stratarl.trainer.demos import render_demonstrations
 
     kb, retriever = _world(cfg, index)
     seed = world_seed(cfg.data.synthetic.seed, index)
@@ -276,8 +262,6 @@ def warm_start_cache_dir(cfg) -> Path:
     """``$STRATARL_CACHE/warmstart/<name>-<hash of warm_start_key(cfg)>``."""
     import hashlib
     import json
-
-    from stratarl.data.models import cache_root
 
     digest = hashlib.sha256(json.dumps(warm_start_key(cfg), sort_keys=True, default=str).encode()).hexdigest()[:12]
     return cache_root() / "warmstart" / f"{cfg.model.name}-{digest}"
@@ -317,7 +301,6 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     """
     import json
 
-    from stratarl.trainer.demos import render_demonstrations
     from stratarl.trainer.metrics import MetricsLogger
     from stratarl.trainer.setup import build_task_retriever, load_policy, load_task, save_pretrained_model
 

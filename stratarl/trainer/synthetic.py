@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from stratarl.trainer.task import TaskData
+
 
 def ensure_synthetic_kb(directory: Path, *, seed: int, options: dict[str, Any]) -> Path:
     """Generate the KB into ``directory`` unless it is already there; return the folder."""
@@ -48,7 +50,6 @@ def load_synthetic_task(directory: Path, *, seed: int, options: dict[str, Any]):
 
     from stratarl.data.search_r1 import load_examples
     from stratarl.data.synth import name_pool_words
-    from stratarl.trainer.setup import TaskData
 
     folder = ensure_synthetic_kb(directory, seed=seed, options=options)
     # The files' prompt column is our own Search-R1 rendering: drop it, so rollout.prompt_template decides.
