@@ -231,14 +231,14 @@ def _stratified(
 
 
 @register_advantage("gae", needs_values=True)
-def _gae(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 1.0):
+def _gae(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = False):
     """GAE over policy tokens (PPO / SO-PPO with a critic); see :func:`gae_advantages`."""
     if batch.values is None:
         raise ValueError("advantage estimator 'gae' needs AdvantageBatch.values from a critic; got None")
     token_rewards = batch.token_rewards
     if token_rewards is None:
         token_rewards = outcome_to_token_rewards(batch.rewards, batch.response_mask)
-    return gae_advantages(token_rewards, batch.values, batch.response_mask, gamma=gamma, lam=lam)
+    return gae_advantages(token_rewards, batch.values, batch.response_mask, gamma=gamma, lam=lam, whiten=whiten)
 
 
 @register_policy_loss("ppo")

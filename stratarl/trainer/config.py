@@ -50,15 +50,18 @@ class LoraConfig:
     alpha: int = 32
     """LoRA scaling numerator (scale = alpha / r)."""
     dropout: float = 0.0
-    """Dropout on the LoRA input (0 keeps log-probs deterministic between passes)."""
+    """Dropout on the LoRA input. Must be 0: the behaviour log-probs are computed in eval mode (no dropout) and
+    the update runs in train mode, so with dropout the first optimizer step would not be on-policy."""
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"])
     """Module names that get adapters."""
 
     def validate(self, p: str) -> None:
         if self.r < 1:
             _fail(f"{p}.r", self.r, "the LoRA rank must be at least 1", "use e.g. 8 or 16")
-        if not 0.0 <= self.dropout < 1.0:
-            _fail(f"{p}.dropout", self.dropout, "dropout must lie in [0, 1)", "use 0.0")
+        if self.dropout != 0.0:
+            _fail(f"{p}.dropout", self.dropout, "the behaviour log-probs are computed without dropout (eval mode) and the "
+                  "update with it (train mode), so the ratios of the first, on-policy step would not be 1",
+                  "use 0.0 (regularise with optim.weight_decay instead)")
         if not self.target_modules:
             _fail(f"{p}.target_modules", self.target_modules, "no module would get an adapter", "list e.g. [q_proj, v_proj]")
 

@@ -202,12 +202,22 @@ def accumulate_gradients(learner: Learner, mini: RolloutBatch, cfg: Config) -> d
     return dict(sums)
 
 
+def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+
+
 def optimizer_step(learner: Learner, mini: RolloutBatch, cfg: Config) -> dict[str, float]:
     """One optimizer step on a mini-batch: accumulate, SORL-normalise and clip (in ``algo.sorl_order``), step.
 
     ``optim/grad_norm`` is the norm clipping saw: after the SORL factor with `before_clip`, before it with
-    `after_clip`."""
+    `after_clip`. ``sorl/effective_scale`` is ||gradient the optimizer got|| / ||policy gradient before SORL
+    and clipping||: ``sorl/scale`` when clipping did not act, the clip factor when `before_clip` clipping
+    undid SORL's factor (it does unless ||C|| > max(delta, ||grad||))."""
     sums = accumulate_gradients(learner, mini, cfg)
+    raw_norm = float(_grad_norm(learner.policy_parameters())) if learner.normalizer is not None else 0.0
     normalize_first = learner.normalizer is not None and cfg.algo.sorl_order == "before_clip"
     if normalize_first:
         sums.update({k: float(v) for k, v in learner.normalizer.apply().items()})
@@ -217,6 +227,10 @@ def optimizer_step(learner: Learner, mini: RolloutBatch, cfg: Config) -> dict[st
     if learner.normalizer is not None and not normalize_first:
         # after_clip: the factor acts on the clipped gradient, so clipping cannot undo it.
         sums.update({k: float(v) for k, v in learner.normalizer.apply().items()})
+    if learner.normalizer is not None:
+        # What reached the optimizer relative to the raw policy gradient: the SORL factor times whatever
+        # clipping did. With before_clip it shows when clipping undid the factor (it then equals the clip factor).
+        sums["sorl/effective_scale"] = float(_grad_norm(params)) / raw_norm if raw_norm > 0 else 1.0
     if learner.value_head is not None:
         torch.nn.utils.clip_grad_norm_(learner.value_head.parameters(), clip)
     sums["optim/skipped_steps"] = 0.0
