@@ -33,7 +33,7 @@ from stratarl.config_errors import fail as _fail
 from stratarl.rollout.config import RolloutConfig
 
 ALGORITHMS = tuple(PRESETS)  # the presets' names (stratarl.algos.presets)
-STRATUM_KEYS = ("num_searches", "answered", "random")
+STRATUM_KEYS = ("num_searches", "observation_blocks", "answered", "random")
 OPTIMIZERS = ("adamw", "sgd")
 SORL_ORDERS = ("before_clip", "after_clip")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -189,9 +189,11 @@ class AlgoConfig:
     alpha: float = 0.6
     """Stratified GRPO blend: alpha * SAN + (1 - alpha) * GN (0 = GRPO, 1 = pure SAN; paper: 0.6)."""
     stratum_key: str = "num_searches"
-    """How rollouts are stratified: `num_searches` (paper), `answered`, `random` (control: the num_searches strata's sizes kept inside each group, rollouts assigned to them by a seeded random permutation), or `module:function` taking a Rollout and returning a hashable key."""
+    """How rollouts are stratified: `num_searches` (paper: the retriever calls run), `observation_blocks` (the
+    observation blocks between policy turns, from the response mask alone: the veRL plugin's definition, which
+    also counts invalid-action feedback and misses a trailing observation), `answered`, `random` (control: the num_searches strata's sizes kept inside each group, rollouts assigned to them by a seeded random permutation), or `module:function` taking a Rollout and returning a hashable key."""
     stratum_cap: int | None = None
-    """With num_searches: counts >= cap share one stratum (None: no cap)."""
+    """With num_searches / observation_blocks: counts >= cap share one stratum (None: no cap)."""
     epsilon: float = 1e-6
     """Advantage normaliser epsilon (the GRPO baseline's)."""
     clip_low: float = 0.2
@@ -248,7 +250,7 @@ class AlgoConfig:
             close = difflib.get_close_matches(self.stratum_key, STRATUM_KEYS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             _fail(f"{p}.stratum_key", self.stratum_key, "unknown stratum key",
-                  f"{hint}use num_searches, answered, random, or `package.module:function`")
+                  f"{hint}use num_searches, observation_blocks, answered, random, or `package.module:function`")
         if self.stratum_cap is not None and self.stratum_cap < 1:
             _fail(f"{p}.stratum_cap", self.stratum_cap, "must be >= 1 or null", "use null for no cap")
         for key in ("clip_low", "clip_high"):

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from stratarl.algos.turns import search_counts
 from stratarl.data.examples import Example
 from stratarl.trainer.config import Config
 from stratarl.trainer.setup import TimedRetriever
@@ -49,9 +50,21 @@ def engine_config(cfg: Config, *, greedy: bool):
 
 
 def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
-    """Rollout -> integer stratum: number of searches (capped), answered, or a user function."""
+    """Rollout -> integer stratum: number of searches (capped), observation blocks (capped), answered, or a
+    user function.
+
+    ``num_searches`` counts the retriever calls the engine ran. ``observation_blocks`` is the definition the
+    veRL plugin must use, having only the response mask: the observation blocks between two policy turns
+    (``stratarl.algos.search_counts``), which also counts invalid-action feedback and misses an observation
+    after the last turn."""
     if key == "num_searches":
         return lambda r: min(r.num_searches, cap) if cap is not None else r.num_searches
+    if key == "observation_blocks":
+        def blocks(r) -> int:
+            count = int(search_counts(torch.tensor([r.response_mask], dtype=torch.long))[0]) if r.response_mask else 0
+            return min(count, cap) if cap is not None else count
+
+        return blocks
     if key == "answered":
         return lambda r: int(r.answered)
     module, _, name = key.partition(":")

@@ -85,3 +85,18 @@ def test_token_sum_modes_count_empty_rows_and_veRL_divides_by_the_non_empty_ones
     non_empty = int(mask.any(dim=1).sum())
     assert_close(ours * mask.shape[0] / non_empty, torch.tensor(3.0))
     assert_close(aggregate_loss(loss, mask, "seq-mean-token-sum-norm", norm_length=4), torch.tensor(2.0 / 4))
+
+
+def test_clip_fractions_are_disjoint_so_the_veRL_plugin_can_report_veRLs_pg_clipfrac():
+    """The plugin's actor/pg_clipfrac is clip_frac_low + clip_frac_high (veRL's vanilla leaves dual-clipped
+    tokens out of it): that needs the three kinds to be disjoint and to add up to clip_frac."""
+    from stratarl.algos import clipped_policy_loss
+
+    g = torch.Generator().manual_seed(3)
+    log_probs = torch.randn(8, 12, generator=g)
+    old = log_probs + 1.5 * torch.randn(8, 12, generator=g)  # far off-policy: every kind of clip occurs
+    adv = torch.randn(8, 12, generator=g)
+    mask = (torch.rand(8, 12, generator=g) > 0.2).long()
+    m = clipped_policy_loss(log_probs, old, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=3.0).metrics
+    assert m["loss/clip_frac_low"] > 0 and m["loss/clip_frac_high"] > 0 and m["loss/clip_frac_dual"] > 0
+    assert_close(m["loss/clip_frac"], m["loss/clip_frac_low"] + m["loss/clip_frac_high"] + m["loss/clip_frac_dual"])

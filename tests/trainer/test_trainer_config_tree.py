@@ -72,3 +72,17 @@ def test_kl_estimator_and_aggregation_choices_list_the_valid_ones():
     assert load_config(None, ["algo.kl_coef=0", "algo.kl_estimator=k1"]).algo.kl_estimator == "k1"
     with pytest.raises(ConfigError, match=r"did you mean 'token-mean'"):
         load_config(None, ["algo.loss_agg=token_mean"])
+
+
+def test_observation_blocks_is_the_veRL_plugins_stratum_and_differs_from_num_searches_where_documented():
+    from stratarl.rollout.engine import Rollout
+    from stratarl.trainer.rollouts import stratum_function
+
+    invalid_then_answer = Rollout(prompt_ids=[1], response_ids=[5] * 5, response_mask=[1, 1, 0, 0, 1], num_searches=0)
+    cut_after_search = Rollout(prompt_ids=[1], response_ids=[5] * 4, response_mask=[1, 1, 0, 0], num_searches=1)
+    three = Rollout(prompt_ids=[1], response_ids=[5] * 7, response_mask=[1, 0, 1, 0, 1, 0, 1], num_searches=3)
+    searches, blocks = stratum_function("num_searches", None), stratum_function("observation_blocks", None)
+    assert [searches(r) for r in (invalid_then_answer, cut_after_search, three)] == [0, 1, 3]
+    assert [blocks(r) for r in (invalid_then_answer, cut_after_search, three)] == [1, 0, 3]
+    assert stratum_function("observation_blocks", 2)(three) == 2
+    assert load_config(None, ["algo.stratum_key=observation_blocks"]).algo.stratum_key == "observation_blocks"
