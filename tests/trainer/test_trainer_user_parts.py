@@ -125,3 +125,34 @@ def test_a_file_is_loaded_once(tmp_path):
         sys.modules.pop(first.__name__, None)
     with pytest.raises(ExtensionError, match="no module named 'stratarl_no_such_module'"):
         load_extension("stratarl_no_such_module")
+
+
+def test_the_readme_rloo_is_right_and_registers_by_name(monkeypatch):
+    """README's "A new algorithm" snippet, run as written: it registers `rloo` and computes RLOO."""
+    import re
+
+    import stratarl.algos.registry as registry
+    from stratarl.algos import AdvantageBatch
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "my_parts.py" in block]
+    monkeypatch.setattr(registry, "_ADVANTAGES", dict(registry._ADVANTAGES))
+    monkeypatch.setattr(registry, "_ADVANTAGE_INFO", dict(registry._ADVANTAGE_INFO))
+    exec(compile(code, "README.md", "exec"), {})
+    rewards, groups = [1.0, 0.0, 0.5, 2.0, -1.0, 3.0], [7, 7, 7, 2, 2, 9]
+    mask = torch.ones(6, 3, dtype=torch.long)
+    batch = AdvantageBatch(rewards=torch.tensor(rewards), group_ids=torch.tensor(groups), response_mask=mask)
+    advantages, _ = registry.get_advantage("rloo")(batch, scale=2.0)
+    torch.testing.assert_close(advantages[:, 0], torch.tensor(_rloo_by_loop(rewards, groups, 2.0)))
+    assert registry.advantage_info("rloo").group_relative
+
+
+def test_train_help_lists_every_preset():
+    from stratarl.algos.presets import PRESETS
+
+    out = subprocess.run([sys.executable, "-m", "stratarl.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    flat = " ".join(out.stdout.split())
+    for name in PRESETS:
+        assert name in flat, name
+    assert "--import MODULE" in out.stdout
