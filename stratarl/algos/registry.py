@@ -23,6 +23,7 @@ config by its name, e.g. ``algo.advantage=rloo``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -98,7 +99,8 @@ _NORMALIZERS: dict[str, NormalizerFn] = {}
 def _register(table: dict, kind: str, name: str):
     def decorator(fn):
         if name in table and table[name] is not fn:
-            raise ValueError(f"{kind} {name!r} is already registered (by {table[name].__qualname__})")
+            owner = getattr(table[name], "__qualname__", repr(table[name]))
+            raise ValueError(f"{kind} {name!r} is already registered (by {owner})")
         table[name] = fn
         return fn
 
@@ -241,43 +243,10 @@ def _gae(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 1.0, whiten:
     return gae_advantages(token_rewards, batch.values, batch.response_mask, gamma=gamma, lam=lam, whiten=whiten)
 
 
-@register_policy_loss("ppo")
-def _ppo(
-    log_probs: Tensor,
-    old_log_probs: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    *,
-    level: str = "token",
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    agg: str = "token-mean",
-    norm_length: int | None = None,
-) -> PolicyLossOutput:
-    """Clipped surrogate, token-level ratios by default; see :func:`clipped_policy_loss`."""
-    return clipped_policy_loss(log_probs, old_log_probs, advantages, response_mask, level=level, clip_low=clip_low,
-                               clip_high=clip_high, dual_clip=dual_clip, agg=agg, norm_length=norm_length)
-
-
-@register_policy_loss("sorl")
-def _sorl(
-    log_probs: Tensor,
-    old_log_probs: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    *,
-    level: str = "turn",
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    agg: str = "token-mean",
-    norm_length: int | None = None,
-) -> PolicyLossOutput:
-    """SORL's clipped surrogate: the same function as ``ppo`` with turn-level ratios by default
-    (the SO-PPO / SO-GRPO presets name it; pair it with the ``sorl`` gradient normaliser)."""
-    return _ppo(log_probs, old_log_probs, advantages, response_mask, level=level, clip_low=clip_low,
-                clip_high=clip_high, dual_clip=dual_clip, agg=agg, norm_length=norm_length)
+# The clipped surrogate itself is the ``ppo`` loss; ``sorl`` is the same function with turn-level ratios by
+# default (the SO-PPO / SO-GRPO presets name it; pair it with the ``sorl`` gradient normaliser).
+register_policy_loss("ppo")(clipped_policy_loss)
+register_policy_loss("sorl")(functools.partial(clipped_policy_loss, level="turn"))
 
 
 @register_grad_normalizer("sorl")
