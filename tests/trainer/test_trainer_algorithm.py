@@ -330,3 +330,27 @@ def test_drgrpo_updates_with_mean_only_advantages(tmp_path, tiny_overrides, monk
     torch.testing.assert_close(seen["advantages"], expected)
     scaled = broadcast_to_tokens(grpo_advantages(rewards, groups), seen["mask"])
     assert not torch.allclose(seen["advantages"], scaled, atol=1e-4)  # the batch tells Dr.GRPO from GRPO
+
+
+def test_no_code_outside_the_resolution_compares_the_algorithms_name():
+    """The trainer reads the resolved parts; only stratarl.trainer.algorithm looks a preset up by name
+    (no `algo.name == ...`, `algo.name in ...` or `TABLE[algo.name]` anywhere else)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "stratarl"
+
+    def is_algo_name(node) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "name" and (
+            (isinstance(node.value, ast.Attribute) and node.value.attr == "algo")
+            or (isinstance(node.value, ast.Name) and node.value.id == "algo"))
+
+    offenders = []
+    for path in root.rglob("*.py"):
+        if path.name == "algorithm.py" and path.parent.name == "trainer":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            compared = isinstance(node, ast.Compare) and any(is_algo_name(n) for n in (node.left, *node.comparators))
+            looked_up = isinstance(node, ast.Subscript) and is_algo_name(node.slice)  # e.g. TABLE[cfg.algo.name]
+            if compared or looked_up:
+                offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert offenders == []
