@@ -134,3 +134,27 @@ def test_only_the_command_line_imports_the_trainer_and_nothing_imports_the_comma
                 assert layer in ("stratarl.trainer", "stratarl.commands", "stratarl.cli"), (module, target)
             if _package(target) in ("stratarl.commands", "stratarl.cli"):
                 assert layer in ("stratarl.commands", "stratarl.cli"), (module, target)
+
+
+def test_imports_inside_functions_are_third_party_or_say_why():
+    """Outside the command line (kept lazy so `stratarl --help` is fast), a function imports a stratarl module or
+    the standard library only with a comment on that line saying why (an optional dependency or start-up cost)."""
+    lazy = []
+    for module, path in MODULES.items():
+        if _package(module) in ("stratarl.commands", "stratarl.cli"):
+            continue
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    roots = {alias.name.split(".")[0] for alias in node.names}
+                elif isinstance(node, ast.ImportFrom):
+                    roots = {"stratarl" if node.level else (node.module or "").split(".")[0]}
+                else:
+                    continue
+                ours = roots & ({"stratarl"} | set(sys.stdlib_module_names))
+                if ours and "#" not in lines[node.lineno - 1]:
+                    lazy.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert lazy == []

@@ -30,11 +30,19 @@ from pathlib import Path
 
 import torch
 
+import stratarl.trainer.rollouts as rollouts_module  # called through the module, so a test's spy on it is seen
+import stratarl.trainer.update as update_module
 from stratarl.algos.registry import AdvantageBatch, get_advantage
+from stratarl.algos.strata import cross_stratum_variance, shuffle_strata_within_groups, zero_san_fraction
 from stratarl.trainer import checkpoint as ckpt
+from stratarl.trainer.batch import collate_rollouts, scatter_response_values
 from stratarl.trainer.config import Config, save_config
+from stratarl.trainer.evaluate import collection_config, eval_metrics, evaluate, format_table, overall, save_eval
 from stratarl.trainer.metrics import MetricsLogger, PhaseTimer, format_step_line, write_transcripts
+from stratarl.trainer.rollouts import advantage_metrics, make_generator, rollout_metrics, transcript
 from stratarl.trainer.setup import SINGLE_THREAD_MAX_PARAMS, step_threads  # noqa: F401 (re-exported)
+from stratarl.trainer.setup import TimedRetriever, build_task_retriever, limit_per_source, load_policy, load_task
+from stratarl.trainer.update import build_learner, score_batch
 
 def compute_advantages(cfg: Config, batch, rewards: list[float], group_ids: list[int], strata: list[int]) -> None:
     """Fill ``batch.advantages`` and ``batch.returns`` [B, T] with the algorithm's estimator (``algo.spec``)."""
@@ -53,8 +61,6 @@ def advantage_strata(cfg: Config, observed: list[int], group_ids: list[int], ste
     so a resumed run draws the same strata)."""
     if cfg.algo.stratum_key != "random":
         return list(observed)
-    from stratarl.algos.strata import shuffle_strata_within_groups
-
     generator = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_003 + step)
     return shuffle_strata_within_groups(torch.tensor(observed), torch.tensor(group_ids), generator).tolist()
 
@@ -62,8 +68,6 @@ def advantage_strata(cfg: Config, observed: list[int], group_ids: list[int], ste
 def stratum_metrics(cfg: Config, collected, strata: list[int]) -> dict[str, float]:
     """stratum/cross_var and stratum/zero_san_frac on the strata the advantage used (see
     stratarl.algos.strata); with random strata also stratum/cross_var_observed on the real ones."""
-    from stratarl.algos.strata import cross_stratum_variance, zero_san_fraction
-
     if not collected.rewards:
         return {}
     rewards, groups = torch.tensor(collected.rewards, dtype=torch.float64), torch.tensor(collected.group_ids)
@@ -119,16 +123,11 @@ def rl_step(run: RunState) -> dict[str, float]:
 
 
 def _rl_step(run: RunState) -> dict[str, float]:
-    from stratarl.trainer.batch import collate_rollouts, scatter_response_values
-    from stratarl.trainer.evaluate import collection_config
-    from stratarl.trainer.rollouts import advantage_metrics, collect, rollout_metrics, transcript
-    from stratarl.trainer.update import score_batch, update_policy
-
     cfg, timer = run.cfg, run.timer
     step_start = time.perf_counter()
     examples = [run.task.train[i] for i in run.sampler.next(cfg.trainer.prompts_per_step)]
 
-    collected = collect(run.generator, run.retriever, run.tokenizer, examples, collection_config(cfg),
+    collected = rollouts_module.collect(run.generator, run.retriever, run.tokenizer, examples, collection_config(cfg),
                         group_size=cfg.rollout.group_size, prompt_cache=run.prompt_cache)
     strata = advantage_strata(cfg, collected.strata, collected.group_ids, run.step)
     timer.add("generation", collected.generation_s)
@@ -142,7 +141,7 @@ def _rl_step(run: RunState) -> dict[str, float]:
     compute_advantages(cfg, batch, collected.rewards, collected.group_ids, strata)
 
     with timer("update"):
-        update = update_policy(run.learner, batch, cfg, run.shuffle_rng)
+        update = update_module.update_policy(run.learner, batch, cfg, run.shuffle_rng)
 
     metrics = {**rollout_metrics(collected), **advantage_metrics(batch.advantages, batch.response_mask), **update,
                **stratum_metrics(cfg, collected, strata), **em_by_type(collected.examples, collected.em)}
@@ -195,10 +194,6 @@ def restore(run: RunState, path: Path) -> None:
 
 def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None) -> RunState:
     """Model, retriever, generator, optimizer, sampler and logger for ``cfg`` (fresh state)."""
-    from stratarl.trainer.rollouts import make_generator
-    from stratarl.trainer.setup import TimedRetriever, build_task_retriever, load_policy, load_task
-    from stratarl.trainer.update import build_learner
-
     torch.manual_seed(cfg.trainer.seed)
     task = load_task(cfg)
     retriever = TimedRetriever(build_task_retriever(cfg, task))
@@ -241,9 +236,6 @@ class _GracefulInterrupt:
 
 
 def _run_eval(run: RunState, tag: str) -> dict:
-    from stratarl.trainer.evaluate import eval_metrics, evaluate, format_table, overall, save_eval
-    from stratarl.trainer.setup import limit_per_source
-
     examples = limit_per_source(run.task.test, run.cfg.data.max_eval_examples)
     if not examples:
         return {}

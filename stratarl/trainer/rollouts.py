@@ -18,6 +18,12 @@ import torch
 
 from stratarl.algos.turns import search_counts
 from stratarl.data.examples import Example
+from stratarl.rewards import answer_match, get_reward, reward_for_source
+from stratarl.rollout.engine import RolloutEngine
+from stratarl.rollout.generation import HFGenerator, KVCacheGenerator
+from stratarl.rollout.prompt import encode_messages, encode_prompt
+from stratarl.rollout.transcript import rollout_metrics as engine_rollout_metrics
+from stratarl.rollout.transcript import transcript as engine_transcript
 from stratarl.trainer.config import Config
 from stratarl.trainer.setup import TimedRetriever
 
@@ -37,8 +43,6 @@ class CollectedBatch:
 
 
 def make_generator(model, tokenizer, backend: str, seed: int):
-    from stratarl.rollout.generation import HFGenerator, KVCacheGenerator
-
     if backend == "hf":
         return HFGenerator(model, tokenizer, seed=seed)
     return KVCacheGenerator(model, tokenizer, seed=seed, fast=False if backend == "kv_cache_generic" else None)
@@ -80,8 +84,6 @@ def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
 
 def reward_function(name: str):
     """A built-in reward by name (em, subem, f1) or ``package.module:function`` (response_text, golds) -> float."""
-    from stratarl.rewards import get_reward
-
     if ":" not in name:
         return get_reward(name)
     module, _, attr = name.partition(":")
@@ -96,8 +98,6 @@ def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = 
                    template: str = "search_r1", rebuild: bool = False) -> list[list[int]]:
     """Prompt ids per example: the example's own prompt (a data file's `prompt` column) when it has
     one and ``rebuild`` is off, else ``template`` around the question."""
-    from stratarl.rollout.prompt import encode_messages, encode_prompt
-
     out = []
     for e in examples:
         if cache is not None and e.id in cache:
@@ -119,9 +119,6 @@ def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = 
 def collect(generator, retriever: TimedRetriever, tokenizer, examples: Sequence[Example], cfg: Config, *,
             group_size: int, greedy: bool = False, prompt_cache: dict | None = None) -> CollectedBatch:
     """G rollouts per example (consecutive), scored with the run's reward and stratified."""
-    from stratarl.rewards import answer_match, reward_for_source
-    from stratarl.rollout.engine import RolloutEngine
-
     prompts = encode_prompts(tokenizer, examples, prompt_cache, cfg.rollout.prompt_template, cfg.rollout.rebuild_prompt)
     flat_prompts = [p for p in prompts for _ in range(group_size)]
     flat_examples = [e for e in examples for _ in range(group_size)]
@@ -151,8 +148,6 @@ def _distribution(values: list[int], prefix: str, max_key: int = 4) -> dict[str,
 
 def rollout_metrics(batch: CollectedBatch) -> dict[str, float]:
     """reward/*, rollout/* (search calls and their distribution, lengths, rates) and stratum/* metrics."""
-    from stratarl.rollout.transcript import rollout_metrics as engine_rollout_metrics
-
     rs = batch.rollouts
     n = max(1, len(rs))
     searches = [r.num_searches for r in rs]
@@ -201,8 +196,6 @@ def transcript(rollout, example: Example, tokenizer, *, reward: float, stratum: 
                advantage: float | None = None) -> dict:
     """The engine's transcript (prompt, turns, searches with passages, answer, flags, mask runs)
     with the example, the stratum and the advantage the update used."""
-    from stratarl.rollout.transcript import transcript as engine_transcript
-
     record = engine_transcript(rollout, tokenizer, reward=reward, golds=example.golden_answers)
     return {
         "example_id": example.id,

@@ -6,8 +6,10 @@ model, data and retriever for the same config.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,8 +19,17 @@ import torch
 
 from stratarl.cache import cache_root
 from stratarl.data.examples import Example
+from stratarl.data.models import DEFAULT_MODEL, build_tiny_model, load_model, load_tokenizer
+from stratarl.data.search_r1 import load_example_files
+from stratarl.data.synth import SYNTH_VERSION
+from stratarl.data.wordlevel import word_tokenizer_for_task
 from stratarl.retrieval.base import Passage, Retriever
+from stratarl.retrieval.bm25 import BM25Retriever
+from stratarl.retrieval.corpus import load_corpus
+from stratarl.retrieval.factory import build_retriever
 from stratarl.trainer.config import Config, ModelConfig
+from stratarl.trainer.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
+from stratarl.trainer.synthetic import load_synthetic_task
 from stratarl.trainer.task import TaskData
 
 TINY_MODEL = "tiny-random"
@@ -36,8 +47,6 @@ def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", t
     (only adapter weights train). The model is returned in eval mode (no dropout),
     so log-probs of the same tokens agree between the rollout and the update.
     """
-    from stratarl.data.models import DEFAULT_MODEL, build_tiny_model, load_model, load_tokenizer
-
     tokenizer_name = model_cfg.tokenizer or (DEFAULT_MODEL if model_cfg.name == TINY_MODEL else model_cfg.name)
     if model_cfg.init_from:
         tokenizer = load_tokenizer(model_cfg.tokenizer or model_cfg.init_from)
@@ -63,10 +72,6 @@ def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", t
 
 
 def _word_tokenizer(task: TaskData | None):
-    from stratarl.data.wordlevel import word_tokenizer_for_task
-    from stratarl.retrieval.corpus import load_corpus
-    from stratarl.trainer.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
-
     if task is None or task.corpus_path is None:
         raise ValueError(f"model.name={WORD_MODEL} builds its vocabulary from the task's corpus and questions; "
                          "it needs a task with a corpus (data.source: synthetic, or data.corpus set)")
@@ -110,8 +115,6 @@ def _wrap_lora(model, model_cfg: ModelConfig):
 def merged_model(model):
     """A plain HF model to save: LoRA adapters merged in (a copy), or the model itself."""
     if hasattr(model, "merge_and_unload"):
-        import copy
-
         return copy.deepcopy(model).merge_and_unload()
     return model
 
@@ -133,7 +136,6 @@ def synthetic_dir(cfg: Config) -> Path:
     syn = cfg.data.synthetic
     if syn.cache_dir:
         return Path(syn.cache_dir)
-    from stratarl.data.synth import SYNTH_VERSION
 
     # The generator's version is part of the key: a changed generator never reuses a stale cache.
     key = {"version": SYNTH_VERSION, **syn.options}
@@ -144,12 +146,8 @@ def synthetic_dir(cfg: Config) -> Path:
 def load_task(cfg: Config) -> TaskData:
     """Training and held-out questions for ``cfg.data`` (synthetic KB generated on first use)."""
     if cfg.data.source == "synthetic":
-        from stratarl.trainer.synthetic import load_synthetic_task
-
         data = load_synthetic_task(synthetic_dir(cfg), seed=cfg.data.synthetic.seed, options=cfg.data.synthetic.options)
     else:
-        from stratarl.data.search_r1 import load_example_files
-
         # load_example_files keeps ids unique across files (prompts are cached by id).
         train = load_example_files(cfg.data.train_files)
         test = load_example_files(cfg.data.test_files)
@@ -179,9 +177,6 @@ def limit_per_source(examples: list[Example], limit: int | None) -> list[Example
 
 def build_task_retriever(cfg: Config, task: TaskData) -> Retriever:
     """The retriever for ``cfg.retrieval.spec``; `bm25` indexes the task's corpus (cached next to it)."""
-    from stratarl.retrieval.bm25 import BM25Retriever
-    from stratarl.retrieval.factory import build_retriever
-
     spec = cfg.retrieval.spec
     if spec == "bm25":
         if task.corpus_path is None:
@@ -224,8 +219,6 @@ class TimedRetriever:
 
 
 def set_threads(num_threads: int) -> int:
-    import os
-
     n = num_threads or os.cpu_count() or 1
     torch.set_num_threads(n)
     return n

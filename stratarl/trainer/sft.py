@@ -11,9 +11,15 @@ Observation tokens (retrieved passages) are context, never targets.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
+import json
 import math
+import os
 import random
+import shutil
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,9 +28,13 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 
 from stratarl.cache import cache_root
+from stratarl.data.synth import generate_knowledge_base
+from stratarl.retrieval.bm25 import BM25Retriever
 from stratarl.trainer.batch import collate_sequences, micro_batches
 from stratarl.trainer.demos import Demonstration, render_demonstrations, render_reading_examples
 from stratarl.trainer.logprobs import response_logprobs
+from stratarl.trainer.metrics import MetricsLogger
+from stratarl.trainer.setup import build_task_retriever, load_policy, load_task, save_pretrained_model, step_threads
 from stratarl.trainer.update import lr_multiplier
 
 
@@ -145,8 +155,6 @@ def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_
 def run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_id: int, **kwargs) -> dict[str, float]:
     """Fine-tune ``model`` in place (see ``_run_sft`` for the arguments), on one thread for a small model
     (``stratarl.trainer.setup.step_threads``)."""
-    from stratarl.trainer.setup import step_threads
-
     with step_threads(model):
         return _run_sft(model, demos, pad_id, **kwargs)
 
@@ -176,9 +184,6 @@ def world_seed(task_seed: int, index: int) -> int:
 
 def _world(cfg, index: int, **overrides):
     """The ``index``-th demonstration world (a SyntheticKB) and its BM25 retriever."""
-    from stratarl.data.synth import generate_knowledge_base
-    from stratarl.retrieval.bm25 import BM25Retriever
-
     options = {**cfg.data.synthetic.options, **cfg.sft.world_options, **overrides}
     try:
         kb = generate_knowledge_base(seed=world_seed(cfg.data.synthetic.seed, index), **options)
@@ -249,8 +254,6 @@ def world_batches(cfg, tokenizer, *, batch_size: int, mix_worlds: int = 4) -> It
 
 def warm_start_key(cfg) -> dict:
     """Everything a warm start depends on (the cache key of ``sft.cache``): not the RL settings."""
-    import dataclasses
-
     return {"model": dataclasses.asdict(cfg.model), "data": dataclasses.asdict(cfg.data),
             "retrieval": dataclasses.asdict(cfg.retrieval), "max_obs_tokens": cfg.rollout.max_obs_tokens,
             "prompt_template": cfg.rollout.prompt_template,
@@ -260,9 +263,6 @@ def warm_start_key(cfg) -> dict:
 
 def warm_start_cache_dir(cfg) -> Path:
     """``$STRATARL_CACHE/warmstart/<name>-<hash of warm_start_key(cfg)>``."""
-    import hashlib
-    import json
-
     digest = hashlib.sha256(json.dumps(warm_start_key(cfg), sort_keys=True, default=str).encode()).hexdigest()[:12]
     return cache_root() / "warmstart" / f"{cfg.model.name}-{digest}"
 
@@ -271,10 +271,6 @@ def cached_warm_start(cfg, *, rebuild: bool = False, progress: bool = True) -> t
     """The cached warm start of ``cfg`` (built on first use, or again with ``rebuild``): (model folder,
     summary of the build or None when it was reused). Built in a temporary sibling and renamed, so a
     crash never leaves a half-written model that a later run would trust."""
-    import os
-    import shutil
-    import tempfile
-
     final = warm_start_cache_dir(cfg)
     if (final / "model" / "config.json").is_file() and not rebuild:
         return final / "model", None
@@ -299,11 +295,6 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     ``sft`` section. Writes ``sft_metrics.jsonl`` and ``demos_sample.jsonl`` next to the model.
     Returns a summary with the loss of the first and last epoch and the demo mix.
     """
-    import json
-
-    from stratarl.trainer.metrics import MetricsLogger
-    from stratarl.trainer.setup import build_task_retriever, load_policy, load_task, save_pretrained_model
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

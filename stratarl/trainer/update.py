@@ -18,6 +18,7 @@ Observation tokens have response_mask 0 and never enter any term.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import defaultdict
 from contextlib import nullcontext
@@ -29,7 +30,7 @@ from stratarl.algos.losses import aggregate_loss, clipped_value_loss, kl_penalty
 from stratarl.algos.registry import GradNormalizer, get_grad_normalizer, get_policy_loss
 from stratarl.trainer.batch import RolloutBatch, micro_batches, mini_batch_rows
 from stratarl.trainer.config import Config
-from stratarl.trainer.critic import ValueHead, response_values
+from stratarl.trainer.critic import ValueHead, hidden_size_of, response_values
 from stratarl.trainer.logprobs import response_logprobs
 
 
@@ -77,10 +78,6 @@ def make_optimizer(groups: list[dict], cfg: Config) -> torch.optim.Optimizer:
 def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: int) -> Learner:
     """Optimizer (``optim.name``; the value head gets ``algo.critic_lr``), scheduler, reference model, and the
     spec's critic and gradient normaliser."""
-    import copy
-
-    from stratarl.trainer.critic import hidden_size_of
-
     spec = cfg.algo.spec
     value_head = ValueHead(hidden_size_of(model)).to(next(model.parameters()).device) if spec.uses_critic else None
     policy_params = [p for p in model.parameters() if p.requires_grad]
