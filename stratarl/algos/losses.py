@@ -243,6 +243,7 @@ def clipped_value_loss(
     *,
     clip: float | None = 0.2,
     agg: str = "token-mean",
+    norm_length: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Critic loss with value clipping: ½ · agg max((V − R)², (V_clip − R)²).
 
@@ -265,7 +266,7 @@ def clipped_value_loss(
         clipped_sq = (v_clipped - returns) ** 2
         per_token = torch.maximum(unclipped, clipped_sq)
         clipped_more = clipped_sq > unclipped
-    loss = 0.5 * aggregate_loss(per_token, mask, agg)
+    loss = 0.5 * aggregate_loss(per_token, mask, agg, norm_length=norm_length)
     with torch.no_grad():
         metrics = {
             "critic/vf_loss": loss.detach(),

@@ -43,7 +43,7 @@ KNOBS: Mapping[str, tuple[tuple[str, str], ...]] = {
 # value terms and the micro-batch weights, or the ratio level must be one named choice).
 RESERVED: Mapping[str, Mapping[str, str]] = {
     "advantage": {},
-    "policy_loss": {"level": "algo.ratio_level", "agg": "algo.loss_agg"},
+    "policy_loss": {"level": "algo.ratio_level", "agg": "algo.loss_agg", "norm_length": "rollout.max_total_tokens"},
     "normalizer": {},
 }
 _EMPTY = inspect.Parameter.empty
@@ -107,6 +107,9 @@ def resolve_algorithm(algo: Any, p: str = "algo") -> AlgorithmSpec:
     if "level" not in keyword_params(loss_fn) and level != "token":
         fail(f"{p}.ratio_level", level, f"policy loss {policy_loss!r} takes no `level` keyword (token ratios only)",
              f"use {p}.ratio_level=token, or a policy loss with a `level` parameter")
+    if algo.loss_agg == "seq-mean-token-sum-norm" and "norm_length" not in keyword_params(loss_fn):
+        fail(f"{p}.loss_agg", algo.loss_agg, f"policy loss {policy_loss!r} takes no `norm_length` (the constant L)",
+             f"use another {p}.loss_agg, or a policy loss with a `norm_length` parameter")
     policy_loss_params = _part_params(algo, p, "policy_loss", policy_loss, loss_fn,
                                       base.policy_loss_params if policy_loss == base.policy_loss else {}, {"level": level})
 

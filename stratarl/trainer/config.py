@@ -36,7 +36,7 @@ ALGORITHMS = tuple(PRESETS)  # the presets' names (stratarl.algos.presets)
 STRATUM_KEYS = ("num_searches", "observation_blocks", "answered", "random")
 OPTIMIZERS = ("adamw", "sgd")
 SORL_ORDERS = ("before_clip", "after_clip")
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 __all__ = ["ALGORITHMS", "Config", "ConfigError", "SORL_DELTA_RULES", "config_from_dict", "load_config", "save_config"]
 
@@ -201,7 +201,8 @@ class AlgoConfig:
     clip_high: float = 0.2
     """Upper clip range: ratios above 1 + clip_high are clipped."""
     loss_agg: str = "token-mean"
-    """Loss aggregation: token-mean (Search-R1), seq-mean-token-mean, seq-mean-token-sum."""
+    """Loss aggregation of every term: token-mean (Search-R1), seq-mean-token-mean, seq-mean-token-sum, or
+    seq-mean-token-sum-norm (Dr.GRPO: each rollout's token sum over one constant L = rollout.max_total_tokens)."""
     turn_level_ratio: bool | None = None
     """Use SORL's turn-level importance ratio (true: ratio_level turn, false: token); None: the preset's
     (on for so_ppo / so_grpo)."""

@@ -137,6 +137,12 @@ def score_batch(learner: Learner, batch: RolloutBatch, cfg: Config) -> RolloutBa
     return batch
 
 
+def norm_length(cfg: Config) -> int | None:
+    """The constant L of ``seq-mean-token-sum-norm``: ``rollout.max_total_tokens``, the same for every micro-batch
+    (so micro-batching cannot change the loss); None for the other aggregations."""
+    return cfg.rollout.max_total_tokens if cfg.algo.loss_agg == "seq-mean-token-sum-norm" else None
+
+
 def _agg_units(mask: torch.Tensor, agg: str) -> float:
     """How much of an aggregate a set of rows accounts for (tokens for token-mean, rows otherwise)."""
     if agg == "token-mean":
@@ -154,20 +160,25 @@ def micro_batch_loss(learner: Learner, mb: RolloutBatch, cfg: Config) -> tuple[t
                             chunk_tokens=cfg.trainer.logprob_chunk_tokens, temperature=cfg.rollout.temperature,
                             with_entropy=True, return_hidden=need_hidden)
     logprobs, mask = out["logprobs"], mb.response_mask
-    pl = get_policy_loss(spec.policy_loss)(logprobs, mb.old_logprobs, mb.advantages, mask, **spec.policy_loss_params)
+    length = norm_length(cfg)
+    extra = {} if length is None else {"norm_length": length}
+    pl = get_policy_loss(spec.policy_loss)(logprobs, mb.old_logprobs, mb.advantages, mask, **spec.policy_loss_params,
+                                           **extra)
     loss = pl.loss
     metrics = {"loss/policy": pl.loss.detach(), **{k: v for k, v in pl.metrics.items() if k != "loss/pg_loss"}}
-    entropy = aggregate_loss(out["entropy"], mask, algo.loss_agg)
+    entropy = aggregate_loss(out["entropy"], mask, algo.loss_agg, norm_length=length)
     metrics["loss/entropy"] = entropy.detach()
     if algo.entropy_coef:
         loss = loss - algo.entropy_coef * entropy
     if mb.ref_logprobs is not None:
-        kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, mask, algo.kl_estimator), mask, algo.loss_agg)
+        kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, mask, algo.kl_estimator), mask, algo.loss_agg,
+                            norm_length=length)
         metrics["loss/kl"] = kl.detach()
         loss = loss + algo.kl_coef * kl
     if learner.value_head is not None:
         values = response_values(learner.value_head, out["hidden"], mask, detach=algo.critic_detach)
-        vloss, vmetrics = clipped_value_loss(values, mb.old_values, mb.returns, mask, clip=algo.value_clip, agg=algo.loss_agg)
+        vloss, vmetrics = clipped_value_loss(values, mb.old_values, mb.returns, mask, clip=algo.value_clip,
+                                             agg=algo.loss_agg, norm_length=length)
         metrics.update(vmetrics)
         metrics["loss/value"] = vloss.detach()
         loss = loss + vloss

@@ -97,7 +97,7 @@ def test_unknown_parameter_lists_the_valid_ones():
     msg = str(info.value)
     assert "`algo.advantage_params.alpah`" in msg and "advantage 'grpo' has no parameter `alpah`" in msg
     assert "valid parameters: eps, std_ddof, scale_by_std" in msg
-    with pytest.raises(ConfigError, match="did you mean 'dual_clip'.*valid parameters: clip_low, clip_high, dual_clip, norm_length"):
+    with pytest.raises(ConfigError, match=r"did you mean 'dual_clip'\? valid parameters: clip_low, clip_high, dual_clip\.$"):
         _spec("algo.policy_loss_params.dual_clp=3")
     with pytest.raises(ConfigError, match="valid parameters: delta, rule, ema"):
         _spec("algo.name=so_grpo", "algo.normalizer_params.beta=1")
@@ -108,6 +108,8 @@ def test_parameters_the_trainer_owns_point_to_their_field():
         _spec("algo.policy_loss_params.level=turn")
     with pytest.raises(ConfigError, match=r"set algo.loss_agg instead"):
         _spec("algo.policy_loss_params.agg=seq-mean-token-mean")
+    with pytest.raises(ConfigError, match=r"`algo.policy_loss_params.norm_length`.*set rollout.max_total_tokens instead"):
+        _spec("algo.policy_loss_params.norm_length=100")
     with pytest.raises(ConfigError, match=r"`algo.normalizer_params`.*no gradient normaliser is in use"):
         _spec("algo.name=grpo", "algo.normalizer_params.delta=2")
 
