@@ -136,7 +136,7 @@ def test_unknown_parts_are_refused_with_the_registered_names():
     assert "use one of drgrpo, gae, grpo, stratified" in msg and "--import" in msg
     with pytest.raises(ConfigError, match="did you mean 'sorl'"):
         _spec("algo.policy_loss=sorll")
-    with pytest.raises(ConfigError, match="`algo.ratio_level` = 'turns': not an allowed value. Fix: use one of token, turn"):
+    with pytest.raises(ConfigError, match=r"`algo.ratio_level` = 'turns': not an allowed value. Fix: did you mean 'turn'\? use one of token, turn"):
         _spec("algo.ratio_level=turns")
     with pytest.raises(ConfigError, match="`algo.critic` = 'mlp': unknown critic"):
         _spec("algo.critic=mlp")

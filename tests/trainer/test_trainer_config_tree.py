@@ -67,7 +67,7 @@ def test_rollout_errors_name_the_field_in_the_tree_and_in_the_engine():
 
 
 def test_kl_estimator_and_aggregation_choices_list_the_valid_ones():
-    with pytest.raises(ConfigError, match=r"`algo.kl_estimator` = 'k4': unknown estimator. Fix: use one of k1, k2, k3"):
+    with pytest.raises(ConfigError, match=r"`algo.kl_estimator` = 'k4': not an allowed value. Fix: (did you mean 'k.'\? )?use one of k1, k2, k3"):
         load_config(None, ["algo.kl_estimator=k4"])
     assert load_config(None, ["algo.kl_coef=0", "algo.kl_estimator=k1"]).algo.kl_estimator == "k1"
     with pytest.raises(ConfigError, match=r"did you mean 'token-mean'"):
@@ -86,3 +86,19 @@ def test_observation_blocks_is_the_veRL_plugins_stratum_and_differs_from_num_sea
     assert [blocks(r) for r in (invalid_then_answer, cut_after_search, three)] == [1, 0, 3]
     assert stratum_function("observation_blocks", 2)(three) == 2
     assert load_config(None, ["algo.stratum_key=observation_blocks"]).algo.stratum_key == "observation_blocks"
+
+
+def test_choices_are_literals_of_the_parts_own_tuples():
+    import typing
+
+    from stratarl.algos.losses import AGG_MODES, KL_ESTIMATORS
+    from stratarl.algos.sorl import DELTA_RULES
+    from stratarl.trainer.config import AlgoConfig, OptimConfig
+
+    hints = typing.get_type_hints(AlgoConfig)
+    assert typing.get_args(hints["kl_estimator"]) == KL_ESTIMATORS
+    assert typing.get_args(hints["sorl_delta_rule"]) == DELTA_RULES
+    assert set(typing.get_args(hints["loss_agg"])) == set(AGG_MODES)
+    assert typing.get_args(typing.get_type_hints(OptimConfig)["name"]) == ("adamw", "sgd")
+    with pytest.raises(ConfigError, match=r"`optim.schedule` = 'cosin': not an allowed value. Fix: did you mean 'cosine'"):
+        load_config(None, ["optim.schedule=cosin"])
