@@ -19,7 +19,7 @@ import yaml
 from stratarl.config_errors import ConfigError, close_match
 from stratarl.config_errors import fail as _fail
 
-__all__ = ["apply_overrides", "build", "parse_override"]
+__all__ = ["apply_overrides", "build", "check_choices", "parse_override"]
 
 
 def _type_name(tp: Any) -> str:
@@ -153,3 +153,16 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             node = node[k]
         node[keys[-1]] = value
     return out
+
+
+def check_choices(section: Any, path: str) -> None:
+    """Check every Literal-typed field of the dataclass ``section`` (also ``Literal[...] | None``), so a section
+    built directly in code is held to the same choices as one loaded from YAML."""
+    for name, tp in typing.get_type_hints(type(section)).items():
+        args = typing.get_args(tp) if typing.get_origin(tp) in (Union, types.UnionType) else (tp,)
+        for arg in args:
+            if typing.get_origin(arg) is Literal:
+                value = getattr(section, name)
+                if value is None and type(None) in args:
+                    break
+                _coerce(value, arg, f"{path}.{name}")

@@ -27,7 +27,7 @@ from stratarl.algos.registry import advantage_info
 from stratarl.algos.sorl import DELTA_RULES as SORL_DELTA_RULES
 from stratarl.trainer.algorithm import resolve_algorithm
 from stratarl.config_errors import ConfigError
-from stratarl.config_tree import apply_overrides, build, parse_override
+from stratarl.config_tree import apply_overrides, build, check_choices, parse_override
 from stratarl.config_errors import fail as _fail
 from stratarl.rollout.config import RolloutConfig
 
@@ -56,6 +56,7 @@ class LoraConfig:
     """Module names that get adapters."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         if self.r < 1:
             _fail(f"{p}.r", self.r, "the LoRA rank must be at least 1", "use e.g. 8 or 16")
         if self.dropout != 0.0:
@@ -94,6 +95,7 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         for name in ("tiny_hidden_size", "tiny_num_layers", "tiny_num_heads", "tiny_intermediate_size"):
             if getattr(self, name) < 1:
                 _fail(f"{p}.{name}", getattr(self, name), "sizes must be positive", "use a positive integer")
@@ -134,6 +136,7 @@ class DataConfig:
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         if self.source == "files" and not self.train_files:
             _fail(f"{p}.train_files", self.train_files, "`data.source: files` needs training files",
                   "list parquet/jsonl paths, or set data.source=synthetic")
@@ -155,6 +158,7 @@ class RetrievalConfig:
     """Passages per search (Search-R1: 3)."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         if self.topk < 1:
             _fail(f"{p}.topk", self.topk, "at least one passage per search is needed", "use 3 (Search-R1)")
 
@@ -244,6 +248,7 @@ class AlgoConfig:
     multiple_choice (the letter or the option text), as Search-R1 picks its scorer by data_source."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         resolve_algorithm(self, p)
         if not 0.0 <= self.alpha <= 1.0:
             _fail(f"{p}.alpha", self.alpha, "the blend weight must lie in [0, 1]", "use 0.6 (paper)")
@@ -310,6 +315,7 @@ class OptimConfig:
     """SGD momentum (optim.name = sgd)."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         if self.lr <= 0:
             _fail(f"{p}.lr", self.lr, "the learning rate must be positive", "use e.g. 1e-6 (3B) or 1e-5 (135M)")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
@@ -354,6 +360,7 @@ class TrainerConfig:
     """cpu or cuda."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         for key in ("steps", "prompts_per_step", "epochs", "mini_batches", "micro_batch_tokens", "logprob_chunk_tokens", "keep_last"):
             if getattr(self, key) < 1:
                 _fail(f"{p}.{key}", getattr(self, key), "must be at least 1", "use a positive integer")
@@ -414,6 +421,7 @@ class SFTConfig:
     `stratarl sft CONFIG --rebuild` rebuilds it."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         for key in ("num_demos", "epochs", "batch_size"):
             if getattr(self, key) < 1:
                 _fail(f"{p}.{key}", getattr(self, key), "must be at least 1", "use a positive integer")
@@ -450,6 +458,7 @@ class EvalConfig:
     """Questions per generation batch."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         if self.num_transcripts < 0 or self.batch_size < 1:
             _fail(f"{p}", (self.num_transcripts, self.batch_size), "num_transcripts >= 0 and batch_size >= 1", "use 4 and 32")
 

@@ -102,3 +102,13 @@ def test_choices_are_literals_of_the_parts_own_tuples():
     assert typing.get_args(typing.get_type_hints(OptimConfig)["name"]) == ("adamw", "sgd")
     with pytest.raises(ConfigError, match=r"`optim.schedule` = 'cosin': not an allowed value. Fix: did you mean 'cosine'"):
         load_config(None, ["optim.schedule=cosin"])
+
+
+def test_a_section_built_in_code_is_held_to_the_same_choices():
+    from stratarl.trainer.config import AlgoConfig, OptimConfig
+
+    with pytest.raises(ConfigError, match=r"`optim.name` = 'adam': not an allowed value. Fix: did you mean 'adamw'"):
+        OptimConfig(name="adam").validate("optim")
+    with pytest.raises(ConfigError, match=r"`algo.ratio_level` = 'turns'"):
+        AlgoConfig(ratio_level="turns").validate("algo")
+    AlgoConfig(ratio_level=None).validate("algo")
