@@ -10,6 +10,7 @@ import sys
 
 from stratarl import __version__
 from stratarl.commands import describe_os_error
+from stratarl.extensions import ExtensionError, env_imports, load_extensions, split_import_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train LLM search agents with Stratified GRPO and SORL.",
     )
     parser.add_argument("--version", action="version", version=f"stratarl {__version__}")
+    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
+                        help="import a module (a .py path or a dotted name) that registers advantage estimators, "
+                             "policy losses or gradient normalisers before the command runs; anywhere on the "
+                             "line, repeatable; also $STRATARL_IMPORT (os.pathsep-separated)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     import stratarl.commands as commands
 
@@ -31,6 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    try:
+        imports, argv = split_import_args(sys.argv[1:] if argv is None else argv)
+        load_extensions([*env_imports(), *imports])
+    except ExtensionError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     args, extra = parser.parse_known_args(argv)
     # `train CONFIG --run-dir DIR key=value`: argparse leaves overrides that follow an option unparsed.
     if extra and isinstance(getattr(args, "overrides", None), list) and all(

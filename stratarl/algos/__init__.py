@@ -13,6 +13,7 @@ from stratarl.algos.advantages import (
     cross_stratum_bias,
     gae_advantages,
     grpo_advantages,
+    masked_whiten,
     outcome_to_token_rewards,
     stratified_advantages,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "grpo_advantages",
     "importance_ratios",
     "kl_penalty",
+    "masked_whiten",
     "log_ratios",
     "num_turns",
     "outcome_to_token_rewards",

@@ -217,17 +217,27 @@ def gae_advantages(
     *,
     gamma: float = 1.0,
     lam: float = 1.0,
+    whiten: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over policy tokens only, skipping observation tokens.
 
         δ_t = r_t + γ · V(s_{next(t)}) − V(s_t)          next(t) = next policy token after t (V = 0 past the end)
         A_t = δ_t + γλ · A_{next(t)}          R_t = A_t + V(s_t)
 
-    Source: Schulman et al. 2015 (arXiv 1506.02438); the observation-skipping form is the
-    "state masking" of Search-R1 (arXiv 2503.09516): tokens the policy did not write are not
-    MDP steps, so the recursion jumps over them and γ is applied once per policy token.
-    Defaults γ = λ = 1 (Search-R1's PPO). Observation and padding tokens get advantage 0
-    and return 0. Vectorised over B; one reverse pass over T.
+    Source: Schulman et al. 2015 (arXiv 1506.02438). Skipping observation tokens is stratarl's
+    choice: tokens the policy did not write are not MDP steps, so the recursion jumps over them
+    and γ is applied once per policy token. Search-R1 (arXiv 2503.09516; ``compute_advantage`` in
+    its ``verl/trainer/ppo/ray_trainer.py``) runs the recursion over every response token,
+    observations included (it passes the attention mask), and masks observations only out of the
+    actor loss ("state masking"). With its defaults γ = λ = 1 the two agree on every policy token
+    (both telescope to A_t = Σ_{k≥t} r_k − V(s_t), observation rewards being 0); they differ when
+    γ < 1 or λ < 1. Defaults γ = λ = 1 (Search-R1's PPO). Observation and padding tokens get
+    advantage 0 and return 0. Vectorised over B; one reverse pass over T.
+
+    ``whiten=True`` standardises the advantages over the batch's policy tokens, as veRL and
+    Search-R1 do (``masked_whiten``: (A − mean) / sqrt(var + 1e-8), unbiased var; Search-R1 takes
+    the statistics over the attention mask, observations included); the returns stay unwhitened.
+    Off by default in the native trainer (``algo.advantage_params.whiten: true`` turns it on).
 
     Args:
         token_rewards: [B, T]; non-zero only on policy tokens (a reward on a masked token
@@ -263,4 +273,25 @@ def gae_advantages(
         next_value = torch.where(on_policy, values[:, t], next_value)
         next_advantage = torch.where(on_policy, advantage_t, next_advantage)
     returns = torch.where(mask, advantages + values, torch.zeros_like(advantages))
+    if whiten:
+        advantages = masked_whiten(advantages, mask)
     return advantages, returns
+
+
+def masked_whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
+    """``(x − mean) / sqrt(var + eps)`` over the entries where ``mask`` is true, 0 elsewhere [B, T].
+
+    mean and the unbiased variance (n − 1) are taken over the masked entries (veRL
+    ``torch_functional.masked_whiten``); one masked entry gives variance 0, an empty mask all zeros.
+    """
+    check_2d("x", x)
+    mask = as_bool_mask("mask", mask)
+    check_2d("mask", mask, tuple(x.shape))
+    count = mask.sum()
+    if int(count) == 0:
+        return torch.zeros_like(x)
+    picked = torch.where(mask, x, torch.zeros_like(x))
+    mean = picked.sum() / count
+    centred = torch.where(mask, x - mean, torch.zeros_like(x))
+    var = (centred * centred).sum() / (count - 1).clamp(min=1)
+    return torch.where(mask, centred * torch.rsqrt(var + eps), torch.zeros_like(x))

@@ -26,11 +26,18 @@ def aggregate_loss(
 
     - ``token-mean``: Σ_{b,t} m·ℓ / Σ m  (Search-R1 / veRL default; DAPO).
     - ``seq-mean-token-mean``: mean over rollouts with ≥ 1 policy token of (Σ_t m·ℓ / Σ_t m) (GRPO paper).
-    - ``seq-mean-token-sum``: mean over rollouts of Σ_t m·ℓ.
-    - ``seq-mean-token-sum-norm``: mean over rollouts of Σ_t m·ℓ / L, L = ``norm_length`` or T
-      (Dr.GRPO, arXiv 2503.20783: a constant length instead of each rollout's own). veRL's
-      mode of the same name divides the *sum* over rollouts by L; ours is B times smaller so the
-      scale does not grow with the mini-batch size.
+    - ``seq-mean-token-sum``: mean over *all* B rollouts of Σ_t m·ℓ.
+    - ``seq-mean-token-sum-norm``: mean over all B rollouts of Σ_t m·ℓ / L, L = ``norm_length`` or T
+      (Dr.GRPO, arXiv 2503.20783: a constant length instead of each rollout's own).
+
+    Empty rows (a rollout with no policy token). ``seq-mean-token-mean`` skips them; the two
+    token-sum modes count them in B, so a batch's value does not depend on which rows happen to be
+    empty and the micro-batch weights of the native trainer are row counts. veRL 0.9.1's
+    ``agg_loss`` divides both token-sum modes by the non-empty rows (or the global batch size it is
+    given) instead: on a batch with e rows empty, veRL's value is ours × B / (B − e). The veRL
+    plugin applies exactly that factor (``stratarl.integrations.verl.losses.verl_aggregation_factor``),
+    so its losses equal veRL's; in the native trainer every rollout has a policy token, so the two
+    conventions agree there.
 
     Source: veRL ``core_algos.agg_loss``. Linear in ``loss_mat`` with mask-only denominators, so
     gradients of different per-token terms add up exactly. Empty mask → 0.
@@ -236,6 +243,7 @@ def clipped_value_loss(
     *,
     clip: float | None = 0.2,
     agg: str = "token-mean",
+    norm_length: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Critic loss with value clipping: ½ · agg max((V − R)², (V_clip − R)²).
 
@@ -258,7 +266,7 @@ def clipped_value_loss(
         clipped_sq = (v_clipped - returns) ** 2
         per_token = torch.maximum(unclipped, clipped_sq)
         clipped_more = clipped_sq > unclipped
-    loss = 0.5 * aggregate_loss(per_token, mask, agg)
+    loss = 0.5 * aggregate_loss(per_token, mask, agg, norm_length=norm_length)
     with torch.no_grad():
         metrics = {
             "critic/vf_loss": loss.detach(),

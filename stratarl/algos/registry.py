@@ -1,4 +1,4 @@
-"""Registries: a new advantage estimator or policy loss is one decorated function.
+"""Registries: a new advantage estimator, policy loss or gradient normaliser is one decorated function.
 
 One signature per kind:
 
@@ -9,14 +9,25 @@ One signature per kind:
   (veRL's convention).
 - policy loss: ``fn(log_probs, old_log_probs, advantages, response_mask, **params) -> PolicyLossOutput``
   (``loss``, ``metrics``, ``clip_bias``; all [B, T] inputs).
+- gradient normaliser: ``fn(parameters, **params) -> GradNormalizer`` (an object with ``backward``,
+  ``apply``, ``state_dict``, ``load_state_dict``; SORL's :class:`ClipBiasNormalizer` is ``sorl``).
 
+Every parameter is keyword-only with a default, so :func:`keyword_params` can list a part's
+parameters and a config can be checked against them before any tensor exists.
 An unknown name raises a KeyError listing the registered ones.
+
+A part registered from a user's module (``stratarl train --import my_parts.py`` or the
+``STRATARL_IMPORT`` environment variable, see :mod:`stratarl.extensions`) is reachable from the
+config by its name, e.g. ``algo.advantage=rloo``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import inspect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from torch import Tensor
 
@@ -28,6 +39,7 @@ from stratarl.algos.advantages import (
     stratified_advantages,
 )
 from stratarl.algos.losses import PolicyLossOutput, clipped_policy_loss
+from stratarl.algos.sorl import ClipBiasNormalizer
 
 
 @dataclass(frozen=True)
@@ -51,16 +63,44 @@ class AdvantageBatch:
     token_rewards: Tensor | None = None
 
 
+class GradNormalizer(Protocol):
+    """Rescales the accumulated gradient of one optimizer step (SORL's clipping-triggered normalisation)."""
+
+    def backward(self, loss: Tensor, clip_bias: Tensor | None, *, skip_clip_bias: bool = False) -> None: ...
+
+    def apply(self) -> dict[str, Tensor]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass(frozen=True)
+class AdvantageInfo:
+    """What the config checks need to know about an estimator (declared at registration).
+
+    needs_values: it reads ``AdvantageBatch.values``, so the algorithm needs a critic.
+    group_relative: it compares the rollouts of one prompt, so a group of one rollout gets advantage 0.
+    """
+
+    needs_values: bool = False
+    group_relative: bool = False
+
+
 AdvantageFn = Callable[..., tuple[Tensor, Tensor]]
 PolicyLossFn = Callable[..., PolicyLossOutput]
+NormalizerFn = Callable[..., GradNormalizer]
 _ADVANTAGES: dict[str, AdvantageFn] = {}
+_ADVANTAGE_INFO: dict[str, AdvantageInfo] = {}
 _POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+_NORMALIZERS: dict[str, NormalizerFn] = {}
 
 
 def _register(table: dict, kind: str, name: str):
     def decorator(fn):
         if name in table and table[name] is not fn:
-            raise ValueError(f"{kind} {name!r} is already registered (by {table[name].__qualname__})")
+            owner = getattr(table[name], "__qualname__", repr(table[name]))
+            raise ValueError(f"{kind} {name!r} is already registered (by {owner})")
         table[name] = fn
         return fn
 
@@ -74,14 +114,31 @@ def _lookup(table: dict, kind: str, name: str):
     return table[name]
 
 
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator: register ``fn(batch: AdvantageBatch, **params) -> (advantages [B,T], returns [B,T])``."""
-    return _register(_ADVANTAGES, "advantage estimator", name)
+def register_advantage(name: str, *, needs_values: bool = False, group_relative: bool = False
+                       ) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator: register ``fn(batch: AdvantageBatch, **params) -> (advantages [B,T], returns [B,T])``.
+
+    ``needs_values``: the estimator reads the critic's values (a config without a critic is refused).
+    ``group_relative``: it normalises inside prompt groups (``rollout.group_size`` 1 is refused).
+    """
+    register = _register(_ADVANTAGES, "advantage estimator", name)
+
+    def decorator(fn: AdvantageFn) -> AdvantageFn:
+        register(fn)
+        _ADVANTAGE_INFO[name] = AdvantageInfo(needs_values=needs_values, group_relative=group_relative)
+        return fn
+
+    return decorator
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator: register ``fn(log_probs, old_log_probs, advantages, response_mask, **params) -> PolicyLossOutput``."""
     return _register(_POLICY_LOSSES, "policy loss", name)
+
+
+def register_grad_normalizer(name: str) -> Callable[[NormalizerFn], NormalizerFn]:
+    """Decorator: register ``fn(parameters, **params) -> GradNormalizer`` (see :class:`GradNormalizer`)."""
+    return _register(_NORMALIZERS, "gradient normaliser", name)
 
 
 def get_advantage(name: str) -> AdvantageFn:
@@ -94,6 +151,17 @@ def get_policy_loss(name: str) -> PolicyLossFn:
     return _lookup(_POLICY_LOSSES, "policy loss", name)
 
 
+def get_grad_normalizer(name: str) -> NormalizerFn:
+    """The gradient normaliser registered as ``name`` (KeyError lists the valid names)."""
+    return _lookup(_NORMALIZERS, "gradient normaliser", name)
+
+
+def advantage_info(name: str) -> AdvantageInfo:
+    """What estimator ``name`` declared at registration (KeyError lists the valid names)."""
+    _lookup(_ADVANTAGES, "advantage estimator", name)
+    return _ADVANTAGE_INFO.get(name, AdvantageInfo())
+
+
 def advantage_names() -> list[str]:
     return sorted(_ADVANTAGES)
 
@@ -102,25 +170,42 @@ def policy_loss_names() -> list[str]:
     return sorted(_POLICY_LOSSES)
 
 
+def grad_normalizer_names() -> list[str]:
+    return sorted(_NORMALIZERS)
+
+
+def keyword_params(fn: Callable) -> dict[str, Any]:
+    """The keyword parameters a registered part accepts, with their defaults (``inspect.Parameter.empty``
+    when it has none). The leading positional inputs (batch; log-probs ...; parameters) are not listed;
+    a part that takes ``**kwargs`` lists only its named keywords."""
+    out = {}
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is not p.empty:
+            out[p.name] = p.default
+        elif p.kind == p.KEYWORD_ONLY:
+            out[p.name] = p.empty
+    return out
+
+
 def _outcome(batch: AdvantageBatch, advantages: Tensor) -> tuple[Tensor, Tensor]:
     token = broadcast_to_tokens(advantages, batch.response_mask)
     return token, token
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", group_relative=True)
 def _grpo(batch: AdvantageBatch, *, eps: float = 1e-6, std_ddof: int = 1, scale_by_std: bool = True):
     """GRPO (GN) advantage broadcast over policy tokens; see :func:`grpo_advantages`."""
     adv = grpo_advantages(batch.rewards, batch.group_ids, eps=eps, std_ddof=std_ddof, scale_by_std=scale_by_std)
     return _outcome(batch, adv)
 
 
-@register_advantage("drgrpo")
+@register_advantage("drgrpo", group_relative=True)
 def _drgrpo(batch: AdvantageBatch, *, std_ddof: int = 1):
     """Dr.GRPO mean-only advantage ``R − mean_g R`` (arXiv 2503.20783)."""
     return _outcome(batch, grpo_advantages(batch.rewards, batch.group_ids, std_ddof=std_ddof, scale_by_std=False))
 
 
-@register_advantage("stratified")
+@register_advantage("stratified", group_relative=True)
 def _stratified(
     batch: AdvantageBatch,
     *,
@@ -147,24 +232,25 @@ def _stratified(
     return _outcome(batch, adv)
 
 
-@register_advantage("gae")
-def _gae(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 1.0):
+@register_advantage("gae", needs_values=True)
+def _gae(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = False):
     """GAE over policy tokens (PPO / SO-PPO with a critic); see :func:`gae_advantages`."""
     if batch.values is None:
         raise ValueError("advantage estimator 'gae' needs AdvantageBatch.values from a critic; got None")
     token_rewards = batch.token_rewards
     if token_rewards is None:
         token_rewards = outcome_to_token_rewards(batch.rewards, batch.response_mask)
-    return gae_advantages(token_rewards, batch.values, batch.response_mask, gamma=gamma, lam=lam)
+    return gae_advantages(token_rewards, batch.values, batch.response_mask, gamma=gamma, lam=lam, whiten=whiten)
 
 
-@register_policy_loss("ppo")
-def _ppo(log_probs, old_log_probs, advantages, response_mask, **params) -> PolicyLossOutput:
-    """Clipped surrogate, token-level ratios by default; see :func:`clipped_policy_loss`."""
-    return clipped_policy_loss(log_probs, old_log_probs, advantages, response_mask, **params)
+# The clipped surrogate itself is the ``ppo`` loss; ``sorl`` is the same function with turn-level ratios by
+# default (the SO-PPO / SO-GRPO presets name it; pair it with the ``sorl`` gradient normaliser).
+register_policy_loss("ppo")(clipped_policy_loss)
+register_policy_loss("sorl")(functools.partial(clipped_policy_loss, level="turn"))
 
 
-@register_policy_loss("sorl")
-def _sorl(log_probs, old_log_probs, advantages, response_mask, *, level: str = "turn", **params) -> PolicyLossOutput:
-    """SORL's clipped surrogate: turn-level ratios by default (pair it with ClipBiasNormalizer)."""
-    return clipped_policy_loss(log_probs, old_log_probs, advantages, response_mask, level=level, **params)
+@register_grad_normalizer("sorl")
+def _sorl_normalizer(parameters: Iterable[Tensor], *, delta: float = 1.0, rule: str = "fixed",
+                     ema: float = 0.9) -> ClipBiasNormalizer:
+    """SORL's clipping-triggered normalisation g / max(‖C‖, δ); see :class:`ClipBiasNormalizer`."""
+    return ClipBiasNormalizer(parameters, delta=delta, rule=rule, ema=ema)

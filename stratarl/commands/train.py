@@ -13,7 +13,8 @@ REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train a search agent with RL (grpo, stratified_grpo, ppo, so_ppo, so_grpo)",
+    p = subparsers.add_parser("train", help="train a search agent with RL (algo.name: grpo, stratified_grpo, ppo, so_ppo, so_grpo, "
+                                                "drgrpo, gspo; or parts of your own with --import)",
                               description="Train with RL. The run directory gets config.yaml, metrics.jsonl, "
                                           "tensorboard/, transcripts/, checkpoints/, eval/ and summary.json.")
     p.add_argument("config", nargs="?", help="YAML config (e.g. configs/demo.yaml); omit with --resume")
@@ -144,15 +145,15 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     def body() -> int:
+        from stratarl.trainer.algorithm import describe
         from stratarl.trainer.config import load_config
         from stratarl.trainer.report import build_report
 
         started = time.perf_counter()
         cfg = load_config(args.config, list(args.overrides))
         run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.trainer.output_dir) / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-        algo = f"{cfg.algo.name} (alpha={cfg.algo.alpha})" if cfg.algo.name == "stratified_grpo" else cfg.algo.name
-        print(f"stratarl demo: {cfg.model.name}, {algo}, synthetic KB + BM25; "
-              f"run directory {run_dir}", flush=True)
+        print(f"stratarl demo: {cfg.model.name}, synthetic KB + BM25; run directory {run_dir}", flush=True)
+        print(f"algorithm {describe(cfg.algo.name, cfg.algo.spec)}", flush=True)
         summary = run_pipeline(cfg, run_dir, resume=False)
         report = build_report([run_dir])
         from stratarl.trainer.report import format_headline, headline

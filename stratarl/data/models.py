@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from stratarl.cache import cache_root
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _BUNDLED = {
     # alias -> (package that ships the file, GGUF file name)
@@ -36,11 +38,6 @@ _ALIASES: dict[str, str] = {}
 
 class ModelNotAvailableError(RuntimeError):
     """The requested bundled model's package is not installed."""
-
-
-def cache_root() -> Path:
-    """Where converted models live: ``$STRATARL_CACHE`` or ``~/.cache/stratarl``."""
-    return Path(os.environ.get("STRATARL_CACHE", Path.home() / ".cache" / "stratarl"))
 
 
 def bundled_gguf_path(alias: str = DEFAULT_MODEL) -> Path | None:

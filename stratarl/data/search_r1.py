@@ -29,6 +29,7 @@ from typing import Any
 
 from stratarl.data.examples import DatasetFormatError, Example
 from stratarl.data.multiple_choice import medmcqa_cop_base, medmcqa_example, medqa_example, row_kind
+from stratarl.rollout.prompt import build_prompt
 
 VERL_PREFIX = "searchR1_"
 _FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -350,8 +351,6 @@ def load_example_files(paths: Sequence[str | Path], *, split: str | None = None,
 def search_r1_row(example: Example, index: int, *, split: str | None = None) -> dict:
     """An Example as a Search-R1 row (the columns nq_search.py writes, plus id /
     question / golden_answers and our metadata as a JSON string)."""
-    from stratarl.rollout.prompt import build_prompt  # lazy: the rollout package imports torch
-
     metadata = {k: v for k, v in example.metadata.items() if k not in ("format", "row", "split", "index", "raw_data_source")}
     prompt = example.prompt or [{"role": "user", "content": build_prompt(example.question, options=example.metadata.get("options"))}]
     return {

@@ -37,7 +37,9 @@ from typing import NamedTuple
 
 from stratarl.data.examples import Example
 from stratarl.data.multiple_choice import LETTERS
+from stratarl.data.search_r1 import write_search_r1_parquet
 from stratarl.retrieval.base import Passage
+from stratarl.retrieval.corpus import write_corpus
 
 # Bumped whenever the same arguments would generate a different world, so caches
 # keyed by (SYNTH_VERSION, arguments) never serve an outdated benchmark.
@@ -638,9 +640,6 @@ def _question_stats(examples: list[Example]) -> dict:
 
 def write_synthetic_kb(kb: SyntheticKB, out_dir: str | Path) -> dict[str, Path]:
     """Write corpus.jsonl, train.parquet, test.parquet, stats.json and README.md into ``out_dir``."""
-    from stratarl.data.search_r1 import write_search_r1_parquet
-    from stratarl.retrieval.corpus import write_corpus
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {

@@ -279,7 +279,7 @@ def build_word_model(tokenizer, *, hidden_size: int = 128, num_layers: int = 4, 
     """A randomly initialised Llama-style causal LM over ``tokenizer`` (``build_tiny_model``
     with sizes for learning the synthetic task from scratch: 4 layers of width 128,
     MLP width ``4 * hidden_size`` unless given, tied embeddings)."""
-    from stratarl.data.models import build_tiny_model
+    from stratarl.data.models import build_tiny_model  # torch: only the model builder needs it
 
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from stratarl.data.examples import Example
+from stratarl.rollout.prompt import normalize_question
 
 VERL_PREFIX = "searchR1_"
 VERL_AGENT_NAME = "tool_agent"
@@ -39,8 +40,6 @@ VERL_USER_TEMPLATE = (
 
 def verl_search_row(example: Example, index: int, *, split: str | None = None) -> dict:
     """One Example as a row of veRL's Search-R1 variant (see the module docstring)."""
-    from stratarl.rollout.prompt import normalize_question
-
     question = normalize_question(example.question)
     source = example.data_source
     tagged = source if source.startswith(VERL_PREFIX) else VERL_PREFIX + source

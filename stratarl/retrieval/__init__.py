@@ -13,9 +13,8 @@ from stratarl.retrieval.server import ServerThread, create_app, serve
 
 
 def __getattr__(name: str):
-    # DenseRetriever imports torch; keep `import stratarl.retrieval` light.
     if name == "DenseRetriever":
-        from stratarl.retrieval.dense import DenseRetriever
+        from stratarl.retrieval.dense import DenseRetriever  # imports torch: keep `import stratarl.retrieval` light
 
         return DenseRetriever
     raise AttributeError(f"module 'stratarl.retrieval' has no attribute {name!r}")

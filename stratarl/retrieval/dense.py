@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from stratarl.cache import cache_root
 from stratarl.retrieval.base import Passage
 from stratarl.retrieval.bm25 import INDEX_CORPUS_FILE, INDEX_META_FILE, read_index_meta
 from stratarl.retrieval.corpus import iter_corpus, load_corpus, passages_fingerprint, write_corpus
@@ -165,8 +166,6 @@ def embeddings_cache_key(fingerprint: str, settings: EncoderSettings, passage_pr
 
 
 def _default_cache_dir() -> Path:
-    from stratarl.data.models import cache_root
-
     return cache_root() / "embeddings"
 
 

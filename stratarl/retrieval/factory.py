@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from stratarl.retrieval.base import Retriever
+from stratarl.retrieval.bm25 import BM25Retriever, read_index_meta
+from stratarl.retrieval.remote import RemoteRetriever
 
 RETRIEVER_KINDS = ("bm25", "dense", "remote")
 _SPEC_KEYS = {
@@ -46,8 +48,6 @@ def build_retriever(spec: dict | str) -> Retriever:
         raise TypeError(f"retriever spec must be a dict or a string, got {type(spec).__name__}; {_SPEC_HELP}")
     spec = dict(spec)
     if "kind" not in spec and "index" in spec:
-        from stratarl.retrieval.bm25 import read_index_meta
-
         spec["kind"] = read_index_meta(spec["index"])["kind"]
     kind = spec.get("kind", "bm25")
     if kind not in RETRIEVER_KINDS:
@@ -60,14 +60,10 @@ def build_retriever(spec: dict | str) -> Retriever:
     if kind == "remote":
         if "url" not in spec:
             raise ValueError(f"a remote retriever needs 'url'; {_SPEC_HELP}")
-        from stratarl.retrieval.remote import RemoteRetriever
-
         return RemoteRetriever(spec["url"], **options)
     if ("index" in spec) == ("corpus" in spec):
         raise ValueError(f"a {kind} retriever needs exactly one of 'index' (a built index) or 'corpus' (build now); {_SPEC_HELP}")
     if kind == "bm25":
-        from stratarl.retrieval.bm25 import BM25Retriever
-
         if "index" in spec:
             extra = sorted(set(options) - {"mmap"})
             if extra:
@@ -75,7 +71,7 @@ def build_retriever(spec: dict | str) -> Retriever:
             return BM25Retriever.load(spec["index"], **options)
         options.pop("mmap", None)
         return BM25Retriever.from_corpus(spec["corpus"], **options)
-    from stratarl.retrieval.dense import DenseRetriever
+    from stratarl.retrieval.dense import DenseRetriever  # imports torch: only for a dense spec
 
     if "index" in spec:
         extra = sorted(set(options) - {"model", "device", "batch_size", "backend"})

@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
@@ -339,9 +341,6 @@ class ServerThread:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> ServerThread:
-        import socket
-        import time
-
         import uvicorn
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

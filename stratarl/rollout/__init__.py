@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "Rollout": "engine", "RolloutConfig": "engine", "RolloutEngine": "engine", "Turn": "engine",
+    "Rollout": "engine", "RolloutConfig": "config", "RolloutEngine": "engine", "Turn": "engine",
     "observation_ids": "engine",
     "Generation": "generation", "Generator": "generation", "HFGenerator": "generation",
     "KVCacheGenerator": "generation", "SamplingParams": "generation", "StopMatcher": "generation",

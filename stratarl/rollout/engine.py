@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from stratarl.retrieval.base import Passage, Retriever
-from stratarl.rollout.generation import Generation, Generator, SamplingParams
+from stratarl.rollout.config import RolloutConfig
+from stratarl.rollout.generation import Generation, Generator
 from stratarl.rollout.parsing import (
     ANSWER_STOP,
     INFORMATION_SUFFIX,
@@ -43,56 +44,7 @@ from stratarl.rollout.parsing import (
 
 EndReason = Literal["answer", "eos", "max_turns", "max_length"]
 
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """Budgets and sampling of a rollout (Search-R1 defaults).
-
-    max_turns: turns that may search (Search-R1's ``max_turns``); one final turn
-        without search follows, so a rollout has at most ``max_turns + 1`` turns and
-        ``max_turns`` searches. 0 gives a single turn that cannot search.
-    max_tokens_per_turn: tokens the policy may write in one turn.
-    max_obs_tokens: cap on one observation's tokens; longer ones are cut and end
-        with ``TRUNCATION_MARKER`` + ``</information>`` so the cut is visible.
-    max_total_tokens: cap on prompt + response tokens; a rollout that reaches it ends
-        with ``truncated=True``.
-    topk: passages asked of the retriever per search; every passage it returns is shown.
-    temperature, top_p, greedy: sampling (see ``SamplingParams``).
-    eos_after_answer: append EOS (mask 1, with its log-prob) after ``</answer>`` so
-        the policy learns to stop.
-    stop_on_eos: a turn that ends with end-of-sequence and no action ends the rollout
-        (True), or is an invalid action (False, Search-R1): its EOS token is dropped (Search-R1
-        decodes turns with ``skip_special_tokens=True``), the invalid-action feedback is
-        appended and the loop goes on.
-    """
-
-    max_turns: int = 4
-    max_tokens_per_turn: int = 500
-    max_obs_tokens: int = 500
-    max_total_tokens: int = 4096
-    topk: int = 3
-    temperature: float = 1.0
-    top_p: float = 1.0
-    greedy: bool = False
-    eos_after_answer: bool = True
-    stop_on_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_turns < 0:
-            raise ValueError(f"RolloutConfig.max_turns must be >= 0 (turns that may search), got {self.max_turns}")
-        for name in ("max_tokens_per_turn", "max_total_tokens", "topk"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_obs_tokens < 16:
-            raise ValueError(f"RolloutConfig.max_obs_tokens must be >= 16 (room for the truncation "
-                             f"marker), got {self.max_obs_tokens}")
-
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams(
-            max_new_tokens=self.max_tokens_per_turn, temperature=self.temperature, top_p=self.top_p,
-            greedy=self.greedy, stop_strings=STOP_STRINGS,
-            eos_after=(ANSWER_STOP,) if self.eos_after_answer else (),
-        )
+__all__ = ["EndReason", "Rollout", "RolloutConfig", "RolloutEngine", "Turn", "observation_ids"]
 
 
 @dataclass

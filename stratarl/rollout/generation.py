@@ -30,6 +30,7 @@ from typing import Literal, Protocol
 
 import torch
 
+from stratarl.rollout.fast_forward import FastDecoder, unsupported_reason
 from stratarl.rollout.parsing import STOP_STRINGS
 
 FinishReason = Literal["stop", "eos", "length"]
@@ -258,8 +259,6 @@ class KVCacheGenerator:
 
     def __init__(self, model, tokenizer, *, seed: int = 0, drop_finished: bool = True, fast: bool | None = None,
                  prefix_cache_bytes: int = 2 * 2**30):
-        from stratarl.rollout.fast_forward import FastDecoder, unsupported_reason
-
         self.model = model
         self.tokenizer = tokenizer
         self.drop_finished = drop_finished

@@ -9,6 +9,8 @@ Public API::
 
 from __future__ import annotations
 
+import importlib
+
 from stratarl.trainer.config import Config, ConfigError, load_config, save_config
 
 _LAZY = {
@@ -22,8 +24,6 @@ _LAZY = {
 def __getattr__(name: str):
     # Heavy modules (torch, transformers) load on first use, not on `import stratarl.trainer`.
     if name in _LAZY:
-        import importlib
-
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'stratarl.trainer' has no attribute {name!r}")

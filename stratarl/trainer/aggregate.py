@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from stratarl.trainer.metrics import read_metrics
+from stratarl.trainer.plots import panel_grid, save_png
 from stratarl.trainer.stats import CollapseRule, collapse_step, mean_ci, paired_difference
 
 HEADLINE = ("reward/mean", "reward/em")
@@ -220,8 +221,6 @@ def _band_series(run_dirs: list[str], key: str) -> tuple[list[int], list[float],
 
 def plot_condition(condition: str, block: dict, out_png: Path) -> bytes | None:
     """One PNG per condition: a panel per curve metric, mean over seeds ± 95% CI band per arm."""
-    from stratarl.trainer.report import panel_grid, save_png
-
     arms = {name: [r["run_dir"] for r in a["runs"].values()] for name, a in block["arms"].items()}
     present: set[str] = set()
     for dirs in arms.values():

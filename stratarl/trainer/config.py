@@ -15,29 +15,30 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
 
-ALGORITHMS = ("grpo", "stratified_grpo", "ppo", "so_ppo", "so_grpo")
-CRITIC_ALGORITHMS = ("ppo", "so_ppo")
-SORL_ALGORITHMS = ("so_ppo", "so_grpo")
-STRATUM_KEYS = ("num_searches", "answered", "random")
+from stratarl.algos.losses import KL_ESTIMATORS
+from stratarl.algos.presets import PRESETS, AlgorithmSpec
+from stratarl.algos.registry import advantage_info
+from stratarl.algos.sorl import DELTA_RULES as SORL_DELTA_RULES
+from stratarl.trainer.algorithm import resolve_algorithm
+from stratarl.config_errors import ConfigError
+from stratarl.config_tree import apply_overrides, build, check_choices, parse_override
+from stratarl.config_errors import fail as _fail
+from stratarl.rollout.config import RolloutConfig
+
+ALGORITHMS = tuple(PRESETS)  # the presets' names (stratarl.algos.presets)
+STRATUM_KEYS = ("num_searches", "observation_blocks", "answered", "random")
 OPTIMIZERS = ("adamw", "sgd")
 SORL_ORDERS = ("before_clip", "after_clip")
-SORL_DELTA_RULES = ("fixed", "running_pg")  # stratarl.algos.sorl.DELTA_RULES (not imported: config loads without torch)
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message says which field and how to fix it."""
-
-
-def _fail(path: str, value: Any, why: str, fix: str) -> None:
-    raise ConfigError(f"config field `{path}` = {value!r}: {why}. Fix: {fix}.")
+__all__ = ["ALGORITHMS", "Config", "ConfigError", "SORL_DELTA_RULES", "apply_overrides", "config_from_dict", "load_config",
+           "parse_override", "save_config"]
 
 
 @dataclass
@@ -49,15 +50,19 @@ class LoraConfig:
     alpha: int = 32
     """LoRA scaling numerator (scale = alpha / r)."""
     dropout: float = 0.0
-    """Dropout on the LoRA input (0 keeps log-probs deterministic between passes)."""
+    """Dropout on the LoRA input. Must be 0: the behaviour log-probs are computed in eval mode (no dropout) and
+    the update runs in train mode, so with dropout the first optimizer step would not be on-policy."""
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"])
     """Module names that get adapters."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         if self.r < 1:
             _fail(f"{p}.r", self.r, "the LoRA rank must be at least 1", "use e.g. 8 or 16")
-        if not 0.0 <= self.dropout < 1.0:
-            _fail(f"{p}.dropout", self.dropout, "dropout must lie in [0, 1)", "use 0.0")
+        if self.dropout != 0.0:
+            _fail(f"{p}.dropout", self.dropout, "the behaviour log-probs are computed without dropout (eval mode) and the "
+                  "update with it (train mode), so the ratios of the first, on-policy step would not be 1",
+                  "use 0.0 (regularise with optim.weight_decay instead)")
         if not self.target_modules:
             _fail(f"{p}.target_modules", self.target_modules, "no module would get an adapter", "list e.g. [q_proj, v_proj]")
 
@@ -90,6 +95,7 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         for name in ("tiny_hidden_size", "tiny_num_layers", "tiny_num_heads", "tiny_intermediate_size"):
             if getattr(self, name) < 1:
                 _fail(f"{p}.{name}", getattr(self, name), "sizes must be positive", "use a positive integer")
@@ -130,6 +136,7 @@ class DataConfig:
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         if self.source == "files" and not self.train_files:
             _fail(f"{p}.train_files", self.train_files, "`data.source: files` needs training files",
                   "list parquet/jsonl paths, or set data.source=synthetic")
@@ -161,6 +168,7 @@ class RetrievalConfig:
     many consecutive failing steps (0: never stop)."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         if self.topk < 1:
             _fail(f"{p}.topk", self.topk, "at least one passage per search is needed", "use 3 (Search-R1)")
         if self.step_budget_s is not None and self.step_budget_s <= 0:
@@ -172,98 +180,69 @@ class RetrievalConfig:
 
 
 @dataclass
-class RolloutConfig:
-    group_size: int = 5
-    """Rollouts per prompt (G; Search-R1 GRPO: 5)."""
-    max_turns: int = 4
-    """Turns that may search, as Search-R1's `max_turns`: one final turn without search follows, so a rollout
-    has at most max_turns + 1 turns and max_turns searches (0: one turn, no search)."""
-    max_tokens_per_turn: int = 500
-    """Generation cap per turn (tokens)."""
-    max_obs_tokens: int = 500
-    """Observation (retrieved passages) cap per search (tokens; at least 16)."""
-    max_total_tokens: int = 4096
-    """Cap on prompt + response tokens; a rollout reaching it ends as truncated."""
-    stop_on_eos: bool = False
-    """A turn that ends with end-of-sequence and no action ends the rollout (true), or gets the invalid-action
-    feedback and the loop goes on (false, Search-R1)."""
-    rebuild_prompt: bool = False
-    """Build every prompt from the question with `prompt_template`, ignoring a data file's own `prompt` column
-    (false: a row's own prompt is what the policy sees, as in Search-R1; rows without one are templated)."""
-    temperature: float = 1.0
-    """Sampling temperature for training rollouts (eval is greedy)."""
-    top_p: float = 1.0
-    """Nucleus sampling for training rollouts."""
-    prompt_template: str = "search_r1"
-    """The user message around each question: `search_r1` (Search-R1's template, the default), `short` (the
-    same protocol in a tenth of the tokens, for from-scratch models such as the lab's), or a literal
-    template containing `{question}`."""
-    backend: str = "kv_cache"
-    """Generation backend: `kv_cache` (our batched sampler; on Llama-family models its fast forward with a prefix cache across turns), `kv_cache_generic` (the same sampler on the model's own forward) or `hf` (transformers `generate`, the reference)."""
-
-    def validate(self, p: str) -> None:
-        if self.group_size < 1:
-            _fail(f"{p}.group_size", self.group_size, "a group needs at least one rollout", "use 5 (Search-R1) or 2-8")
-        if self.max_turns < 0:
-            _fail(f"{p}.max_turns", self.max_turns, "counts the turns that may search, so it cannot be negative",
-                  "use 4 (Search-R1's default: 4 search turns + 1 final answer turn), or 0 for a single turn")
-        for key in ("max_tokens_per_turn", "max_total_tokens"):
-            if getattr(self, key) < 1:
-                _fail(f"{p}.{key}", getattr(self, key), "must be positive", "use e.g. 500")
-        if self.max_obs_tokens < 16:
-            _fail(f"{p}.max_obs_tokens", self.max_obs_tokens, "needs room for the truncation marker", "use at least 16 (Search-R1: 500)")
-        if self.temperature <= 0:
-            _fail(f"{p}.temperature", self.temperature, "training rollouts sample, so the temperature must be > 0", "use 1.0")
-        if not 0 < self.top_p <= 1:
-            _fail(f"{p}.top_p", self.top_p, "must lie in (0, 1]", "use 1.0")
-        from stratarl.rollout.prompt import PROMPT_TEMPLATES, resolve_template
-
-        try:
-            resolve_template(self.prompt_template)
-        except ValueError:
-            _fail(f"{p}.prompt_template", self.prompt_template, "neither a known template nor one containing {question}",
-                  f"use {', '.join(PROMPT_TEMPLATES)}, or a string with {{question}} in it")
-        if self.backend not in ("kv_cache", "kv_cache_generic", "hf"):
-            _fail(f"{p}.backend", self.backend, "unknown backend", "use kv_cache, kv_cache_generic or hf")
-
-
-@dataclass
 class AlgoConfig:
+    """The algorithm: a preset (`name`) whose parts `advantage`, `policy_loss`, `ratio_level`, `normalizer`
+    and `critic` can each be replaced; see stratarl.algos.presets and stratarl.trainer.algorithm."""
+
     name: str = "stratified_grpo"
-    """One of grpo, stratified_grpo, ppo, so_ppo, so_grpo."""
+    """The preset: grpo, stratified_grpo, ppo, so_ppo, so_grpo, drgrpo or gspo (stratarl.algos.presets.PRESETS)."""
+    advantage: str | None = None
+    """Advantage estimator, a registered name (grpo, drgrpo, stratified, gae, or one a `--import`ed module
+    registers); null: the preset's."""
+    advantage_params: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the estimator (checked against its signature), e.g. `{std_ddof: 0}`; they win over
+    the shared knobs alpha, epsilon, gamma, lam."""
+    policy_loss: str | None = None
+    """Policy loss, a registered name (ppo, sorl, ...); null: the preset's."""
+    policy_loss_params: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the policy loss, e.g. `{dual_clip: 3.0}` (dual clip, Ye et al. 2020); they win over
+    clip_low / clip_high. The ratio level and aggregation are `ratio_level` and `loss_agg`."""
+    ratio_level: Literal["token", "turn", "sequence"] | None = None
+    """Importance ratio per token, per turn (SORL) or per rollout (GSPO); null: the preset's (or turn_level_ratio)."""
+    normalizer: str | None = None
+    """Gradient normaliser: `none` or a registered name (`sorl`: g / max(||C||, delta)); null: the preset's
+    (or sorl_normalize)."""
+    normalizer_params: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the normaliser; they win over sorl_delta, sorl_delta_rule, sorl_delta_ema."""
+    critic: str | None = None
+    """`none` or `value_head` (a value head on the policy's hidden states; GAE needs it); null: the preset's."""
     alpha: float = 0.6
     """Stratified GRPO blend: alpha * SAN + (1 - alpha) * GN (0 = GRPO, 1 = pure SAN; paper: 0.6)."""
     stratum_key: str = "num_searches"
-    """How rollouts are stratified: `num_searches` (paper), `answered`, `random` (control: the num_searches strata's sizes kept inside each group, rollouts assigned to them by a seeded random permutation), or `module:function` taking a Rollout and returning a hashable key."""
+    """How rollouts are stratified: `num_searches` (paper: the retriever calls run), `observation_blocks` (the
+    observation blocks between policy turns, from the response mask alone: the veRL plugin's definition, which
+    also counts invalid-action feedback and misses a trailing observation), `answered`, `random` (control: the num_searches strata's sizes kept inside each group, rollouts assigned to them by a seeded random permutation), or `module:function` taking a Rollout and returning a hashable key."""
     stratum_cap: int | None = None
-    """With num_searches: counts >= cap share one stratum (None: no cap)."""
+    """With num_searches / observation_blocks: counts >= cap share one stratum (None: no cap)."""
     epsilon: float = 1e-6
     """Advantage normaliser epsilon (the GRPO baseline's)."""
     clip_low: float = 0.2
     """Lower clip range: ratios below 1 - clip_low are clipped."""
     clip_high: float = 0.2
     """Upper clip range: ratios above 1 + clip_high are clipped."""
-    loss_agg: str = "token-mean"
-    """Loss aggregation: token-mean (Search-R1), seq-mean-token-mean, seq-mean-token-sum."""
+    loss_agg: Literal[LOSS_AGGREGATIONS] = "token-mean"
+    """Loss aggregation of every term: token-mean (Search-R1), seq-mean-token-mean, seq-mean-token-sum, or
+    seq-mean-token-sum-norm (Dr.GRPO: each rollout's token sum over one constant L = rollout.max_total_tokens)."""
     turn_level_ratio: bool | None = None
-    """Use SORL's turn-level importance ratio; None: on for so_ppo / so_grpo, off otherwise."""
+    """Use SORL's turn-level importance ratio (true: ratio_level turn, false: token); None: the preset's
+    (on for so_ppo / so_grpo)."""
     sorl_normalize: bool | None = None
-    """SORL's clipping-triggered normalisation g / max(||C||, delta); None: on for so_ppo / so_grpo, off otherwise
-    (true on grpo / ppo gives the "normalisation only" ablation, false on so_* the "turn-level ratio only" one)."""
+    """SORL's clipping-triggered normalisation g / max(||C||, delta) (true: normalizer sorl, false: none); None: the
+    preset's, on for so_ppo / so_grpo (true on grpo / ppo gives the "normalisation only" ablation, false on so_* the "turn-level ratio only" one)."""
     sorl_delta: float = 1.0
     """SORL normalisation floor delta: g <- g / max(||C||, delta) (rule `fixed`); with rule `running_pg`
     the multiple of the running policy-gradient norm at which the normalisation engages."""
-    sorl_delta_rule: str = "fixed"
+    sorl_delta_rule: Literal[SORL_DELTA_RULES] = "fixed"
     """`fixed` (the paper: delta is a gradient-norm threshold) or `running_pg` (scale-free: delta_t = delta x
     the moving average of ||grad J_PPO|| over previous optimizer steps, and g <- g * min(1, delta_t / ||C||))."""
     sorl_delta_ema: float = 0.9
     """Moving-average coefficient of the `running_pg` rule's statistic."""
-    sorl_order: str = "before_clip"
+    sorl_order: Literal[SORL_ORDERS] = "before_clip"
     """Where the SORL factor is applied: `before_clip` (then gradient-norm clipping, optim.grad_clip, can undo it
     unless ||C|| > max(delta, ||grad||)) or `after_clip` (clip first, so the factor always reaches the optimizer)."""
     kl_coef: float = 0.001
     """Reference-model KL coefficient (k3 estimator); 0 disables the reference model entirely."""
-    kl_estimator: str = "k3"
+    kl_estimator: Literal[KL_ESTIMATORS] = "k3"
     """KL estimator: k1, k2 or k3."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (loss -= coef * entropy)."""
@@ -277,7 +256,7 @@ class AlgoConfig:
     """Learning rate of the value head (PPO family; Search-R1: 1e-5)."""
     critic_detach: bool = True
     """Value head reads detached policy hidden states (a cheap critic that never disturbs the policy)."""
-    old_logprobs: str = "recompute"
+    old_logprobs: Literal["recompute", "rollout"] = "recompute"
     """Behaviour log-probs: `recompute` (a trainer forward pass, as veRL) or `rollout` (the sampler's own; saves a forward pass)."""
     reward: str = "em"
     """Outcome reward: em (Search-R1), subem, f1, multiple_choice, or `package.module:function` taking
@@ -285,38 +264,26 @@ class AlgoConfig:
     multiple_choice (the letter or the option text), as Search-R1 picks its scorer by data_source."""
 
     def validate(self, p: str) -> None:
-        if self.name not in ALGORITHMS:
-            close = difflib.get_close_matches(self.name, ALGORITHMS, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            _fail(f"{p}.name", self.name, "unknown algorithm", f"{hint}use one of {', '.join(ALGORITHMS)}")
+        check_choices(self, p)
+        resolve_algorithm(self, p)
         if not 0.0 <= self.alpha <= 1.0:
             _fail(f"{p}.alpha", self.alpha, "the blend weight must lie in [0, 1]", "use 0.6 (paper)")
         if self.stratum_key not in STRATUM_KEYS and ":" not in self.stratum_key:
             close = difflib.get_close_matches(self.stratum_key, STRATUM_KEYS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             _fail(f"{p}.stratum_key", self.stratum_key, "unknown stratum key",
-                  f"{hint}use num_searches, answered, random, or `package.module:function`")
+                  f"{hint}use num_searches, observation_blocks, answered, random, or `package.module:function`")
         if self.stratum_cap is not None and self.stratum_cap < 1:
             _fail(f"{p}.stratum_cap", self.stratum_cap, "must be >= 1 or null", "use null for no cap")
         for key in ("clip_low", "clip_high"):
             if not 0 < getattr(self, key) < 1:
                 _fail(f"{p}.{key}", getattr(self, key), "clip ranges must lie in (0, 1)", "use 0.2")
-        if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
-            _fail(f"{p}.loss_agg", self.loss_agg, "unknown aggregation", "use token-mean, seq-mean-token-mean or seq-mean-token-sum")
         if not self.sorl_delta > 0 or not math.isfinite(self.sorl_delta):
             _fail(f"{p}.sorl_delta", self.sorl_delta, "the floor must be positive and finite", "use 1.0")
-        if self.sorl_delta_rule not in SORL_DELTA_RULES:
-            _fail(f"{p}.sorl_delta_rule", self.sorl_delta_rule, "unknown rule", f"use one of {', '.join(SORL_DELTA_RULES)}")
         if not 0 <= self.sorl_delta_ema < 1:
             _fail(f"{p}.sorl_delta_ema", self.sorl_delta_ema, "must lie in [0, 1)", "use 0.9")
-        if self.sorl_order not in SORL_ORDERS:
-            _fail(f"{p}.sorl_order", self.sorl_order, "unknown order", f"use one of {', '.join(SORL_ORDERS)}")
         if self.kl_coef < 0:
             _fail(f"{p}.kl_coef", self.kl_coef, "must be >= 0", "use 0.001, or 0 to disable the reference model")
-        if self.kl_estimator not in ("k1", "k2", "k3"):
-            _fail(f"{p}.kl_estimator", self.kl_estimator, "unknown estimator", "use k1, k2 or k3")
-        if self.old_logprobs not in ("recompute", "rollout"):
-            _fail(f"{p}.old_logprobs", self.old_logprobs, "unknown choice", "use recompute or rollout")
         if self.reward not in ("em", "subem", "f1", "multiple_choice") and ":" not in self.reward:
             _fail(f"{p}.reward", self.reward, "unknown reward",
                   "use em, subem, f1, multiple_choice or `package.module:function`")
@@ -332,20 +299,21 @@ class AlgoConfig:
             _fail(f"{p}.gamma/lam", (self.gamma, self.lam), "must lie in [0, 1]", "use 1.0 (Search-R1)")
 
     @property
-    def uses_critic(self) -> bool:
-        return self.name in CRITIC_ALGORITHMS
+    def spec(self) -> AlgorithmSpec:
+        """The resolved parts and their complete parameters (what the trainer passes to each part)."""
+        return resolve_algorithm(self)
 
     @property
-    def uses_sorl(self) -> bool:
-        return self.name in SORL_ALGORITHMS
+    def uses_critic(self) -> bool:
+        return self.spec.uses_critic
 
     @property
     def use_turn_ratio(self) -> bool:
-        return self.uses_sorl if self.turn_level_ratio is None else bool(self.turn_level_ratio)
+        return self.spec.ratio_level == "turn"
 
     @property
     def use_sorl_normalize(self) -> bool:
-        return self.uses_sorl if self.sorl_normalize is None else bool(self.sorl_normalize)
+        return self.spec.uses_normalizer
 
 
 @dataclass
@@ -358,17 +326,18 @@ class OptimConfig:
     """AdamW betas."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up, in optimizer steps."""
-    schedule: str = "constant"
+    schedule: Literal["constant", "cosine"] = "constant"
     """After warm-up: constant or cosine (to 10% of lr at the last optimizer step)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 disables)."""
-    name: str = "adamw"
+    name: Literal[OPTIMIZERS] = "adamw"
     """Policy optimizer: `adamw`, or `sgd` (a control: SGD, unlike Adam, is not invariant to a constant
     gradient scale; it needs a much larger lr)."""
     momentum: float = 0.0
     """SGD momentum (optim.name = sgd)."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         if self.lr <= 0:
             _fail(f"{p}.lr", self.lr, "the learning rate must be positive", "use e.g. 1e-6 (3B) or 1e-5 (135M)")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
@@ -377,12 +346,8 @@ class OptimConfig:
             _fail(f"{p}.weight_decay", self.weight_decay, "must be >= 0", "use 0.0 or e.g. 0.01")
         if self.warmup_steps < 0:
             _fail(f"{p}.warmup_steps", self.warmup_steps, "must be >= 0", "use 0 or a few steps")
-        if self.schedule not in ("constant", "cosine"):
-            _fail(f"{p}.schedule", self.schedule, "unknown schedule", "use constant or cosine")
         if self.grad_clip < 0:
             _fail(f"{p}.grad_clip", self.grad_clip, "must be >= 0", "use 1.0, or 0 to disable")
-        if self.name not in OPTIMIZERS:
-            _fail(f"{p}.name", self.name, "unknown optimizer", f"use one of {', '.join(OPTIMIZERS)}")
         if not 0 <= self.momentum < 1:
             _fail(f"{p}.momentum", self.momentum, "must lie in [0, 1)", "use 0 or 0.9")
 
@@ -419,6 +384,7 @@ class TrainerConfig:
     """cpu or cuda."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         for key in ("steps", "prompts_per_step", "epochs", "mini_batches", "micro_batch_tokens", "logprob_chunk_tokens", "keep_last"):
             if getattr(self, key) < 1:
                 _fail(f"{p}.{key}", getattr(self, key), "must be at least 1", "use a positive integer")
@@ -439,7 +405,7 @@ class SFTConfig:
     """Passes over the demonstrations."""
     lr: float = 1e-4
     """SFT learning rate (AdamW, linear warm-up over 5%, then `schedule`)."""
-    schedule: str = "constant"
+    schedule: Literal["constant", "cosine"] = "constant"
     """After warm-up: constant, or cosine (decays to 10% of lr at the last step; better for short runs)."""
     batch_size: int = 8
     """Demonstrations per optimizer step."""
@@ -479,13 +445,12 @@ class SFTConfig:
     `stratarl sft CONFIG --rebuild` rebuilds it."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         for key in ("num_demos", "epochs", "batch_size"):
             if getattr(self, key) < 1:
                 _fail(f"{p}.{key}", getattr(self, key), "must be at least 1", "use a positive integer")
         if self.lr <= 0 or self.lr != self.lr or self.lr == float("inf"):
             _fail(f"{p}.lr", self.lr, "must be a positive finite number", "use 1e-4")
-        if self.schedule not in ("constant", "cosine"):
-            _fail(f"{p}.schedule", self.schedule, "unknown schedule", "use constant or cosine")
         for key in ("no_search_fraction", "wrong_hop_fraction", "early_answer_fraction"):
             if not 0 <= getattr(self, key) <= 1:
                 _fail(f"{p}.{key}", getattr(self, key), "a fraction must lie in [0, 1]", "use e.g. 0.1")
@@ -517,6 +482,7 @@ class EvalConfig:
     """Questions per generation batch."""
 
     def validate(self, p: str) -> None:
+        check_choices(self, p)
         if self.num_transcripts < 0 or self.batch_size < 1:
             _fail(f"{p}", (self.num_transcripts, self.batch_size), "num_transcripts >= 0 and batch_size >= 1", "use 4 and 32")
 
@@ -553,8 +519,7 @@ class Config:
             sub = getattr(self, f.name)
             if hasattr(sub, "validate"):
                 sub.validate(f.name)
-        if self.algo.uses_critic and self.rollout.group_size < 1:
-            _fail("rollout.group_size", self.rollout.group_size, "PPO needs rollouts", "use >= 1")
+        self._check_across_sections()
         if self.sft.source == "worlds":
             if self.data.source != "synthetic":
                 _fail("sft.source", "worlds", "demonstration worlds are synthetic knowledge bases",
@@ -565,144 +530,44 @@ class Config:
                       "that the task's vocabulary does not know)", "set e.g. data.synthetic.options.name_pool=2000")
         return self
 
+    def _check_across_sections(self) -> None:
+        if self.rollout.greedy:
+            _fail("rollout.greedy", True, "training rollouts sample (eval is always greedy)",
+                  "drop rollout.greedy, or lower rollout.temperature")
+        rollouts = self.trainer.prompts_per_step * self.rollout.group_size
+        if self.trainer.mini_batches > rollouts:
+            _fail("trainer.mini_batches", self.trainer.mini_batches,
+                  f"a step has only prompts_per_step x group_size = {self.trainer.prompts_per_step} x "
+                  f"{self.rollout.group_size} = {rollouts} rollouts to cut into mini-batches",
+                  f"use trainer.mini_batches <= {rollouts}, or raise trainer.prompts_per_step / rollout.group_size")
+        spec = self.algo.spec
+        if self.rollout.group_size < 2 and advantage_info(spec.advantage).group_relative:
+            _fail("rollout.group_size", self.rollout.group_size,
+                  f"advantage estimator {spec.advantage!r} compares the rollouts of one prompt, so a group of one "
+                  "rollout gets advantage 0 and the policy never moves",
+                  "use rollout.group_size >= 2 (Search-R1: 5), or an estimator with a critic (algo.name=ppo)")
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["rollout"].pop("topk")  # retrieval.topk is the one place for it (see config_from_dict)
+        return data
 
 
 # --------------------------------------------------------------------------- loading
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, path: str) -> Any:
-    """Check ``value`` against the annotation ``tp`` (ints widen to floats)."""
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, path)
-            except ConfigError as e:
-                errors.append(str(e))
-        _fail(path, value, f"expected {' or '.join(_type_name(a) for a in args)}", "change the value's type")
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            _fail(path, value, "not an allowed value", f"use one of {', '.join(map(str, choices))}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            _fail(path, value, "expected a mapping of sub-fields", f"write it as `{path}: {{...}}` or use dotted keys")
-        return _build(tp, value, path)
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            _fail(path, value, "expected a list", f"write e.g. `{path}=[a,b]`")
-        (item,) = typing.get_args(tp) or (Any,)
-        return [_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            _fail(path, value, "expected a mapping", f"write e.g. `{path}: {{key: value}}`")
-        return dict(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            _fail(path, value, "expected true or false", "write true or false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            _fail(path, value, "expected an integer", "write a whole number, e.g. 4")
-        return value
-    if tp is float:
-        if isinstance(value, str):
-            # YAML 1.1 reads `3e-5` (no dot) as a string; accept any numeric spelling.
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _fail(path, value, "expected a number", "write e.g. 0.5 or 1e-6")
-        if not math.isfinite(value):
-            _fail(path, value, "must be a finite number (inf and nan would train a NaN model)", "write e.g. 0.5 or 1e-6")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            _fail(path, value, "expected a string", "quote the value")
-        return value
-    return value
-
-
-def _unknown_key(cls: type, key: str, path: str) -> None:
-    valid = [f.name for f in dataclasses.fields(cls)]
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"did you mean `{path + '.' if path else ''}{close[0]}`? " if close else ""
-    where = f"`{path}`" if path else "the top level"
-    raise ConfigError(f"unknown config key `{path + '.' if path else ''}{key}` in {where}. Fix: {hint}valid keys: {', '.join(valid)}.")
-
-
-def _build(cls: type, data: dict, path: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            _unknown_key(cls, key, path)
-        kwargs[key] = _coerce(value, hints[key], f"{path}.{key}" if path else key)
-    return cls(**kwargs)
-
-
-def _merge(base: dict, update: dict) -> dict:
-    out = dict(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in ("options",):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``"algo.name=grpo"`` -> (["algo", "name"], "grpo"); the value is read as YAML
-    (``20`` -> int, ``true`` -> bool, ``[a,b]`` -> list, ``null`` -> None)."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} has no `=`. Fix: write `section.field=value`, e.g. `trainer.steps=20`.")
-    key, raw = text.split("=", 1)
-    keys = [k for k in key.strip().split(".")]
-    if not all(keys):
-        raise ConfigError(f"override {text!r}: empty key. Fix: write `section.field=value`.")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return keys, value
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Return a copy of ``data`` with every dotted override set (validated later)."""
-    out = _merge({}, data)
-    for text in overrides:
-        keys, value = parse_override(text)
-        node = out
-        for k in keys[:-1]:
-            child = node.get(k)
-            node[k] = dict(child) if isinstance(child, dict) else {}
-            node = node[k]
-        node[keys[-1]] = value
-    return out
 
 
 def config_from_dict(data: dict, overrides: list[str] | None = None) -> Config:
     """Build and validate a Config from a (YAML-shaped) dict plus dotted overrides."""
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping of sections, got {type(data).__name__}. Fix: start the file with e.g. `trainer:`.")
-    return _build(Config, apply_overrides(data, overrides or [])).validate()
+    data = apply_overrides(data, overrides or [])
+    rollout = data.get("rollout")
+    if isinstance(rollout, dict) and "topk" in rollout:
+        raise ConfigError(f"config field `rollout.topk` = {rollout['topk']!r}: passages per search are set once, in "
+                          "`retrieval.topk`. Fix: write retrieval.topk instead.")
+    cfg = build(Config, data).validate()
+    cfg.rollout = cfg.rollout.replace(topk=cfg.retrieval.topk)
+    return cfg
 
 
 class _DuplicateKey(yaml.YAMLError):

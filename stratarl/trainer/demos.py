@@ -27,10 +27,28 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from stratarl.data.examples import Example
-from stratarl.trainer.sft import Demonstration
+from stratarl.retrieval.base import Passage
+from stratarl.rollout.engine import observation_ids
+from stratarl.rollout.parsing import information_observation
+from stratarl.rollout.prompt import encode_prompt
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One rendered trajectory; ``kind`` says whether it is a correct or an imperfect demo."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    kind: str = "correct"
+    example_id: str = ""
+    text: str = ""
+    meta: dict = field(default_factory=dict, compare=False)
+
 
 # The two thoughts differ from their first word on, so the search-or-answer decision is one
 # clear token for the model to learn (a shared prefix made greedy decoding pick the wrong one).
@@ -45,9 +63,6 @@ def _policy_ids(tokenizer, text: str) -> list[int]:
 def render_demonstration(example: Example, tokenizer, retriever, *, topk: int, max_obs_tokens: int,
                          prompt_ids: list[int], searches: Sequence[str], answer: str, kind: str) -> Demonstration:
     """One trajectory: a search turn per query in ``searches``, then the answer turn."""
-    from stratarl.rollout.engine import observation_ids
-    from stratarl.rollout.parsing import information_observation
-
     response, mask, retrieved = [], [], []
     for query in searches:
         turn = _policy_ids(tokenizer, f"{SEARCH_THOUGHT}<search> {query} </search>")
@@ -82,8 +97,6 @@ def render_demonstrations(examples: Sequence[Example], tokenizer, retriever, *, 
     A "correct" demonstration is kept only if every hop's gold passage was retrieved
     (otherwise the demo would teach answering what the passages do not say).
     """
-    from stratarl.rollout.prompt import encode_prompt
-
     usable = [e for e in examples if e.metadata.get("hops")]
     if not usable:
         raise ValueError("no training example has metadata['hops']: warm-start demonstrations need the synthetic "
@@ -156,10 +169,6 @@ def render_reading_examples(examples: Sequence[Example], tokenizer, retriever, p
     tiny model find what to copy before it has to search a long one). Returned as Demonstrations whose
     prompt is the observation's first token.
     """
-    from stratarl.retrieval.base import Passage
-    from stratarl.rollout.engine import observation_ids
-    from stratarl.rollout.parsing import information_observation
-
     by_passage: dict[str, list[tuple[str, str]]] = {}
     for example in examples:
         hops = (example.metadata or {}).get("hops") or []

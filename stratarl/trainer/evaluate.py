@@ -19,7 +19,11 @@ from pathlib import Path
 from typing import Sequence
 
 from stratarl.data.examples import Example
+from stratarl.rewards import SOURCE_REWARDS, answer_match, f1_score, sub_exact_match
 from stratarl.trainer.config import Config
+from stratarl.trainer.metrics import write_transcripts
+from stratarl.trainer.rollouts import collect, make_generator, transcript
+from stratarl.trainer.setup import TimedRetriever, step_threads
 
 METRIC_COLUMNS = ("em", "subem", "f1", "searches_mean", "answer_rate", "count")
 
@@ -27,8 +31,6 @@ METRIC_COLUMNS = ("em", "subem", "f1", "searches_mean", "answer_rate", "count")
 def score_rollout(rollout, example: Example) -> dict[str, float]:
     """EM / SubEM / F1 of one rollout's final answer (0 when it never answered). For a multiple-choice
     source all three are the multiple-choice match (the letter or the option text)."""
-    from stratarl.rewards import SOURCE_REWARDS, answer_match, f1_score, sub_exact_match
-
     answer = rollout.answer if rollout.answered else None
     golds = example.golden_answers
     em = float(answer is not None and answer_match(example.data_source, answer, golds))
@@ -69,8 +71,6 @@ def aggregate(scores: Sequence[dict[str, float]], sources: Sequence[str], *, wit
 def evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Config, **kwargs) -> dict:
     """Greedy rollouts (one per question), scored; see ``_evaluate``. A small policy runs on one thread
     (``stratarl.trainer.setup.step_threads``)."""
-    from stratarl.trainer.setup import step_threads
-
     with step_threads(model):
         return _evaluate(model, tokenizer, retriever, examples, cfg, **kwargs)
 
@@ -83,9 +83,6 @@ def _evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Con
     ``per_type`` has the same columns per ``metadata['question_type']`` (synthetic KB); {} without types.
     ``per_question`` has one record per question in ``examples`` order (see :func:`question_record`).
     ``transcripts`` are those of the first ``num_transcripts`` questions, each with its ``example_id``."""
-    from stratarl.trainer.rollouts import collect, make_generator, transcript
-    from stratarl.trainer.setup import TimedRetriever
-
     timed = retriever if isinstance(retriever, TimedRetriever) else TimedRetriever(retriever)
     generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=0)
     start = time.perf_counter()
@@ -149,8 +146,6 @@ def format_table(result: dict, title: str = "") -> str:
 def save_eval(result: dict, run_dir: str | Path, tag: str) -> Path:
     """Write ``<run>/eval/<tag>.json`` (everything but the transcripts: per_source, per_type, per_question, ...)
     and ``<run>/eval/<tag>_transcripts.jsonl``."""
-    from stratarl.trainer.metrics import write_transcripts
-
     out = Path(run_dir) / "eval"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{tag}.json"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import math
 import re
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from stratarl.trainer.aggregate import steps_ci, train_rows
 from stratarl.trainer.metrics import read_metrics
+from stratarl.trainer.plots import panel_grid, save_png
 from stratarl.trainer.stats import Interval, excludes_zero, mean_ci, paired_gain, rolling_band
 
 # Namespaces shown first, in this order; any other namespace follows alphabetically.
@@ -51,39 +51,6 @@ def _numeric_series(rows: list[dict]) -> dict[str, tuple[list[int], list[float]]
 
 def _namespace(key: str) -> str:
     return key.split("/", 1)[0] if "/" in key else "other"
-
-
-def panel_grid(keys: list[str]):
-    """A figure with one small panel per key (4 columns; unused panels off).
-
-    Returns (pyplot, figure, panels for ``keys`` in order, colour cycle, number of rows).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = min(4, len(keys))
-    rows = math.ceil(len(keys) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
-    panels = [axes[i // cols][i % cols] for i in range(rows * cols)]
-    for ax, key in zip(panels, keys):
-        ax.set_title(key, fontsize=9)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    for ax in panels[len(keys):]:
-        ax.axis("off")
-    return plt, fig, panels[:len(keys)], plt.rcParams["axes.prop_cycle"].by_key()["color"], rows
-
-
-def save_png(plt, fig, out_png: Path) -> bytes:
-    """Write ``fig`` to ``out_png`` (90 dpi, tight) and return the PNG bytes."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    data = buf.getvalue()
-    out_png.write_bytes(data)
-    return data
 
 
 def _plot_namespace(namespace: str, keys: list[str], runs: dict[str, dict], out_png: Path) -> bytes:

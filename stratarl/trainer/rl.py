@@ -7,18 +7,16 @@
         strata    <- structural key of each rollout (number of searches by default; `random`: those
                      strata permuted inside each group, the control arm)
         old / ref log-probs, values  <- one no-grad pass of the trainer
-        advantages <- GRPO / Stratified GRPO / GAE, by algorithm name
-        update    <- K epochs x M mini-batches of optimizer steps (SORL normalisation for so_*)
+        advantages <- the algorithm's estimator (``cfg.algo.spec.advantage``: a registered name)
+        update    <- K epochs x M mini-batches of optimizer steps (policy loss at the spec's ratio level,
+                     the spec's gradient normaliser if any, then gradient-norm clipping)
         log metrics (incl. stratum/cross_var, stratum/zero_san_frac, reward/em_by_type/*), transcripts;
         checkpoint every N steps
 
-Algorithms by name (``algo.name``):
-
-    grpo             group advantages (GN), token ratio
-    stratified_grpo  alpha * SAN + (1 - alpha) * GN (Zhu et al. 2510.06214), token ratio
-    ppo              critic + GAE, token ratio
-    so_ppo           critic + GAE, turn-level ratio, clipping-triggered normalisation (SORL 2511.20718)
-    so_grpo          group advantages, turn-level ratio, clipping-triggered normalisation
+The algorithm is one value: ``algo.name`` picks a preset of stratarl.algos.presets (grpo,
+stratified_grpo, ppo, so_ppo, so_grpo, drgrpo, gspo) and ``algo.advantage`` / ``policy_loss`` /
+``ratio_level`` / ``normalizer`` / ``critic`` replace its parts (stratarl.trainer.algorithm). This
+loop reads only the resolved parts, never the preset's name.
 """
 
 from __future__ import annotations
@@ -33,34 +31,35 @@ from pathlib import Path
 
 import torch
 
+import stratarl.trainer.rollouts as rollouts_module  # called through the module, so a test's spy on it is seen
+import stratarl.trainer.update as update_module
+from stratarl.algos.registry import AdvantageBatch, get_advantage
+from stratarl.algos.strata import cross_stratum_variance, shuffle_strata_within_groups, zero_san_fraction
 from stratarl.trainer import checkpoint as ckpt
+from stratarl.trainer.batch import collate_rollouts, scatter_response_values
 from stratarl.trainer.config import Config, save_config
+from stratarl.trainer.evaluate import collection_config, eval_metrics, evaluate, format_table, overall, save_eval
 from stratarl.trainer.metrics import MetricsLogger, PhaseTimer, format_step_line, write_transcripts
+from stratarl.trainer.rollouts import (
+    advantage_metrics,
+    reward_function,
+    rollout_metrics,
+    stratum_function,
+    transcript,
+)
 from stratarl.trainer.setup import SINGLE_THREAD_MAX_PARAMS, step_threads  # noqa: F401 (re-exported)
-
-ADVANTAGE_OF = {"grpo": "grpo", "so_grpo": "grpo", "stratified_grpo": "stratified", "ppo": "gae", "so_ppo": "gae"}
-
-
-def advantage_params(cfg: Config) -> dict:
-    """Keyword arguments of the registered estimator for ``cfg.algo.name``."""
-    name = ADVANTAGE_OF[cfg.algo.name]
-    if name == "gae":
-        return {"gamma": cfg.algo.gamma, "lam": cfg.algo.lam}
-    if name == "stratified":
-        return {"alpha": cfg.algo.alpha, "eps": cfg.algo.epsilon}
-    return {"eps": cfg.algo.epsilon}
-
+from stratarl.trainer.setup import TimedRetriever, build_task_retriever, limit_per_source, load_policy, load_task
+from stratarl.trainer.update import build_learner, score_batch
 
 def compute_advantages(cfg: Config, batch, rewards: list[float], group_ids: list[int], strata: list[int]) -> None:
-    """Fill ``batch.advantages`` and ``batch.returns`` [B, T] with the algorithm's estimator."""
-    from stratarl.algos.registry import AdvantageBatch, get_advantage
-
+    """Fill ``batch.advantages`` and ``batch.returns`` [B, T] with the algorithm's estimator (``algo.spec``)."""
+    spec = cfg.algo.spec
     device = batch.response_mask.device
     inputs = AdvantageBatch(rewards=torch.tensor(rewards, dtype=torch.float32, device=device),
                             group_ids=torch.tensor(group_ids, device=device),
                             response_mask=batch.response_mask, strata_ids=torch.tensor(strata, device=device),
                             values=batch.old_values)
-    batch.advantages, batch.returns = get_advantage(ADVANTAGE_OF[cfg.algo.name])(inputs, **advantage_params(cfg))
+    batch.advantages, batch.returns = get_advantage(spec.advantage)(inputs, **spec.advantage_params)
 
 
 def advantage_strata(cfg: Config, observed: list[int], group_ids: list[int], step: int) -> list[int]:
@@ -69,8 +68,6 @@ def advantage_strata(cfg: Config, observed: list[int], group_ids: list[int], ste
     so a resumed run draws the same strata)."""
     if cfg.algo.stratum_key != "random":
         return list(observed)
-    from stratarl.algos.strata import shuffle_strata_within_groups
-
     generator = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_003 + step)
     return shuffle_strata_within_groups(torch.tensor(observed), torch.tensor(group_ids), generator).tolist()
 
@@ -78,8 +75,6 @@ def advantage_strata(cfg: Config, observed: list[int], group_ids: list[int], ste
 def stratum_metrics(cfg: Config, collected, strata: list[int]) -> dict[str, float]:
     """stratum/cross_var and stratum/zero_san_frac on the strata the advantage used (see
     stratarl.algos.strata); with random strata also stratum/cross_var_observed on the real ones."""
-    from stratarl.algos.strata import cross_stratum_variance, zero_san_fraction
-
     if not collected.rewards:
         return {}
     rewards, groups = torch.tensor(collected.rewards, dtype=torch.float64), torch.tensor(collected.group_ids)
@@ -135,16 +130,11 @@ def rl_step(run: RunState) -> dict[str, float]:
 
 
 def _rl_step(run: RunState) -> dict[str, float]:
-    from stratarl.trainer.batch import collate_rollouts, scatter_response_values
-    from stratarl.trainer.evaluate import collection_config
-    from stratarl.trainer.rollouts import advantage_metrics, collect, rollout_metrics, transcript
-    from stratarl.trainer.update import score_batch, update_policy
-
     cfg, timer = run.cfg, run.timer
     step_start = time.perf_counter()
     examples = [run.task.train[i] for i in run.sampler.next(cfg.trainer.prompts_per_step)]
 
-    collected = collect(run.generator, run.retriever, run.tokenizer, examples, collection_config(cfg),
+    collected = rollouts_module.collect(run.generator, run.retriever, run.tokenizer, examples, collection_config(cfg),
                         group_size=cfg.rollout.group_size, prompt_cache=run.prompt_cache)
     strata = advantage_strata(cfg, collected.strata, collected.group_ids, run.step)
     timer.add("generation", collected.generation_s)
@@ -158,7 +148,7 @@ def _rl_step(run: RunState) -> dict[str, float]:
     compute_advantages(cfg, batch, collected.rewards, collected.group_ids, strata)
 
     with timer("update"):
-        update = update_policy(run.learner, batch, cfg, run.shuffle_rng)
+        update = update_module.update_policy(run.learner, batch, cfg, run.shuffle_rng)
 
     metrics = {**rollout_metrics(collected), **advantage_metrics(batch.advantages, batch.response_mask), **update,
                **stratum_metrics(cfg, collected, strata), **em_by_type(collected.examples, collected.em)}
@@ -254,10 +244,6 @@ def resume_or_fail(run: RunState, *, start_over: bool) -> None:
 
 def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None) -> RunState:
     """Model, retriever, generator, optimizer, sampler and logger for ``cfg`` (fresh state)."""
-    from stratarl.trainer.rollouts import make_generator, reward_function, stratum_function
-    from stratarl.trainer.setup import TimedRetriever, build_task_retriever, load_policy, load_task
-    from stratarl.trainer.update import build_learner
-
     reward_function(cfg.algo.reward)  # a config-named function that cannot load fails before any work
     if cfg.algo.stratum_key != "random":
         stratum_function(cfg.algo.stratum_key, cfg.algo.stratum_cap)
@@ -268,7 +254,7 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None) -> Ru
     model, tokenizer = load_policy(model_cfg, seed=cfg.trainer.seed, device=cfg.trainer.device, task=task)
     total_optimizer_steps = cfg.trainer.steps * cfg.trainer.epochs * cfg.trainer.mini_batches
     learner = build_learner(model, cfg, total_optimizer_steps)
-    generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=cfg.trainer.seed)
+    generator = rollouts_module.make_generator(model, tokenizer, cfg.rollout.backend, seed=cfg.trainer.seed)
     logger = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
                            wandb_project=cfg.logging.wandb_project, config=cfg.to_dict())
     return RunState(cfg=cfg, run_dir=run_dir, model=model, tokenizer=tokenizer, task=task, retriever=retriever,
@@ -345,9 +331,6 @@ class RetrievalWatch:
 
 
 def _run_eval(run: RunState, tag: str) -> dict:
-    from stratarl.trainer.evaluate import eval_metrics, evaluate, format_table, overall, save_eval
-    from stratarl.trainer.setup import limit_per_source
-
     examples = limit_per_source(run.task.test, run.cfg.data.max_eval_examples)
     if not examples:
         return {}

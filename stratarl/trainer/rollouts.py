@@ -15,7 +15,15 @@ from typing import Callable, Sequence
 
 import torch
 
+from stratarl.algos.turns import search_counts
 from stratarl.data.examples import Example
+from stratarl.rewards import answer_match, get_reward, reward_for_source
+from stratarl.rollout.engine import RolloutEngine
+from stratarl.rollout.generation import HFGenerator, KVCacheGenerator
+from stratarl.rollout.prompt import encode_messages, encode_prompt
+from stratarl.rollout.transcript import rollout_metrics as engine_rollout_metrics
+from stratarl.rollout.transcript import transcript as engine_transcript
+from stratarl.trainer.callables import resolve_callable
 from stratarl.trainer.config import Config
 from stratarl.trainer.setup import TimedRetriever
 
@@ -35,30 +43,34 @@ class CollectedBatch:
 
 
 def make_generator(model, tokenizer, backend: str, seed: int):
-    from stratarl.rollout.generation import HFGenerator, KVCacheGenerator
-
     if backend == "hf":
         return HFGenerator(model, tokenizer, seed=seed)
     return KVCacheGenerator(model, tokenizer, seed=seed, fast=False if backend == "kv_cache_generic" else None)
 
 
 def engine_config(cfg: Config, *, greedy: bool):
-    from stratarl.rollout.engine import RolloutConfig
-
-    r = cfg.rollout
-    return RolloutConfig(max_turns=r.max_turns, max_tokens_per_turn=r.max_tokens_per_turn, max_obs_tokens=r.max_obs_tokens,
-                         max_total_tokens=r.max_total_tokens, topk=cfg.retrieval.topk, temperature=r.temperature,
-                         top_p=r.top_p, greedy=greedy, stop_on_eos=r.stop_on_eos)
+    """The engine's config: the run's ``rollout`` section with ``retrieval.topk`` passages per search."""
+    return cfg.rollout.replace(topk=cfg.retrieval.topk, greedy=greedy)
 
 
 def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
-    """Rollout -> integer stratum: number of searches (capped), answered, or a user function."""
+    """Rollout -> integer stratum: number of searches (capped), observation blocks (capped), answered, or a
+    user function.
+
+    ``num_searches`` counts the retriever calls the engine ran. ``observation_blocks`` is the definition the
+    veRL plugin must use, having only the response mask: the observation blocks between two policy turns
+    (``stratarl.algos.search_counts``), which also counts invalid-action feedback and misses an observation
+    after the last turn."""
     if key == "num_searches":
         return lambda r: min(r.num_searches, cap) if cap is not None else r.num_searches
+    if key == "observation_blocks":
+        def blocks(r) -> int:
+            count = int(search_counts(torch.tensor([r.response_mask], dtype=torch.long))[0]) if r.response_mask else 0
+            return min(count, cap) if cap is not None else count
+
+        return blocks
     if key == "answered":
         return lambda r: int(r.answered)
-    from stratarl.trainer.callables import resolve_callable
-
     fn = resolve_callable(key, "algo.stratum_key", num_args=1)
     seen: dict = {}
     # Any hashable key becomes a stable small integer id.
@@ -67,12 +79,8 @@ def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
 
 def reward_function(name: str):
     """A built-in reward by name (em, subem, f1) or ``package.module:function`` (response_text, golds) -> float."""
-    from stratarl.rewards import get_reward
-
     if ":" not in name:
         return get_reward(name)
-    from stratarl.trainer.callables import resolve_callable
-
     return resolve_callable(name, "algo.reward", num_args=2)
 
 
@@ -80,8 +88,6 @@ def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = 
                    template: str = "search_r1", rebuild: bool = False) -> list[list[int]]:
     """Prompt ids per example: the example's own prompt (a data file's `prompt` column) when it has
     one and ``rebuild`` is off, else ``template`` around the question."""
-    from stratarl.rollout.prompt import encode_messages, encode_prompt
-
     out = []
     for e in examples:
         if cache is not None and e.id in cache:
@@ -103,9 +109,6 @@ def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = 
 def collect(generator, retriever: TimedRetriever, tokenizer, examples: Sequence[Example], cfg: Config, *,
             group_size: int, greedy: bool = False, prompt_cache: dict | None = None) -> CollectedBatch:
     """G rollouts per example (consecutive), scored with the run's reward and stratified."""
-    from stratarl.rewards import answer_match, reward_for_source
-    from stratarl.rollout.engine import RolloutEngine
-
     prompts = encode_prompts(tokenizer, examples, prompt_cache, cfg.rollout.prompt_template, cfg.rollout.rebuild_prompt)
     flat_prompts = [p for p in prompts for _ in range(group_size)]
     flat_examples = [e for e in examples for _ in range(group_size)]
@@ -135,8 +138,6 @@ def _distribution(values: list[int], prefix: str, max_key: int = 4) -> dict[str,
 
 def rollout_metrics(batch: CollectedBatch) -> dict[str, float]:
     """reward/*, rollout/* (search calls and their distribution, lengths, rates) and stratum/* metrics."""
-    from stratarl.rollout.transcript import rollout_metrics as engine_rollout_metrics
-
     rs = batch.rollouts
     n = max(1, len(rs))
     searches = [r.num_searches for r in rs]
@@ -185,8 +186,6 @@ def transcript(rollout, example: Example, tokenizer, *, reward: float, stratum: 
                advantage: float | None = None) -> dict:
     """The engine's transcript (prompt, turns, searches with passages, answer, flags, mask runs)
     with the example, the stratum and the advantage the update used."""
-    from stratarl.rollout.transcript import transcript as engine_transcript
-
     record = engine_transcript(rollout, tokenizer, reward=reward, golds=example.golden_answers)
     return {
         "example_id": example.id,

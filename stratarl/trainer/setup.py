@@ -6,18 +6,34 @@ model, data and retriever for the same config.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import os
+import shutil
+import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from stratarl.cache import cache_root
+from stratarl.config_errors import ConfigError
 from stratarl.data.examples import Example
-from stratarl.retrieval.base import Passage, Retriever
+from stratarl.data.models import DEFAULT_MODEL, build_tiny_model, load_model, load_tokenizer
+from stratarl.data.search_r1 import load_example_files
+from stratarl.data.synth import SYNTH_VERSION
+from stratarl.data.wordlevel import word_tokenizer_for_task
+from stratarl.retrieval.base import Passage, RetrievalError, Retriever
+from stratarl.retrieval.bm25 import BM25Retriever
+from stratarl.retrieval.corpus import load_corpus
+from stratarl.retrieval.factory import build_retriever
 from stratarl.trainer.config import Config, ModelConfig
+from stratarl.trainer.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
+from stratarl.trainer.synthetic import load_synthetic_task
+from stratarl.trainer.task import TaskData
 
 TINY_MODEL = "tiny-random"
 WORD_MODEL = "word-tiny"
@@ -25,7 +41,6 @@ WORD_MODEL = "word-tiny"
 
 def check_device(device: str) -> None:
     """Raise `ConfigError` when ``trainer.device`` names a device this torch build cannot use."""
-    from stratarl.trainer.config import ConfigError
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
@@ -44,8 +59,6 @@ def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", t
     (only adapter weights train). The model is returned in eval mode (no dropout),
     so log-probs of the same tokens agree between the rollout and the update.
     """
-    from stratarl.data.models import DEFAULT_MODEL, build_tiny_model, load_model, load_tokenizer
-
     check_device(device)
 
     tokenizer_name = model_cfg.tokenizer or (DEFAULT_MODEL if model_cfg.name == TINY_MODEL else model_cfg.name)
@@ -73,10 +86,6 @@ def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", t
 
 
 def _word_tokenizer(task: TaskData | None):
-    from stratarl.data.wordlevel import word_tokenizer_for_task
-    from stratarl.retrieval.corpus import load_corpus
-    from stratarl.trainer.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
-
     if task is None or task.corpus_path is None:
         raise ValueError(f"model.name={WORD_MODEL} builds its vocabulary from the task's corpus and questions; "
                          "it needs a task with a corpus (data.source: synthetic, or data.corpus set)")
@@ -120,8 +129,6 @@ def _wrap_lora(model, model_cfg: ModelConfig):
 def merged_model(model):
     """A plain HF model to save: LoRA adapters merged in (a copy), or the model itself."""
     if hasattr(model, "merge_and_unload"):
-        import copy
-
         return copy.deepcopy(model).merge_and_unload()
     return model
 
@@ -129,8 +136,6 @@ def merged_model(model):
 def save_pretrained_model(model, tokenizer, path: str | Path) -> Path:
     """Save a loadable model folder (safetensors + tokenizer), LoRA merged. Written into a temporary
     sibling and renamed into place, so a kill never leaves a half-written folder with a config.json."""
-    import shutil
-    import tempfile
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -149,45 +154,22 @@ def save_pretrained_model(model, tokenizer, path: str | Path) -> Path:
 # --------------------------------------------------------------------------- data
 
 
-@dataclass
-class TaskData:
-    """Questions and the corpus the retriever searches."""
-
-    train: list[Example]
-    test: list[Example]
-    corpus_path: Path | None
-    passages: list[Passage] | None = None
-    vocabulary_texts: list[str] = field(default_factory=list)
-    """Extra texts a word-level vocabulary must cover (a synthetic task's shared name pool)."""
-
-
-def _cache_root() -> Path:
-    from stratarl.data.models import cache_root
-
-    return cache_root()
-
-
 def synthetic_dir(cfg: Config) -> Path:
     syn = cfg.data.synthetic
     if syn.cache_dir:
         return Path(syn.cache_dir)
-    from stratarl.data.synth import SYNTH_VERSION
 
     # The generator's version is part of the key: a changed generator never reuses a stale cache.
     key = {"version": SYNTH_VERSION, **syn.options}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    return _cache_root() / "synth" / f"seed{syn.seed}-{digest}"
+    return cache_root() / "synth" / f"seed{syn.seed}-{digest}"
 
 
 def load_task(cfg: Config) -> TaskData:
     """Training and held-out questions for ``cfg.data`` (synthetic KB generated on first use)."""
     if cfg.data.source == "synthetic":
-        from stratarl.trainer.synthetic import load_synthetic_task
-
         data = load_synthetic_task(synthetic_dir(cfg), seed=cfg.data.synthetic.seed, options=cfg.data.synthetic.options)
     else:
-        from stratarl.data.search_r1 import load_example_files
-
         # load_example_files keeps ids unique across files (prompts are cached by id).
         train = load_example_files(cfg.data.train_files)
         test = load_example_files(cfg.data.test_files)
@@ -217,9 +199,6 @@ def limit_per_source(examples: list[Example], limit: int | None) -> list[Example
 
 def build_task_retriever(cfg: Config, task: TaskData) -> Retriever:
     """The retriever for ``cfg.retrieval.spec``; `bm25` indexes the task's corpus (cached next to it)."""
-    from stratarl.retrieval.bm25 import BM25Retriever
-    from stratarl.retrieval.factory import build_retriever
-
     spec = cfg.retrieval.spec
     if spec == "bm25":
         if task.corpus_path is None:
@@ -267,8 +246,7 @@ class TimedRetriever:
         return getattr(self.inner, "url", None) or repr(self.inner)
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
-        from stratarl.retrieval.base import RetrievalError
-
+    
         start = time.perf_counter()
         self.step_queries += len(queries)
         try:
@@ -308,8 +286,6 @@ class TimedRetriever:
 
 
 def set_threads(num_threads: int) -> int:
-    import os
-
     n = num_threads or os.cpu_count() or 1
     torch.set_num_threads(n)
     return n

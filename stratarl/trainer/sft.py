@@ -11,33 +11,31 @@ Observation tokens (retrieved passages) are context, never targets.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
+import json
 import math
+import os
 import random
+import shutil
+import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from stratarl.cache import cache_root
+from stratarl.data.synth import generate_knowledge_base
+from stratarl.retrieval.bm25 import BM25Retriever
 from stratarl.trainer.batch import collate_sequences, micro_batches
+from stratarl.trainer.demos import Demonstration, render_demonstrations, render_reading_examples
 from stratarl.trainer.logprobs import response_logprobs
+from stratarl.trainer.metrics import MetricsLogger
+from stratarl.trainer.setup import build_task_retriever, load_policy, load_task, save_pretrained_model, step_threads
 from stratarl.trainer.update import lr_multiplier
-
-
-@dataclass(frozen=True)
-class Demonstration:
-    """One rendered trajectory; ``kind`` says whether it is a correct or an imperfect demo."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_mask: list[int]
-    kind: str = "correct"
-    example_id: str = ""
-    text: str = ""
-    meta: dict = field(default_factory=dict, compare=False)
 
 
 def sft_step(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int, *, micro_batch_tokens: int,
@@ -157,8 +155,6 @@ def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_
 def run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_id: int, **kwargs) -> dict[str, float]:
     """Fine-tune ``model`` in place (see ``_run_sft`` for the arguments), on one thread for a small model
     (``stratarl.trainer.setup.step_threads``)."""
-    from stratarl.trainer.setup import step_threads
-
     with step_threads(model):
         return _run_sft(model, demos, pad_id, **kwargs)
 
@@ -188,9 +184,6 @@ def world_seed(task_seed: int, index: int) -> int:
 
 def _world(cfg, index: int, **overrides):
     """The ``index``-th demonstration world (a SyntheticKB) and its BM25 retriever."""
-    from stratarl.data.synth import generate_knowledge_base
-    from stratarl.retrieval.bm25 import BM25Retriever
-
     options = {**cfg.data.synthetic.options, **cfg.sft.world_options, **overrides}
     try:
         kb = generate_knowledge_base(seed=world_seed(cfg.data.synthetic.seed, index), **options)
@@ -222,7 +215,6 @@ def reading_batches(cfg, tokenizer, *, batch_size: int, curriculum: int, mix_wor
     rendered after i batches shortens observations to one sentence with probability max(0, 1 - i / curriculum).
     Reading worlds are numbered from the far end of the demonstration worlds' range, so the two stages never
     share a world."""
-    from stratarl.trainer.demos import render_reading_examples
 
     rng = random.Random(cfg.sft.seed + 1)
 
@@ -243,7 +235,6 @@ def world_demonstrations(cfg, tokenizer, index: int) -> list[Demonstration]:
     """All demonstrations of the ``index``-th fresh world: a synthetic KB drawn from the task's name pool
     with ``sft.world_options`` over ``data.synthetic.options``, indexed with its own BM25, rendered with the
     same prompt, observation caps and imperfect-demo mix as ``sft.source: task``, shuffled."""
-    from stratarl.trainer.demos import render_demonstrations
 
     kb, retriever = _world(cfg, index)
     seed = world_seed(cfg.data.synthetic.seed, index)
@@ -263,8 +254,6 @@ def world_batches(cfg, tokenizer, *, batch_size: int, mix_worlds: int = 4) -> It
 
 def warm_start_key(cfg) -> dict:
     """Everything a warm start depends on (the cache key of ``sft.cache``): not the RL settings."""
-    import dataclasses
-
     return {"model": dataclasses.asdict(cfg.model), "data": dataclasses.asdict(cfg.data),
             "retrieval": dataclasses.asdict(cfg.retrieval), "max_obs_tokens": cfg.rollout.max_obs_tokens,
             "prompt_template": cfg.rollout.prompt_template,
@@ -274,11 +263,6 @@ def warm_start_key(cfg) -> dict:
 
 def warm_start_cache_dir(cfg) -> Path:
     """``$STRATARL_CACHE/warmstart/<name>-<hash of warm_start_key(cfg)>``."""
-    import hashlib
-    import json
-
-    from stratarl.data.models import cache_root
-
     digest = hashlib.sha256(json.dumps(warm_start_key(cfg), sort_keys=True, default=str).encode()).hexdigest()[:12]
     return cache_root() / "warmstart" / f"{cfg.model.name}-{digest}"
 
@@ -287,10 +271,6 @@ def cached_warm_start(cfg, *, rebuild: bool = False, progress: bool = True) -> t
     """The cached warm start of ``cfg`` (built on first use, or again with ``rebuild``): (model folder,
     summary of the build or None when it was reused). Built in a temporary sibling and renamed, so a
     crash never leaves a half-written model that a later run would trust."""
-    import os
-    import shutil
-    import tempfile
-
     final = warm_start_cache_dir(cfg)
     if (final / "model" / "config.json").is_file() and not rebuild:
         return final / "model", None
@@ -315,12 +295,6 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     ``sft`` section. Writes ``sft_metrics.jsonl`` and ``demos_sample.jsonl`` next to the model.
     Returns a summary with the loss of the first and last epoch and the demo mix.
     """
-    import json
-
-    from stratarl.trainer.demos import render_demonstrations
-    from stratarl.trainer.metrics import MetricsLogger
-    from stratarl.trainer.setup import build_task_retriever, load_policy, load_task, save_pretrained_model
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

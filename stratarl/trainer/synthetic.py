@@ -7,17 +7,20 @@ half-written task that later runs would trust); later runs read the files.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from stratarl.data.search_r1 import load_examples
+from stratarl.data.synth import generate_knowledge_base, name_pool_words, write_synthetic_kb
+from stratarl.trainer.task import TaskData
+
 
 def ensure_synthetic_kb(directory: Path, *, seed: int, options: dict[str, Any]) -> Path:
     """Generate the KB into ``directory`` unless it is already there; return the folder."""
-    from stratarl.data.synth import generate_knowledge_base, write_synthetic_kb
-
     directory = Path(directory)
     if (directory / "test.parquet").is_file() and (directory / "corpus.jsonl").is_file():
         return directory
@@ -44,12 +47,6 @@ def ensure_synthetic_kb(directory: Path, *, seed: int, options: dict[str, Any]) 
 
 def load_synthetic_task(directory: Path, *, seed: int, options: dict[str, Any]):
     """TaskData (train, test, corpus path) of the seeded synthetic KB."""
-    import dataclasses
-
-    from stratarl.data.search_r1 import load_examples
-    from stratarl.data.synth import name_pool_words
-    from stratarl.trainer.setup import TaskData
-
     folder = ensure_synthetic_kb(directory, seed=seed, options=options)
     # The files' prompt column is our own Search-R1 rendering: drop it, so rollout.prompt_template decides.
     train, test = ([dataclasses.replace(e, prompt=None) for e in load_examples(folder / f"{split}.parquet")]

@@ -5,10 +5,11 @@ sized by a token budget. Each micro-batch's loss is weighted so the accumulated
 gradient equals the gradient of the mini-batch loss under the chosen aggregation
 (token-mean: policy tokens of the micro-batch / policy tokens of the mini-batch).
 
-    loss = -J_PPO (token / turn ratio)  +  kl_coef * KL_k3(pi || pi_ref)  -  entropy_coef * H  [+ value loss]
+    loss = policy loss (``algo.spec.policy_loss`` at its ratio level)  +  kl_coef * KL(pi || pi_ref)
+           -  entropy_coef * H  [+ value loss when the spec has a critic]
 
-SORL (so_ppo / so_grpo, or any algorithm with ``algo.sorl_normalize: true``): the
-clipping-bias gradient C is accumulated beside the gradient (``stratarl.algos.ClipBiasNormalizer``) and the policy gradient is
+With a gradient normaliser (``algo.spec.normalizer``; ``sorl`` for so_ppo / so_grpo, or
+``algo.sorl_normalize: true`` on any preset), SORL's clipping-bias gradient C is accumulated beside the gradient (``stratarl.algos.ClipBiasNormalizer``) and the policy gradient is
 scaled by 1 / max(||C||, delta) (``algo.sorl_delta_rule``: fixed delta, or a scale-free floor relative to the
 running policy-gradient norm) before gradient-norm clipping (``algo.sorl_order: before_clip``, the default) or
 after it (``after_clip``), then the optimizer steps (``optim.name``: AdamW, or SGD as a control).
@@ -17,6 +18,7 @@ Observation tokens have response_mask 0 and never enter any term.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import defaultdict
 from contextlib import nullcontext
@@ -25,11 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from stratarl.algos.losses import aggregate_loss, clipped_value_loss, kl_penalty
-from stratarl.algos.registry import get_policy_loss
-from stratarl.algos.sorl import ClipBiasNormalizer
+from stratarl.algos.registry import GradNormalizer, get_grad_normalizer, get_policy_loss
 from stratarl.trainer.batch import RolloutBatch, micro_batches, mini_batch_rows
 from stratarl.trainer.config import Config
-from stratarl.trainer.critic import ValueHead, response_values
+from stratarl.trainer.critic import ValueHead, hidden_size_of, response_values
 from stratarl.trainer.logprobs import response_logprobs
 
 
@@ -42,7 +43,7 @@ class Learner:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     ref_model: torch.nn.Module | None = None
     value_head: ValueHead | None = None
-    normalizer: ClipBiasNormalizer | None = None
+    normalizer: GradNormalizer | None = None
     use_adapter_as_ref: bool = False
 
     def policy_parameters(self) -> list[torch.nn.Parameter]:
@@ -75,12 +76,10 @@ def make_optimizer(groups: list[dict], cfg: Config) -> torch.optim.Optimizer:
 
 
 def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: int) -> Learner:
-    """Optimizer (AdamW; the value head gets ``algo.critic_lr``), scheduler, reference model, SORL normaliser."""
-    import copy
-
-    from stratarl.trainer.critic import hidden_size_of
-
-    value_head = ValueHead(hidden_size_of(model)).to(next(model.parameters()).device) if cfg.algo.uses_critic else None
+    """Optimizer (``optim.name``; the value head gets ``algo.critic_lr``), scheduler, reference model, and the
+    spec's critic and gradient normaliser."""
+    spec = cfg.algo.spec
+    value_head = ValueHead(hidden_size_of(model)).to(next(model.parameters()).device) if spec.uses_critic else None
     policy_params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": policy_params, "lr": cfg.optim.lr}]
     if value_head is not None:
@@ -96,10 +95,9 @@ def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: in
             ref_model = copy.deepcopy(model).eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
-    # ``algo.sorl_normalize`` (default: on exactly for so_*) decides the normalisation, independently of
-    # ``algo.turn_level_ratio``: the two SORL ablations switch one of them off.
-    normalizer = (ClipBiasNormalizer(policy_params, delta=cfg.algo.sorl_delta, rule=cfg.algo.sorl_delta_rule,
-                                     ema=cfg.algo.sorl_delta_ema) if cfg.algo.use_sorl_normalize else None)
+    # The normaliser is its own part, independent of the ratio level: the two SORL ablations switch one off.
+    normalizer = (get_grad_normalizer(spec.normalizer)(policy_params, **spec.normalizer_params)
+                  if spec.uses_normalizer else None)
     return Learner(model, optimizer, scheduler, ref_model, value_head, normalizer, adapter_ref)
 
 
@@ -139,6 +137,12 @@ def score_batch(learner: Learner, batch: RolloutBatch, cfg: Config) -> RolloutBa
     return batch
 
 
+def norm_length(cfg: Config) -> int | None:
+    """The constant L of ``seq-mean-token-sum-norm``: ``rollout.max_total_tokens``, the same for every micro-batch
+    (so micro-batching cannot change the loss); None for the other aggregations."""
+    return cfg.rollout.max_total_tokens if cfg.algo.loss_agg == "seq-mean-token-sum-norm" else None
+
+
 def _agg_units(mask: torch.Tensor, agg: str) -> float:
     """How much of an aggregate a set of rows accounts for (tokens for token-mean, rows otherwise)."""
     if agg == "token-mean":
@@ -150,29 +154,31 @@ def _agg_units(mask: torch.Tensor, agg: str) -> float:
 
 def micro_batch_loss(learner: Learner, mb: RolloutBatch, cfg: Config) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
     """Loss terms of one micro-batch: (policy loss incl. KL / entropy / value, clip-bias objective, metrics)."""
-    algo = cfg.algo
+    algo, spec = cfg.algo, cfg.algo.spec
     need_hidden = learner.value_head is not None
     out = response_logprobs(learner.model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_mask,
                             chunk_tokens=cfg.trainer.logprob_chunk_tokens, temperature=cfg.rollout.temperature,
                             with_entropy=True, return_hidden=need_hidden)
     logprobs, mask = out["logprobs"], mb.response_mask
-    policy_loss = get_policy_loss("sorl" if algo.use_turn_ratio else "ppo")
-    level = "turn" if algo.use_turn_ratio else "token"
-    pl = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mask, level=level, clip_low=algo.clip_low,
-                     clip_high=algo.clip_high, agg=algo.loss_agg)
+    length = norm_length(cfg)
+    extra = {} if length is None else {"norm_length": length}
+    pl = get_policy_loss(spec.policy_loss)(logprobs, mb.old_logprobs, mb.advantages, mask, **spec.policy_loss_params,
+                                           **extra)
     loss = pl.loss
     metrics = {"loss/policy": pl.loss.detach(), **{k: v for k, v in pl.metrics.items() if k != "loss/pg_loss"}}
-    entropy = aggregate_loss(out["entropy"], mask, algo.loss_agg)
+    entropy = aggregate_loss(out["entropy"], mask, algo.loss_agg, norm_length=length)
     metrics["loss/entropy"] = entropy.detach()
     if algo.entropy_coef:
         loss = loss - algo.entropy_coef * entropy
     if mb.ref_logprobs is not None:
-        kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, mask, algo.kl_estimator), mask, algo.loss_agg)
+        kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, mask, algo.kl_estimator), mask, algo.loss_agg,
+                            norm_length=length)
         metrics["loss/kl"] = kl.detach()
         loss = loss + algo.kl_coef * kl
     if learner.value_head is not None:
         values = response_values(learner.value_head, out["hidden"], mask, detach=algo.critic_detach)
-        vloss, vmetrics = clipped_value_loss(values, mb.old_values, mb.returns, mask, clip=algo.value_clip, agg=algo.loss_agg)
+        vloss, vmetrics = clipped_value_loss(values, mb.old_values, mb.returns, mask, clip=algo.value_clip,
+                                             agg=algo.loss_agg, norm_length=length)
         metrics.update(vmetrics)
         metrics["loss/value"] = vloss.detach()
         loss = loss + vloss
@@ -204,12 +210,22 @@ def accumulate_gradients(learner: Learner, mini: RolloutBatch, cfg: Config) -> d
     return dict(sums)
 
 
+def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+
+
 def optimizer_step(learner: Learner, mini: RolloutBatch, cfg: Config) -> dict[str, float]:
     """One optimizer step on a mini-batch: accumulate, SORL-normalise and clip (in ``algo.sorl_order``), step.
 
     ``optim/grad_norm`` is the norm clipping saw: after the SORL factor with `before_clip`, before it with
-    `after_clip`."""
+    `after_clip`. ``sorl/effective_scale`` is ||gradient the optimizer got|| / ||policy gradient before SORL
+    and clipping||: ``sorl/scale`` when clipping did not act, the clip factor when `before_clip` clipping
+    undid SORL's factor (it does unless ||C|| > max(delta, ||grad||))."""
     sums = accumulate_gradients(learner, mini, cfg)
+    raw_norm = float(_grad_norm(learner.policy_parameters())) if learner.normalizer is not None else 0.0
     normalize_first = learner.normalizer is not None and cfg.algo.sorl_order == "before_clip"
     if normalize_first:
         sums.update({k: float(v) for k, v in learner.normalizer.apply().items()})
@@ -219,6 +235,10 @@ def optimizer_step(learner: Learner, mini: RolloutBatch, cfg: Config) -> dict[st
     if learner.normalizer is not None and not normalize_first:
         # after_clip: the factor acts on the clipped gradient, so clipping cannot undo it.
         sums.update({k: float(v) for k, v in learner.normalizer.apply().items()})
+    if learner.normalizer is not None:
+        # What reached the optimizer relative to the raw policy gradient: the SORL factor times whatever
+        # clipping did. With before_clip it shows when clipping undid the factor (it then equals the clip factor).
+        sums["sorl/effective_scale"] = float(_grad_norm(params)) / raw_norm if raw_norm > 0 else 1.0
     if learner.value_head is not None:
         torch.nn.utils.clip_grad_norm_(learner.value_head.parameters(), clip)
     sums["optim/skipped_steps"] = 0.0

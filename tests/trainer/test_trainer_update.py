@@ -41,18 +41,24 @@ def _grads(model):
     return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
-def test_micro_batching_does_not_change_the_gradient(tiny_model, agg):
+def _by_micro_batch_budget(tiny_model, *overrides):
+    """[(gradients, metrics, batch)] of one accumulation with one micro-batch, then with one row at a time."""
     model = copy.deepcopy(tiny_model)
     results = []
     for budget in (10_000, 12):  # one micro-batch vs one row at a time
-        cfg = _cfg(f"trainer.micro_batch_tokens={budget}", f"algo.loss_agg={agg}", "algo.entropy_coef=0.01")
+        cfg = _cfg(f"trainer.micro_batch_tokens={budget}", "algo.entropy_coef=0.01", *overrides)
         learner = build_learner(model, cfg, total_optimizer_steps=1)
         batch = score_batch(learner, _batch(), cfg)
         batch.old_logprobs = batch.old_logprobs - 0.05  # off-policy: ratios != 1, some clipped
         model.zero_grad(set_to_none=True)
         metrics = accumulate_gradients(learner, batch, cfg)
-        results.append((_grads(model), metrics))
+        results.append((_grads(model), metrics, batch))
+    return results
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batching_does_not_change_the_gradient(tiny_model, agg):
+    results = _by_micro_batch_budget(tiny_model, f"algo.loss_agg={agg}")
     for a, b in zip(results[0][0], results[1][0]):
         torch.testing.assert_close(a, b)
     assert any(g.abs().sum() > 0 for g in results[0][0])
@@ -166,3 +172,23 @@ def test_small_policies_run_their_step_on_one_thread():
             assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_seq_mean_token_sum_norm_uses_one_constant_length_so_micro_batching_does_not_change_the_gradient(tiny_model):
+    """Dr.GRPO's aggregation divides each rollout's token sum by L = rollout.max_total_tokens, not by a
+    micro-batch's padded length: one micro-batch and one row at a time give the same gradient, and the policy
+    loss is the hand-computed Σ_rows Σ_t / (B · L) of the same per-token terms."""
+    from stratarl.algos import clipped_policy_loss
+    from stratarl.trainer.update import norm_length
+
+    overrides = ("algo.loss_agg=seq-mean-token-sum-norm", "rollout.max_total_tokens=300")
+    assert norm_length(_cfg(*overrides)) == 300
+    results = _by_micro_batch_budget(tiny_model, *overrides)
+    for a, b in zip(results[0][0], results[1][0]):
+        torch.testing.assert_close(a, b)
+    assert any(g.abs().sum() > 0 for g in results[0][0])
+    batch = results[0][2]
+    # The same policy loss by hand: the token-level PPO terms summed per row, over B rows and L = 300.
+    seq_sum = clipped_policy_loss(batch.old_logprobs + 0.05, batch.old_logprobs, batch.advantages,
+                                     batch.response_mask, agg="seq-mean-token-sum", norm_length=None).loss
+    torch.testing.assert_close(torch.tensor(results[0][1]["loss/policy"]), seq_sum / 300, rtol=1e-4, atol=1e-7)

@@ -3,7 +3,10 @@
 veRL calls a registered estimator as ``fn(token_level_rewards, response_mask, index, config=...)``
 with no per-sample metadata (COMPATIBILITY.md), so the stratum key is recovered from the mask:
 the number of tool observations of a rollout is the number of runs of 0s between two runs of 1s
-(:func:`stratarl.algos.search_counts`). Groups are veRL's ``uid`` (a fresh uuid per prompt),
+(:func:`stratarl.algos.search_counts`). That is the native trainer's ``algo.stratum_key:
+observation_blocks``, not its default ``num_searches`` (retriever calls run): the two differ on a
+rollout with invalid-action feedback (an observation block without a search) or one cut right after
+a search result (a trailing observation the mask cannot tell from padding). Groups are veRL's ``uid`` (a fresh uuid per prompt),
 never ``extra_info.index``. The math is :func:`stratarl.algos.stratified_advantages`.
 
 Settings come from veRL's ``algorithm`` config (a DictConfig or an ``AlgoConfig``):

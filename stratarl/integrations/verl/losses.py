@@ -136,7 +136,9 @@ def turn_level_loss(
     )
     m = out.metrics
     metrics = {
-        "actor/pg_clipfrac": float(m["loss/clip_frac"]),
+        # veRL's ``vanilla`` counts the ε-clipped tokens here and the dual-clipped ones only under
+        # pg_clipfrac_lower; the three kinds are disjoint, so low + high is veRL's pg_clipfrac.
+        "actor/pg_clipfrac": float(m["loss/clip_frac_low"] + m["loss/clip_frac_high"]),
         "actor/ppo_kl": float(m["loss/approx_kl"]),
         "actor/pg_clipfrac_lower": float(m["loss/clip_frac_dual"]),
         "actor/turn_clipfrac": float(m["loss/clip_frac_turn"]),

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Sequence
 
 from stratarl.retrieval.base import Retriever
+from stratarl.retrieval.remote import RemoteRetriever
 from stratarl.rollout.parsing import format_documents
 
 DEFAULT_URL = "http://127.0.0.1:8000/retrieve"
@@ -44,8 +45,6 @@ def default_retriever() -> Retriever:
     global _retriever
     with _lock:
         if _retriever is None:
-            from stratarl.retrieval.remote import RemoteRetriever
-
             _retriever = RemoteRetriever(
                 os.environ.get("STRATARL_RETRIEVER_URL", DEFAULT_URL),
                 timeout_s=float(_env_int("STRATARL_RETRIEVER_TIMEOUT_S", 30)),

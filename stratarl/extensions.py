@@ -1,0 +1,95 @@
+"""Users' own parts: modules that register estimators, losses or normalisers, loaded before the config.
+
+A module named on the command line (``stratarl train cfg.yaml --import my_parts.py algo.advantage=rloo``;
+``--import`` may appear anywhere on the line and be repeated) or in the ``STRATARL_IMPORT`` environment
+variable (entries separated by ``os.pathsep``, as veRL's ``VERL_USE_EXTERNAL_MODULES``) is imported before
+the config is read, so whatever it registers with ``stratarl.algos.register_advantage`` /
+``register_policy_loss`` / ``register_grad_normalizer`` is a valid name in ``algo.*``. An entry is a path to
+a ``.py`` file or a dotted module name on ``sys.path``. Each file is loaded once per process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+ENV_VAR = "STRATARL_IMPORT"
+FLAG = "--import"
+
+
+class ExtensionError(ValueError):
+    """A module named by ``--import`` / ``STRATARL_IMPORT`` cannot be loaded; the message says which and why."""
+
+
+def split_import_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(modules, the other arguments)`` from a command line holding ``--import X`` / ``--import=X`` anywhere."""
+    modules: list[str] = []
+    rest: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == FLAG:
+            if i + 1 >= len(args):
+                raise ExtensionError(f"{FLAG} needs a value. Fix: write `{FLAG} my_parts.py` or `{FLAG} my_package.parts`.")
+            modules.append(args[i + 1])
+            i += 2
+            continue
+        if arg.startswith(FLAG + "="):
+            modules.append(arg[len(FLAG) + 1:])
+        else:
+            rest.append(arg)
+        i += 1
+    return modules, rest
+
+
+def env_imports(environ: dict | None = None) -> list[str]:
+    """The entries of ``STRATARL_IMPORT`` (empty entries skipped)."""
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    return [entry.strip() for entry in value.split(os.pathsep) if entry.strip()]
+
+
+def _load_file(path: Path) -> ModuleType:
+    path = path.resolve()
+    for module in list(sys.modules.values()):
+        if getattr(module, "__file__", None) and Path(module.__file__).resolve() == path:
+            return module  # already loaded: registering its parts twice would be refused
+    name = path.stem
+    if name in sys.modules:
+        name = f"stratarl_import_{path.stem}_{abs(hash(str(path))):x}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ExtensionError(f"{FLAG} {path}: not a loadable Python file. Fix: pass a .py file or a dotted module name.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def load_extension(entry: str) -> ModuleType:
+    """Import one ``--import`` entry: a ``.py`` path or a dotted module name."""
+    path = Path(entry)
+    if entry.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise ExtensionError(f"{FLAG} {entry}: file not found. Fix: give the path of your module "
+                                 "(relative paths start at the current directory).")
+        return _load_file(path)
+    try:
+        return importlib.import_module(entry)
+    except ModuleNotFoundError as error:
+        raise ExtensionError(f"{FLAG} {entry}: no module named {error.name!r}. Fix: pass a .py path, or put the "
+                             "module's folder on PYTHONPATH.") from None
+
+
+def load_extensions(entries: Sequence[str]) -> list[ModuleType]:
+    """Import every entry in order (see :func:`load_extension`)."""
+    return [load_extension(entry) for entry in entries]
