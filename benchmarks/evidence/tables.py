@@ -36,6 +36,7 @@ from stratarl.trainer.stats import (  # noqa: E402
 
 DOCS = HERE.parents[1] / "docs" / "results"
 SMOOTH = 11  # steps in the centered moving mean of the figures
+PLOT_EVERY = 5  # plot every 5th step of the smoothed curve
 
 
 def _mean(values) -> float | None:
@@ -175,9 +176,11 @@ def figure(exp: dict, condition: str, arms: dict[str, dict[int, dict]], path: Pa
             continue
         runs = list(arms[arm].values())
         mean, low, high = _band([rolling_band(_reward(r), SMOOTH, centered=True)[0] for r in runs])
-        line = axes[0][0].plot(range(1, len(mean) + 1), mean, label=f"{arm} (n={len(runs)})", lw=1.2)[0]
+        xs = list(range(1, len(mean) + 1))[::PLOT_EVERY]  # every few steps of the smoothed curve: a small file
+        mean, low, high = mean[::PLOT_EVERY], low[::PLOT_EVERY], high[::PLOT_EVERY]
+        line = axes[0][0].plot(xs, mean, label=f"{arm} (n={len(runs)})", lw=1.2)[0]
         if len(runs) > 1:
-            axes[0][0].fill_between(range(1, len(mean) + 1), low, high, color=line.get_color(), alpha=0.15)
+            axes[0][0].fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
         for ax, key in zip(axes[0][1:], extra):
             curves = [r["binned"]["metrics"].get(key) for r in runs]
             curves = [[v for v in c if v is not None] for c in curves if c]
@@ -199,8 +202,13 @@ def figure(exp: dict, condition: str, arms: dict[str, dict[int, dict]], path: Pa
     fig.suptitle(f"{exp['name']} / {condition}: mean ± 95% CI over seeds")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=70)
     plt.close(fig)
+    from PIL import Image  # matplotlib's own dependency
+
+    with Image.open(path) as image:  # a 64-colour palette: a few tens of KB to commit instead of ~200
+        quantized = image.convert("RGB").quantize(64)
+    quantized.save(path, optimize=True)
 
 
 def render(exp: dict, tables: list[dict], figures: dict[str, str], counts: dict[str, int]) -> str:
