@@ -58,7 +58,7 @@ def _reward(run: dict) -> list[float]:
 
 def _collapsed(run: dict) -> float:
     reward = _reward(run)
-    return float(collapse_step(list(range(1, len(reward) + 1)), reward) is not None)
+    return float(collapse_step(list(range(1, len(reward) + 1)), reward)["step"] is not None)
 
 
 # name -> (description, function of one run summary); the experiment YAML's `metrics` picks from these.

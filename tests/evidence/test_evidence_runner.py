@@ -104,3 +104,22 @@ def test_lab_experiments_write_summaries_that_regenerate_the_tables(tmp_path):
     assert rerun.stdout.count("[skip (summary)]") == 2, rerun.stdout + rerun.stderr
     assert "2 already summarised" in rerun.stdout and "0 to run after 0 warm start(s)" in rerun.stdout
     assert not (tmp_path / "elsewhere" / "warmstart").exists()
+
+
+def test_table_metrics_of_a_run_summary():
+    """The tables' per-run metrics on hand-made summaries: a steady run has not collapsed, one whose reward
+    falls from 0.6 to 0 has; windows and eval fields are read as documented."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evidence_tables", TABLES)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    steady = {"per_step": {"reward/mean": [0.6, 0.4, 0.7, 0.5] * 50}, "eval": {"after": {"em": 0.8}, "before": {"em": 0.3}},
+              "binned": {"bin_steps": 10, "metrics": {"sorl/engaged": [0.0, 0.5, 1.0]}}}
+    falling = {"per_step": {"reward/mean": [0.6] * 100 + [0.0] * 100}, "eval": {}, "binned": {"metrics": {}}}
+    metric = {name: fn for name, (_, fn) in tables.METRICS.items()}
+    assert metric["collapsed"](steady) == 0.0 and metric["collapsed"](falling) == 1.0
+    assert math.isclose(metric["reward_1_100"](falling), 0.6) and metric["reward_last_50"](falling) == 0.0
+    assert math.isclose(metric["reward_all"](steady), 0.55)
+    assert math.isclose(metric["em_gain"](steady), 0.5) and metric["em_after"](falling) is None
+    assert metric["engaged"](steady) == 0.5 and metric["c_norm"](steady) is None
