@@ -307,11 +307,9 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
     """The committed summary of a finished run: identity, per-step headline curves, binned diagnostics,
     every held-out eval (before, step_N, after)."""
     d = spec.run_dir
-    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    train = {}
-    for row in rows:
-        if "reward/mean" in row:
-            train[int(row["step"])] = row  # a step logged twice (a resumed step) counts once, the last
+    from stratarl.trainer.aggregate import train_rows  # here, not at the top: the plan needs no torch
+
+    train = {int(row["step"]): row for row in train_rows(d)}  # a resumed step counts once, its last row
     steps = sorted(train)
     per_step = {k: [_round(train[s][k]) if k in train[s] else None for s in steps] for k in PER_STEP_KEYS}
     binned = {}

@@ -26,6 +26,7 @@ sys.path.insert(0, str(HERE))
 from run import RESULTS, load_experiment  # noqa: E402  (the runner's own experiment loader)
 
 from stratarl.trainer.stats import (  # noqa: E402
+    Interval,
     collapse_step,
     detectable_difference,
     excludes_zero,
@@ -93,15 +94,11 @@ def load_runs(exp: dict, results: Path) -> dict[str, dict[str, dict[int, dict]]]
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:+.{digits}f}" if x < 0 else f"{x:.{digits}f}"
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
-def _interval(iv: dict, digits: int = 3) -> str:
-    if iv.get("mean") is None:
-        return "-"
-    if iv.get("half_width") is None:
-        return f"{iv['mean']:.{digits}f} (n={iv['n']})"
-    return f"{iv['mean']:.{digits}f} ± {iv['half_width']:.{digits}f}"
+def _interval(iv: dict) -> str:
+    return Interval(**iv).format()
 
 
 def _diff(d: dict, digits: int = 3) -> str:

@@ -227,10 +227,3 @@ def test_optimizer_choice_is_validated():
         _cfg("algo.sorl_delta_rule=relative")
     with pytest.raises(ConfigError, match="optim.momentum"):
         _cfg("optim.momentum=1.0")
-
-
-def test_config_lists_the_delta_rules_the_normaliser_implements():
-    from stratarl.algos import DELTA_RULES
-    from stratarl.trainer.config import SORL_DELTA_RULES
-
-    assert SORL_DELTA_RULES == DELTA_RULES
