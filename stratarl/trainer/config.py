@@ -386,12 +386,10 @@ class TrainerConfig:
     retrieval stays on the CPU; the `kv_cache` backend uses the generic KV-cache loop (docs/training.md, One GPU)."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """Forward passes in fp32, or under bf16 autocast (fp32 master weights, optimizer state and log-probs);
-    `auto`: bf16 on a CUDA GPU that supports it, fp32 on a CPU (stratarl.trainer.precision)."""
+    `auto`: bf16 on a CUDA GPU that supports it, fp32 on a CPU (stratarl.trainer.precision). No fp16: it would
+    need loss scaling."""
 
     def validate(self, p: str) -> None:
-        if self.precision in ("fp16", "float16", "half"):
-            _fail(f"{p}.precision", self.precision, "fp16 would need loss scaling, which the trainer does not do",
-                  "use bf16 (same speed on recent GPUs, no scaling needed) or fp32")
         check_choices(self, p)
         for key in ("steps", "prompts_per_step", "epochs", "mini_batches", "micro_batch_tokens", "logprob_chunk_tokens", "keep_last"):
             if getattr(self, key) < 1:
