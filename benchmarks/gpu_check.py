@@ -1,6 +1,6 @@
 """One-GPU check: what the single-GPU path of `stratarl train` does on one device, in one run.
 
-    python benchmarks/gpu_check.py --device cuda --size full --out gpu_check.json     # <= 5 minutes on one H200
+    python benchmarks/gpu_check.py --device cuda --size full --out gpu_check.json     # sized for < 5 min on one H200
     python benchmarks/gpu_check.py --device cpu --size full --sections lab            # the lab's CPU reference
     python benchmarks/gpu_check.py --device cpu --size tiny                           # the test's run (< 1 minute)
 
@@ -218,6 +218,7 @@ def lab_section(args, device: torch.device, work: Path) -> dict:
             "steps_per_s": steps / seconds, "seconds": seconds, "retriever": retriever, "task": task_source,
             "init_from": args.init_from, "eval_questions": len(examples), "eval_em": float(em),
             "last_step_reward_mean": float(last.get("reward/mean", float("nan"))),
+            "last_step_clip_frac_first_step": float(last.get("loss/clip_frac_first_step", float("nan"))),
             "cpu_reference_command": reference}
 
 

@@ -229,6 +229,27 @@ def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close
         assert float((g16 - g32).abs().max()) <= 0.05 * scale, name
 
 
+@pytest.mark.parametrize("algo", sorted(__import__("stratarl.algos.presets", fromlist=["PRESETS"]).PRESETS))
+def test_every_preset_scores_and_updates_under_bf16(algo):
+    from stratarl.trainer.rl import compute_advantages
+    from stratarl.trainer.update import build_learner, score_batch, update_policy
+
+    cfg = load_config(TINY, [f"algo.name={algo}", "algo.kl_coef=0.01", "trainer.precision=bf16",
+                             "trainer.epochs=1", "trainer.mini_batches=1"])
+    model = _tiny_llama()
+    learner = build_learner(model, cfg, total_optimizer_steps=1)
+    batch = _batch()
+    score_batch(learner, batch, cfg)
+    compute_advantages(cfg, batch, [1.0, 0.0, 0.5], [0, 0, 1], [0, 1, 0])
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = update_policy(learner, batch, cfg, torch.Generator().manual_seed(0))
+    assert math.isfinite(metrics["loss/policy"]) and metrics["optim/skipped_steps"] == 0.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    check_placement(model, "cpu", learner.value_head, learner.ref_model)  # still fp32 master weights
+    if learner.value_head is not None:
+        assert math.isfinite(metrics["loss/value"])
+
+
 def test_sft_step_under_bf16_gives_fp32_gradients_close_to_fp32():
     from stratarl.trainer.demos import Demonstration
     from stratarl.trainer.sft import sft_step
