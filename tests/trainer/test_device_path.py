@@ -66,6 +66,20 @@ def test_bf16_on_a_cpu_and_cuda_N_are_accepted_by_the_config():
     assert (cfg.trainer.precision, cfg.trainer.device) == ("bf16", "cuda:1")
 
 
+def test_check_device_refuses_a_missing_gpu_and_an_index_past_the_visible_ones(monkeypatch):
+    from stratarl.trainer.setup import check_device
+
+    check_device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"trainer.device.*Fix: set trainer.device=cpu"):
+        check_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    check_device("cuda:0")
+    with pytest.raises(ConfigError, match=r"'cuda:1': only 1 CUDA GPU\(s\) are visible.*trainer.device=cuda:0"):
+        check_device("cuda:1")
+
+
 def test_cuda_never_takes_the_cpu_fast_decoder():
     cuda, cpu = DevicePolicy(torch.device("cuda"), "bf16"), DevicePolicy(torch.device("cpu"), "fp32")
     assert cuda.fast_decode("kv_cache") is False and cuda.fast_decode("kv_cache_generic") is False
