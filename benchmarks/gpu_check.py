@@ -421,7 +421,7 @@ def _print(results: dict) -> None:
     if up:
         print(f"[update] {up['rows']} rows x ({up['prompt_tokens']} prompt + {up['response_tokens']} response) tokens: "
               f"{up['seconds_per_step'] * 1e3:.1f} ms/step, {up['tokens_per_s']:.0f} tokens/s")
-        print(f"[update] MFU {100 * up['mfu']:.1f}% = {up['achieved_flops_per_s'] / 1e12:.3f} TFLOP/s of a measured "
+        print(f"[update] MFU {100 * up['mfu']:.3g}% = {up['achieved_flops_per_s'] / 1e12:.3f} TFLOP/s of a measured "
               f"{up['peak_dtype']} matmul peak {up['peak_matmul_flops_per_s'] / 1e12:.3f} TFLOP/s"
               + ("" if up["mfu_valid"] else "  <- outside (0, 100%]: a measurement bug"))
         print(f"[update] FLOPs: {up['formula']}")
