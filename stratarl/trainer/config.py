@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -381,7 +382,12 @@ class TrainerConfig:
     num_threads: int = 0
     """torch intra-op threads; 0 = os.cpu_count()."""
     device: str = "cpu"
-    """cpu or cuda."""
+    """cpu, cuda or cuda:N. On CUDA the policy, value head, reference model and batches live on the GPU;
+    retrieval stays on the CPU; the `kv_cache` backend uses the generic KV-cache loop (docs/training.md, One GPU)."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Forward passes in fp32, or under bf16 autocast (fp32 master weights, optimizer state and log-probs);
+    `auto`: bf16 on a CUDA GPU that supports it, fp32 on a CPU (stratarl.trainer.precision). No fp16: it would
+    need loss scaling."""
 
     def validate(self, p: str) -> None:
         check_choices(self, p)
@@ -391,8 +397,8 @@ class TrainerConfig:
         for key in ("save_every", "eval_every", "num_threads"):
             if getattr(self, key) < 0:
                 _fail(f"{p}.{key}", getattr(self, key), "must be >= 0", "use 0 to disable")
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
-            _fail(f"{p}.device", self.device, "unknown device", "use cpu or cuda")
+        if not (self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device)):
+            _fail(f"{p}.device", self.device, "unknown device", "use cpu, cuda or cuda:N (e.g. cuda:0)")
 
 
 @dataclass

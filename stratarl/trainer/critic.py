@@ -29,7 +29,9 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.linear(hidden.float()).squeeze(-1)
+        # fp32 even inside a bf16 autocast region (values and their loss stay fp32).
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            return self.linear(hidden.float()).squeeze(-1)
 
 
 def response_values(head: ValueHead, hidden: torch.Tensor, response_mask: torch.Tensor, *, detach: bool = True) -> torch.Tensor:

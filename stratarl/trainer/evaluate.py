@@ -84,7 +84,7 @@ def _evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Con
     ``per_question`` has one record per question in ``examples`` order (see :func:`question_record`).
     ``transcripts`` are those of the first ``num_transcripts`` questions, each with its ``example_id``."""
     timed = retriever if isinstance(retriever, TimedRetriever) else TimedRetriever(retriever)
-    generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=0)
+    generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=0, precision=cfg.trainer.precision)
     start = time.perf_counter()
     cfg = collection_config(cfg)
     scores, sources, types, transcripts, per_question = [], [], [], [], []

@@ -49,6 +49,7 @@ from stratarl.trainer.rollouts import (
 )
 from stratarl.trainer.setup import SINGLE_THREAD_MAX_PARAMS, step_threads  # noqa: F401 (re-exported)
 from stratarl.trainer.setup import TimedRetriever, build_task_retriever, limit_per_source, load_policy, load_task
+from stratarl.trainer.precision import check_placement, policy_of
 from stratarl.trainer.update import build_learner, score_batch
 
 def compute_advantages(cfg: Config, batch, rewards: list[float], group_ids: list[int], strata: list[int]) -> None:
@@ -247,6 +248,7 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None) -> Ru
     reward_function(cfg.algo.reward)  # a config-named function that cannot load fails before any work
     if cfg.algo.stratum_key != "random":
         stratum_function(cfg.algo.stratum_key, cfg.algo.stratum_cap)
+    policy_of(cfg.trainer)  # bf16 on a GPU without it fails here, before any work
     torch.manual_seed(cfg.trainer.seed)
     task = load_task(cfg)
     retriever = TimedRetriever(build_task_retriever(cfg, task), budget_s=cfg.retrieval.step_budget_s)
@@ -254,7 +256,9 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None) -> Ru
     model, tokenizer = load_policy(model_cfg, seed=cfg.trainer.seed, device=cfg.trainer.device, task=task)
     total_optimizer_steps = cfg.trainer.steps * cfg.trainer.epochs * cfg.trainer.mini_batches
     learner = build_learner(model, cfg, total_optimizer_steps)
-    generator = rollouts_module.make_generator(model, tokenizer, cfg.rollout.backend, seed=cfg.trainer.seed)
+    check_placement(model, cfg.trainer.device, learner.value_head, learner.ref_model)
+    generator = rollouts_module.make_generator(model, tokenizer, cfg.rollout.backend, seed=cfg.trainer.seed,
+                                               precision=cfg.trainer.precision)
     logger = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
                            wandb_project=cfg.logging.wandb_project, config=cfg.to_dict())
     return RunState(cfg=cfg, run_dir=run_dir, model=model, tokenizer=tokenizer, task=task, retriever=retriever,

@@ -25,6 +25,7 @@ from stratarl.rollout.transcript import rollout_metrics as engine_rollout_metric
 from stratarl.rollout.transcript import transcript as engine_transcript
 from stratarl.trainer.callables import resolve_callable
 from stratarl.trainer.config import Config
+from stratarl.trainer.precision import AutocastGenerator, policy_for_model
 from stratarl.trainer.setup import TimedRetriever
 
 
@@ -42,10 +43,15 @@ class CollectedBatch:
     retrieval_s: float
 
 
-def make_generator(model, tokenizer, backend: str, seed: int):
+def make_generator(model, tokenizer, backend: str, seed: int, precision: str = "auto"):
+    """The ``rollout.backend`` generator for ``model`` on its device: on CUDA `kv_cache` is the generic
+    KV-cache loop (``DevicePolicy.fast_decode``), and with bf16 every ``generate`` runs under autocast."""
+    policy = policy_for_model(model, precision)
     if backend == "hf":
-        return HFGenerator(model, tokenizer, seed=seed)
-    return KVCacheGenerator(model, tokenizer, seed=seed, fast=False if backend == "kv_cache_generic" else None)
+        generator = HFGenerator(model, tokenizer, seed=seed)
+    else:
+        generator = KVCacheGenerator(model, tokenizer, seed=seed, fast=policy.fast_decode(backend))
+    return AutocastGenerator(generator, policy) if policy.autocast_dtype is not None else generator
 
 
 def engine_config(cfg: Config, *, greedy: bool):

@@ -46,6 +46,11 @@ def check_device(device: str) -> None:
         why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
         raise ConfigError(f"config field `trainer.device` = {device!r}: {why}. Fix: set trainer.device=cpu, or "
                           "install a CUDA build of torch on a machine with a GPU.")
+    index = torch.device(device).index if device.startswith("cuda") else None
+    if index is not None and index >= torch.cuda.device_count():
+        raise ConfigError(f"config field `trainer.device` = {device!r}: only {torch.cuda.device_count()} CUDA GPU(s) "
+                          f"are visible (cuda:0 to cuda:{torch.cuda.device_count() - 1}). Fix: set trainer.device=cuda:0, "
+                          "or check CUDA_VISIBLE_DEVICES.")
 
 
 def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", trainable: bool = True,

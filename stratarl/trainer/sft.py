@@ -34,12 +34,13 @@ from stratarl.trainer.batch import collate_sequences, micro_batches
 from stratarl.trainer.demos import Demonstration, render_demonstrations, render_reading_examples
 from stratarl.trainer.logprobs import response_logprobs
 from stratarl.trainer.metrics import MetricsLogger
+from stratarl.trainer.precision import policy_for_model
 from stratarl.trainer.setup import build_task_retriever, load_policy, load_task, save_pretrained_model, step_threads
 from stratarl.trainer.update import lr_multiplier
 
 
 def sft_step(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int, *, micro_batch_tokens: int,
-             chunk_tokens: int, observation_weight: float = 0.0) -> dict[str, float]:
+             chunk_tokens: int, observation_weight: float = 0.0, precision: str = "auto") -> dict[str, float]:
     """Accumulate the gradient of the token-mean NLL over ``demos`` (one optimizer step's worth).
 
     Each micro-batch's summed NLL is divided by the policy-token count of the whole step, so
@@ -49,7 +50,10 @@ def sft_step(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int
         L = - sum_t m_t log pi(y_t | y_<t) / sum_t m_t,   m_t = 1 on policy tokens, w on observation tokens
 
     Returns the loss (policy tokens only, comparable across w), the weighted loss and token counts.
+    ``precision`` (``trainer.precision``): the forward passes run under bf16 autocast with `bf16` (and
+    `auto` on a CUDA GPU); stratarl.trainer.precision.
     """
+    autocast = policy_for_model(model, precision).autocast
     batch = collate_sequences([d.prompt_ids for d in demos], [d.response_ids for d in demos],
                               [d.response_mask for d in demos], pad_id).to(next(model.parameters()).device)
     total = batch.num_policy_tokens
@@ -65,8 +69,9 @@ def sft_step(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int
     for rows in micro_batches(batch.row_lengths(), micro_batch_tokens):
         mb = batch.select(rows)
         weights = token_weights(mb)
-        out = response_logprobs(model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, (weights > 0).float(),
-                                chunk_tokens=chunk_tokens)
+        with autocast():
+            out = response_logprobs(model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, (weights > 0).float(),
+                                    chunk_tokens=chunk_tokens)
         nll = -(out["logprobs"] * weights).sum() / weight_total
         nll.backward()
         weighted_sum += float(nll.detach())
@@ -100,7 +105,7 @@ def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_
             batch_size: int, seed: int, micro_batch_tokens: int, chunk_tokens: int, grad_clip: float = 1.0,
             warmup_fraction: float = 0.05, schedule: str = "constant", observation_weight: float = 0.0,
             batches: Iterable[list[Demonstration]] | None = None, total_steps: int | None = None,
-            on_step: Callable[[int, int, dict], None] | None = None) -> dict[str, float]:
+            on_step: Callable[[int, int, dict], None] | None = None, precision: str = "auto") -> dict[str, float]:
     """Fine-tune ``model`` in place: AdamW, linear warm-up, then a constant lr or a cosine decay to
     10% of it at the last step (``lr_factor``).
 
@@ -109,6 +114,7 @@ def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_
     first and last 10% of the steps).
     ``on_step(step, total_steps, metrics)`` is called after each optimizer step
     (metrics keys ``sft/loss``, ``sft/lr``, ``sft/grad_norm``, ``sft/tokens_per_s``).
+    ``precision``: of the forward passes (``sft_step``).
     Returns the mean loss of the first and the last epoch, and of the first and last 3 steps.
     """
     if batches is None:
@@ -130,7 +136,7 @@ def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_
     for chunk in itertools.islice(batches, total_steps):
         t0 = time.perf_counter()
         stats = sft_step(model, chunk, pad_id, micro_batch_tokens=micro_batch_tokens, chunk_tokens=chunk_tokens,
-                         observation_weight=observation_weight)
+                         observation_weight=observation_weight, precision=precision)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
         optimizer.step()
         scheduler.step()
@@ -253,12 +259,17 @@ def world_batches(cfg, tokenizer, *, batch_size: int, mix_worlds: int = 4) -> It
 
 
 def warm_start_key(cfg) -> dict:
-    """Everything a warm start depends on (the cache key of ``sft.cache``): not the RL settings."""
-    return {"model": dataclasses.asdict(cfg.model), "data": dataclasses.asdict(cfg.data),
-            "retrieval": dataclasses.asdict(cfg.retrieval), "max_obs_tokens": cfg.rollout.max_obs_tokens,
-            "prompt_template": cfg.rollout.prompt_template,
-            "sft": dataclasses.asdict(cfg.sft), "grad_clip": cfg.optim.grad_clip,
-            "micro_batch_tokens": cfg.trainer.micro_batch_tokens}
+    """Everything a warm start depends on (the cache key of ``sft.cache``): not the RL settings. A bf16
+    warm start (``trainer.precision``: bf16, or auto on CUDA) has its own key; fp32 keys carry no precision."""
+    key = {"model": dataclasses.asdict(cfg.model), "data": dataclasses.asdict(cfg.data),
+           "retrieval": dataclasses.asdict(cfg.retrieval), "max_obs_tokens": cfg.rollout.max_obs_tokens,
+           "prompt_template": cfg.rollout.prompt_template,
+           "sft": dataclasses.asdict(cfg.sft), "grad_clip": cfg.optim.grad_clip,
+           "micro_batch_tokens": cfg.trainer.micro_batch_tokens}
+    precision = getattr(cfg.trainer, "precision", "auto")
+    if precision == "bf16" or (precision == "auto" and cfg.trainer.device.startswith("cuda")):
+        key["precision"] = "bf16"
+    return key
 
 
 def warm_start_cache_dir(cfg) -> Path:
@@ -311,7 +322,7 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
                           chunk_tokens=cfg.trainer.logprob_chunk_tokens, grad_clip=cfg.optim.grad_clip,
                           schedule="constant", batches=reading_batches(cfg, tokenizer, batch_size=s.reading_batch_size,
                                                                        curriculum=s.reading_curriculum),
-                          total_steps=s.reading_steps)
+                          total_steps=s.reading_steps, precision=cfg.trainer.precision)
         reading["seconds"] = time.perf_counter() - started
         print(f"reading pre-training: {s.reading_steps} steps in {reading['seconds']:.0f}s, answer loss "
               f"{reading['first_steps_loss']:.3f} -> {reading['last_steps_loss']:.3f}", flush=True)
@@ -360,7 +371,8 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
                      seed=s.seed, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
                      chunk_tokens=cfg.trainer.logprob_chunk_tokens, grad_clip=cfg.optim.grad_clip, schedule=s.schedule,
                      observation_weight=s.observation_loss, batches=train_batches,
-                     total_steps=total_steps if train_batches is not None else None, on_step=on_step)
+                     total_steps=total_steps if train_batches is not None else None, on_step=on_step,
+                     precision=cfg.trainer.precision)
     if bar is not None:
         bar.close()
     logger.close()

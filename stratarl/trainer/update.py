@@ -32,6 +32,7 @@ from stratarl.trainer.batch import RolloutBatch, micro_batches, mini_batch_rows
 from stratarl.trainer.config import Config
 from stratarl.trainer.critic import ValueHead, hidden_size_of, response_values
 from stratarl.trainer.logprobs import response_logprobs
+from stratarl.trainer.precision import policy_of
 
 
 @dataclass
@@ -116,13 +117,15 @@ def score_batch(learner: Learner, batch: RolloutBatch, cfg: Config) -> RolloutBa
     ref = torch.zeros(B, T, device=device) if need_ref else None
     values = torch.zeros(B, T, device=device) if need_values else None
     temperature = cfg.rollout.temperature
+    autocast = policy_of(cfg.trainer).autocast
     for rows in micro_batches(batch.row_lengths(), cfg.trainer.micro_batch_tokens):
         mb = batch.select(rows)
         args = (mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_mask)
         t = mb.response_mask.shape[1]
         if need_old or need_values:
-            out = response_logprobs(learner.model, *args, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
-                                    temperature=temperature, return_hidden=need_values, with_logprobs=need_old)
+            with autocast():
+                out = response_logprobs(learner.model, *args, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+                                        temperature=temperature, return_hidden=need_values, with_logprobs=need_old)
             if need_old:
                 old[rows, :t] = out["logprobs"]
             if need_values:
@@ -130,7 +133,7 @@ def score_batch(learner: Learner, batch: RolloutBatch, cfg: Config) -> RolloutBa
         if need_ref:
             ctx = learner.model.disable_adapter() if learner.use_adapter_as_ref else nullcontext()
             ref_model = learner.model if learner.use_adapter_as_ref else learner.ref_model
-            with ctx:
+            with ctx, autocast():
                 ref[rows, :t] = response_logprobs(ref_model, *args, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
                                                   temperature=temperature)["logprobs"]
     batch.old_logprobs, batch.ref_logprobs, batch.old_values = old, ref, values
@@ -197,7 +200,8 @@ def accumulate_gradients(learner: Learner, mini: RolloutBatch, cfg: Config) -> d
         weight = _agg_units(mb.response_mask, agg) / total_units if total_units else 0.0
         if weight == 0.0:
             continue  # no policy tokens: contributes nothing to any term
-        loss, clip_bias, metrics = micro_batch_loss(learner, mb, cfg)
+        with policy_of(cfg.trainer).autocast():  # the forward only: backward runs outside autocast
+            loss, clip_bias, metrics = micro_batch_loss(learner, mb, cfg)
         if learner.normalizer is not None:
             nothing_clipped = float(metrics["loss/clip_frac"]) == 0.0
             learner.normalizer.backward(loss * weight, clip_bias * weight, skip_clip_bias=nothing_clipped)

@@ -129,7 +129,7 @@ def _train_against(url, tmp_path, monkeypatch, base_overrides, extra=()):
     from stratarl.trainer.rl import RETRIEVAL_STOP_CODE, train
 
 
-    monkeypatch.setattr(rollouts, "make_generator", lambda model, tokenizer, backend, seed: SearchingGenerator(tokenizer))
+    monkeypatch.setattr(rollouts, "make_generator", lambda model, tokenizer, backend, seed, **kwargs: SearchingGenerator(tokenizer))
     spec = json.dumps({"kind": "remote", "url": url, "timeout_s": 5, "max_retries": 1, "backoff_s": 0.01})
     cfg = load_config(TINY, [*base_overrides, f"retrieval.spec={spec}", "trainer.steps=5", "trainer.save_every=0",
                              "retrieval.max_failed_steps=2", *extra])

@@ -1,0 +1,134 @@
+"""Where a run computes and in what precision: one value, ``DevicePolicy``, from ``trainer.device`` and
+``trainer.precision``.
+
+The mixed-precision rules (the usual AMP recipe; bf16 needs no loss scaling, its exponent range is fp32's):
+
+- Weights and optimizer state stay fp32 (master weights): the model is never cast, so AdamW's moments
+  and every update are fp32.
+- ``bf16``: each forward pass (rollout generation, the no-grad scoring pass, the update's loss, SFT) runs
+  under ``torch.autocast(dtype=bfloat16)``: matmuls and attention in bf16, reductions in fp32 (autocast's
+  op lists). Backward runs outside the autocast region and follows the dtypes the forward chose.
+- Log-probs are fp32: the LM head's logits are cast to fp32 before the log-softmax
+  (``stratarl.trainer.logprobs``; the generator's ``.float()``), so ratios, KL and entropy are fp32. The
+  value head computes in fp32 with autocast off (``stratarl.trainer.critic``).
+- fp16 is not offered (it would need a loss scaler).
+
+``precision: auto`` (the default) is bf16 on a CUDA device that supports it and fp32 otherwise. bf16 on a
+CPU is allowed (it runs the same code path, which is how the CPU tests check it) but is slower than fp32
+on most CPUs, which lack bf16 matmul units.
+
+Generation on CUDA: the `kv_cache` backend uses the generic KV-cache loop (the model's own forward,
+SDPA attention, ``DynamicCache``), never ``stratarl.rollout.fast_forward``'s decoder, whose oneDNN weight
+packing and fused small kernels are built for CPU decode overheads. Retrieval always stays on the CPU.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from stratarl.config_errors import ConfigError
+
+PRECISIONS = ("auto", "fp32", "bf16")
+Precision = Literal["fp32", "bf16"]
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """Whether bf16 autocast is usable on ``device``: always on a CPU (slow on most); on CUDA, an Ampere or
+    newer GPU (``torch.cuda.is_bf16_supported``)."""
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return False
+
+
+def resolve_precision(device: str | torch.device, precision: str) -> Precision:
+    """``auto`` -> bf16 on a CUDA device with bf16 support, else fp32; fp32 / bf16 as given (checked)."""
+    device = torch.device(device)
+    if precision not in PRECISIONS:
+        raise ConfigError(f"config field `trainer.precision` = {precision!r}: unknown precision. "
+                          f"Fix: use one of {', '.join(PRECISIONS)}.")
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" and bf16_supported(device) else "fp32"
+    if precision == "bf16" and not bf16_supported(device):
+        raise ConfigError(f"config field `trainer.precision` = 'bf16': device {str(device)!r} has no bf16 support "
+                          "(CUDA GPUs before Ampere). Fix: set trainer.precision=fp32.")
+    return precision  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class DevicePolicy:
+    """The device a run's model, value head, reference model and batches live on, and the precision of
+    its forward passes (see the module docstring for the rules)."""
+
+    device: torch.device
+    precision: Precision = "fp32"
+
+    @classmethod
+    def create(cls, device: str | torch.device = "cpu", precision: str = "auto") -> DevicePolicy:
+        device = torch.device(device)
+        return cls(device, resolve_precision(device, precision))
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.precision == "bf16" else None
+
+    def autocast(self):
+        """Context of a forward pass: bf16 autocast on this device type, or nothing for fp32."""
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def fast_decode(self, backend: str) -> bool | None:
+        """The ``fast`` argument of ``KVCacheGenerator`` for ``rollout.backend``: None (the fast CPU decoder
+        when the model supports it) for `kv_cache` on a CPU; False (the generic loop) for
+        `kv_cache_generic` and for every CUDA run."""
+        if backend == "kv_cache_generic" or self.device.type != "cpu":
+            return False
+        return None
+
+
+def policy_of(trainer_cfg) -> DevicePolicy:
+    """The ``DevicePolicy`` of a config's ``trainer`` section (``device``, ``precision``)."""
+    return DevicePolicy.create(trainer_cfg.device, getattr(trainer_cfg, "precision", "auto"))
+
+
+def policy_for_model(model: torch.nn.Module, precision: str = "auto") -> DevicePolicy:
+    """The ``DevicePolicy`` of a model's own device."""
+    return DevicePolicy.create(next(model.parameters()).device, precision)
+
+
+class AutocastGenerator:
+    """A generator whose ``generate`` runs under a policy's autocast; every other attribute (``rng``,
+    ``supports_cache_keys``, ...) is the wrapped generator's."""
+
+    def __init__(self, inner, policy: DevicePolicy) -> None:
+        self.inner = inner
+        self.policy = policy
+
+    def generate(self, *args, **kwargs):
+        with self.policy.autocast():
+            return self.inner.generate(*args, **kwargs)
+
+    def __getattr__(self, name):
+        # Called only for attributes not found on the wrapper itself.
+        return getattr(self.__dict__["inner"], name)
+
+
+def check_placement(model: torch.nn.Module, device: str | torch.device, *modules: torch.nn.Module | None) -> None:
+    """Raise ``RuntimeError`` naming the first parameter of ``model`` (or of ``modules``) not on ``device``,
+    or not fp32 (master weights)."""
+    device = torch.device(device)
+    for owner in (model, *modules):
+        if owner is None:
+            continue
+        for name, p in owner.named_parameters():
+            if p.device.type != device.type or (device.index is not None and p.device.index != device.index):
+                raise RuntimeError(f"parameter {name} of {type(owner).__name__} is on {p.device}, expected {device}")
+            if p.is_floating_point() and p.dtype != torch.float32:
+                raise RuntimeError(f"parameter {name} of {type(owner).__name__} is {p.dtype}; master weights must be "
+                                   "fp32 (autocast runs the forward in bf16)")
