@@ -166,27 +166,144 @@ def drive(url: str, queries: list[str], clients: int, num_requests: int, per_req
     }
 
 
-def bench_server(index_dir: Path, queries: list[str], num_requests: int, per_request: int, repeats: int = 2) -> list[dict]:
-    """Both servers run side by side and are driven in alternation, best of ``repeats`` runs each,
-    so that load from other processes on the machine hits both alike."""
-    servers = {}
+# Each design is a server process started by this snippet (the library's own code paths), driven by
+# benchmarks/load_client.py in another process.
+_SERVER_SNIPPET = """
+import json, sys
+options = json.loads(sys.argv[1])
+if options["workers"] == 1:
+    import uvicorn
+    from stratarl.retrieval.bm25 import BM25Retriever
+    from stratarl.retrieval.server import create_app
+    app = create_app(BM25Retriever.load(options["index"], mmap=True), max_batch_queries=options["max_batch"],
+                     fast_path=options["fast_path"])
+    uvicorn.run(app, host="127.0.0.1", port=options["port"], log_level="warning", http=options["http"], loop=options["loop"])
+else:
+    from stratarl.retrieval.server import ServerLimits
+    from stratarl.retrieval.workers import WorkerPool
+    pool = WorkerPool({"index": options["index"]}, workers=options["workers"], port=options["port"],
+                      limits=ServerLimits(max_batch_queries=options["max_batch"]), fast_path=options["fast_path"])
+    with pool:
+        sys.exit(pool.wait())
+"""
+
+
+def server_designs(workers: int) -> list[tuple[str, dict]]:
+    """(label, options): the server before this design (FastAPI JSON, h11, 1 process) and the new ones."""
+    before = {"workers": 1, "fast_path": False, "http": "h11", "loop": "asyncio", "max_batch": 1024}
+    fast = {"workers": 1, "fast_path": True, "http": "auto", "loop": "auto", "max_batch": 1024}
+    return [
+        ("1 proc, FastAPI JSON, h11 (before)", before),
+        ("1 proc, FastAPI JSON, h11, no merge", {**before, "max_batch": 1}),
+        ("1 proc, fast path", fast),
+        ("1 proc, fast path, no merge", {**fast, "max_batch": 1}),
+        (f"{workers} workers, fast path", {**fast, "workers": workers}),
+        (f"{workers} workers, fast path, no merge", {**fast, "workers": workers, "max_batch": 1}),
+    ]
+
+
+def start_design(index_dir: Path, options: dict) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    options = {**options, "index": str(index_dir), "port": free_port()}
+    process = subprocess.Popen([sys.executable, "-c", _SERVER_SNIPPET, json.dumps(options)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{options['port']}"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            httpx.get(url + "/health", timeout=1)
+            return process, url
+        except httpx.TransportError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server {options} did not start: {process.stderr.read()}") from None
+            time.sleep(0.2)
+
+
+def process_tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) of ``pid`` and its direct children, from /proc (None off Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, found = 0.0, False
     try:
-        for label, max_batch in (("batched", 1024), ("no merging (baseline)", 1)):
-            servers[label] = start_server(index_dir, max_batch)
-        for _, url in servers.values():
-            drive(url, queries, 4, 20)  # warm-up
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == pid or int(fields[1]) == pid:  # fields[1]: ppid
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            found = True
+    return total if found else None
+
+
+def drive_external(url: str, pid: int, queries_file: Path, clients: int, num_requests: int, per_request: int) -> dict:
+    """One run of benchmarks/load_client.py against ``url``; adds the server's CPU seconds during the run."""
+    client = Path(__file__).with_name("load_client.py")
+    before = process_tree_cpu_s(pid)
+    done = subprocess.run([sys.executable, str(client), url, str(queries_file), "--clients", str(clients),
+                           "--requests", str(num_requests), "--per-request", str(per_request)],
+                          capture_output=True, text=True, timeout=600)
+    after = process_tree_cpu_s(pid)
+    if done.returncode != 0:
+        raise RuntimeError(f"load client failed: {done.stderr[-2000:]}")
+    row = json.loads(done.stdout)
+    row["server_cpu_s"] = None if before is None or after is None else after - before
+    return row
+
+
+def bench_designs(index_dir: Path, queries: list[str], num_requests: int, per_request: int,
+                  workers: int, client_counts=(1, 32, 128), repeats: int = 2) -> list[dict]:
+    """Every design of `server_designs` side by side, driven in alternation at each client count, best of
+    ``repeats`` runs each (so load from other processes on the machine hits all alike). At c clients
+    each run sends max(``num_requests``, 4c) requests."""
+    queries_file = index_dir.parent / "bench_queries.json"
+    queries_file.write_text(json.dumps(queries[:5000]))
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    try:
+        for label, options in server_designs(workers):
+            servers[label] = start_design(index_dir, options)
+        for process, url in servers.values():
+            drive_external(url, process.pid, queries_file, 4, 40, per_request)  # warm-up
         rows = []
-        for clients in (1, 32):
+        for clients in client_counts:
+            requests = max(num_requests, 4 * clients)
             runs: dict[str, list[dict]] = {label: [] for label in servers}
             for _ in range(repeats):
-                for label, (_, url) in servers.items():
-                    runs[label].append(drive(url, queries, clients, num_requests, per_request))
+                for label, (process, url) in servers.items():
+                    runs[label].append(drive_external(url, process.pid, queries_file, clients, requests, per_request))
             rows += [{"server": label, **max(found, key=lambda r: r["qps"])} for label, found in runs.items()]
         return rows
     finally:
         for process, _ in servers.values():
             process.terminate()
-            process.wait(timeout=30)
+        for process, _ in servers.values():
+            process.wait(timeout=60)
+
+
+def report_designs(rows: list[dict], args, workers: int) -> None:
+    import importlib.util
+
+    parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    print(f"\n/retrieve server designs: requests of {args.per_request} queries (k=3, scores), max({args.requests}, "
+          f"4 x clients) requests per run, best of 2; clients: one asyncio process (benchmarks/load_client.py, "
+          f"keep-alive sockets), on the same {os.cpu_count()} CPUs; fast path on uvicorn's {parser} + {loop}")
+    print("  server                                clients  queries/s   p50 ms   p99 ms  errors  client cores  server cores")
+    for row in rows:
+        server_cores = "" if row["server_cpu_s"] is None else f"{row['server_cpu_s'] / row['wall_s']:13.2f}"
+        print(f"  {row['server']:<37} {row['clients']:7d} {row['qps']:10.0f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} "
+              f"{row['errors']:7d} {row['client_cpu_s'] / row['wall_s']:13.2f} {server_cores}")
+    by = {(r["server"], r["clients"]): r["qps"] for r in rows}
+    labels = list(dict.fromkeys(r["server"] for r in rows))
+    print("  scaling (queries/s at 32 and 128 clients / at 1 client):")
+    for label in labels:
+        print(f"    {label:<37} 32: {by[(label, 32)] / by[(label, 1)]:4.1f}x   128: {by[(label, 128)] / by[(label, 1)]:4.1f}x"
+              f"   vs before at 32: {by[(label, 32)] / by[(labels[0], 32)]:4.1f}x")
 
 
 def bench_contention(index_dir: Path, queries: list[str], num_requests: int, large_workers: int = 4) -> dict:
@@ -255,6 +372,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2000, help="queries for the search throughput runs")
     parser.add_argument("--requests", type=int, default=400, help="HTTP requests per server run")
     parser.add_argument("--per-request", type=int, default=1, help="queries per HTTP request")
+    parser.add_argument("--workers", type=int, default=0, help="worker processes of the multi-worker designs "
+                        "(default: the number of CPUs)")
+    parser.add_argument("--server-only", action="store_true", help="only the server designs (builds the index)")
     parser.add_argument("--dense-passages", type=int, default=0, help="also time dense retrieval on this many passages")
     parser.add_argument("--json", default=None, help="also write the numbers to this file")
     parser.add_argument("--contention", action="store_true", help="also: p99 of small requests while 4 clients "
@@ -274,6 +394,15 @@ def main() -> None:
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=2))
             return
+        if args.server_only:
+            BM25Retriever.from_passages(passages).save(index_dir)
+            workers = args.workers or os.cpu_count() or 2
+            rows = bench_designs(index_dir, queries, args.requests, args.per_request, workers)
+            results["server"] = rows
+            report_designs(rows, args, workers)
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=2))
+            return
         bm25 = bench_bm25(passages, queries, args.queries, index_dir)
         retriever = bm25.pop("retriever")
         results["bm25"] = bm25
@@ -289,17 +418,10 @@ def main() -> None:
             results["hop_recall"] = recall
             print(f"  hop recall on {recall['hops']} synthetic test hops: top1 {recall['top1']:.3f}, top3 {recall['top3']:.3f}")
 
-        rows = bench_server(index_dir, queries, args.requests, args.per_request)
+        workers = args.workers or os.cpu_count() or 2
+        rows = bench_designs(index_dir, queries, args.requests, args.per_request, workers)
         results["server"] = rows
-        print(f"\n/retrieve server, {args.requests} requests of {args.per_request} queries (k=3), best of 2; "
-              "clients in this process, servers in others")
-        print("  server                   clients  queries/s   p50 ms   p99 ms  errors  retriever calls  (latency per request)")
-        for row in rows:
-            print(f"  {row['server']:<24} {row['clients']:7d} {row['qps']:10.0f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} "
-                  f"{row['errors']:7d} {row['retriever_calls']:16d}")
-        by = {(r["server"], r["clients"]): r["qps"] for r in rows}
-        print(f"  32 vs 1 client, batched: {by[('batched', 32)] / by[('batched', 1)]:.1f}x; "
-              f"batched vs no merging at 32 clients: {by[('batched', 32)] / by[('no merging (baseline)', 32)]:.1f}x")
+        report_designs(rows, args, workers)
         if args.contention:
             report_contention(bench_contention(index_dir, queries, args.requests), results)
 
