@@ -1,22 +1,30 @@
-"""Retrieval benchmark: BM25 build and search on a 100k-passage corpus, and the /retrieve server
-under 1 and 32 concurrent clients. Baselines are measured in the same run:
+"""Retrieval benchmark: BM25 build and search on a 100k-passage corpus, and designs of the /retrieve
+server under 1, 32 and 128 concurrent clients. Baselines are measured in the same run:
 
 - build and search: bm25s's own tokenizer + index + ``retrieve`` on the same corpus and queries;
-- server: the same server with request merging off (``--max-batch-queries 1``: one retriever call
-  per request, as servers that block on each request do).
+- server: the server as it was before the fast path (one process, FastAPI/Starlette JSON responses,
+  uvicorn's pure-Python h11 parser), with and without request merging (``max_batch_queries=1``: one
+  retriever call per query, as servers that block on each request do), next to one process with
+  the fast path (raw ASGI + direct JSON encoder; uvicorn's httptools/uvloop when installed) and
+  ``--workers`` processes; two "no search" designs (fixed passages) give the HTTP / JSON layer's own cost.
+  Clients run in a separate asyncio process (benchmarks/load_client.py); the table gives both
+  sides' CPU use, and the CPU-bound ceiling those imply on this machine.
 
 Corpus: the synthetic knowledge base (`stratarl.data.synth`, seeded), queries: the hop queries of its
 questions. Usage::
 
-    python benchmarks/bench_retrieval.py                    # 100k passages (~2-3 min on 2 cores)
+    python benchmarks/bench_retrieval.py                    # 100k passages (~3-4 min on 2 cores)
     python benchmarks/bench_retrieval.py --passages 20000 --requests 200
     python benchmarks/bench_retrieval.py --per-request 8          # rollout-like requests of 8 queries
+    python benchmarks/bench_retrieval.py --per-request 8 --server-only --workers 2   # server designs only
     python benchmarks/bench_retrieval.py --dense-passages 2000   # also time the dense retriever
+    python benchmarks/bench_retrieval.py --contention-only  # small requests' p99 behind the largest ones
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -173,10 +181,22 @@ import json, sys
 options = json.loads(sys.argv[1])
 if options["workers"] == 1:
     import uvicorn
+    from stratarl.retrieval.base import Passage
     from stratarl.retrieval.bm25 import BM25Retriever
     from stratarl.retrieval.server import create_app
-    app = create_app(BM25Retriever.load(options["index"], mmap=True), max_batch_queries=options["max_batch"],
-                     fast_path=options["fast_path"])
+    retriever = BM25Retriever.load(options["index"], mmap=True)
+
+    class FixedHits:  # the HTTP / JSON layer alone: the same k real passages for every query, no search
+        def __init__(self, passages):
+            self.passages = passages
+        def __len__(self):
+            return len(self.passages)
+        def search(self, queries, k):
+            return [[Passage(p.id, p.contents, 1.0 + i) for i, p in enumerate(self.passages[:k])] for _ in queries]
+
+    if options.get("fixed_hits"):
+        retriever = FixedHits(retriever.passages[:10])
+    app = create_app(retriever, max_batch_queries=options["max_batch"], fast_path=options["fast_path"])
     uvicorn.run(app, host="127.0.0.1", port=options["port"], log_level="warning", http=options["http"], loop=options["loop"])
 else:
     from stratarl.retrieval.server import ServerLimits
@@ -192,13 +212,17 @@ def server_designs(workers: int) -> list[tuple[str, dict]]:
     """(label, options): the server before this design (FastAPI JSON, h11, 1 process) and the new ones."""
     before = {"workers": 1, "fast_path": False, "http": "h11", "loop": "asyncio", "max_batch": 1024}
     fast = {"workers": 1, "fast_path": True, "http": "auto", "loop": "auto", "max_batch": 1024}
+    faster_http = importlib.util.find_spec("httptools") is not None or importlib.util.find_spec("uvloop") is not None
     return [
         ("1 proc, FastAPI JSON, h11 (before)", before),
         ("1 proc, FastAPI JSON, h11, no merge", {**before, "max_batch": 1}),
+        *([("1 proc, fast path, h11", {**fast, "http": "h11", "loop": "asyncio"})] if faster_http else []),
         ("1 proc, fast path", fast),
         ("1 proc, fast path, no merge", {**fast, "max_batch": 1}),
         (f"{workers} workers, fast path", {**fast, "workers": workers}),
         (f"{workers} workers, fast path, no merge", {**fast, "workers": workers, "max_batch": 1}),
+        ("no search: before", {**before, "fixed_hits": True}),
+        ("no search: fast path", {**fast, "fixed_hits": True}),
     ]
 
 
@@ -270,12 +294,14 @@ def bench_designs(index_dir: Path, queries: list[str], num_requests: int, per_re
         for process, url in servers.values():
             drive_external(url, process.pid, queries_file, 4, 40, per_request)  # warm-up
         rows = []
+        fixed = {label for label, options in server_designs(workers) if options.get("fixed_hits")}
         for clients in client_counts:
             requests = max(num_requests, 4 * clients)
             runs: dict[str, list[dict]] = {label: [] for label in servers}
             for _ in range(repeats):
                 for label, (process, url) in servers.items():
-                    runs[label].append(drive_external(url, process.pid, queries_file, clients, requests, per_request))
+                    n = 5 * requests if label in fixed else requests  # ~10x faster: longer runs, CPU times in ticks
+                    runs[label].append(drive_external(url, process.pid, queries_file, clients, n, per_request))
             rows += [{"server": label, **max(found, key=lambda r: r["qps"])} for label, found in runs.items()]
         return rows
     finally:
@@ -286,24 +312,41 @@ def bench_designs(index_dir: Path, queries: list[str], num_requests: int, per_re
 
 
 def report_designs(rows: list[dict], args, workers: int) -> None:
-    import importlib.util
-
     parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     print(f"\n/retrieve server designs: requests of {args.per_request} queries (k=3, scores), max({args.requests}, "
           f"4 x clients) requests per run, best of 2; clients: one asyncio process (benchmarks/load_client.py, "
           f"keep-alive sockets), on the same {os.cpu_count()} CPUs; fast path on uvicorn's {parser} + {loop}")
-    print("  server                                clients  queries/s   p50 ms   p99 ms  errors  client cores  server cores")
+    print("  cores: CPU seconds per wall second (of this run); CPU ms/request: per request served")
+    print("  server                                clients  queries/s   p50 ms   p99 ms  errors   cores: client server"
+          "   CPU ms/req: client server")
     for row in rows:
-        server_cores = "" if row["server_cpu_s"] is None else f"{row['server_cpu_s'] / row['wall_s']:13.2f}"
+        server = row["server_cpu_s"]
+        server_cores = "     -" if server is None else f"{server / row['wall_s']:6.2f}"
+        server_ms = "     -" if server is None else f"{1000 * server / row['requests']:6.2f}"
         print(f"  {row['server']:<37} {row['clients']:7d} {row['qps']:10.0f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} "
-              f"{row['errors']:7d} {row['client_cpu_s'] / row['wall_s']:13.2f} {server_cores}")
+              f"{row['errors']:7d} {row['client_cpu_s'] / row['wall_s']:14.2f} {server_cores} "
+              f"{1000 * row['client_cpu_s'] / row['requests']:19.2f} {server_ms}")
     by = {(r["server"], r["clients"]): r["qps"] for r in rows}
     labels = list(dict.fromkeys(r["server"] for r in rows))
+    print("  'no search' designs answer every query with the same k passages: the HTTP / JSON layer's own cost")
     print("  scaling (queries/s at 32 and 128 clients / at 1 client):")
     for label in labels:
         print(f"    {label:<37} 32: {by[(label, 32)] / by[(label, 1)]:4.1f}x   128: {by[(label, 128)] / by[(label, 1)]:4.1f}x"
               f"   vs before at 32: {by[(label, 32)] / by[(labels[0], 32)]:4.1f}x")
+    cpus = os.cpu_count() or 1
+    print(f"  CPU-bound ceiling at 32 clients if nothing else ran here = {cpus} CPUs / (client + server CPU per request), "
+          "at most one core per server process; vs measured:")
+    for label in labels:
+        row = next(r for r in rows if r["server"] == label and r["clients"] == 32)
+        if not row["server_cpu_s"] or row["server_cpu_s"] + row["client_cpu_s"] < 0.5:
+            print(f"    {label:<37} run too short to measure CPU (/proc counts 10 ms ticks)")
+        else:
+            ceiling = cpus * row["requests"] * args.per_request / (row["client_cpu_s"] + row["server_cpu_s"])
+            workers_here = int(label.split()[0]) if label[0].isdigit() else 1
+            bound = min(ceiling, workers_here * row["requests"] * args.per_request / row["server_cpu_s"])
+            print(f"    {label:<37} ceiling {bound:7.0f} q/s (server limited to {workers_here} core(s)), "
+                  f"measured {row['qps']:7.0f} q/s ({row['qps'] / bound:.0%})")
 
 
 def bench_contention(index_dir: Path, queries: list[str], num_requests: int, large_workers: int = 4) -> dict:

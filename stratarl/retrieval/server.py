@@ -10,6 +10,10 @@ Concurrent requests are not answered one by one: they wait in an asyncio queue, 
 runs the retriever (in a thread, so the event loop keeps accepting requests) on all the queries
 that arrived meanwhile, then splits the results. While one retriever call runs, the next batch
 gathers, so N concurrent clients cost a handful of calls instead of N serial ones.
+
+``POST /retrieve`` is served from the raw ASGI messages (`RetrievalApp`: no framework objects, the
+response JSON written directly); FastAPI serves ``/health`` and the JSON 404 / 405 answers. Several
+processes on one port: `stratarl.retrieval.workers`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from dataclasses import asdict, dataclass, field
 from stratarl.retrieval.base import Passage, Retriever
 
 logger = logging.getLogger("stratarl.server")
-
 
 
 @dataclass(frozen=True)
@@ -112,12 +115,14 @@ def encode_retrieve_response(results: list[list[Passage]], return_scores: bool) 
     """`format_retrieve_response` as compact UTF-8 JSON bytes, written directly (no dicts built).
 
     ``json.loads(encode_retrieve_response(r, s)) == format_retrieve_response(r, s)``; about twice as
-    fast as ``json.dumps`` of the dicts. Raises ValueError on a non-finite score and TypeError on a
-    passage id or contents that is not a string."""
+    fast as ``json.dumps`` of the dicts. Raises ValueError on a non-finite score. A passage whose id
+    or contents is not a string (a retriever outside stratarl) goes through ``json.dumps`` instead."""
     try:
         return _encode_response(results, return_scores, json.encoder.encode_basestring).encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate (from a query echoed back): escape it, as json.dumps does
         return _encode_response(results, return_scores, json.encoder.encode_basestring_ascii).encode("ascii")
+    except TypeError:
+        return json.dumps(format_retrieve_response(results, return_scores), allow_nan=False).encode("ascii")
 
 
 def _encode_response(results: list[list[Passage]], return_scores: bool, quote) -> str:

@@ -80,6 +80,8 @@ def test_response_encoder_matches_the_dict_format():
     for return_scores in (True, False):
         assert json.loads(encode_retrieve_response(results, return_scores)) == format_retrieve_response(results, return_scores)
     assert encode_retrieve_response([], True) == b'{"result":[]}'
+    foreign = [[Passage(7, "int id from a retriever outside stratarl", 1.0)]]  # type: ignore[arg-type]
+    assert json.loads(encode_retrieve_response(foreign, True)) == format_retrieve_response(foreign, True)
     with pytest.raises(ValueError, match="non-finite score"):
         encode_retrieve_response([[Passage("1", "x", float("nan"))]], True)
 
