@@ -244,39 +244,48 @@ def start_design(index_dir: Path, options: dict) -> tuple[subprocess.Popen, str]
             time.sleep(0.2)
 
 
-def process_tree_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) of ``pid`` and its direct children, from /proc (None off Linux)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total, found = 0.0, False
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return None
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+def process_tree_sched_s(pid: int) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable but waiting for a CPU), summed over every thread of ``pid`` and of
+    its direct children, from Linux's /proc/<pid>/task/<tid>/schedstat (nanoseconds); None where absent."""
+    pids = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            if int(entry) == pid or ppid == pid:
+                pids.append(entry)
+    run = wait = 0
+    found = False
+    for proc in pids:
         try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            tasks = os.listdir(f"/proc/{proc}/task")
         except OSError:
             continue
-        if int(entry) == pid or int(fields[1]) == pid:  # fields[1]: ppid
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-            found = True
-    return total if found else None
+        for task in tasks:
+            try:
+                fields = Path(f"/proc/{proc}/task/{task}/schedstat").read_text().split()
+            except OSError:
+                continue
+            run, wait, found = run + int(fields[0]), wait + int(fields[1]), True
+    return (run / 1e9, wait / 1e9) if found else None
 
 
 def drive_external(url: str, pid: int, queries_file: Path, clients: int, num_requests: int, per_request: int) -> dict:
-    """One run of benchmarks/load_client.py against ``url``; adds the server's CPU seconds during the run."""
+    """One run of benchmarks/load_client.py against ``url``; adds the server's CPU seconds during the run and
+    the seconds its threads were runnable but waited for a CPU (taken by other processes, the client included)."""
     client = Path(__file__).with_name("load_client.py")
-    before = process_tree_cpu_s(pid)
+    before = process_tree_sched_s(pid)
     done = subprocess.run([sys.executable, str(client), url, str(queries_file), "--clients", str(clients),
                            "--requests", str(num_requests), "--per-request", str(per_request)],
                           capture_output=True, text=True, timeout=600)
-    after = process_tree_cpu_s(pid)
+    after = process_tree_sched_s(pid)
     if done.returncode != 0:
         raise RuntimeError(f"load client failed: {done.stderr[-2000:]}")
     row = json.loads(done.stdout)
-    row["server_cpu_s"] = None if before is None or after is None else after - before
+    row["server_cpu_s"] = None if before is None or after is None else after[0] - before[0]
+    row["server_cpu_wait_s"] = None if before is None or after is None else after[1] - before[1]
     return row
 
 
@@ -300,7 +309,7 @@ def bench_designs(index_dir: Path, queries: list[str], num_requests: int, per_re
             runs: dict[str, list[dict]] = {label: [] for label in servers}
             for _ in range(repeats):
                 for label, (process, url) in servers.items():
-                    n = 20 * requests if label in fixed else requests  # ~10x faster: longer runs (CPU in 10 ms ticks)
+                    n = 10 * requests if label in fixed else requests  # ~10x faster: runs of similar length
                     runs[label].append(drive_external(url, process.pid, queries_file, clients, n, per_request))
             rows += [{"server": label, **max(found, key=lambda r: r["qps"])} for label, found in runs.items()]
         return rows
@@ -317,15 +326,17 @@ def report_designs(rows: list[dict], args, workers: int) -> None:
     print(f"\n/retrieve server designs: requests of {args.per_request} queries (k=3, scores), max({args.requests}, "
           f"4 x clients) requests per run, best of 2; clients: one asyncio process (benchmarks/load_client.py, "
           f"keep-alive sockets), on the same {os.cpu_count()} CPUs; fast path on uvicorn's {parser} + {loop}")
-    print("  cores: CPU seconds per wall second (of this run); CPU ms/request: per request served")
+    print("  cores: CPU seconds per wall second of the run; server wait: its threads' seconds runnable but not on a CPU"
+          " (the machine was busy), per wall second; CPU ms/req: CPU per request served")
     print("  server                                clients  queries/s   p50 ms   p99 ms  errors   cores: client server"
-          "   CPU ms/req: client server")
+          "  server wait   CPU ms/req: client server")
     for row in rows:
-        server = row["server_cpu_s"]
+        server, wait = row["server_cpu_s"], row["server_cpu_wait_s"]
         server_cores = "     -" if server is None else f"{server / row['wall_s']:6.2f}"
+        server_wait = "           -" if wait is None else f"{wait / row['wall_s']:12.2f}"
         server_ms = "     -" if server is None else f"{1000 * server / row['requests']:6.2f}"
         print(f"  {row['server']:<37} {row['clients']:7d} {row['qps']:10.0f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} "
-              f"{row['errors']:7d} {row['client_cpu_s'] / row['wall_s']:14.2f} {server_cores} "
+              f"{row['errors']:7d} {row['client_cpu_s'] / row['wall_s']:14.2f} {server_cores} {server_wait} "
               f"{1000 * row['client_cpu_s'] / row['requests']:19.2f} {server_ms}")
     by = {(r["server"], r["clients"]): r["qps"] for r in rows}
     labels = list(dict.fromkeys(r["server"] for r in rows))
@@ -339,8 +350,8 @@ def report_designs(rows: list[dict], args, workers: int) -> None:
           "at most one core per server process; vs measured:")
     for label in labels:
         row = next(r for r in rows if r["server"] == label and r["clients"] == 32)
-        if not row["server_cpu_s"] or row["server_cpu_s"] + row["client_cpu_s"] < 0.5:
-            print(f"    {label:<37} run too short to measure CPU (/proc counts 10 ms ticks)")
+        if not row["server_cpu_s"]:
+            print(f"    {label:<37} server CPU not measured (needs Linux's /proc schedstat)")
         else:
             ceiling = cpus * row["requests"] * args.per_request / (row["client_cpu_s"] + row["server_cpu_s"])
             workers_here = int(label.split()[0]) if label[0].isdigit() else 1
