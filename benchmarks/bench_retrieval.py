@@ -1,22 +1,30 @@
-"""Retrieval benchmark: BM25 build and search on a 100k-passage corpus, and the /retrieve server
-under 1 and 32 concurrent clients. Baselines are measured in the same run:
+"""Retrieval benchmark: BM25 build and search on a 100k-passage corpus, and designs of the /retrieve
+server under 1, 32 and 128 concurrent clients. Baselines are measured in the same run:
 
 - build and search: bm25s's own tokenizer + index + ``retrieve`` on the same corpus and queries;
-- server: the same server with request merging off (``--max-batch-queries 1``: one retriever call
-  per request, as servers that block on each request do).
+- server: the server as it was before the fast path (one process, FastAPI/Starlette JSON responses,
+  uvicorn's pure-Python h11 parser), with and without request merging (``max_batch_queries=1``: one
+  retriever call per query, as servers that block on each request do), next to one process with
+  the fast path (raw ASGI + direct JSON encoder; uvicorn's httptools/uvloop when installed) and
+  ``--workers`` processes; two "no search" designs (fixed passages) give the HTTP / JSON layer's own cost.
+  Clients run in a separate asyncio process (benchmarks/load_client.py); the table gives both
+  sides' CPU use, and the CPU-bound ceiling those imply on this machine.
 
 Corpus: the synthetic knowledge base (`stratarl.data.synth`, seeded), queries: the hop queries of its
 questions. Usage::
 
-    python benchmarks/bench_retrieval.py                    # 100k passages (~2-3 min on 2 cores)
+    python benchmarks/bench_retrieval.py                    # 100k passages (~3-4 min on 2 cores)
     python benchmarks/bench_retrieval.py --passages 20000 --requests 200
     python benchmarks/bench_retrieval.py --per-request 8          # rollout-like requests of 8 queries
+    python benchmarks/bench_retrieval.py --per-request 8 --server-only --workers 2   # server designs only
     python benchmarks/bench_retrieval.py --dense-passages 2000   # also time the dense retriever
+    python benchmarks/bench_retrieval.py --contention-only  # small requests' p99 behind the largest ones
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -166,27 +174,190 @@ def drive(url: str, queries: list[str], clients: int, num_requests: int, per_req
     }
 
 
-def bench_server(index_dir: Path, queries: list[str], num_requests: int, per_request: int, repeats: int = 2) -> list[dict]:
-    """Both servers run side by side and are driven in alternation, best of ``repeats`` runs each,
-    so that load from other processes on the machine hits both alike."""
-    servers = {}
+# Each design is a server process started by this snippet (the library's own code paths), driven by
+# benchmarks/load_client.py in another process.
+_SERVER_SNIPPET = """
+import json, sys
+options = json.loads(sys.argv[1])
+if options["workers"] == 1:
+    import uvicorn
+    from stratarl.retrieval.base import Passage
+    from stratarl.retrieval.bm25 import BM25Retriever
+    from stratarl.retrieval.server import create_app
+    retriever = BM25Retriever.load(options["index"], mmap=True)
+
+    class FixedHits:  # the HTTP / JSON layer alone: the same k real passages for every query, no search
+        def __init__(self, passages):
+            self.passages = passages
+        def __len__(self):
+            return len(self.passages)
+        def search(self, queries, k):
+            return [[Passage(p.id, p.contents, 1.0 + i) for i, p in enumerate(self.passages[:k])] for _ in queries]
+
+    if options.get("fixed_hits"):
+        retriever = FixedHits(retriever.passages[:10])
+    app = create_app(retriever, max_batch_queries=options["max_batch"], fast_path=options["fast_path"])
+    uvicorn.run(app, host="127.0.0.1", port=options["port"], log_level="warning", http=options["http"], loop=options["loop"])
+else:
+    from stratarl.retrieval.server import ServerLimits
+    from stratarl.retrieval.workers import WorkerPool
+    pool = WorkerPool({"index": options["index"]}, workers=options["workers"], port=options["port"],
+                      limits=ServerLimits(max_batch_queries=options["max_batch"]), fast_path=options["fast_path"])
+    with pool:
+        sys.exit(pool.wait())
+"""
+
+
+def server_designs(workers: int) -> list[tuple[str, dict]]:
+    """(label, options): the server before this design (FastAPI JSON, h11, 1 process) and the new ones."""
+    before = {"workers": 1, "fast_path": False, "http": "h11", "loop": "asyncio", "max_batch": 1024}
+    fast = {"workers": 1, "fast_path": True, "http": "auto", "loop": "auto", "max_batch": 1024}
+    faster_http = importlib.util.find_spec("httptools") is not None or importlib.util.find_spec("uvloop") is not None
+    return [
+        ("1 proc, FastAPI JSON, h11 (before)", before),
+        ("1 proc, FastAPI JSON, h11, no merge", {**before, "max_batch": 1}),
+        *([("1 proc, fast path, h11", {**fast, "http": "h11", "loop": "asyncio"})] if faster_http else []),
+        ("1 proc, fast path", fast),
+        ("1 proc, fast path, no merge", {**fast, "max_batch": 1}),
+        (f"{workers} workers, fast path", {**fast, "workers": workers}),
+        (f"{workers} workers, fast path, no merge", {**fast, "workers": workers, "max_batch": 1}),
+        ("no search: before", {**before, "fixed_hits": True}),
+        ("no search: fast path", {**fast, "fixed_hits": True}),
+    ]
+
+
+def start_design(index_dir: Path, options: dict) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    options = {**options, "index": str(index_dir), "port": free_port()}
+    process = subprocess.Popen([sys.executable, "-c", _SERVER_SNIPPET, json.dumps(options)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{options['port']}"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            httpx.get(url + "/health", timeout=1)
+            return process, url
+        except httpx.TransportError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server {options} did not start: {process.stderr.read()}") from None
+            time.sleep(0.2)
+
+
+def process_tree_sched_s(pid: int) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable but waiting for a CPU), summed over every thread of ``pid`` and of
+    its direct children, from Linux's /proc/<pid>/task/<tid>/schedstat (nanoseconds); None where absent."""
+    pids = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            if int(entry) == pid or ppid == pid:
+                pids.append(entry)
+    run = wait = 0
+    found = False
+    for proc in pids:
+        try:
+            tasks = os.listdir(f"/proc/{proc}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                fields = Path(f"/proc/{proc}/task/{task}/schedstat").read_text().split()
+            except OSError:
+                continue
+            run, wait, found = run + int(fields[0]), wait + int(fields[1]), True
+    return (run / 1e9, wait / 1e9) if found else None
+
+
+def drive_external(url: str, pid: int, queries_file: Path, clients: int, num_requests: int, per_request: int) -> dict:
+    """One run of benchmarks/load_client.py against ``url``; adds the server's CPU seconds during the run and
+    the seconds its threads were runnable but waited for a CPU (taken by other processes, the client included)."""
+    client = Path(__file__).with_name("load_client.py")
+    before = process_tree_sched_s(pid)
+    done = subprocess.run([sys.executable, str(client), url, str(queries_file), "--clients", str(clients),
+                           "--requests", str(num_requests), "--per-request", str(per_request)],
+                          capture_output=True, text=True, timeout=600)
+    after = process_tree_sched_s(pid)
+    if done.returncode != 0:
+        raise RuntimeError(f"load client failed: {done.stderr[-2000:]}")
+    row = json.loads(done.stdout)
+    row["server_cpu_s"] = None if before is None or after is None else after[0] - before[0]
+    row["server_cpu_wait_s"] = None if before is None or after is None else after[1] - before[1]
+    return row
+
+
+def bench_designs(index_dir: Path, queries: list[str], num_requests: int, per_request: int,
+                  workers: int, client_counts=(1, 32, 128), repeats: int = 2) -> list[dict]:
+    """Every design of `server_designs` side by side, driven in alternation at each client count, best of
+    ``repeats`` runs each (so load from other processes on the machine hits all alike). At c clients
+    each run sends max(``num_requests``, 4c) requests."""
+    queries_file = index_dir.parent / "bench_queries.json"
+    queries_file.write_text(json.dumps(queries[:5000]))
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
-        for label, max_batch in (("batched", 1024), ("no merging (baseline)", 1)):
-            servers[label] = start_server(index_dir, max_batch)
-        for _, url in servers.values():
-            drive(url, queries, 4, 20)  # warm-up
+        for label, options in server_designs(workers):
+            servers[label] = start_design(index_dir, options)
+        for process, url in servers.values():
+            drive_external(url, process.pid, queries_file, 4, 40, per_request)  # warm-up
         rows = []
-        for clients in (1, 32):
+        fixed = {label for label, options in server_designs(workers) if options.get("fixed_hits")}
+        for clients in client_counts:
+            requests = max(num_requests, 4 * clients)
             runs: dict[str, list[dict]] = {label: [] for label in servers}
             for _ in range(repeats):
-                for label, (_, url) in servers.items():
-                    runs[label].append(drive(url, queries, clients, num_requests, per_request))
+                for label, (process, url) in servers.items():
+                    n = 10 * requests if label in fixed else requests  # ~10x faster: runs of similar length
+                    runs[label].append(drive_external(url, process.pid, queries_file, clients, n, per_request))
             rows += [{"server": label, **max(found, key=lambda r: r["qps"])} for label, found in runs.items()]
         return rows
     finally:
         for process, _ in servers.values():
             process.terminate()
-            process.wait(timeout=30)
+        for process, _ in servers.values():
+            process.wait(timeout=60)
+
+
+def report_designs(rows: list[dict], args, workers: int) -> None:
+    parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    print(f"\n/retrieve server designs: requests of {args.per_request} queries (k=3, scores), max({args.requests}, "
+          f"4 x clients) requests per run, best of 2; clients: one asyncio process (benchmarks/load_client.py, "
+          f"keep-alive sockets), on the same {os.cpu_count()} CPUs; fast path on uvicorn's {parser} + {loop}")
+    print("  cores: CPU seconds per wall second of the run; server wait: its threads' seconds runnable but not on a CPU"
+          " (the machine was busy), per wall second; CPU ms/req: CPU per request served")
+    print("  server                                clients  queries/s   p50 ms   p99 ms  errors   cores: client server"
+          "  server wait   CPU ms/req: client server")
+    for row in rows:
+        server, wait = row["server_cpu_s"], row["server_cpu_wait_s"]
+        server_cores = "     -" if server is None else f"{server / row['wall_s']:6.2f}"
+        server_wait = "           -" if wait is None else f"{wait / row['wall_s']:12.2f}"
+        server_ms = "     -" if server is None else f"{1000 * server / row['requests']:6.2f}"
+        print(f"  {row['server']:<37} {row['clients']:7d} {row['qps']:10.0f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} "
+              f"{row['errors']:7d} {row['client_cpu_s'] / row['wall_s']:14.2f} {server_cores} {server_wait} "
+              f"{1000 * row['client_cpu_s'] / row['requests']:19.2f} {server_ms}")
+    by = {(r["server"], r["clients"]): r["qps"] for r in rows}
+    labels = list(dict.fromkeys(r["server"] for r in rows))
+    print("  'no search' designs answer every query with the same k passages: the HTTP / JSON layer's own cost")
+    print("  scaling (queries/s at 32 and 128 clients / at 1 client):")
+    for label in labels:
+        print(f"    {label:<37} 32: {by[(label, 32)] / by[(label, 1)]:4.1f}x   128: {by[(label, 128)] / by[(label, 1)]:4.1f}x"
+              f"   vs before at 32: {by[(label, 32)] / by[(labels[0], 32)]:4.1f}x")
+    cpus = os.cpu_count() or 1
+    print(f"  CPU-bound ceiling at 32 clients if nothing else ran here = {cpus} CPUs / (client + server CPU per request), "
+          "at most one core per server process; vs measured:")
+    for label in labels:
+        row = next(r for r in rows if r["server"] == label and r["clients"] == 32)
+        if not row["server_cpu_s"]:
+            print(f"    {label:<37} server CPU not measured (needs Linux's /proc schedstat)")
+        else:
+            ceiling = cpus * row["requests"] * args.per_request / (row["client_cpu_s"] + row["server_cpu_s"])
+            workers_here = int(label.split()[0]) if label[0].isdigit() else 1
+            bound = min(ceiling, workers_here * row["requests"] * args.per_request / row["server_cpu_s"])
+            print(f"    {label:<37} ceiling {bound:7.0f} q/s (server limited to {workers_here} core(s)), "
+                  f"measured {row['qps']:7.0f} q/s ({row['qps'] / bound:.0%})")
 
 
 def bench_contention(index_dir: Path, queries: list[str], num_requests: int, large_workers: int = 4) -> dict:
@@ -255,6 +426,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2000, help="queries for the search throughput runs")
     parser.add_argument("--requests", type=int, default=400, help="HTTP requests per server run")
     parser.add_argument("--per-request", type=int, default=1, help="queries per HTTP request")
+    parser.add_argument("--workers", type=int, default=0, help="worker processes of the multi-worker designs "
+                        "(default: the number of CPUs)")
+    parser.add_argument("--server-only", action="store_true", help="only the server designs (builds the index)")
     parser.add_argument("--dense-passages", type=int, default=0, help="also time dense retrieval on this many passages")
     parser.add_argument("--json", default=None, help="also write the numbers to this file")
     parser.add_argument("--contention", action="store_true", help="also: p99 of small requests while 4 clients "
@@ -274,6 +448,15 @@ def main() -> None:
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=2))
             return
+        if args.server_only:
+            BM25Retriever.from_passages(passages).save(index_dir)
+            workers = args.workers or os.cpu_count() or 2
+            rows = bench_designs(index_dir, queries, args.requests, args.per_request, workers)
+            results["server"] = rows
+            report_designs(rows, args, workers)
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=2))
+            return
         bm25 = bench_bm25(passages, queries, args.queries, index_dir)
         retriever = bm25.pop("retriever")
         results["bm25"] = bm25
@@ -289,17 +472,10 @@ def main() -> None:
             results["hop_recall"] = recall
             print(f"  hop recall on {recall['hops']} synthetic test hops: top1 {recall['top1']:.3f}, top3 {recall['top3']:.3f}")
 
-        rows = bench_server(index_dir, queries, args.requests, args.per_request)
+        workers = args.workers or os.cpu_count() or 2
+        rows = bench_designs(index_dir, queries, args.requests, args.per_request, workers)
         results["server"] = rows
-        print(f"\n/retrieve server, {args.requests} requests of {args.per_request} queries (k=3), best of 2; "
-              "clients in this process, servers in others")
-        print("  server                   clients  queries/s   p50 ms   p99 ms  errors  retriever calls  (latency per request)")
-        for row in rows:
-            print(f"  {row['server']:<24} {row['clients']:7d} {row['qps']:10.0f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} "
-                  f"{row['errors']:7d} {row['retriever_calls']:16d}")
-        by = {(r["server"], r["clients"]): r["qps"] for r in rows}
-        print(f"  32 vs 1 client, batched: {by[('batched', 32)] / by[('batched', 1)]:.1f}x; "
-              f"batched vs no merging at 32 clients: {by[('batched', 32)] / by[('no merging (baseline)', 32)]:.1f}x")
+        report_designs(rows, args, workers)
         if args.contention:
             report_contention(bench_contention(index_dir, queries, args.requests), results)
 

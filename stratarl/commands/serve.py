@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
@@ -36,6 +37,13 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--max-hits", type=int, default=16384,
                         help="most passages one request may ask for, queries x topk (default: 16384)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes sharing the port, each loading the index (BM25 memory-mapped, so its arrays "
+        "are shared); about one per CPU core the server may use (default: 1)",
+    )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run_serve)
 
@@ -63,6 +71,10 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"stratarl serve: error: --port {args.port} is not a TCP port. Fix: use a number in 1-65535, e.g. 8000",
               file=sys.stderr)
         return 2
+    if args.workers < 1:
+        print(f"stratarl serve: error: --workers {args.workers} must be at least 1 (e.g. the number of CPU cores)",
+              file=sys.stderr)
+        return 2
     try:
         limits = ServerLimits(
             default_topk=args.topk,
@@ -72,7 +84,8 @@ def run_serve(args: argparse.Namespace) -> int:
             max_batch_queries=args.max_batch_queries,
             max_hits=args.max_hits,
         )
-        retriever = build_retriever(_retriever_spec(args))
+        spec = _retriever_spec(args)
+        retriever = build_retriever(spec) if args.workers == 1 or args.corpus is not None else None
     except (CorpusError, FileNotFoundError, ValueError, ModuleNotFoundError, OSError) as error:
         print(f"stratarl serve: error: {error}", file=sys.stderr)
         return 2
@@ -82,17 +95,31 @@ def run_serve(args: argparse.Namespace) -> int:
             "it has no authentication",
             file=sys.stderr,
         )
+    if args.workers > 1:
+        return _serve_workers(args, spec, retriever, limits)
     print(f"serving {retriever!r} at http://{args.host}:{args.port}/retrieve", flush=True)
-    serve(
-        retriever,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        default_topk=limits.default_topk,
-        max_topk=limits.max_topk,
-        max_queries=limits.max_queries,
-        max_query_chars=limits.max_query_chars,
-        max_batch_queries=limits.max_batch_queries,
-        max_hits=limits.max_hits,
-    )
+    serve(retriever, host=args.host, port=args.port, log_level=args.log_level, **asdict(limits))
     return 0
+
+
+def _serve_workers(args: argparse.Namespace, spec: dict, retriever, limits) -> int:
+    """``--workers N``: N processes on one port; a corpus is indexed once, here, and saved for them to map."""
+    import tempfile
+
+    from stratarl.retrieval.workers import WorkerError, serve_workers
+
+    with tempfile.TemporaryDirectory(prefix="stratarl-serve-") as tmp:
+        if retriever is not None:  # --corpus: built above; the workers load the saved copy
+            spec = {"index": str(retriever.save(tmp)), **{k: v for k, v in spec.items() if k in ("device", "model")}}
+        label = args.index or args.corpus
+
+        def announce(pool) -> None:
+            print(f"serving {label} with {args.workers} workers (pids {', '.join(map(str, pool.pids))}) "
+                  f"at http://{args.host}:{pool.port}/retrieve", flush=True)
+
+        try:
+            return serve_workers(spec, workers=args.workers, host=args.host, port=args.port, log_level=args.log_level,
+                                 limits=limits, on_ready=announce)
+        except (WorkerError, OSError) as error:
+            print(f"stratarl serve: error: {error}", file=sys.stderr)
+            return 2
