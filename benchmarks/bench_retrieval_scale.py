@@ -129,15 +129,22 @@ def available_gib() -> float:
     return float("inf")
 
 
+PEAK_ANON_GIB = [0.0]  # highest anonymous RSS seen by the guard (sampled every 0.2 s)
+
+
 def start_memory_guard(min_free_gib: float) -> None:
-    """Kill this process (exit 3) if the machine's available memory falls below min_free_gib."""
+    """Kill this process (exit 3) if the machine's available memory falls below min_free_gib; track peak RssAnon.
+
+    (VmHWM also counts the pages of memory-mapped files the build writes, which the OS can drop; the
+    anonymous peak is the memory the build really needs.)"""
 
     def watch() -> None:
         while True:
             if available_gib() < min_free_gib:
                 print(f"ABORT: available memory below {min_free_gib} GiB", file=sys.stderr, flush=True)
                 os._exit(3)
-            time.sleep(0.5)
+            PEAK_ANON_GIB[0] = max(PEAK_ANON_GIB[0], rss_gib()["anon"])
+            time.sleep(0.2)
 
     threading.Thread(target=watch, daemon=True).start()
 
@@ -170,7 +177,7 @@ def child_main(mode: str, args: list[str], min_free_gib: float) -> dict:
         t0 = time.perf_counter()
         build_bm25_index(corpus, out)
         seconds = time.perf_counter() - t0
-        return {"seconds": seconds, "peak_rss_gib": rss_gib()["peak"], "index_gib": dir_size_gib(Path(out)),
+        return {"seconds": seconds, "peak_rss_gib": rss_gib()["peak"], "peak_anon_gib": PEAK_ANON_GIB[0], "index_gib": dir_size_gib(Path(out)),
                 "matrix_gib": sum((Path(out) / f).stat().st_size for f in ("data.csc.index.npy", "indices.csc.index.npy",
                                                                           "indptr.csc.index.npy")) / 2**30}
     if mode == "build_in_memory":
@@ -179,7 +186,7 @@ def child_main(mode: str, args: list[str], min_free_gib: float) -> dict:
         corpus, out = args
         t0 = time.perf_counter()
         BM25Retriever.from_corpus(corpus).save(out)
-        return {"seconds": time.perf_counter() - t0, "peak_rss_gib": rss_gib()["peak"]}
+        return {"seconds": time.perf_counter() - t0, "peak_rss_gib": rss_gib()["peak"], "peak_anon_gib": PEAK_ANON_GIB[0]}
     if mode == "serve":
         from stratarl.retrieval.bm25 import BM25Retriever
 
@@ -330,18 +337,20 @@ def run_bm25(args: argparse.Namespace, work: Path) -> list[dict]:
 
 def report_bm25(rows: list[dict]) -> None:
     print("\n## BM25 (build_bm25_index; served with load(mmap=True, mmap_corpus=True))")
-    print("| passages | corpus GiB | build s | build peak RSS GiB | index GiB (matrix) | load s | anon RSS load / after q GiB |"
-          " mapped RSS after q GiB | q/s single | q/s batched (64) |")
+    print("| passages | corpus GiB | build s | build peak anon RSS GiB (VmHWM) | index GiB (matrix) | load s |"
+          " anon RSS load / after q GiB | mapped RSS after q GiB | q/s single | q/s batched (64) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         b, s = r["build"], r["serve"]
-        print(f"| {r['passages']:,} | {r['gen']['corpus_gib']:.2f} | {b['seconds']:.0f} | {b['peak_rss_gib']:.2f} | "
+        anon = f"{b['peak_anon_gib']:.2f}" if "peak_anon_gib" in b else "-"
+        print(f"| {r['passages']:,} | {r['gen']['corpus_gib']:.2f} | {b['seconds']:.0f} | {anon} ({b['peak_rss_gib']:.2f}) | "
               f"{b['index_gib']:.2f} ({b['matrix_gib']:.2f}) | {s['load_s']:.1f} | {s['anon_after_load_gib']:.2f} / "
               f"{s['anon_after_queries_gib']:.2f} | {s['file_after_queries_gib']:.2f} | {s['single_qps']:.1f} | {s['batched_qps']:.1f} |")
     for r in rows:
         if "in_memory" in r:
             print(f"in-memory build (BM25Retriever.from_corpus + save) at {r['passages']:,}: {r['in_memory']['seconds']:.0f} s, "
-                  f"peak RSS {r['in_memory']['peak_rss_gib']:.2f} GiB (streamed: {r['build']['peak_rss_gib']:.2f} GiB)")
+                  f"peak RSS {r['in_memory']['peak_rss_gib']:.2f} GiB (streamed build_bm25_index: {r['build']['seconds']:.0f} s, "
+                  f"{r['build']['peak_rss_gib']:.2f} GiB)")
     if len(rows) < 2:
         return
     # The vocabulary saturates (Heaps' law) by a few hundred thousand passages, so fit the largest three sizes:
@@ -354,7 +363,8 @@ def report_bm25(rows: list[dict]) -> None:
     for label, values, kind in (
         ("index on disk GiB", [r["build"]["index_gib"] for r in rows], "linear"),
         ("score matrix GiB (mapped when serving)", [r["build"]["matrix_gib"] for r in rows], "linear"),
-        ("build peak RSS GiB", [r["build"]["peak_rss_gib"] for r in rows], "linear"),
+        ("build peak RSS GiB (VmHWM, counts written index pages)", [r["build"]["peak_rss_gib"] for r in rows], "linear"),
+        ("build peak anon RSS GiB", [r["build"].get("peak_anon_gib", r["build"]["peak_rss_gib"]) for r in rows], "linear"),
         ("serving anon RSS after queries GiB", [r["serve"]["anon_after_queries_gib"] for r in rows], "linear"),
         ("build seconds", [r["build"]["seconds"] for r in rows], "power"),
         ("single-query q/s", [r["serve"]["single_qps"] for r in rows], "power"),
@@ -369,10 +379,10 @@ def report_bm25(rows: list[dict]) -> None:
             c, p = fit_power(n, y)
             value = c * big**p
             lines.append((label, value, f"power law c·N^p: p={p:.2f}"))
-        print(f"  {label:42s} {value:10.1f}   ({lines[-1][2]})")
+        print(f"  {label:55s} {value:10.1f}   ({lines[-1][2]})")
     projected = {label: value for label, value, _ in lines}
     serve = projected["serving anon RSS after queries GiB"]
-    build = projected["build peak RSS GiB"]
+    build = projected["build peak anon RSS GiB"]
     mapped = projected["score matrix GiB (mapped when serving)"]
     print(f"  serving: {serve:.1f} GiB owned + up to {mapped:.1f} GiB of mapped index pages (cached by the OS, "
           f"dropped under pressure): {'fits' if serve + mapped < BUDGET_GB else 'owned memory fits; the page cache will thrash' if serve < BUDGET_GB else 'does NOT fit'} in {BUDGET_GB:.0f} GB")
@@ -385,7 +395,9 @@ def run_dense(args: argparse.Namespace) -> dict:
         {"kind": "ivf", "nlist": args.nlist, "nprobe": 16, "codes": "flat"},
         {"kind": "ivf", "nlist": args.nlist, "nprobe": 64, "codes": "flat"},
         {"kind": "ivf", "nlist": args.nlist, "nprobe": 64, "codes": "sq8"},
+        {"kind": "ivf", "nlist": args.nlist, "nprobe": 64, "codes": "fp16"},
         {"kind": "ivf", "nlist": args.nlist, "nprobe": 64, "codes": "pq", "pq_m": 48},
+        {"kind": "ivf", "nlist": args.nlist, "nprobe": 64, "codes": "pq", "pq_m": 96},
     ]
     print(f"[dense {args.dense_passages:,}] synthetic embeddings, exact vs IVF ...", flush=True)
     out = child("dense", str(args.dense_passages), str(args.dense_queries), str(args.seed), json.dumps(configs),
@@ -439,10 +451,21 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/scale-bench")
     parser.add_argument("--keep", action="store_true", help="keep the generated corpora and indexes")
     parser.add_argument("--min-free-gib", type=float, default=4.0)
+    parser.add_argument("--report-json", nargs="+", metavar="LOG",
+                        help="only print the BM25 report from the row lines of earlier runs' output (last row per size wins)")
     parser.add_argument("--_child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._child:
         print(json.dumps(child_main(args._child[0], args._child[1:], args.min_free_gib)))
+        return
+    if args.report_json:
+        by_size = {}
+        for log in args.report_json:
+            for line in Path(log).read_text().splitlines():
+                if line.startswith('{"passages"'):
+                    row = json.loads(line)
+                    by_size[row["passages"]] = row
+        report_bm25([by_size[n] for n in sorted(by_size)])
         return
     args.bm25_sizes = [int(x) for x in args.bm25_sizes.split(",") if x]
     work = Path(args.workdir)

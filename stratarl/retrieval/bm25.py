@@ -23,6 +23,7 @@ import re
 import shutil
 import threading
 import warnings
+from array import array
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -399,7 +400,8 @@ def build_bm25_index(
     words: dict[str, int] = {}
     term_of_word: list[int] = []
     df = np.zeros(0, dtype=np.int64)
-    all_lengths, offsets, chunk_sizes = [], [], []
+    all_lengths, chunk_sizes = [], []
+    offsets = array("q")  # 8 bytes a passage (a list of ints would take 36)
     position, num_docs = 0, 0
 
     def flush(texts: list[str]) -> None:
@@ -443,7 +445,7 @@ def build_bm25_index(
         raise CorpusError(f"{corpus}: the corpus has no passages; it needs one JSON object per line")
     if num_docs >= 2**31:
         raise ValueError(f"{num_docs} passages do not fit int32 passage ids; split the corpus into shards below 2^31")
-    np.save(index_dir / INDEX_OFFSETS_FILE, np.asarray(offsets, dtype=np.int64))
+    np.save(index_dir / INDEX_OFFSETS_FILE, np.frombuffer(offsets, dtype=np.int64))
     del offsets
 
     # Pass 2: weights into their final places (term-major, passage order within a term, as bm25_matrix).
