@@ -428,18 +428,22 @@ def build_bm25_index(
             progress("tokenised", num_docs)
 
     texts: list[str] = []
-    with open(index_dir / INDEX_CORPUS_FILE, "w", encoding="utf-8") as out:
-        for passage in iter_corpus(corpus):
-            line = json.dumps(passage.to_document(), ensure_ascii=False) + "\n"
-            out.write(line)
-            offsets.append(position)
-            position += len(line.encode("utf-8")) if not line.isascii() else len(line)
-            texts.append(passage.contents)
-            if len(texts) == chunk_passages:
-                flush(texts)
-                texts = []
-    if texts:
-        flush(texts)
+    try:
+        with open(index_dir / INDEX_CORPUS_FILE, "w", encoding="utf-8") as out:
+            for passage in iter_corpus(corpus):
+                line = json.dumps(passage.to_document(), ensure_ascii=False) + "\n"
+                out.write(line)
+                offsets.append(position)
+                position += len(line.encode("utf-8")) if not line.isascii() else len(line)
+                texts.append(passage.contents)
+                if len(texts) == chunk_passages:
+                    flush(texts)
+                    texts = []
+        if texts:
+            flush(texts)
+    except BaseException:  # a broken line (CorpusError), a full disk, Ctrl-C: leave no scratch files behind
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     if num_docs == 0:
         shutil.rmtree(scratch, ignore_errors=True)
         raise CorpusError(f"{corpus}: the corpus has no passages; it needs one JSON object per line")

