@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -122,6 +123,12 @@ def rss_gib() -> dict:
     return {"rss": fields["VmRSS"], "peak": fields["VmHWM"], "anon": fields["RssAnon"], "file": fields["RssFile"]}
 
 
+def cpu_s() -> float:
+    """CPU seconds (user + system) this process has used: unlike wall time, barely affected by other load."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def available_gib() -> float:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -174,10 +181,10 @@ def child_main(mode: str, args: list[str], min_free_gib: float) -> dict:
         from stratarl.retrieval.bm25 import build_bm25_index
 
         corpus, out = args
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_s()
         build_bm25_index(corpus, out)
         seconds = time.perf_counter() - t0
-        return {"seconds": seconds, "peak_rss_gib": rss_gib()["peak"], "peak_anon_gib": PEAK_ANON_GIB[0], "index_gib": dir_size_gib(Path(out)),
+        return {"seconds": seconds, "cpu_s": cpu_s() - c0, "peak_rss_gib": rss_gib()["peak"], "peak_anon_gib": PEAK_ANON_GIB[0], "index_gib": dir_size_gib(Path(out)),
                 "matrix_gib": sum((Path(out) / f).stat().st_size for f in ("data.csc.index.npy", "indices.csc.index.npy",
                                                                           "indptr.csc.index.npy")) / 2**30}
     if mode == "build_in_memory":
@@ -201,18 +208,19 @@ def child_main(mode: str, args: list[str], min_free_gib: float) -> dict:
             words = retriever.passages[i].text.split()
             queries.append(" ".join(rng.choice(words, size=int(rng.integers(3, 6)), replace=False)))
         single = queries[: max(10, len(queries) // 4)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_s()
         for q in single:
             retriever.search([q], 3)
-        single_qps = len(single) / (time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        single_qps, single_cpu_qps = len(single) / (time.perf_counter() - t0), len(single) / (cpu_s() - c0)
+        t0, c0 = time.perf_counter(), cpu_s()
         for start in range(0, len(queries), 64):
             retriever.search(queries[start : start + 64], 3)
-        batched_qps = len(queries) / (time.perf_counter() - t0)
+        batched_qps, batched_cpu_qps = len(queries) / (time.perf_counter() - t0), len(queries) / (cpu_s() - c0)
         after = rss_gib()
         return {"load_s": load_s, "anon_after_load_gib": after_load["anon"], "file_after_load_gib": after_load["file"],
                 "anon_after_queries_gib": after["anon"], "file_after_queries_gib": after["file"], "peak_gib": after["peak"],
-                "single_qps": single_qps, "batched_qps": batched_qps}
+                "single_qps": single_qps, "batched_qps": batched_qps,
+                "single_qps_per_cpu_s": single_cpu_qps, "batched_qps_per_cpu_s": batched_cpu_qps}
     if mode == "encode":
         import torch
 
@@ -340,15 +348,18 @@ def run_bm25(args: argparse.Namespace, work: Path) -> list[dict]:
 
 def report_bm25(rows: list[dict]) -> None:
     print("\n## BM25 (build_bm25_index; served with load(mmap=True, mmap_corpus=True))")
-    print("| passages | corpus GiB | build s | build peak anon RSS GiB (VmHWM) | index GiB (matrix) | load s |"
-          " anon RSS load / after q GiB | mapped RSS after q GiB | q/s single | q/s batched (64) |")
+    print("| passages | corpus GiB | build s wall (CPU) | build peak anon RSS GiB (VmHWM) | index GiB (matrix) | load s |"
+          " anon RSS load / after q GiB | mapped RSS after q GiB | q/s single wall (per CPU-s) | q/s batched 64 wall (per CPU-s) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         b, s = r["build"], r["serve"]
         anon = f"{b['peak_anon_gib']:.2f}" if "peak_anon_gib" in b else "-"
-        print(f"| {r['passages']:,} | {r['gen']['corpus_gib']:.2f} | {b['seconds']:.0f} | {anon} ({b['peak_rss_gib']:.2f}) | "
+        cpu = f"{b['cpu_s']:.0f}" if "cpu_s" in b else "-"
+        per_cpu = {key: f"{s[key + '_per_cpu_s']:.1f}" if key + "_per_cpu_s" in s else "-" for key in ("single_qps", "batched_qps")}
+        print(f"| {r['passages']:,} | {r['gen']['corpus_gib']:.2f} | {b['seconds']:.0f} ({cpu}) | {anon} ({b['peak_rss_gib']:.2f}) | "
               f"{b['index_gib']:.2f} ({b['matrix_gib']:.2f}) | {s['load_s']:.1f} | {s['anon_after_load_gib']:.2f} / "
-              f"{s['anon_after_queries_gib']:.2f} | {s['file_after_queries_gib']:.2f} | {s['single_qps']:.1f} | {s['batched_qps']:.1f} |")
+              f"{s['anon_after_queries_gib']:.2f} | {s['file_after_queries_gib']:.2f} | {s['single_qps']:.1f} ({per_cpu['single_qps']}) | "
+              f"{s['batched_qps']:.1f} ({per_cpu['batched_qps']}) |")
     for r in rows:
         if "in_memory" in r:
             print(f"in-memory build (BM25Retriever.from_corpus + save) at {r['passages']:,}: {r['in_memory']['seconds']:.0f} s, "
@@ -369,10 +380,15 @@ def report_bm25(rows: list[dict]) -> None:
         ("build peak RSS GiB (VmHWM, counts written index pages)", [r["build"]["peak_rss_gib"] for r in rows], "linear"),
         ("build peak anon RSS GiB", [r["build"].get("peak_anon_gib", r["build"]["peak_rss_gib"]) for r in rows], "linear"),
         ("serving anon RSS after queries GiB", [r["serve"]["anon_after_queries_gib"] for r in rows], "linear"),
-        ("build seconds", [r["build"]["seconds"] for r in rows], "power"),
-        ("single-query q/s", [r["serve"]["single_qps"] for r in rows], "power"),
-        ("batched q/s", [r["serve"]["batched_qps"] for r in rows], "power"),
+        ("build seconds (wall)", [r["build"]["seconds"] for r in rows], "power"),
+        ("build CPU seconds", [r["build"].get("cpu_s") for r in rows], "power"),
+        ("single-query q/s (wall)", [r["serve"]["single_qps"] for r in rows], "power"),
+        ("single-query q/s per CPU-second", [r["serve"].get("single_qps_per_cpu_s") for r in rows], "power"),
+        ("batched q/s (wall)", [r["serve"]["batched_qps"] for r in rows], "power"),
+        ("batched q/s per CPU-second", [r["serve"].get("batched_qps_per_cpu_s") for r in rows], "power"),
     ):
+        if any(v is None for v in values):
+            continue  # rows from a run that did not measure it
         y = np.array(values, dtype=np.float64)
         if kind == "linear":
             a, b = fit_linear(n, y)
@@ -389,8 +405,9 @@ def report_bm25(rows: list[dict]) -> None:
     mapped = projected["score matrix GiB (mapped when serving)"]
     print(f"  serving: {serve:.1f} GiB owned + up to {mapped:.1f} GiB of mapped index pages (cached by the OS, "
           f"dropped under pressure): {'fits' if serve + mapped < BUDGET_GB else 'owned memory fits; the page cache will thrash' if serve < BUDGET_GB else 'does NOT fit'} in {BUDGET_GB:.0f} GB")
+    hours = projected.get("build CPU seconds", projected["build seconds (wall)"]) / 3600
     print(f"  build: peak {build:.1f} GiB: {'fits' if build < BUDGET_GB else 'does NOT fit'} in {BUDGET_GB:.0f} GB; "
-          f"about {projected['build seconds'] / 3600:.1f} h on this machine")
+          f"about {hours:.1f} h of one core (the build is single-threaded)")
 
 
 def run_dense(args: argparse.Namespace) -> dict:
@@ -465,7 +482,7 @@ def main() -> None:
             for line in Path(log).read_text().splitlines():
                 if line.startswith('{"passages"'):
                     row = json.loads(line)
-                    by_size[row["passages"]] = row
+                    by_size[row["passages"]] = {**by_size.get(row["passages"], {}), **row}  # keep older extra fields
         report_bm25([by_size[n] for n in sorted(by_size)])
         return
     args.bm25_sizes = [int(x) for x in args.bm25_sizes.split(",") if x]
