@@ -156,6 +156,29 @@ def test_approximate_index_equals_exact_search_when_exhaustive(vectors, settings
     )
 
 
+@pytest.mark.parametrize("settings", [{"kind": "ivf", "nlist": 4, "nprobe": 4, "codes": "sq8", "train_size": 100},
+                                      {"kind": "hnsw", "codes": "fp16", "train_size": 50, "ef_search": 400}])
+def test_encoding_straight_into_the_index_equals_building_from_all_embeddings(tmp_path, vectors, monkeypatch, settings):
+    from stratarl.retrieval import dense
+
+    embeddings, queries = vectors
+    passages = [Passage(str(i), f"passage {i}") for i in range(len(embeddings))]
+    table = {p.contents: torch.from_numpy(e) for p, e in zip(passages, embeddings)}
+    table.update({f"q{i}": torch.from_numpy(q) for i, q in enumerate(queries)})
+    encoder = VectorEncoder(table)
+    encoder.settings = dense.EncoderSettings(model="vectors")
+    calls = []
+    original = encoder.encode
+    encoder.encode = lambda texts: calls.append(len(texts)) or original(texts)
+    monkeypatch.setattr(dense, "ADD_CHUNK", 64)  # several chunks
+    streamed = dense.DenseRetriever.from_passages(passages, encoder=encoder, cache_dir=False, dense_index=settings)
+    assert max(calls) <= 64  # never all 400 passages at once
+    from_matrix = dense.DenseRetriever.from_passages(passages, encoder=encoder, cache_dir=tmp_path, dense_index=settings)
+    assert max(calls) == len(passages)  # this path encodes (and caches) the whole matrix
+    names = [f"q{i}" for i in range(len(queries))]
+    assert streamed.search(names, k=5) == from_matrix.search(names, k=5)
+
+
 def test_compressed_codes_keep_most_neighbours(vectors):
     from stratarl.retrieval.dense import DenseIndexSettings, build_faiss_index
 
