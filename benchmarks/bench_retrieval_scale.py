@@ -335,6 +335,7 @@ def run_bm25(args: argparse.Namespace, work: Path) -> list[dict]:
         row = {"passages": n, "gen": gen, "build": build}
         if n <= args.compare_in_memory_up_to:
             row["in_memory"] = child("build_in_memory", str(corpus), str(work / f"bm25-mem-{n}"), min_free_gib=args.min_free_gib)
+            row["in_memory"].update(streamed_seconds=build["seconds"], streamed_peak_rss_gib=build["peak_rss_gib"])
             shutil.rmtree(work / f"bm25-mem-{n}", ignore_errors=True)
         print(f"[bm25 {n:,}] built in {build['seconds']:.0f} s, peak RSS {build['peak_rss_gib']:.2f} GiB; serving ...", flush=True)
         row["serve"] = child("serve", str(index), str(args.queries), str(args.seed), min_free_gib=args.min_free_gib)
@@ -362,23 +363,23 @@ def report_bm25(rows: list[dict]) -> None:
               f"{s['batched_qps']:.1f} ({per_cpu['batched_qps']}) |")
     for r in rows:
         if "in_memory" in r:
-            print(f"in-memory build (BM25Retriever.from_corpus + save) at {r['passages']:,}: {r['in_memory']['seconds']:.0f} s, "
-                  f"peak RSS {r['in_memory']['peak_rss_gib']:.2f} GiB (streamed build_bm25_index: {r['build']['seconds']:.0f} s, "
-                  f"{r['build']['peak_rss_gib']:.2f} GiB)")
+            m = r["in_memory"]
+            print(f"in-memory build (BM25Retriever.from_corpus + save) at {r['passages']:,}: {m['seconds']:.0f} s, "
+                  f"peak RSS {m['peak_rss_gib']:.2f} GiB; streamed build_bm25_index in the same run: "
+                  f"{m.get('streamed_seconds', r['build']['seconds']):.0f} s, {m.get('streamed_peak_rss_gib', r['build']['peak_rss_gib']):.2f} GiB")
     if len(rows) < 2:
         return
-    # The vocabulary saturates (Heaps' law) by a few hundred thousand passages, so fit the largest three sizes:
-    # beyond them every cost grows with the passages, and the intercept holds the vocabulary.
-    rows = rows[-3:]
-    n = np.array([r["passages"] for r in rows], dtype=np.float64)
+    # Below one build chunk (250k passages) memory grows with the chunk, and the vocabulary saturates (Heaps'
+    # law) by about a million passages: each measure is fitted over the three largest sizes that have it, where
+    # costs grow with the passages; counting the vocabulary's growth as linear makes the memory fit conservative.
     big = WIKI_PASSAGES
-    print(f"\n## Projection to {big:,} passages (fit over {', '.join(f'{int(x):,}' for x in n)})")
+    print(f"\n## Projection to {big:,} passages (each measure fitted over the three largest sizes that have it)")
     lines = []
     for label, values, kind in (
         ("index on disk GiB", [r["build"]["index_gib"] for r in rows], "linear"),
         ("score matrix GiB (mapped when serving)", [r["build"]["matrix_gib"] for r in rows], "linear"),
         ("build peak RSS GiB (VmHWM, counts written index pages)", [r["build"]["peak_rss_gib"] for r in rows], "linear"),
-        ("build peak anon RSS GiB", [r["build"].get("peak_anon_gib", r["build"]["peak_rss_gib"]) for r in rows], "linear"),
+        ("build peak anon RSS GiB", [r["build"].get("peak_anon_gib") for r in rows], "linear"),
         ("serving anon RSS after queries GiB", [r["serve"]["anon_after_queries_gib"] for r in rows], "linear"),
         ("build seconds (wall)", [r["build"]["seconds"] for r in rows], "power"),
         ("build CPU seconds", [r["build"].get("cpu_s") for r in rows], "power"),
@@ -387,9 +388,12 @@ def report_bm25(rows: list[dict]) -> None:
         ("batched q/s (wall)", [r["serve"]["batched_qps"] for r in rows], "power"),
         ("batched q/s per CPU-second", [r["serve"].get("batched_qps_per_cpu_s") for r in rows], "power"),
     ):
-        if any(v is None for v in values):
-            continue  # rows from a run that did not measure it
-        y = np.array(values, dtype=np.float64)
+        have = [(r["passages"], v) for r, v in zip(rows, values) if v is not None][-3:]
+        if len(have) < 2:
+            continue  # too few rows measured it
+        n = np.array([x for x, _ in have], dtype=np.float64)
+        y = np.array([v for _, v in have], dtype=np.float64)
+        label = f"{label} [{', '.join(f'{int(x) // 1000}k' for x in n)}]"
         if kind == "linear":
             a, b = fit_linear(n, y)
             value = a + b * big
@@ -398,8 +402,8 @@ def report_bm25(rows: list[dict]) -> None:
             c, p = fit_power(n, y)
             value = c * big**p
             lines.append((label, value, f"power law c·N^p: p={p:.2f}"))
-        print(f"  {label:55s} {value:10.1f}   ({lines[-1][2]})")
-    projected = {label: value for label, value, _ in lines}
+        print(f"  {label:68s} {value:10.1f}   ({lines[-1][2]})")
+    projected = {label.split(" [")[0]: value for label, value, _ in lines}
     serve = projected["serving anon RSS after queries GiB"]
     build = projected["build peak anon RSS GiB"]
     mapped = projected["score matrix GiB (mapped when serving)"]
