@@ -263,7 +263,7 @@ def dense_child(n: str, num_queries: str, seed: str, configs: str, threads: str)
     import faiss
     import torch
 
-    from stratarl.retrieval.dense import DenseIndexSettings, build_faiss_index, set_search_params
+    from stratarl.retrieval.ann import DenseIndexSettings, build_faiss_index, set_search_params
 
     n, num_queries, seed, threads = int(n), int(num_queries), int(seed), int(threads)
     faiss.omp_set_num_threads(threads)

@@ -159,7 +159,7 @@ def test_approximate_index_equals_exact_search_when_exhaustive(vectors, settings
 @pytest.mark.parametrize("settings", [{"kind": "ivf", "nlist": 4, "nprobe": 4, "codes": "sq8", "train_size": 100},
                                       {"kind": "hnsw", "codes": "fp16", "train_size": 50, "ef_search": 400}])
 def test_encoding_straight_into_the_index_equals_building_from_all_embeddings(tmp_path, vectors, monkeypatch, settings):
-    from stratarl.retrieval import dense
+    from stratarl.retrieval import ann, dense
 
     embeddings, queries = vectors
     passages = [Passage(str(i), f"passage {i}") for i in range(len(embeddings))]
@@ -170,7 +170,7 @@ def test_encoding_straight_into_the_index_equals_building_from_all_embeddings(tm
     calls = []
     original = encoder.encode
     encoder.encode = lambda texts: calls.append(len(texts)) or original(texts)
-    monkeypatch.setattr(dense, "ADD_CHUNK", 64)  # several chunks
+    monkeypatch.setattr(ann, "ADD_CHUNK", 64)  # several chunks
     streamed = dense.DenseRetriever.from_passages(passages, encoder=encoder, cache_dir=False, dense_index=settings)
     assert max(calls) <= 64  # never all 400 passages at once
     from_matrix = dense.DenseRetriever.from_passages(passages, encoder=encoder, cache_dir=tmp_path, dense_index=settings)
@@ -180,7 +180,7 @@ def test_encoding_straight_into_the_index_equals_building_from_all_embeddings(tm
 
 
 def test_compressed_codes_keep_most_neighbours(vectors):
-    from stratarl.retrieval.dense import DenseIndexSettings, build_faiss_index
+    from stratarl.retrieval.ann import DenseIndexSettings, build_faiss_index
 
     embeddings, queries = vectors
     exact = _exact_top_k(embeddings, queries, 5)
@@ -193,7 +193,7 @@ def test_compressed_codes_keep_most_neighbours(vectors):
 
 
 def test_dense_index_settings_are_validated():
-    from stratarl.retrieval.dense import DenseIndexSettings, build_faiss_index
+    from stratarl.retrieval.ann import DenseIndexSettings, build_faiss_index
 
     with pytest.raises(ValueError, match="kind must be one of exact, ivf, hnsw, got 'annoy'"):
         DenseIndexSettings(kind="annoy")
