@@ -68,6 +68,10 @@ def test_mmap_and_disk_passages_give_identical_results(mixed):
     assert on_disk.passages[-1] == passages[-1] and on_disk.passages[2:4] == passages[2:4]
 
 
+def _write_ok(tmp_path):
+    return write_corpus([Passage("0", "alpha beta"), Passage("1", "gamma")], tmp_path / "ok.jsonl")
+
+
 def test_streamed_build_errors(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")
@@ -79,6 +83,9 @@ def test_streamed_build_errors(tmp_path):
     with pytest.raises(CorpusError, match="line 6: missing field 'contents'"):
         build_bm25_index(broken, tmp_path / "out", chunk_passages=2)
     assert not (tmp_path / "out" / ".build").exists() and not (tmp_path / "out" / INDEX_META_FILE).exists()
+    index = build_bm25_index(_write_ok(tmp_path), tmp_path / "again")
+    with pytest.raises(ValueError, match="would overwrite what it reads"):
+        build_bm25_index(index / "corpus.jsonl", index)
     with pytest.raises(ValueError, match="chunk_passages must be a positive integer"):
         build_bm25_index(empty, tmp_path / "out", chunk_passages=0)
 
