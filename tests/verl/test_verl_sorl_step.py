@@ -158,7 +158,7 @@ def test_sorl_step_matches_stratarl_clip_bias_normalizer(delta):
     expected_grads, expected = reference_step(reference_model, data, delta=delta)
     for got, want in zip(engine.stepped_grads, expected_grads):
         torch.testing.assert_close(got, want)
-    metrics = {key: outputs["metrics"][key].aggregate() for key in ("sorl/c_norm", "sorl/scale")}
+    metrics = {key: float(outputs["metrics"][key].aggregate()) for key in ("sorl/c_norm", "sorl/scale")}
     torch.testing.assert_close(torch.tensor(metrics["sorl/c_norm"]), expected["sorl/c_norm"])
     torch.testing.assert_close(torch.tensor(metrics["sorl/scale"]), expected["sorl/scale"])
     assert metrics["sorl/c_norm"] > 0  # the batch is off-policy enough for turns to clip

@@ -20,7 +20,9 @@ for tests and smoke runs, not for training speed.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import zlib
 from collections.abc import Generator
 from typing import Any
 
@@ -66,7 +68,10 @@ class HFRolloutServer:
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.response_length = int(response_length)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = int(seed)
+        # One random stream per prompt: the k-th request for a prompt gets the same sample whatever
+        # order the agent loop's concurrent requests arrive in, so a seeded run is reproducible.
+        self.streams: dict[tuple[int, ...], torch.Generator] = {}
         self.weight_version = 0
         self.requests = 0
 
@@ -76,6 +81,11 @@ class HFRolloutServer:
         top_p = float(sampling_params.get("top_p", 1.0))
         top_k = int(sampling_params.get("top_k", -1))
         max_new = int(sampling_params.get("max_tokens", sampling_params.get("max_new_tokens", self.response_length)))
+        key = tuple(prompt_ids)
+        if key not in self.streams:
+            digest = zlib.crc32(json.dumps(prompt_ids).encode())
+            self.streams[key] = torch.Generator().manual_seed((self.seed * 1_000_003 + digest) % 2**63)
+        generator = self.streams[key]
         ids = torch.tensor([prompt_ids], dtype=torch.long)
         out = self.model(input_ids=ids, use_cache=True)
         past, logits = out.past_key_values, out.logits[0, -1].float()
@@ -83,7 +93,7 @@ class HFRolloutServer:
         log_probs: list[float] = []
         for _ in range(min(max_new, self.response_length)):
             token = sample_next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k,
-                                      generator=self.generator)
+                                      generator=generator)
             tokens.append(int(token))
             log_probs.append(float(torch.log_softmax(logits, dim=-1)[token]))
             if int(token) in self.eos_ids:
