@@ -63,7 +63,7 @@ class HFRolloutServer:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, torch_dtype=torch.float32, attn_implementation="sdpa"
+            model_path, dtype=torch.float32, attn_implementation="sdpa"
         ).eval()
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])

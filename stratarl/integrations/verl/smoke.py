@@ -29,11 +29,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-QUESTIONS = [("France", "Paris"), ("Italy", "Rome"), ("France", "Paris"), ("Italy", "Rome")]
+# Two wordings of one question, so both groups of a batch prefer the same answer: the first
+# mini-batch's update then moves the second one's turns past the clip bound (SORL's C ≠ 0).
+QUESTIONS = [("What is", "Paris"), ("Which city is", "Paris")] * 2
 ANSWERS = ["Paris", "Rome"]
 SPECIAL = ["<|pad|>", "<|im_end|>", "<|im_start|>", "[UNK]"]
 WORDS = ["system", "user", "assistant", "<answer>", "</answer>", *ANSWERS,
-         "Question:", "What", "is", "the", "capital", "of", "France", "Italy", "?"]
+         "Question:", "What", "Which", "city", "is", "the", "capital", "of", "France", "?"]
 # Single-turn rollouts have no searches, so every group is one stratum and Stratified GRPO's numbers
 # equal GRPO's at any α; a large ε (read only by stratarl's estimator) makes its use visible in
 # veRL's critic/advantages/* metrics: a [1, 1, 1, 0] group gets 0.25/1.5, not veRL's 0.25/0.5.
@@ -118,7 +120,7 @@ def build_model(folder: Path, seed: int = 0) -> Path:
 
 
 def write_data(folder: Path) -> tuple[Path, Path]:
-    """train.parquet (4 questions) and val.parquet (2) in veRL's RL-dataset format (single turn)."""
+    """train.parquet (4 rows, 2 batches of 2) and val.parquet (2) in veRL's RL-dataset format (single turn)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -126,12 +128,12 @@ def write_data(folder: Path) -> tuple[Path, Path]:
     rows = [
         {
             "data_source": "searchR1_nq",
-            "prompt": [{"role": "user", "content": f"Question: What is the capital of {country} ?"}],
+            "prompt": [{"role": "user", "content": f"Question: {opening} the capital of France ?"}],
             "ability": "fact-reasoning",
             "reward_model": {"style": "rule", "ground_truth": {"target": [capital]}},
             "extra_info": {"index": i, "split": "train"},
         }
-        for i, (country, capital) in enumerate(QUESTIONS)
+        for i, (opening, capital) in enumerate(QUESTIONS)
     ]
     train, val = folder / "train.parquet", folder / "val.parquet"
     pq.write_table(pa.Table.from_pylist(rows), train)
@@ -141,8 +143,7 @@ def write_data(folder: Path) -> tuple[Path, Path]:
 
 def main_ppo_overrides(workdir: Path, *, steps: int = 2, group_size: int = 4) -> list[str]:
     """Hydra overrides for veRL's ``ppo_trainer`` config: the CPU smoke run described in the module doc."""
-    from stratarl.integrations.verl import reward
-
+    reward = Path(__file__).with_name("reward.py")  # stratarl's compute_score, loaded by veRL from its path
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     return [
         "trainer.use_v1=false",  # v1 needs the transfer_queue package
@@ -163,13 +164,17 @@ def main_ppo_overrides(workdir: Path, *, steps: int = 2, group_size: int = 4) ->
         "data.max_response_length=8",
         "data.dataloader_num_workers=0",
         "data.shuffle=false",
+        "trainer.balance_batch=false",  # keep veRL's group order: mini-batch k = prompt group k
         f"actor_rollout_ref.model.path={workdir / 'model'}",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=1",  # 2 optimizer steps per batch
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.optim.lr=0.05",
-        "actor_rollout_ref.actor.clip_ratio=0.001",  # the off-policy mini-batch clips: ‖C‖ > 0
+        "actor_rollout_ref.actor.optim.lr=0.01",
+        # A tight clip range, so the second (off-policy) mini-batch of a step clips: ‖C‖ > 0.
+        "actor_rollout_ref.actor.clip_ratio=0.001",
+        "actor_rollout_ref.actor.clip_ratio_low=0.001",
+        "actor_rollout_ref.actor.clip_ratio_high=0.001",
         "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.actor.policy_loss._target_=stratarl.integrations.verl.config.SORLPolicyLossConfig",
         "actor_rollout_ref.actor.policy_loss.loss_mode=sorl",
@@ -183,7 +188,7 @@ def main_ppo_overrides(workdir: Path, *, steps: int = 2, group_size: int = 4) ->
         "algorithm.adv_estimator=stratified_grpo",
         "+algorithm.stratified_grpo._target_=stratarl.integrations.verl.config.StratifiedGRPOConfig",
         f"+algorithm.stratified_grpo.eps={STRATIFIED_EPS}",
-        f"reward.custom_reward_function.path={reward.__file__}",
+        f"reward.custom_reward_function.path={reward}",
         "reward.custom_reward_function.name=compute_score",
         "reward.num_workers=1",
         # Logical resources: one "GPU" slot = the one training process (stratarl_cpu platform);
