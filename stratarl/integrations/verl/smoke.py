@@ -4,16 +4,17 @@
 
 Builds everything offline in ``--workdir``: a word-level tokenizer with a chat template, a one-layer
 Llama whose weights are set by hand to a bigram model (after ``assistant`` it writes
-``<answer> Paris </answer>`` or ``<answer> Rome </answer>`` with equal odds, then ends), and
-four capital-city questions in veRL's RL-dataset format. Half the rollouts earn stratarl's
-exact-match reward, so groups have reward variance and the update is not zero.
+``<answer> Paris </answer>`` or ``<answer> Rome </answer>`` with equal odds, then ends), and one
+capital-city question in two wordings in veRL's RL-dataset format. About half the rollouts earn
+stratarl's exact-match reward, so groups have reward variance and the update is not zero.
 
 Then it starts ``python -m verl.trainer.main_ppo`` (legacy ``RayPPOTrainer``: veRL 0.9.1's v1
 trainer needs the ``transfer_queue`` package) in Ray local mode with
 
 - ``algorithm.adv_estimator=stratified_grpo`` and ``actor.policy_loss.loss_mode=sorl``,
 - ``actor_rollout_ref.rollout.name=hf`` (single turn) and ``actor.strategy=fsdp2`` on one CPU
-  process, two mini-batches per step (the second is off-policy, so SORL's ‖C‖ can be non-zero),
+  process, two mini-batches per step (lr 0.01, clip range 0.001: the second, off-policy one clips,
+  so SORL's ‖C‖ > 0),
 - the plugins loaded only through ``VERL_USE_EXTERNAL_MODULES``, in the driver and (through
   ``ray_kwargs.ray_init.runtime_env.env_vars``) in every Ray worker, with ``VERL_PLATFORM=stratarl_cpu``.
 
