@@ -12,13 +12,13 @@ because veRL's resource pools count ``GPU``/``NPU`` resources only. It selects i
     python -m verl.trainer.main_ppo ... +ray_kwargs.ray_init.num_gpus=1
 
 For tests and smoke runs only: a CPU has no memory statistics, streams or IPC, and the calls veRL
-makes for them are answered with zeros and no-ops. See docs/verl.md ("Running veRL on a CPU").
+makes for them are answered with zeros and no-ops. See docs/verl.md ("Running veRL's trainer on a CPU").
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any, Optional
 
@@ -132,8 +132,7 @@ class PlatformStratarlCPU(PlatformBase):
 
     @contextmanager
     def nvtx_range(self, msg: str):
-        with nullcontext():
-            yield
+        yield
 
     def profiler_start(self) -> None:
         return None

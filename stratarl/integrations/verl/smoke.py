@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     code = run(args.workdir, steps=args.steps, extra=args.overrides)
-    steps = [line for line in (args.workdir / "main_ppo.log").read_text().splitlines() if "step:" in line and " - " in line]
+    log = (args.workdir / "main_ppo.log").read_text().splitlines()
+    steps = [line for line in log if "step:" in line and " - " in line]
     print("\n".join(line[:400] for line in steps))
     print(f"main_ppo exit status {code}; full log: {args.workdir / 'main_ppo.log'}")
     return code
