@@ -8,6 +8,8 @@
 
 Load it in every Ray worker with ``VERL_USE_EXTERNAL_MODULES=stratarl.integrations.verl``
 (veRL imports the listed modules at ``import verl``). See docs/verl.md and recipes/verl/.
+For CPU smoke runs of veRL's trainer add :mod:`stratarl.integrations.verl.cpu` (a CPU platform
+and an ``hf`` rollout server; :mod:`stratarl.integrations.verl.smoke` runs one).
 """
 
 from __future__ import annotations

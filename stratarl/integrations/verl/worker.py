@@ -36,6 +36,9 @@ from typing import Any, Callable
 import torch
 from tensordict import TensorDict
 from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils.device import get_device_name
+from verl.utils.distributed import initialize_global_process_group_ray
+from verl.utils.metric import Metric
 from verl.utils.tensordict_utils import maybe_fix_3d_position_ids
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 from verl.workers.utils.padding import no_padding_2_padding
@@ -144,7 +147,7 @@ def sorl_train_batch(engine: Any, data: TensorDict, loss_function: Callable, *, 
 
     ``loss_function`` is the actor's ``partial(ppo_loss, config=actor_config)``. Returns the
     engine's outputs with ``grad_norm`` (after scaling, before clipping, as veRL logs it) and
-    ``sorl/c_norm``, ``sorl/scale`` added to the metrics.
+    ``sorl/c_norm``, ``sorl/scale`` (veRL ``Metric``s, mean-aggregated) added to the metrics.
     """
     actor_config = getattr(loss_function, "keywords", {}).get("config")
     if actor_config is None:
@@ -164,14 +167,23 @@ def sorl_train_batch(engine: Any, data: TensorDict, loss_function: Callable, *, 
     if engine.is_mp_src_rank_with_outputs():
         metrics = outputs["metrics"]
         metrics["grad_norm"] = grad_norm
-        metrics["sorl/c_norm"] = float(c_norm)
-        metrics["sorl/scale"] = scale
+        # veRL Metrics: TrainingWorker gathers metrics over data-parallel ranks and expects each to be
+        # a Metric or a per-micro-batch list; only its own loss / grad_norm / lr may be plain numbers.
+        metrics["sorl/c_norm"] = Metric(aggregation="mean", value=float(c_norm))
+        metrics["sorl/scale"] = Metric(aggregation="mean", value=scale)
     return outputs
 
 
 class SORLTrainingWorker(TrainingWorker):
     """veRL's ``TrainingWorker`` whose optimizer step applies SORL's normalisation when the
     actor's ``policy_loss.loss_mode`` is ``sorl``; identical to veRL's otherwise."""
+
+    def __init__(self, config):
+        if get_device_name() == "cpu":
+            # veRL's default backend string "cpu:gloo,<device>:<backend>" is invalid when the device
+            # itself is the CPU (stratarl.integrations.verl.cpu); gloo alone serves both.
+            initialize_global_process_group_ray(timeout_second=None, backend="gloo")
+        super().__init__(config)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def set_loss_fn(self, loss_fn):
