@@ -23,6 +23,14 @@ def register(subparsers) -> None:
     parser.add_argument("--model", default=None, help="dense: encoder folder (overrides the one stored in the index)")
     parser.add_argument("--prefixes", choices=("none", "e5"), default=None, help="dense with --corpus: e5 prefixes")
     parser.add_argument("--device", default="cpu", help="dense: torch device (default: cpu)")
+    parser.add_argument("--mmap", action="store_true",
+                        help="with --index: memory-map the index (BM25 score arrays, a faiss index) instead of reading "
+                        "it into memory; --workers > 1 maps a BM25 index always")
+    parser.add_argument("--mmap-corpus", action="store_true",
+                        help="with --index: read passages from the index's corpus copy on disk when returned "
+                        "(8 bytes a passage in memory instead of the text); for Wikipedia-size corpora")
+    parser.add_argument("--nprobe", type=int, default=None, help="with --index, a faiss IVF index: lists searched per query")
+    parser.add_argument("--ef-search", type=int, default=None, help="with --index, a faiss HNSW index: search breadth")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     parser.add_argument("--topk", type=int, default=3, help="passages per query when a request has no topk (default: 3)")
@@ -53,9 +61,16 @@ def _retriever_spec(args: argparse.Namespace) -> dict:
         spec: dict = {"index": args.index}
         from stratarl.retrieval.bm25 import read_index_meta
 
+        spec.update({key: True for key in ("mmap", "mmap_corpus") if getattr(args, key)})
         if read_index_meta(args.index)["kind"] == "dense":
             spec.update(device=args.device, **({"model": args.model} if args.model else {}))
+            spec.update({key: getattr(args, key) for key in ("nprobe", "ef_search") if getattr(args, key) is not None})
+        elif args.nprobe is not None or args.ef_search is not None:
+            raise ValueError(f"--nprobe / --ef-search apply to a dense faiss index; {args.index} is a BM25 index")
         return spec
+    if args.mmap or args.mmap_corpus or args.nprobe is not None or args.ef_search is not None:
+        raise ValueError("--mmap, --mmap-corpus, --nprobe and --ef-search apply when loading a built index (--index DIR); "
+                         "build one with `stratarl index build`")
     spec = {"kind": args.kind, "corpus": args.corpus}
     if args.kind == "dense":
         spec.update(device=args.device, prefixes=args.prefixes, **({"model": args.model} if args.model else {}))

@@ -90,3 +90,27 @@ def test_dense_index_build_and_search(tmp_path, small_corpus_path, capsys):
     assert "built dense index of 8 passages" in capsys.readouterr().out
     assert main(["index", "search", str(out), "feline pet", "-k", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["result"][0][0]["document"]["id"] == "2"
+
+
+def test_serve_loading_options_reach_the_retriever_spec(tmp_path, small_corpus_path):
+    import argparse
+
+    from stratarl.commands.serve import _retriever_spec
+    from stratarl.retrieval.bm25 import BM25Retriever
+    from stratarl.retrieval.corpus import load_corpus
+    from stratarl.retrieval.factory import build_retriever
+
+    index = BM25Retriever.from_passages(load_corpus(small_corpus_path)).save(tmp_path / "idx")
+    base = dict(index=str(index), corpus=None, kind="bm25", model=None, prefixes=None, device="cpu",
+                mmap=False, mmap_corpus=False, nprobe=None, ef_search=None)
+    assert _retriever_spec(argparse.Namespace(**base)) == {"index": str(index)}
+    spec = _retriever_spec(argparse.Namespace(**{**base, "mmap": True, "mmap_corpus": True}))
+    assert spec == {"index": str(index), "mmap": True, "mmap_corpus": True}
+    mapped, plain = build_retriever(spec), build_retriever({"index": str(index)})
+    queries = ["the", "river city"]
+    assert [[p.contents for p in hits] for hits in mapped.search(queries, 3)] == \
+        [[p.contents for p in hits] for hits in plain.search(queries, 3)]
+    with pytest.raises(ValueError, match="dense faiss index"):
+        _retriever_spec(argparse.Namespace(**{**base, "nprobe": 8}))
+    with pytest.raises(ValueError, match="--index DIR"):
+        _retriever_spec(argparse.Namespace(**{**base, "index": None, "corpus": str(small_corpus_path), "mmap": True}))
