@@ -1,29 +1,39 @@
 """Generation speed of stratarl's KV-cache sampling loop vs Hugging Face ``generate`` on
 SmolLM2-135M-Instruct (fp32, CPU), and as a fraction of this machine's decode limit.
 
-Same run, same model, same left-padded ~200-token prompts, greedy, exactly
-``--new-tokens`` tokens per row (EOS and stop strings off, so both do equal work):
+Same run, same model, same left-padded ~200-token prompts (distinct per row), greedy,
+exactly ``--new-tokens`` tokens per row (EOS and stop strings off, so both do equal work):
 
 - HF: ``model.generate(min_new_tokens=N, max_new_tokens=N, do_sample=False)``.
 - ours: ``KVCacheGenerator.generate`` (our stop rule and log-prob bookkeeping included),
-  on its fast Llama-family forward (``stratarl.rollout.fast_forward``); "generic" is
-  the same loop on the model's own forward with a ``DynamicCache`` (``fast=False``).
+  on its fast Llama-family forward (``stratarl.rollout.fast_forward``), with a new
+  generator per call, so the weight fusion and packing that follow every policy update in
+  training are paid every time; "generic" (``--generic``) is the same loop on the model's
+  own forward with a ``DynamicCache`` (``fast=False``).
 
-The machine limit for one decode step at batch b is
-``max(weight_bytes / read_bandwidth, 2 * params * b / matmul_flops)``, both measured
-here with torch (a large-tensor sum for bandwidth, a 2048^3 matmul for FLOP/s). Our
-decode-phase tokens/s (time for N tokens minus time for 1 token) is reported against it.
-Targets: ours >= 2x HF at batch 8 and 32, >= 35% of the limit at batch 32.
+Columns. "tok/s" is end to end (batch x N tokens over the whole call). The decode phase is
+timed inside the same call, not by subtracting a second run: for HF from the first call of
+a ``StoppingCriteria`` (made right after the prefill and the first token) to the end of
+``generate``; for ours from the end of the prefill to the end of ``generate``; both cover
+N - 1 one-token forward steps. Each figure is the best of ``--repeats`` runs, HF and ours
+alternating, so background load hits both alike. A decode time under 1 ms (or N < 2) is
+printed as "n/a" rather than divided by.
 
-Both backends pay the same prefill (~200 x batch prompt tokens, compute-bound), so the
-end-to-end ratio is bounded by it; the decode phase is also reported on its own for
-both (time for N tokens minus time for 1). ``--grouped 32`` adds the RL case: 32 rows
-= 8 prompts x 4 samples (a GRPO group), where our prefill runs each prompt once.
+The decode limit: one step at batch b must read every weight and the KV cache (at the
+mean context, prompt + N/2) once and do ``2 * params * b`` FLOPs plus attention, so a
+step takes at least ``max(bytes / read_bandwidth, flops / matmul_flops)``, both measured
+in this run (a 512 MiB sum for bandwidth, a 2048^3 matmul for FLOP/s); the "bound" column
+says which term binds ("memory" at these sizes). No decode rate may exceed the limit: one
+that does is flagged "!" (a timing error), never hidden.
+
+Targets: ours >= 2x HF end to end at batch 8 and 32. ``--grouped 32`` adds the RL case:
+32 rows = 8 prompts x 4 samples (a GRPO group), where our prefill runs each prompt once.
 
 Also measures whether dropping finished rows from the batch beats keeping them
 (``--drop-check``), on a batch whose rows stop at different lengths.
 
-    python benchmarks/bench_generation.py [--batch-sizes 1 8 32] [--new-tokens 64] [--prompt-tokens 200] [--threads N]
+    python benchmarks/bench_generation.py [--batch-sizes 1 8 32] [--new-tokens 64] [--prompt-tokens 200]
+        [--repeats 3] [--threads N]
 """
 
 from __future__ import annotations
@@ -38,13 +48,15 @@ from stratarl.rollout import KVCacheGenerator, SamplingParams, encode_prompt
 
 FILLER = ("Doc 1(Title: \"Paris\") Paris is the capital and most populous city of France, on the Seine. "
           "Doc 2(Title: \"Lyon\") Lyon is the third-largest city of France, at the confluence of rivers. ")
+MIN_DECODE_SECONDS = 1e-3  # shorter decode phases are below what perf_counter around a Python loop resolves
 
 
 def make_prompts(tokenizer, batch: int, prompt_tokens: int) -> list[list[int]]:
-    """~prompt_tokens-token Search-R1 prompts, lengths varying by up to 8 tokens (left padding is exercised)."""
+    """~prompt_tokens-token Search-R1 prompts: the row number is in the question (the kept tail),
+    so rows are distinct; lengths vary by up to 8 tokens (left padding is exercised)."""
     prompts = []
     for row in range(batch):
-        question = f"(case {row}) " + FILLER * 8 + " Which city is the capital of France"
+        question = FILLER * 8 + f" Which city is the capital of France (case {row})"
         ids = encode_prompt(tokenizer, question)
         target = prompt_tokens - (row % 9)
         prompts.append(ids[-target:] if len(ids) >= target else ids)
@@ -74,22 +86,78 @@ def measure_flops(n: int = 2048) -> float:
     return 2 * n**3 / seconds
 
 
+def decode_rate(batch: int, new_tokens: int, decode_seconds: float | None) -> float | None:
+    """Decode-phase tokens/s (batch x (N - 1) tokens), or None when there is no decode phase
+    (N < 2) or it is too short to time (so no near-zero time is ever divided by)."""
+    if new_tokens < 2 or decode_seconds is None or decode_seconds < MIN_DECODE_SECONDS:
+        return None
+    return batch * (new_tokens - 1) / decode_seconds
+
+
+def step_limit(config, weight_bytes: int, params: int, batch: int, context: float, bandwidth: float,
+               flops: float) -> tuple[float, str]:
+    """Lower bound on one decode step's seconds at ``batch`` rows and ``context`` cached tokens:
+    every weight and the rows' K/V are read once (memory), and the matmul FLOPs are done
+    (compute). Returns (seconds, which bound binds)."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_bytes = 2 * config.num_hidden_layers * batch * kv_heads * context * head_dim * 4  # K and V, fp32
+    attention_flops = 4 * config.num_hidden_layers * batch * heads * head_dim * context  # q k^T and p v
+    memory = (weight_bytes + kv_bytes) / bandwidth
+    compute = (2 * params * batch + attention_flops) / flops
+    return (memory, "memory") if memory >= compute else (compute, "compute")
+
+
+class _FirstCall:
+    """HF ``StoppingCriteria`` that stops nothing and records when ``generate`` first calls it
+    (right after the prefill and the first sampled token)."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def __call__(self, input_ids, scores=None, **kwargs):
+        if self.at is None:
+            self.at = time.perf_counter()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 def hf_generate(model, tokenizer, prompts, new_tokens):
+    """(ids [B, L + N], seconds, decode seconds) of one HF generate call."""
+    from transformers import StoppingCriteriaList
+
     from stratarl.rollout.generation import left_pad
 
     ids, mask = left_pad(prompts, tokenizer.pad_token_id, "cpu")
+    first = _FirstCall()
+    start = time.perf_counter()
     with torch.inference_mode():
-        return model.generate(input_ids=ids, attention_mask=mask, do_sample=False, min_new_tokens=new_tokens,
-                              max_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id)
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, min_new_tokens=new_tokens,
+                             max_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id,
+                             stopping_criteria=StoppingCriteriaList([first]))
+    end = time.perf_counter()
+    return out, end - start, (end - first.at) if first.at is not None else None
 
 
 def ours_generate(model, tokenizer, prompts, new_tokens, drop_finished=True, limits=None, fast=None):
-    # A new generator per call: the fast path's weight fusion is paid every time, as after
-    # every policy update in training.
+    """(generations, seconds, decode seconds) of one call of a new ``KVCacheGenerator``."""
+    start = time.perf_counter()
     generator = KVCacheGenerator(model, tokenizer, drop_finished=drop_finished, fast=fast)
     generator.eos_ids = {-1}  # equal work: never stop at EOS (HF side uses min_new_tokens)
+    prefilled: list[float] = []
+    for name in ("_start_fast", "_start_generic"):  # note when the prefill returns
+        original = getattr(generator, name)
+
+        def timed(*args, _original=original, **kwargs):
+            result = _original(*args, **kwargs)
+            prefilled.append(time.perf_counter())
+            return result
+
+        setattr(generator, name, timed)
     params = SamplingParams(max_new_tokens=new_tokens, greedy=True, stop_strings=())
-    return generator.generate(prompts, params, limits)
+    out = generator.generate(prompts, params, limits)
+    end = time.perf_counter()
+    return out, end - start, (end - prefilled[0]) if prefilled else None
 
 
 def same_until_eos(ours: list[int], hf: list[int], eos_id: int) -> bool:
@@ -98,12 +166,19 @@ def same_until_eos(ours: list[int], hf: list[int], eos_id: int) -> bool:
     return ours[:end] == hf[:end]
 
 
+def fmt(value: float | None, width: int, limit: float | None = None) -> str:
+    if value is None:
+        return f"{'n/a':>{width}}"
+    flag = "!" if limit is not None and value > limit else ""
+    return f"{value:>{width - len(flag)}.1f}{flag}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=1, help="best of this many runs per measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many runs per measurement")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--no-drop-check", action="store_true", help="skip the drop-vs-mask comparison")
     parser.add_argument("--grouped", type=int, nargs="*", default=[32],
@@ -112,6 +187,8 @@ def main() -> None:
     parser.add_argument("--generic", action="store_true",
                         help="also time our loop on the model's own forward (fast=False)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -121,42 +198,62 @@ def main() -> None:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bandwidth, flops = measure_bandwidth(), measure_flops()
     print(f"threads={torch.get_num_threads()} params={params / 1e6:.1f}M weights={weight_bytes / 2**20:.0f} MiB "
-          f"read bandwidth={bandwidth / 1e9:.1f} GB/s matmul={flops / 1e9:.1f} GFLOP/s")
+          f"read bandwidth={bandwidth / 1e9:.1f} GB/s matmul={flops / 1e9:.1f} GFLOP/s "
+          f"(best of {args.repeats} runs each, HF and ours alternating)")
     print(f"{'batch':>5} {'prompts':>7} {'HF tok/s':>9} {'ours tok/s':>10} {'ours/HF':>7} {'same ids':>8} "
-          f"{'HF dec tok/s':>12} {'our dec tok/s':>13} {'dec ours/HF':>11} {'limit tok/s':>11} {'of limit':>8}"
+          f"{'HF dec tok/s':>12} {'our dec tok/s':>13} {'dec ours/HF':>11} {'limit tok/s':>11} {'bound':>7} {'of limit':>8}"
           + (f" {'generic tok/s':>13}" if args.generic else ""))
     cases = [(batch, batch) for batch in args.batch_sizes]
     cases += [(batch, batch // args.group_size) for batch in args.grouped if batch % args.group_size == 0]
+    ratios: list[tuple[int, int, float, float | None]] = []
+    same_total = rows_total = 0
+    any_over = False
     for batch, num_prompts in cases:
         distinct = make_prompts(tokenizer, num_prompts, args.prompt_tokens)
         prompts = [p for p in distinct for _ in range(batch // num_prompts)]  # a GRPO group: G rows per prompt
-        start = time.perf_counter()
-        hf_out = hf_generate(model, tokenizer, prompts, args.new_tokens)
-        hf_time = time.perf_counter() - start
-        start = time.perf_counter()
-        ours_out = ours_generate(model, tokenizer, prompts, args.new_tokens)
-        ours_time = time.perf_counter() - start
-        if args.repeats > 1:
-            hf_time = min(hf_time, best_time(lambda: hf_generate(model, tokenizer, prompts, args.new_tokens), args.repeats - 1))
-            ours_time = min(ours_time, best_time(lambda: ours_generate(model, tokenizer, prompts, args.new_tokens), args.repeats - 1))
+        hf_times, hf_decodes, our_times, our_decodes = [], [], [], []
+        for _ in range(args.repeats):
+            hf_out, seconds, decode = hf_generate(model, tokenizer, prompts, args.new_tokens)
+            hf_times.append(seconds)
+            hf_decodes.append(decode)
+            ours_out, seconds, decode = ours_generate(model, tokenizer, prompts, args.new_tokens)
+            our_times.append(seconds)
+            our_decodes.append(decode)
+        hf_time, ours_time = min(hf_times), min(our_times)
+        hf_decode = min((d for d in hf_decodes if d is not None), default=None)
+        our_decode = min((d for d in our_decodes if d is not None), default=None)
         width = max(len(p) for p in prompts)
         same = sum(same_until_eos(o.token_ids, hf_out[row, width:].tolist(), tokenizer.eos_token_id)
                    for row, o in enumerate(ours_out))
-        # Decode phase = time for N tokens minus time for the first one (the prefill), for both.
-        first_token = best_time(lambda: ours_generate(model, tokenizer, prompts, 1), args.repeats)
-        hf_first_token = best_time(lambda: hf_generate(model, tokenizer, prompts, 1), args.repeats)
-        decode_rate = batch * (args.new_tokens - 1) / max(ours_time - first_token, 1e-9)
-        hf_decode_rate = batch * (args.new_tokens - 1) / max(hf_time - hf_first_token, 1e-9)
-        step_limit = max(weight_bytes / bandwidth, 2 * params * batch / flops)
-        limit_rate = batch / step_limit
+        same_total, rows_total = same_total + same, rows_total + batch
+        context = sum(len(p) for p in prompts) / batch + args.new_tokens / 2
+        limit_step, bound = step_limit(model.config, weight_bytes, params, batch, context, bandwidth, flops)
+        limit_rate = batch / limit_step
+        hf_rate = decode_rate(batch, args.new_tokens, hf_decode)
+        our_rate = decode_rate(batch, args.new_tokens, our_decode)
+        any_over |= any(r is not None and r > limit_rate for r in (hf_rate, our_rate))
+        dec_ratio = our_rate / hf_rate if our_rate is not None and hf_rate is not None else None
+        ratios.append((batch, num_prompts, hf_time / ours_time, dec_ratio))
         tokens = batch * args.new_tokens
         line = (f"{batch:>5} {num_prompts:>7} {tokens / hf_time:>9.1f} {tokens / ours_time:>10.1f} {hf_time / ours_time:>6.2f}x "
-                f"{same:>4}/{batch:<3} {hf_decode_rate:>12.1f} {decode_rate:>13.1f} {decode_rate / hf_decode_rate:>10.2f}x "
-                f"{limit_rate:>11.1f} {decode_rate / limit_rate:>7.0%}")
+                f"{same:>4}/{batch:<3} {fmt(hf_rate, 12, limit_rate)} {fmt(our_rate, 13, limit_rate)} "
+                f"{fmt(dec_ratio, 10)}{'x' if dec_ratio is not None else ' '} {limit_rate:>11.1f} {bound:>7} "
+                + (f"{our_rate / limit_rate:>7.0%}" if our_rate is not None else f"{'n/a':>8}"))
         if args.generic:
             generic_time = best_time(lambda: ours_generate(model, tokenizer, prompts, args.new_tokens, fast=False), args.repeats)
             line += f" {tokens / generic_time:>13.1f}"
         print(line, flush=True)
+    if args.new_tokens < 2:
+        print("decode columns n/a: --new-tokens < 2 leaves no decode phase")
+    if any_over:
+        print("! a decode rate above the limit is a timing error (too few tokens or repeats?), not a result")
+    summary = ", ".join(f"batch {b}{f' ({p} prompts)' if p != b else ''} {r:.2f}x" for b, p, r, _ in ratios)
+    dec_summary = ", ".join(f"batch {b}{f' ({p} prompts)' if p != b else ''} "
+                            + (f"{d:.2f}x" if d is not None else "n/a") for b, p, _, d in ratios)
+    print(f"ours / HF end to end: {summary}")
+    print(f"ours / HF decode phase: {dec_summary}")
+    print(f"greedy ids equal to HF generate: {same_total}/{rows_total} rows "
+          f"({'all equal' if same_total == rows_total else 'MISMATCH'})")
 
     if not args.no_drop_check:
         batch = 8
