@@ -400,7 +400,7 @@ class FastDecoder:
         normed = _rms_norm(hidden, layer.norm2_w, layer.norm2_eps)
         gate_up = layer.gate_up(normed)
         gate, up = gate_up[..., :layer.intermediate], gate_up[..., layer.intermediate:]
-        return layer.down.add_to(hidden, F.silu(gate, inplace=True).mul_(up))  # gate_up is ours to overwrite
+        return layer.down.add_to(hidden, F.silu(gate).mul_(up))  # silu(gate) is contiguous, as the GEMM wants
 
     def _logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
         final = self.inner.norm
