@@ -134,6 +134,8 @@ def packing_available() -> bool:
 # overhead (~10 us) then outweighs its faster kernel (64-wide word-tiny: a packed [32, 64] x [64, 192]
 # product takes 18 us, F.linear 7 us; at the 293k-element LM head the two are equal).
 PACK_MIN_ELEMENTS = 2 ** 18
+# Products with at most this many rows (batch 1 or 2 at decode) run MKL's F.linear even when packed.
+GEMV_ROWS = 2
 
 
 class _Linear:
@@ -142,13 +144,18 @@ class _Linear:
     Why: at decode, M = batch rows is small and every weight is read once per step;
     MKL's sgemm behind ``F.linear`` runs such skinny products at a fraction of the
     bandwidth, while a pre-packed oneDNN weight runs a 30-layer SmolLM2 sweep of them
-    1.6-1.8x faster (2 threads, M = 8 and 32) and the 49k-wide LM head 2-3x faster.
+    1.6-1.8x faster (M = 4 to 32) and the 49k-wide LM head 2-3x faster. At M <= ``GEMV_ROWS``
+    it is the other way round (MKL's matrix-vector kernels: 41 vs 51 ms per SmolLM2 sweep at
+    M = 1, one thread), so such calls run ``F.linear`` on ``parts``: the unfused projections
+    the weight was stacked from (the model's own tensors, no copy).
     ``pack``: True packs, False does not, None packs weights of at least ``PACK_MIN_ELEMENTS``.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool | None) -> None:
+    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], pack: bool | None) -> None:
+        parts = [(w.detach(), b.detach() if b is not None else None) for w, b in parts]
+        weight, bias = _fuse(parts)
         self.out_features = weight.shape[0]
-        self.weight, self.bias, self.packed = weight, bias, None
+        self.weight, self.bias, self.packed, self.parts = weight, bias, None, parts
         self.binary_add = hasattr(torch.ops.mkldnn._linear_pointwise, "binary")
         if pack is None:
             pack = weight.numel() >= PACK_MIN_ELEMENTS
@@ -156,21 +163,29 @@ class _Linear:
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 32)
                 self.bias = bias.detach().contiguous() if bias is not None else None
-                self.weight = None
+                self.weight = None  # the stacked copy; ``parts`` stay (views of the model's parameters)
             except (RuntimeError, AttributeError):  # an op or format this build lacks: plain GEMM
                 self.packed = None
+        if self.packed is None:
+            self.parts = None
+
+    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [F.linear(x, w, b) for w, b in self.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] <= GEMV_ROWS:
+            return self._gemv(x)
         out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``residual + x @ W^T + b``. Packed, the addition is oneDNN's sum post-op on the fp32
         result (one pass instead of a GEMM and an add, and bit for bit the same numbers)."""
-        if self.packed is None or not self.binary_add:
+        if self.packed is None or not self.binary_add or residual.numel() <= GEMV_ROWS * self.out_features:
             return residual + self(x)
         flat = x.reshape(-1, x.shape[-1])
         out = torch.ops.mkldnn._linear_pointwise.binary(flat, residual.reshape(-1, self.out_features),
@@ -184,11 +199,11 @@ class _Layer:
     def __init__(self, layer, pack: bool | None) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         q, k, v = (_weight_and_bias(p) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        self.qkv = _Linear(*_fuse([q, k, v]), pack)
-        self.o = _Linear(*_weight_and_bias(attn.o_proj), pack)
+        self.qkv = _Linear([q, k, v], pack)
+        self.o = _Linear([_weight_and_bias(attn.o_proj)], pack)
         gate, up = _weight_and_bias(mlp.gate_proj), _weight_and_bias(mlp.up_proj)
-        self.gate_up = _Linear(*_fuse([gate, up]), pack)
-        self.down = _Linear(*_weight_and_bias(mlp.down_proj), pack)
+        self.gate_up = _Linear([gate, up], pack)
+        self.down = _Linear([_weight_and_bias(mlp.down_proj)], pack)
         self.norm1_w, self.norm1_eps = layer.input_layernorm.weight, _eps(layer.input_layernorm)
         self.norm2_w, self.norm2_eps = layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)
         self.intermediate = gate[0].shape[0]
@@ -196,6 +211,8 @@ class _Layer:
 
 def _fuse(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Stack projections' weights (and biases, zeros where one has none) into one matrix."""
+    if len(parts) == 1:
+        return parts[0]
     weight = torch.cat([w for w, _ in parts], dim=0)
     if all(b is None for _, b in parts):
         return weight, None
@@ -255,7 +272,7 @@ class FastDecoder:
         version = self._weights_version()
         if version is None or version != self._version:
             self._layers = [_Layer(layer, self.pack) for layer in self.inner.layers]
-            self._lm_head = _Linear(*_weight_and_bias(self.causal_lm.lm_head), self.pack)
+            self._lm_head = _Linear([_weight_and_bias(self.causal_lm.lm_head)], self.pack)
             self._version = version
 
     # -- cache -----------------------------------------------------------------------------

@@ -321,6 +321,12 @@ def test_packed_weights_give_the_same_logits(smollm2_tokenizer):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         tokens = a.argmax(-1)
         torch.testing.assert_close(packed.decode(tokens), plain.decode(tokens), rtol=1e-4, atol=1e-4)
+        # Down to GEMV_ROWS rows the packed decoder runs F.linear on the unfused projections
+        # (biases included): still the same logits.
+        rows = torch.tensor([1])
+        packed.select(rows)
+        plain.select(rows)
+        torch.testing.assert_close(packed.decode(tokens[rows]), plain.decode(tokens[rows]), rtol=1e-4, atol=1e-4)
 
 
 def test_rope_tables_and_rolled_rotation_equal_the_models_rotary_embedding(smollm2_tokenizer):
