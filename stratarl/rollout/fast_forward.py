@@ -148,15 +148,21 @@ class _Linear:
     it is the other way round (MKL's matrix-vector kernels: 41 vs 51 ms per SmolLM2 sweep at
     M = 1, one thread), so such calls run ``F.linear`` on ``parts``: the unfused projections
     the weight was stacked from (the model's own tensors, no copy).
-    ``pack``: True packs, False does not, None packs weights of at least ``PACK_MIN_ELEMENTS``.
+    ``pack``: True packs, False does not, None packs weights of at least ``PACK_MIN_ELEMENTS``,
+    "parts" neither packs nor stacks: every call runs ``F.linear`` on ``parts`` (for a decoder
+    whose batch is at most ``GEMV_ROWS`` rows, so no copy of the weights is made at all).
     """
 
-    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], pack: bool | None) -> None:
+    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], pack: bool | None | str) -> None:
         parts = [(w.detach(), b.detach() if b is not None else None) for w, b in parts]
-        weight, bias = _fuse(parts)
-        self.out_features = weight.shape[0]
-        self.weight, self.bias, self.packed, self.parts = weight, bias, None, parts
+        self.out_features = sum(w.shape[0] for w, _ in parts)
         self.binary_add = hasattr(torch.ops.mkldnn._linear_pointwise, "binary")
+        self.packed, self.parts = None, parts
+        if pack == "parts":
+            self.weight = self.bias = None
+            return
+        weight, bias = _fuse(parts)
+        self.weight, self.bias = weight, bias
         if pack is None:
             pack = weight.numel() >= PACK_MIN_ELEMENTS
         if pack and weight.device.type == "cpu" and weight.dtype == torch.float32:
@@ -175,7 +181,7 @@ class _Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, self.weight, self.bias) if self.weight is not None else self._gemv(x)
         flat = x.reshape(-1, x.shape[-1])
         if flat.shape[0] <= GEMV_ROWS:
             return self._gemv(x)
@@ -194,9 +200,10 @@ class _Linear:
 
 
 class _Layer:
-    """One decoder layer's weights, with Q|K|V and gate|up fused into single matrices."""
+    """One decoder layer's weights, with Q|K|V and gate|up fused into single matrices
+    (unless ``pack`` is "parts"; see ``_Linear``)."""
 
-    def __init__(self, layer, pack: bool | None) -> None:
+    def __init__(self, layer, pack: bool | None | str) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         q, k, v = (_weight_and_bias(p) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
         self.qkv = _Linear([q, k, v], pack)
@@ -256,6 +263,7 @@ class FastDecoder:
         self._lora_modules = [m for m in model.modules() if _is_lora(m)]
         self.pack = False if not packing_available() else pack
         self._version: tuple | None = None
+        self._unpacked_for_small = False  # layers built without packing for a batch of <= GEMV_ROWS rows
         self._rope_cos = self._rope_sin = None  # [n, D] tables for positions 0..n-1
 
     # -- weights ---------------------------------------------------------------------------
@@ -267,13 +275,22 @@ class FastDecoder:
         except RuntimeError:  # inference tensors (a model built under inference_mode) have no counter
             return None
 
-    def refresh(self) -> None:
-        """Re-fuse the projection weights if any parameter changed since the last call."""
+    def refresh(self, rows: int | None = None) -> None:
+        """Re-fuse the projection weights if any parameter changed since the last call.
+
+        ``rows``: the batch about to be decoded. With automatic packing and at most
+        ``GEMV_ROWS`` rows, nothing is packed or stacked (every product then runs F.linear on
+        the model's own weights, the fastest at that size), which saves the copy of every
+        weight a packing costs (~0.4 s for SmolLM2 on one core); a later, larger batch packs."""
         version = self._weights_version()
-        if version is None or version != self._version:
-            self._layers = [_Layer(layer, self.pack) for layer in self.inner.layers]
-            self._lm_head = _Linear([_weight_and_bias(self.causal_lm.lm_head)], self.pack)
+        small = self.pack is None and rows is not None and rows <= GEMV_ROWS
+        stale = version is None or version != self._version
+        if stale or (self._unpacked_for_small and not small and rows is not None):
+            pack = "parts" if small else self.pack
+            self._layers = [_Layer(layer, pack) for layer in self.inner.layers]
+            self._lm_head = _Linear([_weight_and_bias(self.causal_lm.lm_head)], pack)
             self._version = version
+            self._unpacked_for_small = small
 
     # -- cache -----------------------------------------------------------------------------
     def _rope(self, positions: torch.Tensor, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -308,6 +325,7 @@ class FastDecoder:
         if ids.dim() != 2 or ids.shape != attention_mask.shape:
             raise ValueError(f"ids {tuple(ids.shape)} and attention_mask {tuple(attention_mask.shape)} must be equal [B, L]")
         length = ids.shape[1]
+        self.refresh(rows=len(ids))  # the rows that will be decoded (before identical prompts are merged)
         if prefixes is not None:
             if len(prefixes) != len(ids):
                 raise ValueError(f"{len(prefixes)} prefixes for {len(ids)} rows")
@@ -329,7 +347,6 @@ class FastDecoder:
         """Cache layout per row: its prefix right-aligned in columns [0, P), its new
         tokens left-padded in [P, P + L); everything else is masked out."""
         batch, length = ids.shape
-        self.refresh()
         weight = self.inner.embed_tokens.weight
         shape = (len(self._layers), batch, self.num_kv_heads, capacity, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)

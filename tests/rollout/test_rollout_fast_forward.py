@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stratarl.rollout.fast_forward import FastDecoder, unsupported_reason
+from stratarl.rollout.fast_forward import FastDecoder, packing_available, unsupported_reason
 from stratarl.rollout.generation import (
     HFGenerator,
     KVCacheGenerator,
@@ -386,3 +386,22 @@ def test_greedy_ids_equal_hf_generate_at_several_batch_sizes(batch, smollm2_toke
                                    rtol=1e-4, atol=1e-4)
         compared += clear
     assert compared >= 0.8 * batch * params.max_new_tokens
+
+
+def test_a_batch_of_one_or_two_rows_packs_nothing_and_a_larger_batch_packs(smollm2_tokenizer):
+    """Automatic packing: at <= GEMV_ROWS rows the LM head (3.1M elements, packed otherwise)
+    stays the model's own weight; a later 3-row batch packs it. Logits match the model either way."""
+    model = _build("llama_gqa", smollm2_tokenizer)
+    pad = smollm2_tokenizer.pad_token_id
+    decoder = FastDecoder(model)
+    with torch.inference_mode():
+        for prompts, packed in ((PROMPTS[:1], False), (PROMPTS[:2], False), (PROMPTS, True)):
+            ids, mask = left_pad(prompts, pad, "cpu")
+            logits = decoder.prefill(ids, mask, capacity=ids.shape[1] + 1)
+            assert (decoder._lm_head.packed is not None) == (packed and packing_available())
+            assert decoder._lm_head.weight is None or packed  # no stacked copy for small batches
+            torch.testing.assert_close(logits, _reference_logits(model, [list(p) for p in prompts], pad),
+                                       rtol=1e-4, atol=1e-4)
+            rows = [list(p) + [t] for p, t in zip(prompts, logits.argmax(-1).tolist())]
+            torch.testing.assert_close(decoder.decode(logits.argmax(-1)), _reference_logits(model, rows, pad),
+                                       rtol=1e-4, atol=1e-4)
