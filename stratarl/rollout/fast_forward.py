@@ -13,8 +13,11 @@ module runs the same math with:
 - fused projections: one GEMM for Q|K|V and one for gate|up per layer, with the
   weights pre-packed for oneDNN on CPU (rebuilt only when a parameter changed,
   tracked by version counters);
-- decode attention by SDPA reading the grouped-query K/V in place (no repetition),
-  with an additive padding bias built once per step.
+- decode attention by SDPA reading the grouped-query K/V in place (no repetition: a
+  K/V head's query heads are its query positions), with an additive padding bias
+  kept across steps;
+- residual additions inside the o_proj / down_proj GEMMs (oneDNN's sum post-op), and at
+  1-2 batch rows MKL's matrix-vector products on the model's own weights instead.
 
 The math is the model's own: RMSNorm in fp32 as ``LlamaRMSNorm``, the model's
 ``rotary_emb`` module for cos / sin (so rope scaling variants are honoured), and
