@@ -147,7 +147,7 @@ class _Linear:
     Why: at decode, M = batch rows is small and every weight is read once per step;
     MKL's sgemm behind ``F.linear`` runs such skinny products at a fraction of the
     bandwidth, while a pre-packed oneDNN weight runs a 30-layer SmolLM2 sweep of them
-    1.6-1.8x faster (M = 4 to 32) and the 49k-wide LM head 2-3x faster. At M <= ``GEMV_ROWS``
+    1.5-1.8x faster (M = 4 to 32) and the 49k-wide LM head 2-3x faster. At M <= ``GEMV_ROWS``
     it is the other way round (MKL's matrix-vector kernels: 41 vs 51 ms per SmolLM2 sweep at
     M = 1, one thread), so such calls run ``F.linear`` on ``parts``: the unfused projections
     the weight was stacked from (the model's own tensors, no copy).
@@ -469,8 +469,9 @@ class FastDecoder:
             values = self.v_cache[index, :, :, :self.length]
             # The G query heads sharing a K/V head are that head's G "query positions" (a view:
             # heads are grouped consecutively, as repeat_interleave lays them out), so SDPA reads
-            # each K/V head in place once for G queries: no repetition, and 2x faster on CPU than
-            # SDPA's enable_gqa at batch 8 (which walks K/V once per query head).
+            # each K/V head in place once for its G queries: no repetition, and in isolation 1.2-2x
+            # faster on CPU than SDPA's enable_gqa, which walks K/V once per query head (in a whole
+            # step the reads of the cache from memory dominate either way).
             grouped = q.view(batch, self.num_kv_heads, self.groups, self.head_dim)
             attn = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=bias, scale=self.scale)
             hidden = self._finish_layer(layer, hidden, attn.reshape(batch, 1, self.num_heads * self.head_dim))
