@@ -13,8 +13,11 @@ module runs the same math with:
 - fused projections: one GEMM for Q|K|V and one for gate|up per layer, with the
   weights pre-packed for oneDNN on CPU (rebuilt only when a parameter changed,
   tracked by version counters);
-- decode attention by SDPA reading the grouped-query K/V in place (no repetition),
-  with an additive padding bias built once per step.
+- decode attention by SDPA reading the grouped-query K/V in place (no repetition: a
+  K/V head's query heads are its query positions), with an additive padding bias
+  kept across steps;
+- residual additions inside the o_proj / down_proj GEMMs (oneDNN's sum post-op), and at
+  1-2 batch rows MKL's matrix-vector products on the model's own weights instead.
 
 The math is the model's own: RMSNorm in fp32 as ``LlamaRMSNorm``, the model's
 ``rotary_emb`` module for cos / sin (so rope scaling variants are honoured), and
@@ -134,6 +137,8 @@ def packing_available() -> bool:
 # overhead (~10 us) then outweighs its faster kernel (64-wide word-tiny: a packed [32, 64] x [64, 192]
 # product takes 18 us, F.linear 7 us; at the 293k-element LM head the two are equal).
 PACK_MIN_ELEMENTS = 2 ** 18
+# Products with at most this many rows (batch 1 or 2 at decode) run MKL's F.linear even when packed.
+GEMV_ROWS = 2
 
 
 class _Linear:
@@ -142,42 +147,73 @@ class _Linear:
     Why: at decode, M = batch rows is small and every weight is read once per step;
     MKL's sgemm behind ``F.linear`` runs such skinny products at a fraction of the
     bandwidth, while a pre-packed oneDNN weight runs a 30-layer SmolLM2 sweep of them
-    1.6-1.8x faster (2 threads, M = 8 and 32) and the 49k-wide LM head 2-3x faster.
-    ``pack``: True packs, False does not, None packs weights of at least ``PACK_MIN_ELEMENTS``.
+    1.5-1.8x faster (M = 4 to 32) and the 49k-wide LM head 2-3x faster. At M <= ``GEMV_ROWS``
+    it is the other way round (MKL's matrix-vector kernels: 41 vs 51 ms per SmolLM2 sweep at
+    M = 1, one thread), so such calls run ``F.linear`` on ``parts``: the unfused projections
+    the weight was stacked from (the model's own tensors, no copy).
+    ``pack``: True packs, False does not, None packs weights of at least ``PACK_MIN_ELEMENTS``,
+    "parts" neither packs nor stacks: every call runs ``F.linear`` on ``parts`` (for a decoder
+    whose batch is at most ``GEMV_ROWS`` rows, so no copy of the weights is made at all).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool | None) -> None:
-        self.out_features = weight.shape[0]
-        self.weight, self.bias, self.packed = weight, bias, None
+    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], pack: bool | None | str) -> None:
+        parts = [(w.detach(), b.detach() if b is not None else None) for w, b in parts]
+        self.out_features = sum(w.shape[0] for w, _ in parts)
+        self.binary_add = hasattr(torch.ops.mkldnn._linear_pointwise, "binary")
+        self.packed, self.parts = None, parts
+        if pack == "parts":
+            self.weight = self.bias = None
+            return
+        weight, bias = _fuse(parts)
+        self.weight, self.bias = weight, bias
         if pack is None:
             pack = weight.numel() >= PACK_MIN_ELEMENTS
         if pack and weight.device.type == "cpu" and weight.dtype == torch.float32:
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 32)
                 self.bias = bias.detach().contiguous() if bias is not None else None
-                self.weight = None
+                self.weight = None  # the stacked copy; ``parts`` stay (views of the model's parameters)
             except (RuntimeError, AttributeError):  # an op or format this build lacks: plain GEMM
                 self.packed = None
+        if self.packed is None:
+            self.parts = None
+
+    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [F.linear(x, w, b) for w, b in self.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, self.weight, self.bias) if self.weight is not None else self._gemv(x)
         flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] <= GEMV_ROWS:
+            return self._gemv(x)
         out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
         return out.reshape(*x.shape[:-1], self.out_features)
 
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``residual + x @ W^T + b``. Packed, the addition is oneDNN's sum post-op on the fp32
+        result (one pass instead of a GEMM and an add, and bit for bit the same numbers)."""
+        if self.packed is None or not self.binary_add or residual.numel() <= GEMV_ROWS * self.out_features:
+            return residual + self(x)
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.ops.mkldnn._linear_pointwise.binary(flat, residual.reshape(-1, self.out_features),
+                                                        self.packed, self.bias, "add")
+        return out.reshape(residual.shape)
+
 
 class _Layer:
-    """One decoder layer's weights, with Q|K|V and gate|up fused into single matrices."""
+    """One decoder layer's weights, with Q|K|V and gate|up fused into single matrices
+    (unless ``pack`` is "parts"; see ``_Linear``)."""
 
-    def __init__(self, layer, pack: bool | None) -> None:
+    def __init__(self, layer, pack: bool | None | str) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         q, k, v = (_weight_and_bias(p) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        self.qkv = _Linear(*_fuse([q, k, v]), pack)
-        self.o = _Linear(*_weight_and_bias(attn.o_proj), pack)
+        self.qkv = _Linear([q, k, v], pack)
+        self.o = _Linear([_weight_and_bias(attn.o_proj)], pack)
         gate, up = _weight_and_bias(mlp.gate_proj), _weight_and_bias(mlp.up_proj)
-        self.gate_up = _Linear(*_fuse([gate, up]), pack)
-        self.down = _Linear(*_weight_and_bias(mlp.down_proj), pack)
+        self.gate_up = _Linear([gate, up], pack)
+        self.down = _Linear([_weight_and_bias(mlp.down_proj)], pack)
         self.norm1_w, self.norm1_eps = layer.input_layernorm.weight, _eps(layer.input_layernorm)
         self.norm2_w, self.norm2_eps = layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)
         self.intermediate = gate[0].shape[0]
@@ -185,6 +221,8 @@ class _Layer:
 
 def _fuse(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Stack projections' weights (and biases, zeros where one has none) into one matrix."""
+    if len(parts) == 1:
+        return parts[0]
     weight = torch.cat([w for w, _ in parts], dim=0)
     if all(b is None for _, b in parts):
         return weight, None
@@ -228,6 +266,7 @@ class FastDecoder:
         self._lora_modules = [m for m in model.modules() if _is_lora(m)]
         self.pack = False if not packing_available() else pack
         self._version: tuple | None = None
+        self._unpacked_for_small = False  # layers built without packing for a batch of <= GEMV_ROWS rows
         self._rope_cos = self._rope_sin = None  # [n, D] tables for positions 0..n-1
 
     # -- weights ---------------------------------------------------------------------------
@@ -239,13 +278,22 @@ class FastDecoder:
         except RuntimeError:  # inference tensors (a model built under inference_mode) have no counter
             return None
 
-    def refresh(self) -> None:
-        """Re-fuse the projection weights if any parameter changed since the last call."""
+    def refresh(self, rows: int | None = None) -> None:
+        """Re-fuse the projection weights if any parameter changed since the last call.
+
+        ``rows``: the batch about to be decoded. With automatic packing and at most
+        ``GEMV_ROWS`` rows, nothing is packed or stacked (every product then runs F.linear on
+        the model's own weights, the fastest at that size), which saves the copy of every
+        weight a packing costs (~0.4 s for SmolLM2 on one core); a later, larger batch packs."""
         version = self._weights_version()
-        if version is None or version != self._version:
-            self._layers = [_Layer(layer, self.pack) for layer in self.inner.layers]
-            self._lm_head = _Linear(*_weight_and_bias(self.causal_lm.lm_head), self.pack)
+        small = self.pack is None and rows is not None and rows <= GEMV_ROWS
+        stale = version is None or version != self._version
+        if stale or (self._unpacked_for_small and not small and rows is not None):
+            pack = "parts" if small else self.pack
+            self._layers = [_Layer(layer, pack) for layer in self.inner.layers]
+            self._lm_head = _Linear([_weight_and_bias(self.causal_lm.lm_head)], pack)
             self._version = version
+            self._unpacked_for_small = small
 
     # -- cache -----------------------------------------------------------------------------
     def _rope(self, positions: torch.Tensor, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,6 +328,7 @@ class FastDecoder:
         if ids.dim() != 2 or ids.shape != attention_mask.shape:
             raise ValueError(f"ids {tuple(ids.shape)} and attention_mask {tuple(attention_mask.shape)} must be equal [B, L]")
         length = ids.shape[1]
+        self.refresh(rows=len(ids))  # the rows that will be decoded (before identical prompts are merged)
         if prefixes is not None:
             if len(prefixes) != len(ids):
                 raise ValueError(f"{len(prefixes)} prefixes for {len(ids)} rows")
@@ -301,7 +350,6 @@ class FastDecoder:
         """Cache layout per row: its prefix right-aligned in columns [0, P), its new
         tokens left-padded in [P, P + L); everything else is masked out."""
         batch, length = ids.shape
-        self.refresh()
         weight = self.inner.embed_tokens.weight
         shape = (len(self._layers), batch, self.num_kv_heads, capacity, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
@@ -338,11 +386,16 @@ class FastDecoder:
         mask = torch.zeros(allowed.shape, dtype=weight.dtype, device=ids.device)
         mask = mask.masked_fill_(~allowed, float("-inf"))[:, None]
         hidden = self.inner.embed_tokens(ids)
+        last = len(self._layers) - 1
         for index, layer in enumerate(self._layers):
-            hidden = self._layer_prefill(index, layer, hidden, cos, sin, mask, prefix_width)
+            hidden = self._layer_prefill(index, layer, hidden, cos, sin, mask, prefix_width, index == last)
         return self._logits(hidden[:, -1])
 
-    def _layer_prefill(self, index, layer: _Layer, hidden, cos, sin, mask, prefix_width: int):
+    def _layer_prefill(self, index, layer: _Layer, hidden, cos, sin, mask, prefix_width: int, last_only: bool):
+        """One layer over all prompt positions, writing their K/V to the cache. ``last_only``
+        (the last layer): only the last position's output is needed (the logits read nothing
+        else), so attention, o_proj and the MLP run for it alone; every position's K/V is
+        still computed and cached. Rows are independent, so the numbers are the same."""
         batch, length, _ = hidden.shape
         q, k, v = self._qkv(layer, hidden, cos, sin)  # [B, heads, L, D]
         end = prefix_width + length
@@ -350,10 +403,10 @@ class FastDecoder:
         self.v_cache[index, :, :, prefix_width:end] = v
         if prefix_width:
             k, v = self.k_cache[index, :, :, :end], self.v_cache[index, :, :, :end]
-        if self.groups > 1:
-            k = k.repeat_interleave(self.groups, dim=1)
-            v = v.repeat_interleave(self.groups, dim=1)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        if last_only:
+            q, mask, hidden = q[:, :, -1:], mask[:, :, -1:], hidden[:, -1:]
+            length = 1
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=self.groups > 1)
         attn = attn.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
         return self._finish_layer(layer, hidden, attn)
 
@@ -380,11 +433,11 @@ class FastDecoder:
         return q, k, v
 
     def _finish_layer(self, layer: _Layer, hidden, attn):
-        hidden = hidden + layer.o(attn)
+        hidden = layer.o.add_to(hidden, attn)
         normed = _rms_norm(hidden, layer.norm2_w, layer.norm2_eps)
         gate_up = layer.gate_up(normed)
         gate, up = gate_up[..., :layer.intermediate], gate_up[..., layer.intermediate:]
-        return hidden + layer.down(F.silu(gate) * up)
+        return layer.down.add_to(hidden, F.silu(gate).mul_(up))  # silu(gate) is contiguous, as the GEMM wants
 
     def _logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
         final = self.inner.norm
@@ -414,10 +467,13 @@ class FastDecoder:
             self.v_cache[index, :, :, column] = v[:, :, 0]
             keys = self.k_cache[index, :, :, :self.length]  # [B, kv, T, D]
             values = self.v_cache[index, :, :, :self.length]
-            # Grouped-query heads read their shared K/V in place (no repetition); ~3x faster
-            # than two batched matmuls of [G, D] x [D, T] per row on CPU.
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scale,
-                                                  enable_gqa=self.groups > 1)  # [B, heads, 1, D]
+            # The G query heads sharing a K/V head are that head's G "query positions" (a view:
+            # heads are grouped consecutively, as repeat_interleave lays them out), so SDPA reads
+            # each K/V head in place once for its G queries: no repetition, and in isolation 1.2-2x
+            # faster on CPU than SDPA's enable_gqa, which walks K/V once per query head (in a whole
+            # step the reads of the cache from memory dominate either way).
+            grouped = q.view(batch, self.num_kv_heads, self.groups, self.head_dim)
+            attn = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=bias, scale=self.scale)
             hidden = self._finish_layer(layer, hidden, attn.reshape(batch, 1, self.num_heads * self.head_dim))
         return self._logits(hidden[:, 0])
 

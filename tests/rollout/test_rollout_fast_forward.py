@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stratarl.rollout.fast_forward import FastDecoder, unsupported_reason
+from stratarl.rollout.fast_forward import FastDecoder, packing_available, unsupported_reason
 from stratarl.rollout.generation import (
     HFGenerator,
     KVCacheGenerator,
@@ -321,6 +321,12 @@ def test_packed_weights_give_the_same_logits(smollm2_tokenizer):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         tokens = a.argmax(-1)
         torch.testing.assert_close(packed.decode(tokens), plain.decode(tokens), rtol=1e-4, atol=1e-4)
+        # Down to GEMV_ROWS rows the packed decoder runs F.linear on the unfused projections
+        # (biases included): still the same logits.
+        rows = torch.tensor([1])
+        packed.select(rows)
+        plain.select(rows)
+        torch.testing.assert_close(packed.decode(tokens[rows]), plain.decode(tokens[rows]), rtol=1e-4, atol=1e-4)
 
 
 def test_rope_tables_and_rolled_rotation_equal_the_models_rotary_embedding(smollm2_tokenizer):
@@ -352,3 +358,50 @@ def test_small_weights_are_not_packed_unless_asked(smollm2_tokenizer):
     assert decoder._layers[0].qkv.packed is None  # 64 x 128: far below the threshold
     head_packed = decoder._lm_head.packed is not None
     assert head_packed == (packing_available() and model.lm_head.weight.numel() >= PACK_MIN_ELEMENTS)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 8])
+def test_greedy_ids_equal_hf_generate_at_several_batch_sizes(batch, smollm2_tokenizer):
+    """Left-padded prompts of 1..9 tokens at batch 1, 4, 8: the same greedy ids as HF generate,
+    log-probs within fp32 rounding.
+
+    Both backends sum in different orders, so their logits differ by ~1e-5; at a step whose
+    top-1 / top-2 margin is that small either id is a correct argmax. So each row's ids are
+    compared up to its first near tie (margin < 1e-3 in one unpadded forward pass), and the
+    compared steps must be most of the run, or the test would be vacuous."""
+    model = _build("llama_gqa", smollm2_tokenizer)
+    prompts = [[(37 * row + 11 * i) % 4000 + 5 for i in range(1 + (3 * row) % 9)] for row in range(batch)]
+    params = SamplingParams(max_new_tokens=10, greedy=True, stop_strings=())
+    ours = KVCacheGenerator(model, smollm2_tokenizer, fast=True).generate(prompts, params)
+    reference = HFGenerator(model, smollm2_tokenizer).generate(prompts, params)
+    compared = 0
+    for prompt, a, b in zip(prompts, ours, reference):
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([prompt + b.token_ids])).logits[0, len(prompt) - 1:-1]
+        top2 = logits.topk(2, dim=-1).values
+        ties = ((top2[:, 0] - top2[:, 1]) < 1e-3).nonzero()
+        clear = int(ties[0]) if len(ties) else len(b.token_ids)  # steps before the first near tie
+        assert a.token_ids[:clear] == b.token_ids[:clear]
+        torch.testing.assert_close(torch.tensor(a.logprobs[:clear]), torch.tensor(b.logprobs[:clear]),
+                                   rtol=1e-4, atol=1e-4)
+        compared += clear
+    assert compared >= 0.8 * batch * params.max_new_tokens
+
+
+def test_a_batch_of_one_or_two_rows_packs_nothing_and_a_larger_batch_packs(smollm2_tokenizer):
+    """Automatic packing: at <= GEMV_ROWS rows the LM head (3.1M elements, packed otherwise)
+    stays the model's own weight; a later 3-row batch packs it. Logits match the model either way."""
+    model = _build("llama_gqa", smollm2_tokenizer)
+    pad = smollm2_tokenizer.pad_token_id
+    decoder = FastDecoder(model)
+    with torch.inference_mode():
+        for prompts, packed in ((PROMPTS[:1], False), (PROMPTS[:2], False), (PROMPTS, True)):
+            ids, mask = left_pad(prompts, pad, "cpu")
+            logits = decoder.prefill(ids, mask, capacity=ids.shape[1] + 1)
+            assert (decoder._lm_head.packed is not None) == (packed and packing_available())
+            assert decoder._lm_head.weight is None or packed  # no stacked copy for small batches
+            torch.testing.assert_close(logits, _reference_logits(model, [list(p) for p in prompts], pad),
+                                       rtol=1e-4, atol=1e-4)
+            rows = [list(p) + [t] for p, t in zip(prompts, logits.argmax(-1).tolist())]
+            torch.testing.assert_close(decoder.decode(logits.argmax(-1)), _reference_logits(model, rows, pad),
+                                       rtol=1e-4, atol=1e-4)
