@@ -22,6 +22,7 @@ Targets (from the issue): update MFU >= 50 %, peak RSS <= 8 GB, step time <= 0.6
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import resource
@@ -54,41 +55,73 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2  # Linux: KiB
 
 
+def utilisation(flops_per_s: float, peak: float) -> str:
+    """``flops_per_s`` as a share of the measured peak; above 100 % is impossible, so it is reported as
+    an accounting error (work counted that did not run), never as a result."""
+    share = flops_per_s / peak
+    if share > 1.0:
+        return f"ACCOUNTING ERROR: {100 * share:.0f}% of the measured peak (counts work that did not run)"
+    return f"{100 * share:.1f}% of matmul peak"
+
+
 def update_microbench(cfg, rows: int, prompt_len: int, response_len: int, repeats: int) -> dict:
-    """Forward + backward (all weights trainable) through the trainer's log-prob path."""
+    """Forward + backward (all weights trainable) through the trainer's log-prob path; the rows share
+    one prompt, as a GRPO group does, so the prompt runs once (``response_logprobs``)."""
     from stratarl.trainer.batch import collate_sequences
+    from stratarl.trainer.flops import matmul_params, nominal_flops, record_decoder_calls
     from stratarl.trainer.logprobs import response_logprobs
     from stratarl.trainer.setup import load_policy
 
     model_cfg = type(cfg.model)(**{**cfg.model.__dict__, "trainable_layers": 0})
     model, tok = load_policy(model_cfg)
-    params = sum(p.numel() for p in model.parameters())
+    params = matmul_params(model)
     g = torch.Generator().manual_seed(0)
     batch = collate_sequences([torch.randint(100, 40000, (prompt_len,), generator=g).tolist()] * rows,
                               [torch.randint(100, 40000, (response_len,), generator=g).tolist()] * rows,
                               [[1] * response_len] * rows, tok.pad_token_id)
     tokens = int(batch.attention_mask.sum())
-    times = []
+    times, executed = [], 0.0
     model.train()
     for i in range(repeats + 1):
         t = time.perf_counter()
-        out = response_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
-                                batch.response_mask, chunk_tokens=cfg.trainer.logprob_chunk_tokens)
-        (-(out["logprobs"]).sum() / batch.num_policy_tokens).backward()
+        with record_decoder_calls(model) as record:
+            out = response_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
+                                    batch.response_mask, chunk_tokens=cfg.trainer.logprob_chunk_tokens)
+            (-(out["logprobs"]).sum() / batch.num_policy_tokens).backward()
         model.zero_grad(set_to_none=True)
         if i:  # the first pass warms up allocator and kernels
             times.append(time.perf_counter() - t)
+        executed = record.total()
     best = min(times)
     return {"params": params, "tokens": tokens, "seconds": best, "tokens_per_s": tokens / best,
-            "flops_per_s": 6 * params * tokens / best}
+            "nominal_flops": nominal_flops(params, tokens), "executed_flops": executed,
+            "executed_flops_per_s": executed / best}
 
 
-def loop_bench(config: str, steps: int, overrides: list[str]) -> dict:
-    """A few RL steps of ``config`` (no warm start, no eval); per-phase means over steps 2..N."""
+def loop_bench(config: str, steps: int, overrides: list[str], keep_batch: bool = False) -> dict:
+    """A few RL steps of ``config`` (no warm start, no eval); per-phase means over steps 2..N.
+
+    The update phase runs under ``record_decoder_calls``: ``update_executed_flops`` is the work it did
+    (mean per step over steps 2..N). With ``keep_batch`` the last step's rollout batch (advantages
+    filled, before the update) is returned as ``batch``, with the config as ``cfg``."""
+    from stratarl.trainer import update as update_module
     from stratarl.trainer.config import load_config
+    from stratarl.trainer.flops import record_decoder_calls
     from stratarl.trainer.metrics import read_metrics
     from stratarl.trainer.rl import train
     from stratarl.trainer.setup import set_threads
+
+    executed: list[float] = []
+    kept: dict = {}
+    original = update_module.update_policy
+
+    def counted_update(learner, batch, cfg, generator, **kwargs):
+        if keep_batch:
+            kept["batch"] = copy.deepcopy(batch)
+        with record_decoder_calls(learner.model) as record:
+            out = original(learner, batch, cfg, generator, **kwargs)
+        executed.append(record.total())
+        return out
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(config, ["sft.enabled=false", "eval.before_after=false", f"trainer.steps={steps}",
@@ -97,17 +130,67 @@ def loop_bench(config: str, steps: int, overrides: list[str]) -> dict:
                                    f"trainer.output_dir={tmp}", *overrides])
         set_threads(cfg.trainer.num_threads)
         started = time.perf_counter()
-        train(cfg, Path(tmp) / "bench")
+        update_module.update_policy = counted_update
+        try:
+            train(cfg, Path(tmp) / "bench")
+        finally:
+            update_module.update_policy = original
         wall = time.perf_counter() - started
         rows = read_metrics(Path(tmp) / "bench")
     measured = rows[1:] if len(rows) > 1 else rows
     keys = ["time/generation", "time/retrieval", "time/logprobs", "time/update", "time/step",
             "perf/update_tokens_per_s", "perf/generation_tokens_per_s", "rollout/response_length_mean",
-            "rollout/observation_length_mean", "rollout/prompt_length_mean", "rollout/num", "perf/update_policy_tokens"]
+            "rollout/observation_length_mean", "rollout/prompt_length_mean", "rollout/num", "perf/update_policy_tokens",
+            "rollout/reward_mean", "optim/grad_norm"]
     mean = {k: sum(r.get(k, 0.0) or 0.0 for r in measured) / len(measured) for k in keys}
+    steps_executed = executed[1:] if len(executed) > 1 else executed
+    mean["update_executed_flops"] = sum(steps_executed) / max(1, len(steps_executed))
     mean["wall_seconds"] = wall
     mean["trainable_layers"] = cfg.model.trainable_layers
+    if keep_batch:
+        mean["batch"], mean["cfg"] = kept.get("batch"), cfg
     return mean
+
+
+def update_comparison(cfg, batch, repeats: int = 2) -> dict:
+    """The reference and the fast update (``update_policy(impl=...)``) on the same rollout batch from the
+    same policy, interleaved ``repeats`` times (best time of each), plus the largest gradient difference
+    of one accumulation over the whole batch (the first optimizer step's gradient)."""
+    from stratarl.trainer.flops import record_decoder_calls
+    from stratarl.trainer.prefix import unsupported_reason
+    from stratarl.trainer.setup import load_policy
+    from stratarl.trainer.update import accumulate_gradients, build_learner, update_policy
+
+    model, _ = load_policy(cfg.model)
+    total_steps = cfg.trainer.epochs * cfg.trainer.mini_batches
+    times: dict[str, list[float]] = {"reference": [], "fast": []}
+    flops: dict[str, float] = {}
+    for _ in range(repeats):
+        for impl in ("reference", "fast"):
+            learner = build_learner(copy.deepcopy(model), cfg, total_steps)
+            b = copy.deepcopy(batch)
+            with record_decoder_calls(learner.model) as record:
+                t = time.perf_counter()
+                update_policy(learner, b, cfg, torch.Generator().manual_seed(0), impl=impl)
+                times[impl].append(time.perf_counter() - t)
+            flops[impl] = record.total()
+    grads = {}
+    for impl in ("reference", "fast"):
+        learner = build_learner(copy.deepcopy(model), cfg, total_steps)
+        learner.model.train()
+        prefix, rows = None, None
+        if impl == "fast":
+            from stratarl.trainer.prefix import frozen_prefix
+
+            prefix = frozen_prefix(learner.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
+            rows = list(range(batch.size))
+        accumulate_gradients(learner, copy.deepcopy(batch), cfg, prefix, rows)
+        grads[impl] = [p.grad.clone() for p in learner.policy_parameters() if p.grad is not None]
+    diff = max(float((a - b).abs().max()) for a, b in zip(grads["reference"], grads["fast"]))
+    scale = max(float(a.abs().max()) for a in grads["reference"])
+    return {"reference_s": min(times["reference"]), "fast_s": min(times["fast"]), "times": times,
+            "speedup": min(times["reference"]) / min(times["fast"]), "executed_flops": flops,
+            "max_grad_diff": diff, "max_grad": scale, "fast_path": unsupported_reason(model) or "used"}
 
 
 def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, lr: float = 1e-6) -> dict:
@@ -188,6 +271,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     parser.add_argument("--skip-micro", action="store_true", help="skip the update micro-benchmark")
+    parser.add_argument("--skip-compare", action="store_true", help="skip the reference-vs-fast update comparison")
+    parser.add_argument("--compare-repeats", type=int, default=2, help="interleaved runs of each update (best kept)")
     parser.add_argument("--json", help="also write the numbers here")
     parser.add_argument("--trl", action="store_true", help="also compare with TRL's GRPOTrainer (pip install trl)")
     parser.add_argument("--trl-only", action="store_true", help="only the TRL comparison")
@@ -217,21 +302,23 @@ def main() -> int:
             return 0
     if not args.skip_micro:
         micro = update_microbench(cfg, rows=4, prompt_len=192, response_len=160, repeats=1)
-        micro["mfu"] = micro["flops_per_s"] / peak
         results["update_micro"] = micro
-        print(f"[update micro] {micro['params'] / 1e6:.0f}M params, {micro['tokens']} tokens fwd+bwd in "
-              f"{micro['seconds']:.2f}s: {micro['tokens_per_s']:.0f} tok/s, MFU {100 * micro['mfu']:.1f}% of matmul")
-    loop = loop_bench(args.config, args.steps, args.overrides)
+        print(f"[update micro] {micro['params'] / 1e6:.0f}M matmul params, {micro['tokens']} tokens (4 rows sharing "
+              f"one prompt) fwd+bwd in {micro['seconds']:.2f}s: {micro['tokens_per_s']:.0f} tok/s; nominal 6ND "
+              f"{micro['nominal_flops'] / 1e9:.0f} GFLOP, executed {micro['executed_flops'] / 1e9:.0f} GFLOP = "
+              f"{micro['executed_flops_per_s'] / 1e9:.1f} GFLOP/s, {utilisation(micro['executed_flops_per_s'], peak)}")
+    loop = loop_bench(args.config, args.steps, args.overrides, keep_batch=not args.skip_compare)
+    from stratarl.trainer.flops import matmul_params, nominal_flops
     from stratarl.trainer.setup import load_policy
 
     model, _ = load_policy(cfg.model)
-    params = sum(p.numel() for p in model.parameters())
+    params = matmul_params(model)
     layers = getattr(model.config, "num_hidden_layers", 1)
     trainable = loop["trainable_layers"] or layers
-    # Work actually done: forward 2N everywhere, backward 4N only above the lowest trained layer.
-    work_factor = 2 + 4 * trainable / layers
-    loop["update_mfu_nominal"] = loop["perf/update_tokens_per_s"] * 6 * params / peak
-    loop["update_mfu_work"] = loop["perf/update_tokens_per_s"] * work_factor * params / peak
+    update_s = loop["time/update"]
+    nominal = nominal_flops(params, loop["perf/update_tokens_per_s"] * update_s)  # tokens x epochs of a step
+    loop["update_nominal_flops"] = nominal
+    batch, loop_cfg = loop.pop("batch", None), loop.pop("cfg", None)
     results["loop"] = loop
     results["peak_rss_gb"] = peak_rss_gb()
     print(f"[loop] {args.steps} steps of {Path(args.config).name}, means over steps 2..{args.steps}:")
@@ -239,13 +326,25 @@ def main() -> int:
         print(f"    {k:<28}{loop[k]:8.2f} s")
     print(f"    rollouts/step {loop['rollout/num']:.0f}, prompt {loop['rollout/prompt_length_mean']:.0f} + policy "
           f"{loop['rollout/response_length_mean']:.0f} + observation {loop['rollout/observation_length_mean']:.0f} tokens")
-    print(f"    update: {loop['perf/update_tokens_per_s']:.0f} tok/s = MFU {100 * loop['update_mfu_nominal']:.1f}% "
-          f"nominal (6 x params), {100 * loop['update_mfu_work']:.1f}% of the work done "
-          f"({work_factor:.1f} x params; last {trainable}/{layers} layers train)")
+    executed = loop["update_executed_flops"]
+    print(f"    update: {loop['perf/update_tokens_per_s']:.0f} tok/s (every row's prompt counted); nominal 6ND "
+          f"{nominal / 1e9:.0f} GFLOP (shown, not the work done), executed {executed / 1e9:.0f} GFLOP (prompts once, "
+          f"last {trainable}/{layers} layers train) = {executed / max(update_s, 1e-9) / 1e9:.1f} GFLOP/s, "
+          f"{utilisation(executed / max(update_s, 1e-9), peak)}")
     print(f"    generation: {loop['perf/generation_tokens_per_s']:.0f} policy tok/s")
+    if batch is not None:
+        cmp = update_comparison(loop_cfg, batch, repeats=args.compare_repeats)
+        results["update_compare"] = cmp
+        peak_share = {k: utilisation(v / cmp[f"{k}_s"], peak) for k, v in cmp["executed_flops"].items()}
+        print(f"[update: reference vs fast] the last loop step's {batch.size} rollouts, same policy, "
+              f"{loop_cfg.trainer.epochs} epoch(s) x {loop_cfg.trainer.mini_batches} mini-batch(es): reference "
+              f"{cmp['reference_s']:.2f} s ({cmp['executed_flops']['reference'] / 1e9:.0f} GFLOP, {peak_share['reference']}), "
+              f"fast {cmp['fast_s']:.2f} s ({cmp['executed_flops']['fast'] / 1e9:.0f} GFLOP, {peak_share['fast']}; "
+              f"frozen prefix: {cmp['fast_path']}): speedup {cmp['speedup']:.2f}x (target >= 2); max |grad diff| "
+              f"{cmp['max_grad_diff']:.2e} (largest |grad| {cmp['max_grad']:.2e})")
     print(f"[memory] peak RSS {results['peak_rss_gb']:.2f} GB (target <= 8)")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
     return 0
 
 

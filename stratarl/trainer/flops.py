@@ -11,8 +11,10 @@ against kv keys, its cached prefix included):
 
     forward                 2 p n q  +  4 d n q kv        (projections + QK^T and AV)
     backward, weight grads  2 p n q                       (only when the layer trains)
-    backward, input grads   2 p n q                       (only when a trainable layer lies below,
-                                                            i.e. the layer's input needs a gradient)
+    backward, input grads   2 p n q                       (when a matmul's input needs a gradient: the
+                                                            layer's input does (a trainable layer lies
+                                                            below), or the layer trains: its trainable
+                                                            norms feed every projection)
     backward, attention     8 d n q kv                    (dS, dV, dQ, dK: when either backward runs)
     LM head on N positions  2 V H N forward, 2 V H N for dh, 2 V H N for dW when the head trains,
                             + 2 V H N when the backward recomputes the logits (``_HeadLogprobs``)
@@ -144,7 +146,9 @@ def record_decoder_calls(model: torch.nn.Module):
     Also counts the LM head (``logprobs.chunked_head_logprobs``, wrapped for the block).
     Keys of a call = the layer's cached prefix (``past_key_values``) + its own queries. A call
     needs a weight gradient when grad mode is on and the layer has a parameter that requires
-    grad, an input gradient when its input hidden state requires grad.
+    grad, input gradients (of its matmuls) when its input hidden state requires grad or the layer
+    trains (its RMSNorm weights make every projection's input require grad; checked against
+    ``torch.utils.flop_counter`` in the tests).
     """
     decoder = _decoder(model)
     record = FlopRecord(shapes=[layer_shape(layer, decoder.config) for layer in decoder.layers])
@@ -157,7 +161,8 @@ def record_decoder_calls(model: torch.nn.Module):
             rows, queries = hidden.shape[0], hidden.shape[1]
             keys = _past_length(kwargs.get("past_key_values"), index) + queries
             grad = torch.is_grad_enabled()
-            record.calls.append((index, rows, queries, keys, grad and trains, grad and hidden.requires_grad))
+            # A trainable layer's norms weight every projection's input, so all its matmuls need dX too.
+            record.calls.append((index, rows, queries, keys, grad and trains, grad and (trains or hidden.requires_grad)))
 
         handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
     original = logprobs.chunked_head_logprobs
