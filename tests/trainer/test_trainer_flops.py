@@ -128,3 +128,24 @@ def test_matmul_part_matches_flop_counter_mode(smollm2_tokenizer, frozen):
         ours_attention += full - no_attn
     ours_matmul = record.total() - ours_attention
     torch.testing.assert_close(float(_torch_matmul_flops(counter)), ours_matmul, rtol=1e-9, atol=0)
+
+
+def test_attention_matches_flop_counter_mode_with_eager_attention(smollm2_tokenizer):
+    """On CPU torch's counter does not see inside the SDPA kernel, but eager attention is two matmuls
+    (QK^T, AV) per head: with it, torch's whole GEMM count equals our total (projections, attention
+    scores over all computed (query, key) pairs, head), forward and backward; same tolerance reasoning."""
+    from stratarl.data.models import build_tiny_model
+
+    model = build_tiny_model(smollm2_tokenizer, num_layers=3, seed=0)
+    model.config.use_cache = False
+    model.config._attn_implementation = "eager"
+    freeze_all_but_last_layers(model, 2)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, 500, (7,), generator=g).tolist()
+    b = collate_sequences([prompt] * 3, [[8, 9, 10], [11, 12], [13, 14, 15, 16, 17]],
+                          [[1, 1, 1], [1, 0], [1, 1, 0, 0, 1]], pad_id=0)
+    with record_decoder_calls(model) as record, FlopCounterMode(display=False) as counter:
+        out = response_logprobs(model, b.input_ids, b.attention_mask, b.prompt_lengths, b.response_mask)
+        out["logprobs"].sum().backward()
+    assert any(keys > queries for _, _, queries, keys, _, _ in record.calls)  # a pass over a cached prompt
+    torch.testing.assert_close(float(_torch_matmul_flops(counter)), record.total(), rtol=1e-9, atol=0)
