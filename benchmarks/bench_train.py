@@ -1,22 +1,28 @@
-"""Training-speed benchmark: phase times, update MFU and peak memory of `stratarl train`.
+"""Training-speed benchmark: phase times, executed FLOPs, the fast update vs the reference, peak memory.
 
-    python benchmarks/bench_train.py                       # demo config, 3 RL steps, no warm start
+    python benchmarks/bench_train.py --threads 2 --steps 2          # SmolLM2 demo config (configs/smollm2.yaml)
     python benchmarks/bench_train.py --steps 2 --config configs/tiny.yaml
+    python benchmarks/bench_train.py --trl-only                     # needs `pip install trl`
 
 Prints, all measured in this run on this machine:
 
-1. fp32 matmul FLOP/s (the baseline every ratio below is against): the best of the model's MLP
+1. fp32 matmul FLOP/s (the peak every utilisation below is against): the best of the model's MLP
    matmul shape and large square products.
-2. Update micro-benchmark: forward + backward of the policy through the trainer's own
-   code path (``response_logprobs`` + chunked selective log-softmax), all weights
-   trainable, on the rollout shapes. MFU = tokens/s x 6 x params / matmul FLOP/s.
-3. The RL loop for a few steps of the config: seconds per phase (generation,
-   retrieval, log-probs, update), update tokens/s and its MFU (nominal 6 x params x
-   tokens, and the work actually done when only the last layers train), peak RSS.
-4. Optional: TRL's GRPOTrainer on an identical single-turn GRPO workload when
-   ``trl`` is installed (``--trl``).
+2. Update micro-benchmark: forward + backward of the policy through ``response_logprobs``, all
+   weights trainable, 4 rows sharing one prompt. Nominal 6 N D (every row's prompt counted) and the
+   FLOPs executed (``stratarl.trainer.flops``: the prompt once, attention, the LM head on policy
+   tokens) are printed separately; only the executed count is divided by time.
+3. The RL loop for a few steps (no warm start): seconds per phase, and the update's nominal and
+   executed FLOPs.
+4. The update on the loop's last rollout batch, ``update_policy(impl="reference")`` against
+   ``impl="fast"`` (frozen layers once per batch), interleaved: times, speedup, executed FLOPs and the
+   largest gradient difference.
+5. Optional (``--trl`` / ``--trl-only``, needs trl): TRL's GRPOTrainer on an identical single-turn GRPO
+   workload with a partial-credit reward; mean reward and gradient norm of both arms, and no ratio
+   when either arm's rewards are all 0 or its gradient norm is 0.
 
-Targets (from the issue): update MFU >= 50 %, peak RSS <= 8 GB, step time <= 0.67 x TRL's.
+A utilisation above 100 % of the measured peak is printed as an accounting error, never as a result.
+Targets (from the issues): fast update >= 2x the reference, peak RSS <= 8 GB, step time <= 0.67 x TRL's.
 """
 
 from __future__ import annotations
@@ -98,12 +104,13 @@ def update_microbench(cfg, rows: int, prompt_len: int, response_len: int, repeat
             "executed_flops_per_s": executed / best}
 
 
-def loop_bench(config: str, steps: int, overrides: list[str], keep_batch: bool = False) -> dict:
+def loop_bench(config: str, steps: int, overrides: list[str], keep_batch: bool = False, per_step: bool = False) -> dict:
     """A few RL steps of ``config`` (no warm start, no eval); per-phase means over steps 2..N.
 
     The update phase runs under ``record_decoder_calls``: ``update_executed_flops`` is the work it did
     (mean per step over steps 2..N). With ``keep_batch`` the last step's rollout batch (advantages
-    filled, before the update) is returned as ``batch``, with the config as ``cfg``."""
+    filled, before the update) is returned as ``batch``, with the config as ``cfg``. With ``per_step``,
+    ``per_step`` holds every step's ``reward/mean`` and ``optim/grad_norm``."""
     from stratarl.trainer import update as update_module
     from stratarl.trainer.config import load_config
     from stratarl.trainer.flops import record_decoder_calls
@@ -146,6 +153,9 @@ def loop_bench(config: str, steps: int, overrides: list[str], keep_batch: bool =
     steps_executed = executed[1:] if len(executed) > 1 else executed
     mean["update_executed_flops"] = sum(steps_executed) / max(1, len(steps_executed))
     mean["wall_seconds"] = wall
+    if per_step:
+        mean["per_step"] = {k: [float(r.get(k, 0.0) or 0.0) for r in rows if "time/step" in r]
+                            for k in ("reward/mean", "optim/grad_norm")}
     mean["trainable_layers"] = cfg.model.trainable_layers
     if keep_batch:
         mean["batch"], mean["cfg"] = kept.get("batch"), cfg
@@ -155,7 +165,9 @@ def loop_bench(config: str, steps: int, overrides: list[str], keep_batch: bool =
 def update_comparison(cfg, batch, repeats: int = 2) -> dict:
     """The reference and the fast update (``update_policy(impl=...)``) on the same rollout batch from the
     same policy, interleaved ``repeats`` times (best time of each), plus the largest gradient difference
-    of one accumulation over the whole batch (the first optimizer step's gradient)."""
+    of one accumulation over the whole batch (the first optimizer step's gradient). When the batch's
+    advantages are all 0 (every reward equal) they are replaced by seeded N(0, 1) per row, so the
+    gradients compared are not 0 (the work timed is the same either way)."""
     from stratarl.trainer.flops import record_decoder_calls
     from stratarl.trainer.prefix import unsupported_reason
     from stratarl.trainer.setup import load_policy
@@ -163,6 +175,12 @@ def update_comparison(cfg, batch, repeats: int = 2) -> dict:
 
     model, _ = load_policy(cfg.model)
     total_steps = cfg.trainer.epochs * cfg.trainer.mini_batches
+    replaced = not bool(batch.advantages.abs().sum())
+    if replaced:  # all rewards equal: zero advantages, zero policy gradient, and nothing to compare
+        batch = copy.deepcopy(batch)
+        g = torch.Generator().manual_seed(0)
+        batch.advantages = torch.randn(batch.size, 1, generator=g) * batch.response_mask
+        batch.returns = batch.advantages.clone()
     times: dict[str, list[float]] = {"reference": [], "fast": []}
     flops: dict[str, float] = {}
     for _ in range(repeats):
@@ -190,23 +208,44 @@ def update_comparison(cfg, batch, repeats: int = 2) -> dict:
     scale = max(float(a.abs().max()) for a in grads["reference"])
     return {"reference_s": min(times["reference"]), "fast_s": min(times["fast"]), "times": times,
             "speedup": min(times["reference"]) / min(times["fast"]), "executed_flops": flops,
-            "max_grad_diff": diff, "max_grad": scale, "fast_path": unsupported_reason(model) or "used"}
+            "max_grad_diff": diff, "max_grad": scale, "fast_path": unsupported_reason(model) or "used",
+            "advantages_replaced": replaced}
+
+
+def format_f1_reward(response_text: str, golden_answers) -> float:
+    """Partial credit for the TRL comparison: token F1 of the <answer> with Search-R1's format term (0.2 for
+    a well-formed answer that is wrong). A base model gets non-zero rewards from format alone, so both
+    arms' gradients do real work (all-zero rewards make GRPO's advantages, and its gradient, zero)."""
+    from stratarl.rewards import f1_reward
+    from stratarl.rewards.formats import make_format_reward
+
+    return make_format_reward(f1_reward, 0.2)(response_text, golden_answers)
+
+
+def real_work_error(name: str, rewards: list[float], grad_norms: list[float]) -> str | None:
+    """Why ``name``'s arm did no real work (None if it did): every reward 0 (no advantage, no gradient),
+    or every gradient norm 0 (or none logged)."""
+    if not rewards or all(r == 0 for r in rewards):
+        return f"{name}: every reward was 0 (rewards {rewards}): the policy gradient is 0, the step times compare nothing"
+    if not grad_norms or all(g == 0 for g in grad_norms):
+        return f"{name}: gradient norm 0 in every step ({grad_norms}): the optimizer did no work"
+    return None
 
 
 def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, lr: float = 1e-6) -> dict:
-    """Single-turn GRPO, same model / prompts / group size / max new tokens / one update per batch,
-    in TRL's GRPOTrainer and in stratarl's loop (max_turns 0: one turn, all weights trainable, no KL).
-    Step time = mean wall time of steps 2..N (the first warms up)."""
+    """Single-turn GRPO, same model / prompts / group size / max new tokens / one update per batch / reward
+    (``format_f1_reward``), in TRL's GRPOTrainer and in stratarl's loop (max_turns 0: one turn, all weights
+    trainable, no KL). Step time = mean wall time of steps 2..N (the first warms up). Also returns each arm's
+    per-step mean rewards and gradient norms; ``error`` is set (and no ratio) when either arm did no work."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from stratarl.rewards import em_reward
     from stratarl.rollout.prompt import build_prompt
     from stratarl.trainer.config import load_config
     from stratarl.trainer.setup import load_policy, load_task
 
-    cfg = load_config(str(REPO / "configs" / "demo.yaml"))
+    cfg = load_config(str(REPO / "configs" / "smollm2.yaml"))
     task = load_task(cfg)
     examples = task.train[:prompts * steps]
     answers = {build_prompt(e.question): e.golden_answers for e in examples}
@@ -216,7 +255,7 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
         out = []
         for prompt, completion in zip(prompts, completions):
             text = completion[0]["content"] if isinstance(completion, list) else completion
-            out.append(em_reward(text, answers[prompt[-1]["content"]]))
+            out.append(format_f1_reward(text, answers[prompt[-1]["content"]]))
         return out
 
     class StepTimer(TrainerCallback):
@@ -230,13 +269,14 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
             self.times.append(time.perf_counter() - self._t)
 
     def ours() -> dict:
-        return loop_bench(str(REPO / "configs" / "demo.yaml"), steps,
+        return loop_bench(str(REPO / "configs" / "smollm2.yaml"), steps,
                           ["algo.name=grpo", "rollout.max_turns=0", f"rollout.max_tokens_per_turn={max_tokens}",
                            f"rollout.group_size={group_size}", f"trainer.prompts_per_step={prompts}", "trainer.epochs=1",
                            "trainer.mini_batches=1", "algo.kl_coef=0", "model.trainable_layers=0", f"optim.lr={lr}",
+                           "rollout.temperature=1.0", "algo.reward=bench_train:format_f1_reward",
                            # One update per batch: pi_old is the sampler's own log-probs, as TRL's
                            # num_iterations=1 uses the detached current log-probs: no extra forward pass.
-                           "optim.warmup_steps=0", "algo.old_logprobs=rollout"])
+                           "optim.warmup_steps=0", "algo.old_logprobs=rollout"], per_step=True)
 
     # Ours before and after TRL: on a shared machine the load drifts; the mean of the two
     # brackets TRL's run in time.
@@ -252,22 +292,31 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[timer])
         trainer.train()
-        lengths = [h.get("completions/mean_length") for h in trainer.state.log_history if "completions/mean_length" in h]
+        history = trainer.state.log_history
+    lengths = [h["completions/mean_length"] for h in history if "completions/mean_length" in h]
+    trl_rewards = [float(h["reward"]) for h in history if "reward" in h]
+    trl_grad_norms = [float(h["grad_norm"]) for h in history if "grad_norm" in h]
     trl_step = sum(timer.times[1:]) / max(1, len(timer.times) - 1)
     ours_after = ours()
     step = (ours_before["time/step"] + ours_after["time/step"]) / 2
+    our_rewards = ours_before["per_step"]["reward/mean"] + ours_after["per_step"]["reward/mean"]
+    our_grad_norms = ours_before["per_step"]["optim/grad_norm"] + ours_after["per_step"]["optim/grad_norm"]
+    errors = [e for e in (real_work_error("TRL", trl_rewards, trl_grad_norms),
+                          real_work_error("stratarl", our_rewards, our_grad_norms)) if e]
     return {"trl_step_s": trl_step, "trl_steps": timer.times, "trl_completion_len": lengths,
+            "trl_rewards": trl_rewards, "trl_grad_norms": trl_grad_norms,
+            "stratarl_rewards": our_rewards, "stratarl_grad_norms": our_grad_norms,
             "stratarl_step_s": step, "stratarl_steps_before_after": [ours_before["time/step"], ours_after["time/step"]],
             "stratarl_phases": {k: (ours_before[k] + ours_after[k]) / 2 for k in
                                 ("time/generation", "time/logprobs", "time/update")},
             "stratarl_completion_len": (ours_before["rollout/response_length_mean"]
                                         + ours_after["rollout/response_length_mean"]) / 2,
-            "ratio": step / trl_step}
+            "error": "; ".join(errors) or None, "ratio": None if errors else step / trl_step}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=str(REPO / "configs" / "demo.yaml"))
+    parser.add_argument("--config", default=str(REPO / "configs" / "smollm2.yaml"))
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     parser.add_argument("--skip-micro", action="store_true", help="skip the update micro-benchmark")
@@ -289,13 +338,20 @@ def main() -> int:
     if args.trl or args.trl_only:
         cmp = trl_comparison(steps=max(2, args.steps), prompts=2, group_size=4, max_tokens=32)
         results["trl"] = cmp
-        print(f"[vs TRL] single-turn GRPO, 2 prompts x 4, <= 32 new tokens, 1 update/batch: TRL GRPOTrainer "
-              f"{cmp['trl_step_s']:.1f} s/step (completions {cmp['trl_completion_len']}), stratarl "
-              f"{cmp['stratarl_step_s']:.1f} s/step (before / after TRL: "
+        mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
+        print(f"[vs TRL] single-turn GRPO on configs/smollm2.yaml's task, 2 prompts x 4, <= 32 new tokens, 1 update/batch, "
+              f"reward: answer F1 + format credit (format_f1_reward)")
+        print(f"    TRL GRPOTrainer {cmp['trl_step_s']:.1f} s/step, mean reward {mean(cmp['trl_rewards']):.3f}, "
+              f"mean grad norm {mean(cmp['trl_grad_norms']):.3g} (completions {cmp['trl_completion_len']})")
+        print(f"    stratarl {cmp['stratarl_step_s']:.1f} s/step (before / after TRL: "
               f"{', '.join(f'{t:.1f}' for t in cmp['stratarl_steps_before_after'])}; phases "
-              f"{', '.join(f'{k[5:]} {v:.1f}' for k, v in cmp['stratarl_phases'].items())}; "
-              f"completions {cmp['stratarl_completion_len']:.1f} tokens): "
-              f"ratio {cmp['ratio']:.2f} (target <= 0.67)")
+              f"{', '.join(f'{k[5:]} {v:.1f}' for k, v in cmp['stratarl_phases'].items())}; completions "
+              f"{cmp['stratarl_completion_len']:.1f} tokens), mean reward {mean(cmp['stratarl_rewards']):.3f}, "
+              f"mean grad norm {mean(cmp['stratarl_grad_norms']):.3g}")
+        if cmp["error"]:
+            print(f"    error: no ratio reported: {cmp['error']}. Fix: a task or reward the policy partly solves")
+        else:
+            print(f"    step-time ratio stratarl / TRL {cmp['ratio']:.2f} (target <= 0.67)")
         if args.trl_only:
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
@@ -341,7 +397,10 @@ def main() -> int:
               f"{cmp['reference_s']:.2f} s ({cmp['executed_flops']['reference'] / 1e9:.0f} GFLOP, {peak_share['reference']}), "
               f"fast {cmp['fast_s']:.2f} s ({cmp['executed_flops']['fast'] / 1e9:.0f} GFLOP, {peak_share['fast']}; "
               f"frozen prefix: {cmp['fast_path']}): speedup {cmp['speedup']:.2f}x (target >= 2); max |grad diff| "
-              f"{cmp['max_grad_diff']:.2e} (largest |grad| {cmp['max_grad']:.2e})")
+              f"{cmp['max_grad_diff']:.2e} (largest |grad| {cmp['max_grad']:.2e})"
+              + ("; the loop's advantages were all 0, replaced by seeded N(0, 1) per row" if cmp["advantages_replaced"] else ""))
+        if cmp["max_grad"] == 0:
+            print("    error: every gradient is 0: the comparison checked nothing")
     print(f"[memory] peak RSS {results['peak_rss_gb']:.2f} GB (target <= 8)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
