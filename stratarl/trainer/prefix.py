@@ -102,6 +102,16 @@ def _run_layers(decoder, first: int, last: int, hidden: torch.Tensor, position_i
     return hidden, cache.new
 
 
+def _chunks(decoder, first: int, last: int, widths: list[int], past: int) -> list[list[int]]:
+    """Rows grouped into passes of similar width (``logprobs.response_chunks`` with layers first..last-1's costs):
+    a short response pays no padding for the longest one."""
+    layers = max(1, last - first)
+    weights = sum(p.numel() for i in range(first, last) for p in decoder.layers[i].parameters() if p.dim() == 2)
+    return logprobs.response_chunks(widths, past, token_flops=2.0 * weights,
+                                    pair_flops=4.0 * layers * decoder.config.hidden_size,
+                                    pass_flops=logprobs.PASS_OVERHEAD_FLOPS_PER_LAYER * layers)
+
+
 @dataclass
 class Prefix:
     """Hidden states entering layer ``layer`` (the lowest trainable one) for a whole rollout batch.
@@ -131,11 +141,11 @@ def distinct_prompts(input_ids: torch.Tensor, prompt_lengths: torch.Tensor) -> t
 
 @torch.no_grad()
 def frozen_prefix(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  prompt_lengths: torch.Tensor, *, token_budget: int = 16384) -> Prefix:
+                  prompt_lengths: torch.Tensor) -> Prefix:
     """Run the embedding and the frozen layers once over the batch (each distinct prompt once).
 
     Rows as in ``response_logprobs`` (prompt + response, right-padded). Responses go through in
-    chunks of rows of at most ``token_budget`` attended (query, key) rows x width.
+    passes of rows of similar length (``logprobs.response_chunks``), each only as wide as its longest.
     """
     decoder = _decoder(model)
     k = lowest_trainable_layer(decoder)
@@ -155,19 +165,21 @@ def frozen_prefix(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     B, H = input_ids.shape[0], prompt_hidden.shape[-1]
     response_hidden = prompt_hidden.new_zeros((B, R, H))
     if R > 0:
-        columns = torch.arange(R, device=device)
-        source = (prompt_lengths.view(B, 1) + columns.view(1, R)).clamp(max=input_ids.shape[1] - 1)
-        response_ids = input_ids.gather(1, source)
-        response_valid = columns.view(1, R) < response_lengths.view(B, 1)
-        positions = prompt_lengths.view(B, 1) + columns.view(1, R)
-        step = max(1, token_budget // (P + R))
-        for start in range(0, B, step):
-            rows = slice(start, start + step)
+        widths = (response_lengths - 1).clamp(min=0).tolist()  # the state after a row's last token is not needed
+        for chunk in _chunks(decoder, 0, k, widths, P):
+            width = max(widths[b] for b in chunk)
+            if width == 0:
+                continue
+            rows = torch.tensor(chunk, dtype=torch.long, device=device)
+            columns = torch.arange(width, device=device)
+            starts = prompt_lengths[rows].view(-1, 1)
+            source = (starts + columns.view(1, width)).clamp(max=input_ids.shape[1] - 1)
             u = inverse[rows]
             past = {i: (key[u], value[u]) for i, (key, value) in prompt_kv.items()}
-            key_valid = torch.cat([prompt_valid[u], response_valid[rows]], dim=1)
-            response_hidden[rows], _ = _run_layers(decoder, 0, k, decoder.embed_tokens(response_ids[rows]),
-                                                   positions[rows], key_valid, past)
+            key_valid = torch.cat([prompt_valid[u], columns.view(1, width) < response_lengths[rows].view(-1, 1)], dim=1)
+            hidden, _ = _run_layers(decoder, 0, k, decoder.embed_tokens(input_ids[rows].gather(1, source)),
+                                    starts + columns.view(1, width), key_valid, past)
+            response_hidden[rows, :width] = hidden
     return Prefix(k, prompt_hidden, prompt_valid, response_hidden, inverse, prompt_lengths, response_lengths)
 
 
@@ -186,19 +198,33 @@ def suffix_hidden(model: torch.nn.Module, prefix: Prefix, rows: list[int], T: in
     positions = (prompt_valid.long().cumsum(-1) - 1).clamp(min=0)
     prompt_out, prompt_kv = _run_layers(decoder, prefix.layer, L, prefix.prompt_hidden[groups, P - width:],
                                         positions, prompt_valid)
-    states = prompt_out[:, -1:][local]  # the prompt's last state predicts response token 0
-    R = min(T - 1, prefix.response_hidden.shape[1])
-    if R > 0:
-        columns = torch.arange(R, device=device)
-        response_valid = columns.view(1, R) < prefix.response_lengths[index].view(-1, 1)
-        past = {i: (key[local], value[local]) for i, (key, value) in prompt_kv.items()}
-        response_out, _ = _run_layers(decoder, prefix.layer, L, prefix.response_hidden[index, :R],
-                                      prefix.prompt_lengths[index].view(-1, 1) + columns.view(1, R),
-                                      torch.cat([prompt_valid[local], response_valid], dim=1), past)
-        states = torch.cat([states, response_out], dim=1)
-    states = decoder.norm(states)
-    if states.shape[1] < T:
-        states = torch.cat([states, states.new_zeros(len(rows), T - states.shape[1], states.shape[-1])], dim=1)
+    local = local.to(device)
+    last_state = decoder.norm(prompt_out[:, -1:])  # the prompt's last state predicts response token 0
+    H = last_state.shape[-1]
+    widths = [min(int(n) - 1, T - 1, prefix.response_hidden.shape[1]) for n in prefix.response_lengths[index].tolist()]
+    pieces, order = [], []
+    for chunk in _chunks(decoder, prefix.layer, L, [max(w, 0) for w in widths], width):
+        c = torch.tensor(chunk, dtype=torch.long, device=device)
+        states = last_state[local[c]]
+        R = max(widths[i] for i in chunk)
+        if R > 0:
+            columns = torch.arange(R, device=device)
+            g = local[c]
+            past = {i: (key[g], value[g]) for i, (key, value) in prompt_kv.items()}
+            response_valid = columns.view(1, R) < prefix.response_lengths[index[c]].view(-1, 1)
+            response_out, _ = _run_layers(decoder, prefix.layer, L, prefix.response_hidden[index[c], :R],
+                                          prefix.prompt_lengths[index[c]].view(-1, 1) + columns.view(1, R),
+                                          torch.cat([prompt_valid[g], response_valid], dim=1), past)
+            states = torch.cat([states, decoder.norm(response_out)], dim=1)
+        if states.shape[1] < T:
+            states = torch.cat([states, states.new_zeros(len(chunk), T - states.shape[1], H)], dim=1)
+        pieces.append(states)
+        order.extend(chunk)
+    states = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+    if order != list(range(len(rows))):
+        position = torch.empty(len(rows), dtype=torch.long)
+        position[torch.tensor(order)] = torch.arange(len(rows))
+        states = states[position.to(device)]
     return states
 
 

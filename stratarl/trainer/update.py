@@ -293,8 +293,7 @@ def update_policy(learner: Learner, batch: RolloutBatch, cfg: Config, generator:
     try:
         prefix = None
         if impl == "fast" and unsupported_reason(learner.model) is None:
-            prefix = frozen_prefix(learner.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
-                                   token_budget=cfg.trainer.micro_batch_tokens)
+            prefix = frozen_prefix(learner.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
         for _ in range(cfg.trainer.epochs):
             for rows in mini_batch_rows(batch.size, cfg.trainer.mini_batches, generator):
                 per_step.append(optimizer_step(learner, batch.select(rows), cfg, prefix, rows))

@@ -110,6 +110,14 @@ def test_fast_update_policy_equals_the_reference_over_epochs_and_mini_batches(fr
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
 
 
+def test_fast_gradients_equal_the_reference_with_a_pass_per_length(frozen_model, monkeypatch):
+    """No fixed cost per pass: ``response_chunks`` gives rows of each length their own pass (prefix and suffix)."""
+    from stratarl.trainer import logprobs
+
+    monkeypatch.setattr(logprobs, "PASS_OVERHEAD_FLOPS_PER_LAYER", 0.0)
+    test_fast_gradients_equal_the_reference(frozen_model, ["algo.name=so_grpo"])
+
+
 def test_frozen_layers_run_once_per_batch_in_the_fast_update(frozen_model):
     """Counting layer calls: the reference runs the frozen layers in every micro-batch and epoch, the fast
     update once for the batch (a prompt pass and response chunks), under no_grad."""
