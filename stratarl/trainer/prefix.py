@@ -4,9 +4,10 @@ With ``model.trainable_layers`` (the last n layers train, the embedding and the 
 frozen), the hidden states entering the lowest trainable layer k depend on nothing the optimizer
 changes. ``frozen_prefix`` computes them once per rollout batch, without autograd, with every
 distinct prompt run once for the whole batch (not once per micro-batch): prompts left-padded to P,
-their frozen layers' K/V reused by all the group's responses. Each micro-batch then runs only
-layers k..L-1 and the final norm (``suffix_hidden``), again with each distinct prompt once; all
-epochs and mini-batches reuse the same prefix.
+their frozen layers' K/V reused by all the group's responses, which run in passes of rows of
+similar length (``logprobs.response_chunks``). Each micro-batch then runs only layers k..L-1 and
+the final norm (``suffix_hidden``), again with each distinct prompt once and responses in passes
+of similar length; all epochs and mini-batches reuse the same prefix.
 
 Same values as ``response_logprobs`` up to float rounding (the same layers on the same inputs; the
 attention mask is additive instead of boolean and padding is laid out differently), so the same
@@ -64,7 +65,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     decoder = _decoder(model)
     if not all(hasattr(decoder, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return "the decoder lacks embed_tokens / layers / norm / rotary_emb"
-    if getattr(decoder, "gradient_checkpointing", False):
+    if logprobs._activation_checkpointing(model):
         return "gradient checkpointing"
     if any(p.requires_grad for p in decoder.embed_tokens.parameters()):
         return "the embedding trains (nothing below the first layer is frozen)"

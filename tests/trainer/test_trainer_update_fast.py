@@ -148,3 +148,18 @@ def test_group_micro_batches_keep_groups_together_and_fit_the_budget():
     # a group over the budget alone is split by length
     parts = group_micro_batches(lengths, groups, token_budget=31)
     assert [3] in parts and [4] in parts
+
+
+def test_models_the_fast_path_cannot_take_are_named(smollm2_tokenizer, frozen_model):
+    all_trainable = build_tiny_model(smollm2_tokenizer, num_layers=2, seed=0)
+    assert "embedding trains" in unsupported_reason(all_trainable)
+    checkpointed = copy.deepcopy(frozen_model)
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert unsupported_reason(checkpointed) == "gradient checkpointing"
+
+
+def test_an_unknown_update_impl_is_refused(frozen_model):
+    cfg = _cfg()
+    learner = build_learner(copy.deepcopy(frozen_model), cfg, total_optimizer_steps=1)
+    with pytest.raises(ValueError, match="update impl 'quick' is not one of"):
+        update_policy(learner, _grouped_batch(), cfg, torch.Generator().manual_seed(0), impl="quick")
