@@ -1,27 +1,34 @@
-"""Training-speed benchmark: phase times, update MFU and peak memory of `stratarl train`.
+"""Training-speed benchmark: phase times, executed FLOPs, the fast update vs the reference, peak memory.
 
-    python benchmarks/bench_train.py                       # demo config, 3 RL steps, no warm start
+    python benchmarks/bench_train.py --threads 2 --steps 2          # SmolLM2 demo config (configs/smollm2.yaml)
     python benchmarks/bench_train.py --steps 2 --config configs/tiny.yaml
+    python benchmarks/bench_train.py --trl-only                     # needs `pip install trl`
 
 Prints, all measured in this run on this machine:
 
-1. fp32 matmul FLOP/s (the baseline every ratio below is against): the best of the model's MLP
+1. fp32 matmul FLOP/s (the peak every utilisation below is against): the best of the model's MLP
    matmul shape and large square products.
-2. Update micro-benchmark: forward + backward of the policy through the trainer's own
-   code path (``response_logprobs`` + chunked selective log-softmax), all weights
-   trainable, on the rollout shapes. MFU = tokens/s x 6 x params / matmul FLOP/s.
-3. The RL loop for a few steps of the config: seconds per phase (generation,
-   retrieval, log-probs, update), update tokens/s and its MFU (nominal 6 x params x
-   tokens, and the work actually done when only the last layers train), peak RSS.
-4. Optional: TRL's GRPOTrainer on an identical single-turn GRPO workload when
-   ``trl`` is installed (``--trl``).
+2. Update micro-benchmark: forward + backward of the policy through ``response_logprobs``, all
+   weights trainable, 4 rows sharing one prompt. Nominal 6 N D (every row's prompt counted) and the
+   FLOPs executed (``stratarl.trainer.flops``: the prompt once, attention, the LM head on policy
+   tokens) are printed separately; only the executed count is divided by time.
+3. The RL loop for a few steps (no warm start): seconds per phase, and the update's nominal and
+   executed FLOPs.
+4. The update on the loop's last rollout batch, ``update_policy(impl="reference")`` against
+   ``impl="fast"`` (frozen layers once per batch), interleaved: times, speedup, executed FLOPs and the
+   largest gradient difference.
+5. Optional (``--trl`` / ``--trl-only``, needs trl): TRL's GRPOTrainer on an identical single-turn GRPO
+   workload with a partial-credit reward; mean reward and gradient norm of both arms, and no ratio
+   when either arm's rewards are all 0 or its gradient norm is 0.
 
-Targets (from the issue): update MFU >= 50 %, peak RSS <= 8 GB, step time <= 0.67 x TRL's.
+A utilisation above 100 % of the measured peak is printed as an accounting error, never as a result.
+Targets (from the issues): fast update >= 2x the reference, peak RSS <= 8 GB, step time <= 0.67 x TRL's.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import resource
@@ -54,41 +61,74 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2  # Linux: KiB
 
 
+def utilisation(flops_per_s: float, peak: float) -> str:
+    """``flops_per_s`` as a share of the measured peak; above 100 % is impossible, so it is reported as
+    an accounting error (work counted that did not run), never as a result."""
+    share = flops_per_s / peak
+    if share > 1.0:
+        return f"ACCOUNTING ERROR: {100 * share:.0f}% of the measured peak (counts work that did not run)"
+    return f"{100 * share:.1f}% of matmul peak"
+
+
 def update_microbench(cfg, rows: int, prompt_len: int, response_len: int, repeats: int) -> dict:
-    """Forward + backward (all weights trainable) through the trainer's log-prob path."""
+    """Forward + backward (all weights trainable) through the trainer's log-prob path; the rows share
+    one prompt, as a GRPO group does, so the prompt runs once (``response_logprobs``)."""
     from stratarl.trainer.batch import collate_sequences
+    from stratarl.trainer.flops import matmul_params, nominal_flops, record_decoder_calls
     from stratarl.trainer.logprobs import response_logprobs
     from stratarl.trainer.setup import load_policy
 
     model_cfg = type(cfg.model)(**{**cfg.model.__dict__, "trainable_layers": 0})
     model, tok = load_policy(model_cfg)
-    params = sum(p.numel() for p in model.parameters())
+    params = matmul_params(model)
     g = torch.Generator().manual_seed(0)
     batch = collate_sequences([torch.randint(100, 40000, (prompt_len,), generator=g).tolist()] * rows,
                               [torch.randint(100, 40000, (response_len,), generator=g).tolist()] * rows,
                               [[1] * response_len] * rows, tok.pad_token_id)
     tokens = int(batch.attention_mask.sum())
-    times = []
+    times, executed = [], 0.0
     model.train()
     for i in range(repeats + 1):
         t = time.perf_counter()
-        out = response_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
-                                batch.response_mask, chunk_tokens=cfg.trainer.logprob_chunk_tokens)
-        (-(out["logprobs"]).sum() / batch.num_policy_tokens).backward()
+        with record_decoder_calls(model) as record:
+            out = response_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
+                                    batch.response_mask, chunk_tokens=cfg.trainer.logprob_chunk_tokens)
+            (-(out["logprobs"]).sum() / batch.num_policy_tokens).backward()
         model.zero_grad(set_to_none=True)
         if i:  # the first pass warms up allocator and kernels
             times.append(time.perf_counter() - t)
+        executed = record.total()
     best = min(times)
     return {"params": params, "tokens": tokens, "seconds": best, "tokens_per_s": tokens / best,
-            "flops_per_s": 6 * params * tokens / best}
+            "nominal_flops": nominal_flops(params, tokens), "executed_flops": executed,
+            "executed_flops_per_s": executed / best}
 
 
-def loop_bench(config: str, steps: int, overrides: list[str]) -> dict:
-    """A few RL steps of ``config`` (no warm start, no eval); per-phase means over steps 2..N."""
+def loop_bench(config: str, steps: int, overrides: list[str], keep_batch: bool = False, per_step: bool = False) -> dict:
+    """A few RL steps of ``config`` (no warm start, no eval); per-phase means over steps 2..N.
+
+    The update phase runs under ``record_decoder_calls``: ``update_executed_flops`` is the work it did
+    (mean per step over steps 2..N). With ``keep_batch`` the last step's rollout batch (advantages
+    filled, before the update) is returned as ``batch``, with the config as ``cfg``. With ``per_step``,
+    ``per_step`` holds every step's ``reward/mean`` and ``optim/grad_norm``."""
+    from stratarl.trainer import update as update_module
     from stratarl.trainer.config import load_config
+    from stratarl.trainer.flops import record_decoder_calls
     from stratarl.trainer.metrics import read_metrics
     from stratarl.trainer.rl import train
     from stratarl.trainer.setup import set_threads
+
+    executed: list[float] = []
+    kept: dict = {}
+    original = update_module.update_policy
+
+    def counted_update(learner, batch, cfg, generator, **kwargs):
+        if keep_batch:
+            kept["batch"] = copy.deepcopy(batch)
+        with record_decoder_calls(learner.model) as record:
+            out = original(learner, batch, cfg, generator, **kwargs)
+        executed.append(record.total())
+        return out
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(config, ["sft.enabled=false", "eval.before_after=false", f"trainer.steps={steps}",
@@ -97,33 +137,115 @@ def loop_bench(config: str, steps: int, overrides: list[str]) -> dict:
                                    f"trainer.output_dir={tmp}", *overrides])
         set_threads(cfg.trainer.num_threads)
         started = time.perf_counter()
-        train(cfg, Path(tmp) / "bench")
+        update_module.update_policy = counted_update
+        try:
+            train(cfg, Path(tmp) / "bench")
+        finally:
+            update_module.update_policy = original
         wall = time.perf_counter() - started
         rows = read_metrics(Path(tmp) / "bench")
     measured = rows[1:] if len(rows) > 1 else rows
     keys = ["time/generation", "time/retrieval", "time/logprobs", "time/update", "time/step",
             "perf/update_tokens_per_s", "perf/generation_tokens_per_s", "rollout/response_length_mean",
-            "rollout/observation_length_mean", "rollout/prompt_length_mean", "rollout/num", "perf/update_policy_tokens"]
+            "rollout/observation_length_mean", "rollout/prompt_length_mean", "rollout/num", "perf/update_policy_tokens",
+            "rollout/reward_mean", "optim/grad_norm"]
     mean = {k: sum(r.get(k, 0.0) or 0.0 for r in measured) / len(measured) for k in keys}
+    steps_executed = executed[1:] if len(executed) > 1 else executed
+    mean["update_executed_flops"] = sum(steps_executed) / max(1, len(steps_executed))
     mean["wall_seconds"] = wall
+    if per_step:
+        mean["per_step"] = {k: [float(r.get(k, 0.0) or 0.0) for r in rows if "time/step" in r]
+                            for k in ("reward/mean", "optim/grad_norm")}
     mean["trainable_layers"] = cfg.model.trainable_layers
+    if keep_batch:
+        mean["batch"], mean["cfg"] = kept.get("batch"), cfg
     return mean
 
 
+def update_comparison(cfg, batch, repeats: int = 2) -> dict:
+    """The reference and the fast update (``update_policy(impl=...)``) on the same rollout batch from the
+    same policy, interleaved ``repeats`` times (best time of each), plus the largest gradient difference
+    of one accumulation over the whole batch (the first optimizer step's gradient). When the batch's
+    advantages are all 0 (every reward equal) they are replaced by seeded N(0, 1) per row, so the
+    gradients compared are not 0 (the work timed is the same either way)."""
+    from stratarl.trainer.flops import record_decoder_calls
+    from stratarl.trainer.prefix import unsupported_reason
+    from stratarl.trainer.setup import load_policy
+    from stratarl.trainer.update import accumulate_gradients, build_learner, update_policy
+
+    model, _ = load_policy(cfg.model)
+    total_steps = cfg.trainer.epochs * cfg.trainer.mini_batches
+    replaced = not bool(batch.advantages.abs().sum())
+    if replaced:  # all rewards equal: zero advantages, zero policy gradient, and nothing to compare
+        batch = copy.deepcopy(batch)
+        g = torch.Generator().manual_seed(0)
+        batch.advantages = torch.randn(batch.size, 1, generator=g) * batch.response_mask
+        batch.returns = batch.advantages.clone()
+    times: dict[str, list[float]] = {"reference": [], "fast": []}
+    flops: dict[str, float] = {}
+    for _ in range(repeats):
+        for impl in ("reference", "fast"):
+            learner = build_learner(copy.deepcopy(model), cfg, total_steps)
+            b = copy.deepcopy(batch)
+            with record_decoder_calls(learner.model) as record:
+                t = time.perf_counter()
+                update_policy(learner, b, cfg, torch.Generator().manual_seed(0), impl=impl)
+                times[impl].append(time.perf_counter() - t)
+            flops[impl] = record.total()
+    grads = {}
+    for impl in ("reference", "fast"):
+        learner = build_learner(copy.deepcopy(model), cfg, total_steps)
+        learner.model.train()
+        prefix, rows = None, None
+        if impl == "fast":
+            from stratarl.trainer.prefix import frozen_prefix
+
+            prefix = frozen_prefix(learner.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
+            rows = list(range(batch.size))
+        accumulate_gradients(learner, copy.deepcopy(batch), cfg, prefix, rows)
+        grads[impl] = [p.grad.clone() for p in learner.policy_parameters() if p.grad is not None]
+    diff = max(float((a - b).abs().max()) for a, b in zip(grads["reference"], grads["fast"]))
+    scale = max(float(a.abs().max()) for a in grads["reference"])
+    return {"reference_s": min(times["reference"]), "fast_s": min(times["fast"]), "times": times,
+            "speedup": min(times["reference"]) / min(times["fast"]), "executed_flops": flops,
+            "max_grad_diff": diff, "max_grad": scale, "fast_path": unsupported_reason(model) or "used",
+            "advantages_replaced": replaced}
+
+
+def format_f1_reward(response_text: str, golden_answers) -> float:
+    """Partial credit for the TRL comparison: token F1 of the <answer> with Search-R1's format term (0.2 for
+    a well-formed answer that is wrong). A base model gets non-zero rewards from format alone, so both
+    arms' gradients do real work (all-zero rewards make GRPO's advantages, and its gradient, zero)."""
+    from stratarl.rewards import f1_reward
+    from stratarl.rewards.formats import make_format_reward
+
+    return make_format_reward(f1_reward, 0.2)(response_text, golden_answers)
+
+
+def real_work_error(name: str, rewards: list[float], grad_norms: list[float]) -> str | None:
+    """Why ``name``'s arm did no real work (None if it did): every reward 0 (no advantage, no gradient),
+    or every gradient norm 0 (or none logged)."""
+    if not rewards or all(r == 0 for r in rewards):
+        return f"{name}: every reward was 0 (rewards {rewards}): the policy gradient is 0, the step times compare nothing"
+    if not grad_norms or all(g == 0 for g in grad_norms):
+        return f"{name}: gradient norm 0 in every step ({grad_norms}): the optimizer did no work"
+    return None
+
+
 def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, lr: float = 1e-6) -> dict:
-    """Single-turn GRPO, same model / prompts / group size / max new tokens / one update per batch,
-    in TRL's GRPOTrainer and in stratarl's loop (max_turns 0: one turn, all weights trainable, no KL).
-    Step time = mean wall time of steps 2..N (the first warms up)."""
+    """Single-turn GRPO, same model / prompts / group size / max new tokens / one update per batch / reward
+    (``format_f1_reward``), in TRL's GRPOTrainer and in stratarl's loop (max_turns 0: one turn, all weights
+    trainable, no KL). Step time = mean wall time of steps 2..N (the first warms up). Also returns each arm's
+    per-step mean rewards and gradient norms; ``error`` is set (and no ratio) when either arm did no work."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from stratarl.rewards import em_reward
     from stratarl.rollout.prompt import build_prompt
     from stratarl.trainer.config import load_config
     from stratarl.trainer.setup import load_policy, load_task
 
-    cfg = load_config(str(REPO / "configs" / "demo.yaml"))
+    cfg = load_config(str(REPO / "configs" / "smollm2.yaml"))
     task = load_task(cfg)
     examples = task.train[:prompts * steps]
     answers = {build_prompt(e.question): e.golden_answers for e in examples}
@@ -133,7 +255,7 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
         out = []
         for prompt, completion in zip(prompts, completions):
             text = completion[0]["content"] if isinstance(completion, list) else completion
-            out.append(em_reward(text, answers[prompt[-1]["content"]]))
+            out.append(format_f1_reward(text, answers[prompt[-1]["content"]]))
         return out
 
     class StepTimer(TrainerCallback):
@@ -147,13 +269,14 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
             self.times.append(time.perf_counter() - self._t)
 
     def ours() -> dict:
-        return loop_bench(str(REPO / "configs" / "demo.yaml"), steps,
+        return loop_bench(str(REPO / "configs" / "smollm2.yaml"), steps,
                           ["algo.name=grpo", "rollout.max_turns=0", f"rollout.max_tokens_per_turn={max_tokens}",
                            f"rollout.group_size={group_size}", f"trainer.prompts_per_step={prompts}", "trainer.epochs=1",
                            "trainer.mini_batches=1", "algo.kl_coef=0", "model.trainable_layers=0", f"optim.lr={lr}",
+                           "rollout.temperature=1.0", "algo.reward=bench_train:format_f1_reward",
                            # One update per batch: pi_old is the sampler's own log-probs, as TRL's
                            # num_iterations=1 uses the detached current log-probs: no extra forward pass.
-                           "optim.warmup_steps=0", "algo.old_logprobs=rollout"])
+                           "optim.warmup_steps=0", "algo.old_logprobs=rollout"], per_step=True)
 
     # Ours before and after TRL: on a shared machine the load drifts; the mean of the two
     # brackets TRL's run in time.
@@ -169,25 +292,36 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[timer])
         trainer.train()
-        lengths = [h.get("completions/mean_length") for h in trainer.state.log_history if "completions/mean_length" in h]
+        history = trainer.state.log_history
+    lengths = [h["completions/mean_length"] for h in history if "completions/mean_length" in h]
+    trl_rewards = [float(h["reward"]) for h in history if "reward" in h]
+    trl_grad_norms = [float(h["grad_norm"]) for h in history if "grad_norm" in h]
     trl_step = sum(timer.times[1:]) / max(1, len(timer.times) - 1)
     ours_after = ours()
     step = (ours_before["time/step"] + ours_after["time/step"]) / 2
+    our_rewards = ours_before["per_step"]["reward/mean"] + ours_after["per_step"]["reward/mean"]
+    our_grad_norms = ours_before["per_step"]["optim/grad_norm"] + ours_after["per_step"]["optim/grad_norm"]
+    errors = [e for e in (real_work_error("TRL", trl_rewards, trl_grad_norms),
+                          real_work_error("stratarl", our_rewards, our_grad_norms)) if e]
     return {"trl_step_s": trl_step, "trl_steps": timer.times, "trl_completion_len": lengths,
+            "trl_rewards": trl_rewards, "trl_grad_norms": trl_grad_norms,
+            "stratarl_rewards": our_rewards, "stratarl_grad_norms": our_grad_norms,
             "stratarl_step_s": step, "stratarl_steps_before_after": [ours_before["time/step"], ours_after["time/step"]],
             "stratarl_phases": {k: (ours_before[k] + ours_after[k]) / 2 for k in
                                 ("time/generation", "time/logprobs", "time/update")},
             "stratarl_completion_len": (ours_before["rollout/response_length_mean"]
                                         + ours_after["rollout/response_length_mean"]) / 2,
-            "ratio": step / trl_step}
+            "error": "; ".join(errors) or None, "ratio": None if errors else step / trl_step}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=str(REPO / "configs" / "demo.yaml"))
+    parser.add_argument("--config", default=str(REPO / "configs" / "smollm2.yaml"))
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     parser.add_argument("--skip-micro", action="store_true", help="skip the update micro-benchmark")
+    parser.add_argument("--skip-compare", action="store_true", help="skip the reference-vs-fast update comparison")
+    parser.add_argument("--compare-repeats", type=int, default=2, help="interleaved runs of each update (best kept)")
     parser.add_argument("--json", help="also write the numbers here")
     parser.add_argument("--trl", action="store_true", help="also compare with TRL's GRPOTrainer (pip install trl)")
     parser.add_argument("--trl-only", action="store_true", help="only the TRL comparison")
@@ -204,34 +338,43 @@ def main() -> int:
     if args.trl or args.trl_only:
         cmp = trl_comparison(steps=max(2, args.steps), prompts=2, group_size=4, max_tokens=32)
         results["trl"] = cmp
-        print(f"[vs TRL] single-turn GRPO, 2 prompts x 4, <= 32 new tokens, 1 update/batch: TRL GRPOTrainer "
-              f"{cmp['trl_step_s']:.1f} s/step (completions {cmp['trl_completion_len']}), stratarl "
-              f"{cmp['stratarl_step_s']:.1f} s/step (before / after TRL: "
+        mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
+        print(f"[vs TRL] single-turn GRPO on configs/smollm2.yaml's task, 2 prompts x 4, <= 32 new tokens, 1 update/batch, "
+              f"reward: answer F1 + format credit (format_f1_reward)")
+        print(f"    TRL GRPOTrainer {cmp['trl_step_s']:.1f} s/step, mean reward {mean(cmp['trl_rewards']):.3f}, "
+              f"mean grad norm {mean(cmp['trl_grad_norms']):.3g} (completions {cmp['trl_completion_len']})")
+        print(f"    stratarl {cmp['stratarl_step_s']:.1f} s/step (before / after TRL: "
               f"{', '.join(f'{t:.1f}' for t in cmp['stratarl_steps_before_after'])}; phases "
-              f"{', '.join(f'{k[5:]} {v:.1f}' for k, v in cmp['stratarl_phases'].items())}; "
-              f"completions {cmp['stratarl_completion_len']:.1f} tokens): "
-              f"ratio {cmp['ratio']:.2f} (target <= 0.67)")
+              f"{', '.join(f'{k[5:]} {v:.1f}' for k, v in cmp['stratarl_phases'].items())}; completions "
+              f"{cmp['stratarl_completion_len']:.1f} tokens), mean reward {mean(cmp['stratarl_rewards']):.3f}, "
+              f"mean grad norm {mean(cmp['stratarl_grad_norms']):.3g}")
+        if cmp["error"]:
+            print(f"    error: no ratio reported: {cmp['error']}. Fix: a task or reward the policy partly solves")
+        else:
+            print(f"    step-time ratio stratarl / TRL {cmp['ratio']:.2f} (target <= 0.67)")
         if args.trl_only:
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
             return 0
     if not args.skip_micro:
         micro = update_microbench(cfg, rows=4, prompt_len=192, response_len=160, repeats=1)
-        micro["mfu"] = micro["flops_per_s"] / peak
         results["update_micro"] = micro
-        print(f"[update micro] {micro['params'] / 1e6:.0f}M params, {micro['tokens']} tokens fwd+bwd in "
-              f"{micro['seconds']:.2f}s: {micro['tokens_per_s']:.0f} tok/s, MFU {100 * micro['mfu']:.1f}% of matmul")
-    loop = loop_bench(args.config, args.steps, args.overrides)
+        print(f"[update micro] {micro['params'] / 1e6:.0f}M matmul params, {micro['tokens']} tokens (4 rows sharing "
+              f"one prompt) fwd+bwd in {micro['seconds']:.2f}s: {micro['tokens_per_s']:.0f} tok/s; nominal 6ND "
+              f"{micro['nominal_flops'] / 1e9:.0f} GFLOP, executed {micro['executed_flops'] / 1e9:.0f} GFLOP = "
+              f"{micro['executed_flops_per_s'] / 1e9:.1f} GFLOP/s, {utilisation(micro['executed_flops_per_s'], peak)}")
+    loop = loop_bench(args.config, args.steps, args.overrides, keep_batch=not args.skip_compare)
+    from stratarl.trainer.flops import matmul_params, nominal_flops
     from stratarl.trainer.setup import load_policy
 
     model, _ = load_policy(cfg.model)
-    params = sum(p.numel() for p in model.parameters())
+    params = matmul_params(model)
     layers = getattr(model.config, "num_hidden_layers", 1)
     trainable = loop["trainable_layers"] or layers
-    # Work actually done: forward 2N everywhere, backward 4N only above the lowest trained layer.
-    work_factor = 2 + 4 * trainable / layers
-    loop["update_mfu_nominal"] = loop["perf/update_tokens_per_s"] * 6 * params / peak
-    loop["update_mfu_work"] = loop["perf/update_tokens_per_s"] * work_factor * params / peak
+    update_s = loop["time/update"]
+    nominal = nominal_flops(params, loop["perf/update_tokens_per_s"] * update_s)  # tokens x epochs of a step
+    loop["update_nominal_flops"] = nominal
+    batch, loop_cfg = loop.pop("batch", None), loop.pop("cfg", None)
     results["loop"] = loop
     results["peak_rss_gb"] = peak_rss_gb()
     print(f"[loop] {args.steps} steps of {Path(args.config).name}, means over steps 2..{args.steps}:")
@@ -239,13 +382,28 @@ def main() -> int:
         print(f"    {k:<28}{loop[k]:8.2f} s")
     print(f"    rollouts/step {loop['rollout/num']:.0f}, prompt {loop['rollout/prompt_length_mean']:.0f} + policy "
           f"{loop['rollout/response_length_mean']:.0f} + observation {loop['rollout/observation_length_mean']:.0f} tokens")
-    print(f"    update: {loop['perf/update_tokens_per_s']:.0f} tok/s = MFU {100 * loop['update_mfu_nominal']:.1f}% "
-          f"nominal (6 x params), {100 * loop['update_mfu_work']:.1f}% of the work done "
-          f"({work_factor:.1f} x params; last {trainable}/{layers} layers train)")
+    executed = loop["update_executed_flops"]
+    print(f"    update: {loop['perf/update_tokens_per_s']:.0f} tok/s (every row's prompt counted); nominal 6ND "
+          f"{nominal / 1e9:.0f} GFLOP (shown, not the work done), executed {executed / 1e9:.0f} GFLOP (prompts once, "
+          f"last {trainable}/{layers} layers train) = {executed / max(update_s, 1e-9) / 1e9:.1f} GFLOP/s, "
+          f"{utilisation(executed / max(update_s, 1e-9), peak)}")
     print(f"    generation: {loop['perf/generation_tokens_per_s']:.0f} policy tok/s")
+    if batch is not None:
+        cmp = update_comparison(loop_cfg, batch, repeats=args.compare_repeats)
+        results["update_compare"] = cmp
+        peak_share = {k: utilisation(v / cmp[f"{k}_s"], peak) for k, v in cmp["executed_flops"].items()}
+        print(f"[update: reference vs fast] the last loop step's {batch.size} rollouts, same policy, "
+              f"{loop_cfg.trainer.epochs} epoch(s) x {loop_cfg.trainer.mini_batches} mini-batch(es): reference "
+              f"{cmp['reference_s']:.2f} s ({cmp['executed_flops']['reference'] / 1e9:.0f} GFLOP, {peak_share['reference']}), "
+              f"fast {cmp['fast_s']:.2f} s ({cmp['executed_flops']['fast'] / 1e9:.0f} GFLOP, {peak_share['fast']}; "
+              f"frozen prefix: {cmp['fast_path']}): speedup {cmp['speedup']:.2f}x (target >= 2); max |grad diff| "
+              f"{cmp['max_grad_diff']:.2e} (largest |grad| {cmp['max_grad']:.2e})"
+              + ("; the loop's advantages were all 0, replaced by seeded N(0, 1) per row" if cmp["advantages_replaced"] else ""))
+        if cmp["max_grad"] == 0:
+            print("    error: every gradient is 0: the comparison checked nothing")
     print(f"[memory] peak RSS {results['peak_rss_gb']:.2f} GB (target <= 8)")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
     return 0
 
 

@@ -33,6 +33,10 @@ from stratarl.trainer.config import Config
 from stratarl.trainer.critic import ValueHead, hidden_size_of, response_values
 from stratarl.trainer.logprobs import response_logprobs
 from stratarl.trainer.precision import policy_of
+from stratarl.trainer.prefix import (Prefix, frozen_prefix, group_micro_batches, prefix_response_logprobs,
+                                     unsupported_reason)
+
+UPDATE_IMPLS = ("fast", "reference")
 
 
 @dataclass
@@ -155,13 +159,23 @@ def _agg_units(mask: torch.Tensor, agg: str) -> float:
     return float(mask.shape[0])
 
 
-def micro_batch_loss(learner: Learner, mb: RolloutBatch, cfg: Config) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
-    """Loss terms of one micro-batch: (policy loss incl. KL / entropy / value, clip-bias objective, metrics)."""
+def micro_batch_loss(learner: Learner, mb: RolloutBatch, cfg: Config, prefix: Prefix | None = None,
+                     rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    """Loss terms of one micro-batch: (policy loss incl. KL / entropy / value, clip-bias objective, metrics).
+
+    With a ``prefix`` (the fast update), ``rows`` are the micro-batch's rows in the prefix's batch and
+    only the trainable layers run here."""
     algo, spec = cfg.algo, cfg.algo.spec
     need_hidden = learner.value_head is not None
-    out = response_logprobs(learner.model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_mask,
-                            chunk_tokens=cfg.trainer.logprob_chunk_tokens, temperature=cfg.rollout.temperature,
-                            with_entropy=True, return_hidden=need_hidden)
+    if prefix is not None:
+        out = prefix_response_logprobs(learner.model, prefix, rows, mb.input_ids, mb.prompt_lengths, mb.response_mask,
+                                       chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+                                       temperature=cfg.rollout.temperature, with_entropy=True,
+                                       return_hidden=need_hidden)
+    else:
+        out = response_logprobs(learner.model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_mask,
+                                chunk_tokens=cfg.trainer.logprob_chunk_tokens, temperature=cfg.rollout.temperature,
+                                with_entropy=True, return_hidden=need_hidden)
     logprobs, mask = out["logprobs"], mb.response_mask
     length = norm_length(cfg)
     extra = {} if length is None else {"norm_length": length}
@@ -188,20 +202,30 @@ def micro_batch_loss(learner: Learner, mb: RolloutBatch, cfg: Config) -> tuple[t
     return loss, pl.clip_bias, metrics
 
 
-def accumulate_gradients(learner: Learner, mini: RolloutBatch, cfg: Config) -> dict[str, float]:
+def accumulate_gradients(learner: Learner, mini: RolloutBatch, cfg: Config, prefix: Prefix | None = None,
+                         rows: list[int] | None = None) -> dict[str, float]:
     """Backward over token-budgeted micro-batches of ``mini``; ``.grad`` ends up holding the gradient
-    of the mini-batch loss (and SORL's C buffers its clipping-bias gradient). Returns averaged metrics."""
+    of the mini-batch loss (and SORL's C buffers its clipping-bias gradient). Returns averaged metrics.
+
+    With a ``prefix`` (``rows``: the mini-batch's rows in the prefix's batch) micro-batches keep prompt
+    groups together (``group_micro_batches``): the same gradient, fewer prompt passes."""
     agg = cfg.algo.loss_agg
     total_units = _agg_units(mini.response_mask, agg)
     sums: dict[str, float] = defaultdict(float)
     policy_tokens = 0
-    for rows in micro_batches(mini.row_lengths(), cfg.trainer.micro_batch_tokens):
-        mb = mini.select(rows)
+    if prefix is not None:
+        parts = group_micro_batches(mini.row_lengths(), prefix.inverse[torch.as_tensor(rows)],
+                                    cfg.trainer.micro_batch_tokens)
+    else:
+        parts = micro_batches(mini.row_lengths(), cfg.trainer.micro_batch_tokens)
+    for local in parts:
+        mb = mini.select(local)
         weight = _agg_units(mb.response_mask, agg) / total_units if total_units else 0.0
         if weight == 0.0:
             continue  # no policy tokens: contributes nothing to any term
         with policy_of(cfg.trainer).autocast():  # the forward only: backward runs outside autocast
-            loss, clip_bias, metrics = micro_batch_loss(learner, mb, cfg)
+            loss, clip_bias, metrics = micro_batch_loss(learner, mb, cfg, prefix,
+                                                        None if prefix is None else [rows[i] for i in local])
         if learner.normalizer is not None:
             nothing_clipped = float(metrics["loss/clip_frac"]) == 0.0
             learner.normalizer.backward(loss * weight, clip_bias * weight, skip_clip_bias=nothing_clipped)
@@ -221,14 +245,15 @@ def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
-def optimizer_step(learner: Learner, mini: RolloutBatch, cfg: Config) -> dict[str, float]:
+def optimizer_step(learner: Learner, mini: RolloutBatch, cfg: Config, prefix: Prefix | None = None,
+                   rows: list[int] | None = None) -> dict[str, float]:
     """One optimizer step on a mini-batch: accumulate, SORL-normalise and clip (in ``algo.sorl_order``), step.
 
     ``optim/grad_norm`` is the norm clipping saw: after the SORL factor with `before_clip`, before it with
     `after_clip`. ``sorl/effective_scale`` is ||gradient the optimizer got|| / ||policy gradient before SORL
     and clipping||: ``sorl/scale`` when clipping did not act, the clip factor when `before_clip` clipping
     undid SORL's factor (it does unless ||C|| > max(delta, ||grad||))."""
-    sums = accumulate_gradients(learner, mini, cfg)
+    sums = accumulate_gradients(learner, mini, cfg, prefix, rows)
     raw_norm = float(_grad_norm(learner.policy_parameters())) if learner.normalizer is not None else 0.0
     normalize_first = learner.normalizer is not None and cfg.algo.sorl_order == "before_clip"
     if normalize_first:
@@ -258,14 +283,25 @@ def optimizer_step(learner: Learner, mini: RolloutBatch, cfg: Config) -> dict[st
     return sums
 
 
-def update_policy(learner: Learner, batch: RolloutBatch, cfg: Config, generator: torch.Generator) -> dict[str, float]:
-    """K epochs x M mini-batches of optimizer steps; returns metrics averaged over the steps."""
+def update_policy(learner: Learner, batch: RolloutBatch, cfg: Config, generator: torch.Generator, *,
+                  impl: str = "fast") -> dict[str, float]:
+    """K epochs x M mini-batches of optimizer steps; returns metrics averaged over the steps.
+
+    ``impl``: `fast` runs the frozen layers once for the whole batch (``stratarl.trainer.prefix``; when
+    the model allows it, else as `reference`); `reference` runs every layer in every micro-batch.
+    Both give the same gradients up to float rounding."""
+    if impl not in UPDATE_IMPLS:
+        raise ValueError(f"update impl {impl!r} is not one of {UPDATE_IMPLS}; use 'fast' (or 'reference' as a baseline)")
     learner.model.train()
     per_step: list[dict[str, float]] = []
     try:
+        prefix = None
+        if impl == "fast" and unsupported_reason(learner.model) is None:
+            with policy_of(cfg.trainer).autocast():  # the frozen layers' forward, in the run's precision
+                prefix = frozen_prefix(learner.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
         for _ in range(cfg.trainer.epochs):
             for rows in mini_batch_rows(batch.size, cfg.trainer.mini_batches, generator):
-                per_step.append(optimizer_step(learner, batch.select(rows), cfg))
+                per_step.append(optimizer_step(learner, batch.select(rows), cfg, prefix, rows))
     finally:
         learner.model.eval()
     keys = {k for m in per_step for k in m}
