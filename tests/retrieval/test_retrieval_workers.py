@@ -186,3 +186,23 @@ def test_serve_rejects_zero_workers(index_dir):
     result = subprocess.run([sys.executable, "-m", "stratarl.cli", "serve", "--index", str(index_dir), "--workers", "0"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--workers 0 must be at least 1" in result.stderr
+
+
+def test_worker_sockets_get_nagle_turned_off_by_asyncio():
+    """A worker's own listening socket says it is TCP, so asyncio sets TCP_NODELAY on each accepted
+    connection; with proto 0 it would not, and every small response would wait for a delayed ACK."""
+    import asyncio.base_events
+    import socket
+
+    from stratarl.retrieval.workers import _listening_socket
+
+    listener = _listening_socket("127.0.0.1", 0, reuse_port=True)
+    client = socket.create_connection(listener.getsockname())
+    try:
+        accepted, _ = listener.accept()
+        with accepted:
+            asyncio.base_events._set_nodelay(accepted)  # what asyncio's transport does to each connection
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        client.close()
+        listener.close()
