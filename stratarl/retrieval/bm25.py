@@ -187,10 +187,39 @@ def sparse_top_k(
                 lo, hi = int(term_ptr[term]), int(term_ptr[term + 1])
                 scores[row].index_add_(0, doc_ids[lo:hi], weights[lo:hi])
         for row in scores:  # row by row: topk over several rows waits for torch's thread pool
-            top_scores, top_indices = torch.topk(row, k)
+            top_scores, top_indices = blocked_top_k(row, k)
             all_scores.append(top_scores)
             all_indices.append(top_indices)
     return torch.stack(all_scores), torch.stack(all_indices)
+
+
+TOP_K_BLOCK = 1 << 18
+
+
+def blocked_top_k(row: torch.Tensor, k: int, *, block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(row, k)`` of a 1-D tensor, computed over blocks of ``block`` entries and merged.
+
+    The same top-k values (ties broken arbitrarily, as ``torch.topk``'s are); its cost is linear in
+    ``row``'s length. ``torch.topk`` over one long row is not: on one core it took 3 ms at 1M entries,
+    7 ms at 2M and 52 ms at 5M, against 2, 4 and 10 ms in 256k blocks (46 ms at 21M, Wikipedia's
+    passage count), which made single-query BM25 throughput fall as N^-1.9 instead of ~1/N.
+    """
+    import torch  # here, not at module level: `stratarl index info` and `--help` stay fast
+
+    if row.dim() != 1 or not 1 <= k <= row.numel():
+        raise ValueError(f"blocked_top_k needs a 1-D tensor and 1 <= k <= its length, got shape {tuple(row.shape)}, k={k}")
+    block = TOP_K_BLOCK if block is None else block
+    if row.numel() <= block:
+        return torch.topk(row, k)
+    values, indices = [], []
+    for start in range(0, row.numel(), block):
+        part = row[start : start + block]
+        top_values, top_indices = torch.topk(part, min(k, part.numel()))
+        values.append(top_values)
+        indices.append(top_indices + start)
+    candidates, candidate_indices = torch.cat(values), torch.cat(indices)
+    best, where = torch.topk(candidates, k)
+    return best, candidate_indices[where]
 
 
 class BM25Retriever:

@@ -280,3 +280,47 @@ def test_cli_builds_an_ivf_index_and_a_streamed_bm25_index(tmp_path, small_corpu
     assert main(["index", "build", "--corpus", str(small_corpus_path), "--out", str(bm25), "--chunk-passages", "3"]) == 0
     assert "built bm25 index of 8 passages" in capsys.readouterr().out
     assert BM25Retriever.load(bm25).search(["capital of France"], k=1)[0][0].id == "0"
+
+
+@pytest.mark.parametrize("n,k,block", [(10, 3, 4), (1000, 5, 64), (1000, 1, 999), (257, 7, 256), (5, 5, 2), (64, 3, 64)])
+def test_blocked_top_k_equals_torch_topk(n, k, block):
+    import torch
+
+    from stratarl.retrieval.bm25 import blocked_top_k
+
+    row = torch.rand(n, generator=torch.Generator().manual_seed(n))  # distinct values: no ties
+    row[::5] = 0.0
+    expected_values, expected_indices = torch.topk(row, k)
+    values, indices = blocked_top_k(row, k, block=block)
+    assert torch.equal(values, expected_values)
+    assert torch.equal(indices, expected_indices)
+
+
+def test_blocked_top_k_rejects_bad_k():
+    import torch
+
+    from stratarl.retrieval.bm25 import blocked_top_k
+
+    with pytest.raises(ValueError, match="1 <= k"):
+        blocked_top_k(torch.zeros(4), 5)
+
+
+def test_search_over_several_top_k_blocks_equals_one_block(monkeypatch):
+    """A corpus longer than the top-k block gives the same hits and scores as one block does."""
+    from stratarl.retrieval import bm25 as bm25_module
+    from stratarl.retrieval.base import Passage
+    from stratarl.retrieval.bm25 import BM25Retriever
+
+    words = [f"w{i}x" for i in range(50)]
+    passages = [Passage(id=str(i), contents=f"t{i}\n" + " ".join(words[(i * 7 + j * j * 3) % 50] for j in range(3 + i % 9)))
+                for i in range(300)]
+    retriever = BM25Retriever.from_passages(passages, stemmer=None, stopwords=None)
+    queries = ["w1x w2x", "w7x w30x w49x", "w0x", "w11x w13x w17x w19x"]
+    one_block = retriever.search(queries, 5)
+    monkeypatch.setattr(bm25_module, "TOP_K_BLOCK", 16)
+    several = retriever.search(queries, 5)
+    assert all(len(hits) == 5 for hits in one_block)
+    assert [[p.score for p in hits] for hits in several] == [[p.score for p in hits] for hits in one_block]
+    # Passage ids can differ only among equal scores.
+    for a, b in zip(several, one_block):
+        assert {(p.score, p.id) for p in a if p.score != a[-1].score} == {(p.score, p.id) for p in b if p.score != b[-1].score}
