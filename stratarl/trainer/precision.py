@@ -17,7 +17,7 @@ The mixed-precision rules (the usual AMP recipe; bf16 needs no loss scaling, its
 CPU is allowed (it runs the same code path, which is how the CPU tests check it) but is slower than fp32
 on most CPUs, which lack bf16 matmul units.
 
-Generation on CUDA: the `kv_cache` backend uses the generic KV-cache loop (the model's own forward,
+Generation on CUDA, and with bf16 on a CPU: the `kv_cache` backend uses the generic KV-cache loop (the model's own forward,
 SDPA attention, ``DynamicCache``), never ``stratarl.rollout.fast_forward``'s decoder, whose oneDNN weight
 packing and fused small kernels are built for CPU decode overheads. Retrieval always stays on the CPU.
 """
@@ -85,9 +85,10 @@ class DevicePolicy:
 
     def fast_decode(self, backend: str) -> bool | None:
         """The ``fast`` argument of ``KVCacheGenerator`` for ``rollout.backend``: None (the fast CPU decoder
-        when the model supports it) for `kv_cache` on a CPU; False (the generic loop) for
-        `kv_cache_generic` and for every CUDA run."""
-        if backend == "kv_cache_generic" or self.device.type != "cpu":
+        when the model supports it) for `kv_cache` on a CPU in fp32; False (the generic loop) for
+        `kv_cache_generic`, for every CUDA run and for bf16 (the fast decoder's packed fp32 weights and
+        fused oneDNN kernels are outside autocast)."""
+        if backend == "kv_cache_generic" or self.device.type != "cpu" or self.precision == "bf16":
             return False
         return None
 
