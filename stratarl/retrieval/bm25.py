@@ -45,6 +45,18 @@ INDEX_OFFSETS_FILE = "corpus.offsets.npy"  # byte offset of each passage's line 
 BM25_FORMAT_VERSION = 1
 
 
+def index_passages(index_dir: Path, *, mmap_corpus: bool = False) -> list[Passage] | CorpusFile:
+    """The passages of a saved index (BM25 or dense), in index order: its ``corpus.jsonl`` read into
+    memory, or with ``mmap_corpus=True`` a `CorpusFile` reading each passage from disk when asked for
+    (through ``corpus.offsets.npy`` when the index has one, else an offset table built on open)."""
+    corpus_path = index_dir / INDEX_CORPUS_FILE
+    if not mmap_corpus:
+        return list(iter_corpus(corpus_path))
+    offsets_path = index_dir / INDEX_OFFSETS_FILE
+    offsets = np.load(offsets_path, mmap_mode="r", allow_pickle=False) if offsets_path.is_file() else None
+    return CorpusFile(corpus_path, offsets)
+
+
 def read_index_meta(index_dir: str | Path) -> dict:
     """The ``stratarl_index.json`` of an index directory, with a clear error when it is not one."""
     index_dir = Path(index_dir)
@@ -332,13 +344,7 @@ class BM25Retriever:
         if meta["kind"] != "bm25":
             raise ValueError(f"{index_dir} holds a {meta['kind']!r} index, not a BM25 one; load it with build_retriever")
         model = bm25s.BM25.load(index_dir, mmap=mmap, allow_pickle=False, load_corpus=False, show_progress=False)
-        corpus_path = index_dir / INDEX_CORPUS_FILE
-        if mmap_corpus:
-            offsets_path = index_dir / INDEX_OFFSETS_FILE
-            offsets = np.load(offsets_path, mmap_mode="r", allow_pickle=False) if offsets_path.is_file() else None
-            passages = CorpusFile(corpus_path, offsets)
-        else:
-            passages = list(iter_corpus(corpus_path))
+        passages = index_passages(index_dir, mmap_corpus=mmap_corpus)
         return cls(model, passages, stemmer=meta.get("stemmer"), stopwords=meta.get("stopwords"))
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:

@@ -35,11 +35,9 @@ from stratarl.retrieval.ann import (
     set_search_params,
 )
 from stratarl.retrieval.base import Passage
-from stratarl.retrieval.bm25 import INDEX_CORPUS_FILE, INDEX_META_FILE, INDEX_OFFSETS_FILE, read_index_meta
+from stratarl.retrieval.bm25 import INDEX_CORPUS_FILE, INDEX_META_FILE, INDEX_OFFSETS_FILE, index_passages, read_index_meta
 from stratarl.retrieval.corpus import (
-    CorpusFile,
     corpus_line_offsets,
-    iter_corpus,
     load_corpus,
     passages_fingerprint,
     write_corpus,
@@ -414,13 +412,7 @@ class DenseRetriever:
         index_settings = DenseIndexSettings.coerce(meta.get("dense_index"))
         overrides = {key: value for key, value in (("nprobe", nprobe), ("ef_search", ef_search)) if value is not None}
         index_settings = DenseIndexSettings(**{**asdict(index_settings), **overrides})
-        corpus_path = index_dir / INDEX_CORPUS_FILE
-        if mmap_corpus:
-            offsets_path = index_dir / INDEX_OFFSETS_FILE
-            offsets = np.load(offsets_path, mmap_mode="r", allow_pickle=False) if offsets_path.is_file() else None
-            passages = CorpusFile(corpus_path, offsets)
-        else:
-            passages = list(iter_corpus(corpus_path))
+        passages = index_passages(index_dir, mmap_corpus=mmap_corpus)
         embeddings, faiss_index = None, None
         if index_settings.kind == "exact":
             embeddings = _load_embeddings(index_dir / EMBEDDINGS_FILE)
