@@ -114,21 +114,25 @@ def free_port() -> int:
 
 
 def start_server(index_dir: Path, max_batch_queries: int) -> tuple[subprocess.Popen, str]:
-    import httpx
-
     port = free_port()
     command = [sys.executable, "-m", "stratarl.cli", "serve", "--index", str(index_dir), "--port", str(port),
                "--log-level", "warning", "--max-batch-queries", str(max_batch_queries)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    return process, wait_until_healthy(process, f"http://127.0.0.1:{port}", timeout_s=120, what="server")
+
+
+def wait_until_healthy(process: subprocess.Popen, url: str, *, timeout_s: float, what: str) -> str:
+    """Poll ``url``/health until it answers; raise with the process's stderr if it exits or times out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
             httpx.get(url + "/health", timeout=1)
-            return process, url
+            return url
         except httpx.TransportError:
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {process.stderr.read()}") from None
+                raise RuntimeError(f"{what} did not start: {process.stderr.read()}") from None
             time.sleep(0.2)
 
 
@@ -227,21 +231,11 @@ def server_designs(workers: int) -> list[tuple[str, dict]]:
 
 
 def start_design(index_dir: Path, options: dict) -> tuple[subprocess.Popen, str]:
-    import httpx
-
     options = {**options, "index": str(index_dir), "port": free_port()}
     process = subprocess.Popen([sys.executable, "-c", _SERVER_SNIPPET, json.dumps(options)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{options['port']}"
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            httpx.get(url + "/health", timeout=1)
-            return process, url
-        except httpx.TransportError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server {options} did not start: {process.stderr.read()}") from None
-            time.sleep(0.2)
+    return process, wait_until_healthy(process, f"http://127.0.0.1:{options['port']}", timeout_s=300,
+                                       what=f"server {options}")
 
 
 def process_tree_sched_s(pid: int) -> tuple[float, float] | None:
