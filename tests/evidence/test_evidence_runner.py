@@ -106,14 +106,10 @@ def test_lab_experiments_write_summaries_that_regenerate_the_tables(tmp_path):
     assert not (tmp_path / "elsewhere" / "warmstart").exists()
 
 
-def test_table_metrics_of_a_run_summary():
+def test_table_metrics_of_a_run_summary(load_script):
     """The tables' per-run metrics on hand-made summaries: a steady run has not collapsed, one whose reward
     falls from 0.6 to 0 has; windows and eval fields are read as documented."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("evidence_tables", TABLES)
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = load_script(TABLES, "evidence_tables")
     steady = {"per_step": {"reward/mean": [0.6, 0.4, 0.7, 0.5] * 50}, "eval": {"after": {"em": 0.8}, "before": {"em": 0.3}},
               "binned": {"bin_steps": 10, "metrics": {"sorl/engaged": [0.0, 0.5, 1.0]}}}
     falling = {"per_step": {"reward/mean": [0.6] * 100 + [0.0] * 100}, "eval": {}, "binned": {"metrics": {}}}

@@ -3,7 +3,6 @@ decode limit that names the bound that binds."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,11 +12,8 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_generation.p
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_generation", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(load_script):
+    return load_script(BENCH, "bench_generation")
 
 
 def test_decode_rate_is_none_without_a_timeable_decode_phase(bench):

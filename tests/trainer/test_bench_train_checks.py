@@ -3,7 +3,6 @@ did no work."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,11 +11,8 @@ PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_train.py"
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_train_under_test", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(load_script):
+    return load_script(PATH, "bench_train_under_test")
 
 
 def test_utilisation_above_the_peak_is_an_accounting_error(bench):
