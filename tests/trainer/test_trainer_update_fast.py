@@ -58,6 +58,15 @@ def _grads(model, value_head=None):
     return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
 
 
+def _params_after_update(frozen_model, cfg, impl: str, *, batch_seed: int, optimizer_steps: int):
+    """The parameters of a copy of ``frozen_model`` after ``update_policy(impl=impl)`` on a scored batch."""
+    model = copy.deepcopy(frozen_model)
+    learner = build_learner(model, cfg, total_optimizer_steps=optimizer_steps)
+    batch = score_batch(learner, _grouped_batch(batch_seed), cfg)
+    update_policy(learner, batch, cfg, torch.Generator().manual_seed(0), impl=impl)
+    return [p.detach().clone() for p in model.parameters()]
+
+
 ALGOS = [["algo.name=grpo"], ["algo.name=stratified_grpo"], ["algo.name=so_grpo"], ["algo.name=so_ppo"],
          ["algo.name=ppo"], ["algo.name=grpo", "algo.loss_agg=seq-mean-token-mean"]]
 
@@ -97,13 +106,8 @@ def test_fast_gradients_equal_the_reference(frozen_model, overrides):
 def test_fast_update_policy_equals_the_reference_over_epochs_and_mini_batches(frozen_model, overrides):
     """K=2 epochs x M=2 mini-batches: the prefix computed once stays valid across optimizer steps."""
     cfg = _cfg("trainer.epochs=2", "trainer.mini_batches=2", *overrides)
-    params = []
-    for impl in ("reference", "fast"):
-        model = copy.deepcopy(frozen_model)
-        learner = build_learner(model, cfg, total_optimizer_steps=4)
-        batch = score_batch(learner, _grouped_batch(1), cfg)
-        update_policy(learner, batch, cfg, torch.Generator().manual_seed(0), impl=impl)
-        params.append([p.detach().clone() for p in model.parameters()])
+    params = [_params_after_update(frozen_model, cfg, impl, batch_seed=1, optimizer_steps=4)
+              for impl in ("reference", "fast")]
     moved = [not torch.equal(a, b) for a, b in zip(params[0], frozen_model.parameters())]
     assert any(moved)
     for a, b in zip(params[0], params[1]):
@@ -183,13 +187,8 @@ def test_fast_update_under_bf16_runs_the_frozen_prefix_in_bf16_and_tracks_the_re
             hook.remove()
 
     monkeypatch.setattr(update_module, "frozen_prefix", spy)
-    params = []
-    for impl in ("reference", "fast"):
-        model = copy.deepcopy(frozen_model)
-        learner = build_learner(model, cfg, total_optimizer_steps=1)
-        batch = score_batch(learner, _grouped_batch(2), cfg)
-        update_policy(learner, batch, cfg, torch.Generator().manual_seed(0), impl=impl)
-        params.append([p.detach().clone() for p in model.parameters()])
+    params = [_params_after_update(frozen_model, cfg, impl, batch_seed=2, optimizer_steps=1)
+              for impl in ("reference", "fast")]
     assert prefix_dtypes and set(prefix_dtypes) == {torch.bfloat16}
     assert all(p.dtype == torch.float32 for p in params[1])
     moved = [not torch.equal(a, b) for a, b in zip(params[0], frozen_model.parameters())]
