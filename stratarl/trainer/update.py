@@ -218,12 +218,13 @@ def accumulate_gradients(learner: Learner, mini: RolloutBatch, cfg: Config, pref
                                     cfg.trainer.micro_batch_tokens)
     else:
         parts = micro_batches(mini.row_lengths(), cfg.trainer.micro_batch_tokens)
+    autocast = policy_of(cfg.trainer).autocast
     for local in parts:
         mb = mini.select(local)
         weight = _agg_units(mb.response_mask, agg) / total_units if total_units else 0.0
         if weight == 0.0:
             continue  # no policy tokens: contributes nothing to any term
-        with policy_of(cfg.trainer).autocast():  # the forward only: backward runs outside autocast
+        with autocast():  # the forward only: backward runs outside autocast
             loss, clip_bias, metrics = micro_batch_loss(learner, mb, cfg, prefix,
                                                         None if prefix is None else [rows[i] for i in local])
         if learner.normalizer is not None:
