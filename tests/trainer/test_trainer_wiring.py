@@ -242,3 +242,58 @@ def test_sorl_parts_of_each_preset_in_a_real_step(name, normalises, turn_level, 
     assert {c["name"] for c in spy["loss_calls"]} == {"sorl" if turn_level else "ppo"}
     assert ("loss/clip_frac_turn" in metrics) is turn_level
     assert (run.learner.value_head is not None) is (name in ("ppo", "so_ppo"))
+
+
+# --------------------------------------------------------------------------- groups are prompts
+
+
+def test_grpo_normalises_each_prompts_rollouts_as_one_group(tmp_path, tiny_overrides, spy):
+    """Groups come from the prompts themselves, not from the trainer's own group ids: rollouts that share a
+    prompt form one group of G, and the advantages are GRPO's over those groups. Fails if a step's rollouts
+    are normalised as one group, or if rollouts of different prompts share a group id."""
+    _step(tmp_path, tiny_overrides, "algo.name=grpo")
+    collected, batch = spy["collected"], spy["batch"]
+    prompts = [tuple(r.prompt_ids) for r in collected.rollouts]
+    assert len(set(prompts)) == 4 and all(prompts.count(p) == 4 for p in prompts)
+    by_prompt = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
+    groups = torch.tensor([by_prompt[p] for p in prompts])
+    ids = collected.group_ids
+    assert all((ids[i] == ids[j]) == (prompts[i] == prompts[j]) for i in range(16) for j in range(16))
+    rewards = torch.tensor(collected.rewards, dtype=torch.float32)
+    expected = broadcast_to_tokens(grpo_advantages(rewards, groups, eps=1e-6), batch.response_mask)
+    torch.testing.assert_close(batch.advantages, expected, rtol=1e-5, atol=1e-6)
+    one_group = broadcast_to_tokens(grpo_advantages(rewards, torch.zeros_like(groups), eps=1e-6), batch.response_mask)
+    assert not torch.allclose(one_group, expected, atol=1e-4)  # the batch tells the two apart
+
+
+# --------------------------------------------------------------------------- held-out eval is greedy
+
+
+def test_held_out_eval_decodes_greedily(tmp_path, tiny_overrides):
+    """`stratarl train`'s held-out eval at temperature 1: every first turn equals the argmax continuation of
+    its prompt under the same model, computed independently with HF `generate(do_sample=False)`. A sampled
+    turn of a random model over a 49k vocabulary leaves the argmax path at once, so sampling fails this."""
+    import json
+
+    from stratarl.trainer.rl import train
+    from stratarl.trainer.setup import load_policy, load_task
+    from stratarl.rollout.prompt import encode_prompt
+
+    cfg = load_config(TINY, [*tiny_overrides, "trainer.steps=1", "eval.before_after=true", "eval.num_transcripts=4",
+                             "data.max_eval_examples=4", "rollout.temperature=1.0"])
+    run_dir = tmp_path / "run"
+    train(cfg, run_dir)
+    records = [json.loads(line) for line in (run_dir / "eval" / "before_transcripts.jsonl").read_text().splitlines()]
+    assert len(records) == 4
+    task = load_task(cfg)
+    model, tokenizer = load_policy(cfg.model, seed=cfg.trainer.seed, device="cpu", task=task)
+    questions = {e.id: e for e in task.test}
+    for record in records:
+        example = questions[record["example_id"]]
+        prompt = torch.tensor([encode_prompt(tokenizer, example.question, cfg.rollout.prompt_template)])
+        with torch.no_grad():
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                 max_new_tokens=cfg.rollout.max_tokens_per_turn, pad_token_id=tokenizer.pad_token_id)
+        argmax_text = tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=False)
+        first_turn = record["turns"][0]["text"]
+        assert first_turn and argmax_text.startswith(first_turn), (first_turn, argmax_text)
