@@ -39,6 +39,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"sft: {summary['steps']} steps on {summary['num_demos']} demonstrations {summary['demo_kinds']} in "
               f"{summary['seconds']:.0f}s; loss (first / last 3 steps) {summary['first_steps_loss']:.3f} -> {summary['last_steps_loss']:.3f}; "
               f"model: {summary['model']}", flush=True)
+        if summary.get("probes"):
+            last = summary["probes"][-1]
+            print(f"reading probe passed at step {last['step']}: greedy single-hop EM {last['single_hop_em']:.3f} on "
+                  f"{last['num_single_hop']} questions of an unseen world; 2-hop answered after one search "
+                  f"{last['multi_hop_one_search']:.0%}", flush=True)
         return 0
 
     return _guard(body)

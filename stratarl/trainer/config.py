@@ -445,6 +445,17 @@ class SFTConfig:
     observation_loss: float = 0.0
     """Weight of the next-token loss on observation (retrieved passage) tokens, relative to policy tokens.
     Passages repeat names (title, subject, relations), so this trains copying; the policy never emits them."""
+    probe_every: int = 0
+    """`source: worlds`: the reading probe (stratarl.trainer.probe): greedy rollouts on single-hop and 2-hop
+    questions of a world never trained on. 0: off (the warm start ends after `steps`). N > 0: probe after
+    `steps`, and if single-hop EM is below `probe_min_em`, train N more steps and probe again, up to
+    `max_steps`; a warm start that never passes stops the run with an error (it is not cached)."""
+    probe_min_em: float = 0.6
+    """Greedy single-hop EM on the probe world that the warm start must reach."""
+    probe_questions: int = 40
+    """Probe questions of each kind (single-hop, 2-hop)."""
+    max_steps: int = 0
+    """With the probe: the most demonstration steps before giving up (0: 3 x `steps`)."""
     cache: bool = False
     """Keep the warm start in `$STRATARL_CACHE/warmstart/<hash of what it depends on>` and reuse it in every
     run with the same model, data, retrieval, rollout caps and sft settings (seeds of RL runs share it);
@@ -476,6 +487,16 @@ class SFTConfig:
                   "set sft.source=worlds or sft.reading_steps=0")
         if self.observation_loss < 0:
             _fail(f"{p}.observation_loss", self.observation_loss, "must be >= 0", "use 0 (policy tokens only) or e.g. 0.5")
+        if self.probe_every < 0 or self.max_steps < 0 or self.probe_questions < 1:
+            _fail(f"{p}.probe_every", (self.probe_every, self.max_steps, self.probe_questions),
+                  "probe_every and max_steps must be >= 0, probe_questions >= 1", "use e.g. 20, 0, 40")
+        if self.probe_every and self.source != "worlds":
+            _fail(f"{p}.probe_every", self.probe_every, "the reading probe draws an unseen world",
+                  "set sft.source=worlds or sft.probe_every=0")
+        if not 0 <= self.probe_min_em <= 1:
+            _fail(f"{p}.probe_min_em", self.probe_min_em, "an EM threshold lies in [0, 1]", "use e.g. 0.6")
+        if self.max_steps and self.max_steps < self.steps:
+            _fail(f"{p}.max_steps", self.max_steps, f"is below sft.steps={self.steps}", "use 0 (3 x steps) or raise it")
 
 
 @dataclass
@@ -530,10 +551,14 @@ class Config:
             if self.data.source != "synthetic":
                 _fail("sft.source", "worlds", "demonstration worlds are synthetic knowledge bases",
                       "use data.source=synthetic, or sft.source=task")
-            if not {**self.data.synthetic.options, **self.sft.world_options}.get("name_pool"):
+            # A word-level vocabulary is built from the task: only a shared pool lets it spell other worlds'
+            # names. A subword tokenizer spells any invented name, so every world may invent its own.
+            if (self.model.name == "word-tiny" and not self.model.init_from
+                    and not {**self.data.synthetic.options, **self.sft.world_options}.get("name_pool")):
                 _fail("data.synthetic.options.name_pool", None,
-                      "sft.source=worlds needs a shared name pool (otherwise every world invents new words "
-                      "that the task's vocabulary does not know)", "set e.g. data.synthetic.options.name_pool=2000")
+                      "sft.source=worlds with model.name=word-tiny needs a shared name pool (otherwise every "
+                      "world invents words that the task's vocabulary does not know)",
+                      "set e.g. data.synthetic.options.name_pool=2000")
         return self
 
     def _check_across_sections(self) -> None:

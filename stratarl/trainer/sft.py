@@ -35,6 +35,8 @@ from stratarl.trainer.demos import Demonstration, render_demonstrations, render_
 from stratarl.trainer.logprobs import response_logprobs
 from stratarl.trainer.metrics import MetricsLogger
 from stratarl.trainer.precision import policy_for_model
+from stratarl.trainer.probe import PROBE_WORLD_OFFSET, ProbeResult, WarmStartFailed, probe_questions, run_probe
+from stratarl.trainer.progress import progress as progress_display
 from stratarl.trainer.setup import build_task_retriever, load_policy, load_task, save_pretrained_model, step_threads
 from stratarl.trainer.update import lr_multiplier
 
@@ -105,7 +107,8 @@ def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_
             batch_size: int, seed: int, micro_batch_tokens: int, chunk_tokens: int, grad_clip: float = 1.0,
             warmup_fraction: float = 0.05, schedule: str = "constant", observation_weight: float = 0.0,
             batches: Iterable[list[Demonstration]] | None = None, total_steps: int | None = None,
-            on_step: Callable[[int, int, dict], None] | None = None, precision: str = "auto") -> dict[str, float]:
+            on_step: Callable[[int, int, dict], None] | None = None, precision: str = "auto",
+            done: Callable[[int], bool] | None = None, max_steps: int | None = None) -> dict[str, float]:
     """Fine-tune ``model`` in place: AdamW, linear warm-up, then a constant lr or a cosine decay to
     10% of it at the last step (``lr_factor``).
 
@@ -115,6 +118,8 @@ def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_
     ``on_step(step, total_steps, metrics)`` is called after each optimizer step
     (metrics keys ``sft/loss``, ``sft/lr``, ``sft/grad_norm``, ``sft/tokens_per_s``).
     ``precision``: of the forward passes (``sft_step``).
+    ``done(step)``: with a stream, called after every step from ``total_steps`` on; the stream goes on past
+    ``total_steps`` (up to ``max_steps``, the lr schedule held at its last value) until it returns True.
     Returns the mean loss of the first and the last epoch, and of the first and last 3 steps.
     """
     if batches is None:
@@ -133,7 +138,8 @@ def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, warmup, schedule))
     model.train()
     step, step_losses = 0, []
-    for chunk in itertools.islice(batches, total_steps):
+    limit = max(total_steps, max_steps or 0) if done is not None else total_steps
+    for chunk in itertools.islice(batches, limit):
         t0 = time.perf_counter()
         stats = sft_step(model, chunk, pad_id, micro_batch_tokens=micro_batch_tokens, chunk_tokens=chunk_tokens,
                          observation_weight=observation_weight, precision=precision)
@@ -149,6 +155,8 @@ def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_
                                         "sft/lr": scheduler.get_last_lr()[0], "sft/grad_norm": float(grad_norm),
                                         "sft/policy_tokens": stats["policy_tokens"],
                                         "sft/tokens_per_s": stats["tokens"] / max(dt, 1e-9), "time/sft_step": dt})
+        if done is not None and step >= total_steps and done(step):
+            break
     model.eval()
     if not step_losses:
         raise ValueError("the demonstration stream ended before the first step")
@@ -299,12 +307,69 @@ def cached_warm_start(cfg, *, rebuild: bool = False, progress: bool = True) -> t
     return final / "model", summary
 
 
+def _stage_bar(cfg, enabled: bool, total: int, desc: str):
+    """The progress display of one warm-start stage (``stratarl.trainer.progress``), or None."""
+    return progress_display(total, desc) if enabled and cfg.logging.progress else None
+
+
+def _bar_step(bar, loss: float) -> None:
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}")
+
+
+def _reading_stage(cfg, model, tokenizer, *, progress: bool) -> dict:
+    """Copy pre-training on fresh single-hop worlds (``sft.reading_steps``); returns its summary."""
+    s = cfg.sft
+    started = time.perf_counter()
+    bar = _stage_bar(cfg, progress, s.reading_steps, "sft reading")
+    reading = run_sft(model, None, tokenizer.pad_token_id, lr=s.lr, epochs=1, batch_size=s.reading_batch_size,
+                      seed=s.seed, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+                      chunk_tokens=cfg.trainer.logprob_chunk_tokens, grad_clip=cfg.optim.grad_clip,
+                      schedule="constant", batches=reading_batches(cfg, tokenizer, batch_size=s.reading_batch_size,
+                                                                   curriculum=s.reading_curriculum),
+                      total_steps=s.reading_steps, precision=cfg.trainer.precision,
+                      on_step=lambda step, total, m: _bar_step(bar, m["sft/loss"]))
+    if bar is not None:
+        bar.close()
+    reading["seconds"] = time.perf_counter() - started
+    print(f"reading pre-training: {s.reading_steps} steps in {reading['seconds']:.0f}s, answer loss "
+          f"{reading['first_steps_loss']:.3f} -> {reading['last_steps_loss']:.3f}", flush=True)
+    return reading
+
+
+def _probe_hook(cfg, model, tokenizer, logger, bar, total_steps: int, probes: list[ProbeResult]):
+    """``done(step)`` for ``run_sft``: the reading probe after ``sft.steps`` and every ``sft.probe_every`` steps
+    after that; True once it passes. Each result is logged, printed and appended to ``probes``."""
+    s = cfg.sft
+    questions = probe_questions(cfg, s.probe_questions, seed=world_seed(cfg.data.synthetic.seed, PROBE_WORLD_OFFSET))
+
+    def done(step: int) -> bool:
+        if (step - total_steps) % s.probe_every:
+            return False
+        model.eval()
+        result = run_probe(model, tokenizer, cfg, questions, step=step)
+        model.train()
+        probes.append(result)
+        logger.log(step, result.metrics())
+        passed = result.passed(s.probe_min_em)
+        message = f"{result.line()}: {'passed' if passed else 'below'} sft.probe_min_em={s.probe_min_em:g}"
+        (bar.write if bar is not None else print)(message)
+        if not passed and bar is not None:
+            bar.total = min(bar.total + s.probe_every, s.max_steps or 3 * s.steps)
+        return passed
+
+    return done
+
+
 def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     """`stratarl sft`: render demonstrations from the training questions, fine-tune, save ``<out_dir>/model``.
 
     Uses the run config's model, data, retrieval (for observations), rollout caps and
     ``sft`` section. Writes ``sft_metrics.jsonl`` and ``demos_sample.jsonl`` next to the model.
-    Returns a summary with the loss of the first and last epoch and the demo mix.
+    With ``sft.probe_every`` the demonstration stage runs until the reading probe passes
+    (stratarl.trainer.probe) and raises ``WarmStartFailed`` if it never does within ``sft.max_steps``.
+    Returns a summary with the loss of the first and last epoch, the demo mix and the probes.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -315,17 +380,7 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     model, tokenizer = load_policy(cfg.model, seed=s.seed, device=cfg.trainer.device, task=task)
     seen_kinds: Counter = Counter()  # what was trained on, for the summary (demos themselves are not kept)
     seen_policy_tokens = 0
-    reading = None
-    if s.reading_steps:
-        reading = run_sft(model, None, tokenizer.pad_token_id, lr=s.lr, epochs=1, batch_size=s.reading_batch_size,
-                          seed=s.seed, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
-                          chunk_tokens=cfg.trainer.logprob_chunk_tokens, grad_clip=cfg.optim.grad_clip,
-                          schedule="constant", batches=reading_batches(cfg, tokenizer, batch_size=s.reading_batch_size,
-                                                                       curriculum=s.reading_curriculum),
-                          total_steps=s.reading_steps, precision=cfg.trainer.precision)
-        reading["seconds"] = time.perf_counter() - started
-        print(f"reading pre-training: {s.reading_steps} steps in {reading['seconds']:.0f}s, answer loss "
-              f"{reading['first_steps_loss']:.3f} -> {reading['last_steps_loss']:.3f}", flush=True)
+    reading = _reading_stage(cfg, model, tokenizer, progress=progress) if s.reading_steps else None
     if s.source == "worlds":
         stream = world_batches(cfg, tokenizer, batch_size=s.batch_size)
         sample = next(stream)
@@ -355,32 +410,37 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
             f.write(json.dumps({"kind": d.kind, "example_id": d.example_id, **d.meta,
                                 "text": tokenizer.decode(d.response_ids)}) + "\n")
     logger = MetricsLogger(out_dir, tensorboard=cfg.logging.tensorboard, filename="sft_metrics.jsonl")
-    bar = None
-    if progress and cfg.logging.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total_steps, desc="sft", unit="step", dynamic_ncols=True)
+    bar = _stage_bar(cfg, progress, total_steps, "sft")
+    probes: list[ProbeResult] = []
+    done = _probe_hook(cfg, model, tokenizer, logger, bar, total_steps, probes) if s.probe_every else None
 
     def on_step(step: int, total: int, metrics: dict) -> None:
         logger.log(step, metrics)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}")
+        _bar_step(bar, metrics["sft/loss"])
 
     result = run_sft(model, demos, tokenizer.pad_token_id, lr=s.lr, epochs=s.epochs, batch_size=s.batch_size,
                      seed=s.seed, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
                      chunk_tokens=cfg.trainer.logprob_chunk_tokens, grad_clip=cfg.optim.grad_clip, schedule=s.schedule,
                      observation_weight=s.observation_loss, batches=train_batches,
                      total_steps=total_steps if train_batches is not None else None, on_step=on_step,
-                     precision=cfg.trainer.precision)
+                     precision=cfg.trainer.precision, done=done, max_steps=s.max_steps or 3 * s.steps)
     if bar is not None:
         bar.close()
     logger.close()
+    if probes and not probes[-1].passed(s.probe_min_em):
+        raise WarmStartFailed(
+            f"the warm start did not pass its reading probe: greedy single-hop EM {probes[-1].single_hop_em:.3f} < "
+            f"sft.probe_min_em={s.probe_min_em:g} on {probes[-1].num_single_hop} questions of an unseen world after "
+            f"{result['steps']} steps (sft.max_steps={s.max_steps or 3 * s.steps}); nothing was cached. Fix: raise "
+            f"sft.max_steps or sft.lr, or read the demonstrations in {out_dir / 'demos_sample.jsonl'} and the losses "
+            f"in {out_dir / 'sft_metrics.jsonl'}")
     path = save_pretrained_model(model, tokenizer, out_dir / "model")
     if demos is not None:
         seen_kinds, seen_policy_tokens = Counter(d.kind for d in demos), sum(sum(d.response_mask) for d in demos)
     summary = {**result, "model": str(path), "source": s.source, "reading": reading, "num_demos": sum(seen_kinds.values()),
                "demo_kinds": dict(seen_kinds), "policy_tokens": seen_policy_tokens,
+               "probes": [dataclasses.asdict(p) for p in probes],
+               "probe_passed": bool(probes) and probes[-1].passed(s.probe_min_em),
                "seconds": time.perf_counter() - started}
     (out_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -1,0 +1,138 @@
+"""The warm start's reading probe: it ends the warm start when greedy single-hop EM on an unseen world
+passes the threshold, extends it otherwise, and fails loudly (caching nothing) when it never passes.
+Also the progress display that warm starts and RL runs print off a terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from stratarl.trainer.config import ConfigError, config_from_dict
+from stratarl.trainer.probe import PROBE_WORLD_OFFSET, WarmStartFailed, probe_questions
+from stratarl.trainer.progress import LineProgress, format_duration
+from stratarl.trainer.sft import READING_WORLD_OFFSET, world_seed
+
+LAB = {
+    "model": {"name": "word-tiny", "tiny_hidden_size": 32, "tiny_num_layers": 2, "tiny_num_heads": 2,
+              "tiny_intermediate_size": 64},
+    "data": {"source": "synthetic", "max_eval_examples": 6,
+             "synthetic": {"seed": 0, "options": {"size": 120, "num_train": 30, "num_test": 6,
+                                                  "hop_mix": [0.5, 0.5, 0.0], "guessable": "none", "name_pool": 300}}},
+    "retrieval": {"spec": "bm25", "topk": 2},
+    "rollout": {"group_size": 2, "max_turns": 2, "max_tokens_per_turn": 16, "max_obs_tokens": 64,
+                "max_total_tokens": 512},
+    "algo": {"name": "grpo", "kl_coef": 0.0},
+    "trainer": {"steps": 1, "prompts_per_step": 2, "num_threads": 1, "micro_batch_tokens": 4096},
+    "sft": {"enabled": True, "source": "worlds", "steps": 2, "batch_size": 4, "lr": 1e-3,
+            "world_options": {"size": 100, "num_train": 20}, "early_answer_fraction": 0.5,
+            "probe_every": 1, "probe_questions": 4},
+    "eval": {"before_after": False, "batch_size": 8},
+    "logging": {"tensorboard": False, "progress": False, "num_transcripts": 0},
+}
+
+
+def _cfg(**sft):
+    data = json.loads(json.dumps(LAB))
+    data["sft"].update(sft)
+    return config_from_dict(data)
+
+
+def _probe_rows(folder):
+    rows = [json.loads(line) for line in (folder / "sft_metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "probe/single_hop_em" in r], [r for r in rows if "sft/loss" in r]
+
+
+def test_a_passing_probe_ends_the_warm_start_at_its_steps(tmp_path):
+    from stratarl.trainer.sft import warm_start
+
+    summary = warm_start(_cfg(probe_min_em=0.0, max_steps=5), tmp_path, progress=False)
+    assert summary["steps"] == 2 and summary["probe_passed"] is True
+    assert [p["step"] for p in summary["probes"]] == [2]
+    probes, steps = _probe_rows(tmp_path)
+    assert [r["step"] for r in probes] == [2] and len(steps) == 2
+    assert probes[0]["probe/single_hop_em"] == summary["probes"][0]["single_hop_em"]
+    assert (tmp_path / "model" / "config.json").is_file()
+
+
+def test_a_failing_probe_extends_the_warm_start_then_fails_loudly(tmp_path, monkeypatch):
+    from stratarl.trainer.sft import cached_warm_start, warm_start_cache_dir
+
+    monkeypatch.setenv("STRATARL_CACHE", str(tmp_path / "cache"))
+    cfg = _cfg(probe_min_em=1.01 - 0.01, max_steps=4, cache=True)  # EM 1.0 on unseen names: never, untrained
+    with pytest.raises(WarmStartFailed) as error:
+        cached_warm_start(cfg, progress=False)
+    message = str(error.value)
+    assert "\n" not in message and "sft.probe_min_em=1" in message and "after 4 steps" in message
+    assert "sft.max_steps=4" in message and "Fix:" in message
+    final = warm_start_cache_dir(cfg)
+    assert not final.exists()  # nothing cached
+    assert [p.name for p in final.parent.iterdir()] == []  # and no temporary folder left
+
+
+def test_probe_steps_follow_probe_every(tmp_path):
+    from stratarl.trainer.sft import warm_start
+
+    with pytest.raises(WarmStartFailed):
+        warm_start(_cfg(probe_min_em=1.0, steps=2, probe_every=2, max_steps=6), tmp_path, progress=False)
+    probes, steps = _probe_rows(tmp_path)
+    assert [r["step"] for r in probes] == [2, 4, 6] and len(steps) == 6
+
+
+def test_probe_world_is_none_the_warm_start_trains_on():
+    cfg = _cfg()
+    probe_seed = world_seed(0, PROBE_WORLD_OFFSET)
+    assert probe_seed != 0
+    assert not {world_seed(0, i) for i in range(10_000)} & {probe_seed}
+    assert not {world_seed(0, READING_WORLD_OFFSET + i) for i in range(10_000)} & {probe_seed}
+    single, multi, retriever = probe_questions(cfg, 4, seed=probe_seed)
+    assert len(single) == 4 and len(multi) == 4
+    assert all(len(e.metadata["hops"]) == 1 for e in single) and all(len(e.metadata["hops"]) == 2 for e in multi)
+    from stratarl.trainer.sft import world_demonstrations
+
+    demo_facts = {d.meta["answer"] for i in range(3) for d in world_demonstrations(cfg, _tokenizer(cfg), i)}
+    probe_answers = {e.golden_answers[0] for e in single}
+    assert len(probe_answers - demo_facts) >= 2  # a pool world shares words, but the probe's facts are its own
+
+
+def _tokenizer(cfg):
+    from stratarl.trainer.setup import load_policy, load_task
+
+    return load_policy(cfg.model, task=load_task(cfg))[1]
+
+
+def test_probe_settings_are_validated():
+    with pytest.raises(ConfigError, match="sft.probe_min_em"):
+        _cfg(probe_min_em=1.5)
+    with pytest.raises(ConfigError, match="sft.max_steps"):
+        _cfg(steps=10, max_steps=5)
+    data = json.loads(json.dumps(LAB))
+    data["sft"].update(source="task")
+    del data["sft"]["steps"]
+    with pytest.raises(ConfigError, match="sft.probe_every"):
+        config_from_dict(data)
+
+
+def test_subword_models_need_no_name_pool():
+    """A subword tokenizer spells any invented name, so every demonstration world may invent its own."""
+    data = json.loads(json.dumps(LAB))
+    del data["data"]["synthetic"]["options"]["name_pool"]
+    data["model"] = {"name": "tiny-random", "tiny_hidden_size": 32, "tiny_num_layers": 2, "tiny_num_heads": 2,
+                     "tiny_intermediate_size": 64}
+    assert config_from_dict(data).sft.source == "worlds"
+
+
+def test_line_progress_prints_an_eta_at_most_every_interval():
+    now = [0.0]
+    out = io.StringIO()
+    bar = LineProgress(10, "sft", interval_s=30, stream=out, clock=lambda: now[0])
+    for _ in range(4):
+        now[0] += 10
+        bar.update(1)
+        bar.set_postfix(loss="0.500")
+    lines = out.getvalue().splitlines()
+    assert lines == ["sft: 3/10 steps (30%), loss=0.500, 10.00 s/step, elapsed 30s, ETA 1m10s"]
+    bar.close()
+    assert out.getvalue().splitlines()[-1] == "sft: 4/10 steps (40%), loss=0.500, 10.00 s/step, elapsed 40s, ETA 1m00s"
+    assert format_duration(3725) == "1h02m"
