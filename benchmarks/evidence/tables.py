@@ -69,6 +69,23 @@ def _collapsed(run: dict) -> float:
     return float(collapse_step(list(range(1, len(reward) + 1)), reward)["step"] is not None)
 
 
+def _bins(run: dict, key: str) -> list:
+    return run.get("binned", {}).get("metrics", {}).get(key) or []
+
+
+def _success_given(run: dict, k: int, first: int, last: int) -> float | None:
+    """Mean reward of the rollouts with k searches over the 10-step bins first..last (0-based, inclusive),
+    weighted by their count (run.py's summary_strata bins); None without any such rollout."""
+    rewards, counts = _bins(run, f"stratum/{k}/reward_mean"), _bins(run, f"stratum/{k}/count_per_group")
+    pairs = [(r, c) for r, c in list(zip(rewards, counts))[first:last + 1] if r is not None and c]
+    total = sum(c for _, c in pairs)
+    return sum(r * c for r, c in pairs) / total if total else None
+
+
+def _share(run: dict, k: int, first: int, last: int) -> float | None:
+    return _mean(_bins(run, f"rollout/search_calls_frac/{k}")[first:last + 1])
+
+
 # name -> (description, function of one run summary); the experiment YAML's `metrics` picks from these.
 METRICS = {
     "em_after": ("held-out greedy EM after training", lambda r: _eval(r, "after", "em")),
@@ -87,6 +104,13 @@ METRICS = {
     "approx_kl": ("KL(new || behaviour), mean over training", lambda r: _binned(r, "loss/approx_kl")),
     "c_norm": ("||C||, mean over training", lambda r: _binned(r, "sorl/c_norm")),
     "engaged": ("share of optimizer steps where ||C|| > delta", lambda r: _binned(r, "sorl/engaged")),
+    "success_2s_1_100": ("training reward of rollouts with 2 searches, steps 1-100 (count-weighted)",
+                         lambda r: _success_given(r, 2, 0, 9)),
+    "success_2s_at_100": ("training reward of rollouts with 2 searches, steps 91-100", lambda r: _success_given(r, 2, 9, 9)),
+    "share_2s_1_100": ("share of rollouts with 2 searches, steps 1-100", lambda r: _share(r, 2, 0, 9)),
+    "share_2s_at_100": ("share of rollouts with 2 searches, steps 91-100", lambda r: _share(r, 2, 9, 9)),
+    "reward_last_fifth": ("training reward, mean over the last 20% of the RL steps (the same rollouts consumed at "
+                          "every degree when the mini-batch is fixed)", lambda r: _mean(_reward(r)[-max(1, len(_reward(r)) // 5):])),
 }
 
 
