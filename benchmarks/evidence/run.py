@@ -40,6 +40,7 @@ sys.path.insert(0, str(HERE))
 
 from provenance import commit as _commit  # noqa: E402  (benchmarks/evidence/provenance.py)
 from provenance import provenance  # noqa: E402
+import admission as admission_check  # noqa: E402  (benchmarks/evidence/admission.py)
 WARMSTART = HERE / "warmstart.yaml"
 # Committed per-run summaries (small JSON): a sweep finished in parts, on several machines, regenerates its
 # tables from these alone (benchmarks/evidence/tables.py).
@@ -375,8 +376,12 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
             bins.append(_round(sum(values) / len(values)) if values else None)
         if any(v is not None for v in bins):
             binned[key] = bins
+    first_step = {}
     if exp.get("summary_strata"):
         binned.update(stratum_bins(train, steps, _group_size(d)))
+        # Step 1's rollouts are the warm start's own (sampled before any update): the regime as it started.
+        first_step = {k: _round(v) for k, v in (train[steps[0]] if steps else {}).items()
+                      if STRATUM_METRIC.fullmatch(k) or SEARCH_SHARE.fullmatch(k)}
     evals = {}
     for path in sorted((d / "eval").glob("*.json")):
         try:
@@ -393,7 +398,8 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
             "commit": record.get("commit"), "provenance": record,
             "train_seconds": _round(float(run_summary.get("train_seconds", 0.0))),
             "measured": time.strftime("%Y-%m-%d"), "per_step": per_step,
-            "binned": {"bin_steps": BIN_STEPS, "metrics": binned}, "eval": evals}
+            "binned": {"bin_steps": BIN_STEPS, "metrics": binned}, **({"first_step": first_step} if first_step else {}),
+            "eval": evals}
 
 
 def _run_commit(run_dir: Path) -> str | None:
@@ -484,6 +490,31 @@ def run_one(spec: RunSpec, exp: dict, steps: int, results: Path | None = None) -
         lock.unlink(missing_ok=True)
 
 
+def admit(exp: dict, spec: RunSpec, out: Path) -> list[str]:
+    """Run the experiment's admission check of ``spec.task``'s warm start (admission.py): ``spec`` (a baseline
+    run of the task) for admission.steps RL steps with admission.prompts prompts per step, no evals, into
+    <out>/<experiment>/admission/<task>; returns the violated bounds ([] = admitted). A passing record
+    (admission/<task>.json) is reused."""
+    adm = exp["admission"]
+    folder = out / exp["name"] / "admission" / spec.task
+    record = folder.parent / f"{spec.task}.json"
+    if record.is_file() and json.loads(record.read_text()).get("admitted"):
+        return []
+    drop = ("trainer.steps=", "trainer.prompts_per_step=", "trainer.eval_every=", "eval.before_after=")
+    overrides = [o for o in spec.overrides if not o.startswith(drop)] + as_overrides(adm.get("overrides", {})) + [
+        f"trainer.steps={int(adm.get('steps', 1))}", f"trainer.prompts_per_step={int(adm.get('prompts', 64))}",
+        "trainer.eval_every=0", "eval.before_after=false"]
+    if folder.exists():
+        shutil.rmtree(folder)
+    rc = _call([*STRATARL, "train", exp["base_path"], *overrides, "--run-dir", str(folder)], folder.parent / f"{spec.task}.log")
+    row = admission_check.first_step_row(folder)
+    failures = admission_check.check(row, adm["bounds"]) if rc == 0 else [f"the admission run failed (rc={rc})"]
+    keys = {admission_check.ALIASES.get(k, k) for k in adm["bounds"]}
+    record.write_text(json.dumps({"task": spec.task, "admitted": not failures, "failures": failures,
+                                  "first_step": {k: row.get(k) for k in sorted(keys)}}, indent=1) + "\n")
+    return failures
+
+
 def aggregate(exp: dict, root: Path, steps: int, include_unfinished: bool) -> int:
     dirs = []
     for path in sorted(root.glob("*/*/arm.json")):
@@ -561,6 +592,21 @@ def main(argv: list[str] | None = None) -> int:
         busy = [t for t, v in ok.items() if v is None]
         ok.update(zip(busy, pool.map(lambda t: run_warmstart(exp, t, sft[t], Path(args.out)), busy)))
         todo = [r for r in runs if ok[r.task]]
+        if args.reduced and "admission" in red:  # CI sizes: the reduced section's own check (false: none)
+            exp["admission"] = red["admission"]
+        if exp.get("admission") and todo:
+            admission_check.validate(exp["admission"], f"{exp['name']}.yaml")
+            for task in sorted({r.task for r in todo}):
+                first = next(r for r in todo if r.task == task and r.arm == exp["baseline"]) if any(
+                    r.task == task and r.arm == exp["baseline"] for r in todo) else next(r for r in todo if r.task == task)
+                failures = admit(exp, first, Path(args.out))
+                if failures:
+                    print(f"error: the warm start of task {task!r} fails {exp['name']}'s admission check: "
+                          f"{'; '.join(failures)}. Fix: retune the task's sft settings (the regime is not what the "
+                          f"design assumes); details in {Path(args.out) / exp['name'] / 'admission' / (task + '.json')}",
+                          flush=True)
+                    return 1
+                print(f"[admitted] warm start {task}", flush=True)
 
         def job(spec: RunSpec) -> str:
             t0 = time.perf_counter()
