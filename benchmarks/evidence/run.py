@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,11 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from provenance import commit as _commit  # noqa: E402  (benchmarks/evidence/provenance.py)
+from provenance import provenance  # noqa: E402
+import admission as admission_check  # noqa: E402  (benchmarks/evidence/admission.py)
 WARMSTART = HERE / "warmstart.yaml"
 # Committed per-run summaries (small JSON): a sweep finished in parts, on several machines, regenerates its
 # tables from these alone (benchmarks/evidence/tables.py).
@@ -46,6 +52,9 @@ BIN_STEPS = 10  # the other headline metrics are kept as means over consecutive 
 BINNED_KEYS = ("reward/em", "rollout/valid_action_rate", "stratum/cross_var", "stratum/zero_san_frac",
                "loss/clip_frac", "loss/clip_frac_turn", "loss/approx_kl", "optim/grad_norm", "optim/update_norm",
                "sorl/c_norm", "sorl/scale", "sorl/engaged", "sorl/delta")
+# With the experiment's `summary_strata: true`: per search count k, binned (stratum_bins).
+STRATUM_METRIC = re.compile(r"stratum/(\d+)/(reward_mean|count)")
+SEARCH_SHARE = re.compile(r"rollout/search_calls_frac/\d+\+?")
 # The real CLI of the interpreter running this script (`stratarl ...` without relying on PATH).
 STRATARL = [sys.executable, "-m", "stratarl.cli"]
 
@@ -61,11 +70,14 @@ class RunSpec:
     run_dir: Path
     overrides: list[str] = field(default_factory=list)
     base: str = ""
+    steps: int = 0  # RL steps of this run (rl_steps: the budget over the condition's steps_per_batch)
 
     def config_hash(self) -> str:
         """sha256 (16 hex digits) of what the run is in the design: its base config's name and its overrides
         without this machine's paths. Equal on every machine; it changes when the experiment's YAML changes
-        this run, not when stratarl gains a config field (the summary records the commit it ran at)."""
+        this run, not when stratarl gains a config field or the base config's contents change: the summary's
+        ``provenance`` records those (commit, dirty tree, sha256 of the base config's contents, the warm
+        start's digest, torch, threads, CPU)."""
         portable = [o for o in self.overrides if not o.startswith(MACHINE_KEYS)]
         design = {"base": Path(self.base).name, "overrides": portable}
         return hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
@@ -137,6 +149,16 @@ def _in_condition(spec: dict, arm: str) -> bool:
     return not spec.get("arms") or arm in spec["arms"]
 
 
+def rl_steps(exp: dict, condition: str, steps: int) -> int:
+    """RL steps of a run of ``condition``: ``steps``, or with the condition's ``steps_per_batch: d`` (d optimizer
+    steps per RL step) ``steps`` optimizer steps, i.e. steps // d RL steps (at least 1), so every degree gets
+    the same number of optimizer steps and, with a fixed mini-batch, consumes the same rollouts."""
+    d = int(exp["conditions"][condition].get("steps_per_batch", 1))
+    if d < 1:
+        sys.exit(f"error: {exp['name']}: condition {condition!r} has steps_per_batch {d}. Fix: use an integer >= 1")
+    return max(1, steps // d)
+
+
 def _select(kind: str, all_names: list[str], wanted: list[str] | None) -> list[str]:
     if not wanted:
         return all_names
@@ -165,15 +187,17 @@ def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: 
     for seed in range(seeds):
         for cond in conditions:
             spec = exp["conditions"][cond]
+            n_steps = rl_steps(exp, cond, steps)
             for arm in arms:
                 if not _in_condition(spec, arm):
                     continue
                 task = spec["task"]
                 overrides = (common + as_overrides(exp["tasks"][task]) + as_overrides(spec.get("overrides", {}))
                              + as_overrides(exp["arms"][arm]) + [x.replace("{task}", task) for x in tail]
-                             + [f"trainer.seed={seed}", f"trainer.steps={steps}", "trainer.num_threads=1",
+                             + [f"trainer.seed={seed}", f"trainer.steps={n_steps}", "trainer.num_threads=1",
                                 "sft.enabled=false", f"model.init_from={out / 'warmstart' / task / 'model'}"])
-                runs.append(RunSpec(cond, arm, seed, task, root / cond / f"{arm}-s{seed}", overrides, exp["base_path"]))
+                runs.append(RunSpec(cond, arm, seed, task, root / cond / f"{arm}-s{seed}", overrides, exp["base_path"],
+                                    n_steps))
     return sft, runs
 
 
@@ -303,6 +327,38 @@ def _eval_summary(result: dict) -> dict:
             "n": n, "em_by_type": {t: _round(m["em"]) for t, m in result.get("per_type", {}).items()}}
 
 
+def stratum_bins(train: dict[int, dict], steps: list[int], group_size: int) -> dict[str, list]:
+    """Per search count k, per BIN_STEPS-step bin: ``stratum/k/count_per_group`` (mean rollouts with k searches
+    per prompt group; 0 on a step without any), ``stratum/k/reward_mean`` (their mean reward, weighted by
+    count: the success rate given k searches; None in a bin without any), and ``rollout/search_calls_frac/k``
+    (the share of rollouts with k searches). Strata are the observed search counts (also under random strata:
+    those permute only what the advantage sees)."""
+    strata = sorted({int(m.group(1)) for s in steps for k in train[s] if (m := STRATUM_METRIC.fullmatch(k))})
+    shares = sorted({k for s in steps for k in train[s] if SEARCH_SHARE.fullmatch(k)})
+    out: dict[str, list] = {}
+    for k in strata:
+        counts, rewards = [], []
+        for start in range(0, len(steps), BIN_STEPS):
+            rows = [train[s] for s in steps[start:start + BIN_STEPS]]
+            groups = [float(r.get("rollout/num", 0.0)) / group_size for r in rows]
+            n = [float(r.get(f"stratum/{k}/count", 0.0)) for r in rows]
+            counts.append(_round(sum(c / g for c, g in zip(n, groups) if g) / len(rows)))
+            total = sum(n)
+            rewards.append(_round(sum(c * float(r.get(f"stratum/{k}/reward_mean", 0.0)) for c, r in zip(n, rows)) / total)
+                           if total else None)
+        out[f"stratum/{k}/count_per_group"], out[f"stratum/{k}/reward_mean"] = counts, rewards
+    for key in shares:
+        out[key] = [_round(sum(float(train[s].get(key, 0.0)) for s in steps[i:i + BIN_STEPS])
+                           / len(steps[i:i + BIN_STEPS])) for i in range(0, len(steps), BIN_STEPS)]
+    return out
+
+
+def _group_size(run_dir: Path) -> int:
+    """rollout.group_size of the run's resolved config (config.yaml)."""
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    return int((cfg.get("rollout") or {}).get("group_size", 1))
+
+
 def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
     """The committed summary of a finished run: identity, per-step headline curves, binned diagnostics,
     every held-out eval (before, step_N, after)."""
@@ -320,6 +376,12 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
             bins.append(_round(sum(values) / len(values)) if values else None)
         if any(v is not None for v in bins):
             binned[key] = bins
+    first_step = {}
+    if exp.get("summary_strata"):
+        binned.update(stratum_bins(train, steps, _group_size(d)))
+        # Step 1's rollouts are the warm start's own (sampled before any update): the regime as it started.
+        first_step = {k: _round(v) for k, v in (train[steps[0]] if steps else {}).items()
+                      if STRATUM_METRIC.fullmatch(k) or SEARCH_SHARE.fullmatch(k)}
     evals = {}
     for path in sorted((d / "eval").glob("*.json")):
         try:
@@ -327,30 +389,34 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
         except (OSError, json.JSONDecodeError, AttributeError):
             continue
     run_summary = json.loads((d / "summary.json").read_text())
+    started = _started(d)
+    # A run older than the provenance record: what can still be read now, marked as such.
+    record = started or {**provenance(spec, _env()), "commit": _run_commit(d), "dirty": None, "recorded": "at summary"}
     return {"experiment": exp["name"], "condition": spec.condition, "arm": spec.arm, "seed": spec.seed,
             "task": spec.task, "steps": len(steps), "config_hash": config_hash,
             "overrides": [o for o in spec.overrides if not o.startswith(MACHINE_KEYS)],
-            "commit": _run_commit(d), "train_seconds": _round(float(run_summary.get("train_seconds", 0.0))),
+            "commit": record.get("commit"), "provenance": record,
+            "train_seconds": _round(float(run_summary.get("train_seconds", 0.0))),
             "measured": time.strftime("%Y-%m-%d"), "per_step": per_step,
-            "binned": {"bin_steps": BIN_STEPS, "metrics": binned}, "eval": evals}
-
-
-def _commit() -> str | None:
-    """The stratarl commit the run used (None outside a git checkout)."""
-    try:
-        out = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+            "binned": {"bin_steps": BIN_STEPS, "metrics": binned}, **({"first_step": first_step} if first_step else {}),
+            "eval": evals}
 
 
 def _run_commit(run_dir: Path) -> str | None:
     """The commit a run started at (arm.json), else the current one."""
     try:
-        return json.loads((run_dir / "arm.json").read_text()).get("commit") or _commit()
+        info = json.loads((run_dir / "arm.json").read_text())
+        return (info.get("started") or {}).get("commit") or info.get("commit") or _commit()
     except (OSError, json.JSONDecodeError):
         return _commit()
+
+
+def _started(run_dir: Path) -> dict | None:
+    """The provenance arm.json recorded when the run first started (None for a run that predates it)."""
+    try:
+        return json.loads((run_dir / "arm.json").read_text()).get("started")
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def write_result(spec: RunSpec, exp: dict, results: Path, config_hash: str) -> None:
@@ -361,6 +427,27 @@ def write_result(spec: RunSpec, exp: dict, results: Path, config_hash: str) -> N
     os.replace(tmp, path)
 
 
+def write_arm(run_dir: Path, spec: RunSpec, exp: dict, *, resumed: bool) -> dict:
+    """arm.json: the run's identity and, under ``started``, its provenance at the first start. A resume keeps
+    that record and appends the commit it resumed at to ``resumed_at``, so the summary names the commit and
+    warm start the run began with."""
+    old = {}
+    if resumed:
+        try:
+            old = json.loads((run_dir / "arm.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            old = {}
+    now = provenance(spec, _env())
+    started = old.get("started") or now
+    if resumed and not old.get("started"):  # begun before provenance was recorded: only its commit is known
+        started = {**now, "commit": old.get("commit"), "dirty": None, "recorded": "at resume"}
+    info = {"experiment": exp["name"], "condition": spec.condition, "arm": spec.arm, "seed": spec.seed,
+            "task": spec.task, "commit": now["commit"], "started": started,
+            "resumed_at": [*old.get("resumed_at", []), now["commit"]] if resumed else []}
+    (run_dir / "arm.json").write_text(json.dumps(info) + "\n")
+    return info
+
+
 def run_one(spec: RunSpec, exp: dict, steps: int, results: Path | None = None) -> str:
     """Train one run (skip when finished here or summarised under ``results``, resume from a checkpoint,
     else start over), then write its summary under ``results``; returns a status.
@@ -368,6 +455,7 @@ def run_one(spec: RunSpec, exp: dict, steps: int, results: Path | None = None) -
     A lock file next to the run directory lets several runners share one sweep (start another
     ``run.py`` with the same arguments to add a worker): a run another runner holds is left to it."""
     d = spec.run_dir
+    steps = spec.steps or steps
     config_hash = spec.config_hash() if results is not None else ""
     if results is not None and committed(spec, exp, steps, results, config_hash):
         return "skip (summary)"
@@ -390,8 +478,7 @@ def run_one(spec: RunSpec, exp: dict, steps: int, results: Path | None = None) -
                 shutil.rmtree(d)  # a run that died before its first checkpoint: nothing to keep
             cmd = [*STRATARL, "train", exp["base_path"], *spec.overrides, "--run-dir", str(d)]
         d.mkdir(parents=True, exist_ok=True)
-        (d / "arm.json").write_text(json.dumps({"experiment": exp["name"], "condition": spec.condition, "arm": spec.arm,
-                                                "seed": spec.seed, "task": spec.task, "commit": _commit()}) + "\n")
+        write_arm(d, spec, exp, resumed=has_checkpoint)
         rc = _call(cmd, d / "train.log")
         if rc != 0 or not finished(d, steps):
             return f"FAIL rc={rc}"
@@ -403,6 +490,31 @@ def run_one(spec: RunSpec, exp: dict, steps: int, results: Path | None = None) -
         lock.unlink(missing_ok=True)
 
 
+def admit(exp: dict, spec: RunSpec, out: Path) -> list[str]:
+    """Run the experiment's admission check of ``spec.task``'s warm start (admission.py): ``spec`` (a baseline
+    run of the task) for admission.steps RL steps with admission.prompts prompts per step, no evals, into
+    <out>/<experiment>/admission/<task>; returns the violated bounds ([] = admitted). A passing record
+    (admission/<task>.json) is reused."""
+    adm = exp["admission"]
+    folder = out / exp["name"] / "admission" / spec.task
+    record = folder.parent / f"{spec.task}.json"
+    if record.is_file() and json.loads(record.read_text()).get("admitted"):
+        return []
+    drop = ("trainer.steps=", "trainer.prompts_per_step=", "trainer.eval_every=", "eval.before_after=")
+    overrides = [o for o in spec.overrides if not o.startswith(drop)] + as_overrides(adm.get("overrides", {})) + [
+        f"trainer.steps={int(adm.get('steps', 1))}", f"trainer.prompts_per_step={int(adm.get('prompts', 64))}",
+        "trainer.eval_every=0", "eval.before_after=false"]
+    if folder.exists():
+        shutil.rmtree(folder)
+    rc = _call([*STRATARL, "train", exp["base_path"], *overrides, "--run-dir", str(folder)], folder.parent / f"{spec.task}.log")
+    row = admission_check.first_step_row(folder)
+    failures = admission_check.check(row, adm["bounds"]) if rc == 0 else [f"the admission run failed (rc={rc})"]
+    keys = {admission_check.ALIASES.get(k, k) for k in adm["bounds"]}
+    record.write_text(json.dumps({"task": spec.task, "admitted": not failures, "failures": failures,
+                                  "first_step": {k: row.get(k) for k in sorted(keys)}}, indent=1) + "\n")
+    return failures
+
+
 def aggregate(exp: dict, root: Path, steps: int, include_unfinished: bool) -> int:
     dirs = []
     for path in sorted(root.glob("*/*/arm.json")):
@@ -410,7 +522,7 @@ def aggregate(exp: dict, root: Path, steps: int, include_unfinished: bool) -> in
         spec = exp["conditions"].get(info.get("condition"))
         if spec is None or info.get("arm") not in exp["arms"] or not _in_condition(spec, info["arm"]):
             continue  # a run of an arm / condition the experiment no longer has
-        if (d / "metrics.jsonl").is_file() and (include_unfinished or finished(d, steps)):
+        if (d / "metrics.jsonl").is_file() and (include_unfinished or finished(d, rl_steps(exp, info["condition"], steps))):
             dirs.append(d)
     if not dirs:
         print(f"no finished runs under {root} to aggregate", flush=True)
@@ -458,14 +570,14 @@ def main(argv: list[str] | None = None) -> int:
     sft, runs = plan(exp, Path(args.out), seeds=seeds, steps=steps, reduced=args.reduced, extra=args.extra,
                      arms=args.arms, conditions=args.conditions, cache=args.cache)
     if args.resummarize:
-        finished_here = [r for r in runs if finished(r.run_dir, steps)]
+        finished_here = [r for r in runs if finished(r.run_dir, r.steps)]
         for r in finished_here:
             write_result(r, exp, results, r.config_hash())
         print(f"rewrote {len(finished_here)} of {len(runs)} summaries under {results / exp['name']}", flush=True)
         return 0
     total = len(runs)
     # Runs summarised under `results` (finished here or on another machine) need neither a run nor a warm start.
-    done = [r for r in runs if committed(r, exp, steps, results, r.config_hash())]
+    done = [r for r in runs if committed(r, exp, r.steps, results, r.config_hash())]
     runs = [r for r in runs if r not in done]
     sft = {t: o for t, o in sft.items() if any(r.task == t for r in runs)}
     print(f"{exp['name']}: {total} runs ({seeds} seeds x {total // seeds} arm-conditions), {steps} steps; "
@@ -480,6 +592,21 @@ def main(argv: list[str] | None = None) -> int:
         busy = [t for t, v in ok.items() if v is None]
         ok.update(zip(busy, pool.map(lambda t: run_warmstart(exp, t, sft[t], Path(args.out)), busy)))
         todo = [r for r in runs if ok[r.task]]
+        if args.reduced and "admission" in red:  # CI sizes: the reduced section's own check (false: none)
+            exp["admission"] = red["admission"]
+        if exp.get("admission") and todo:
+            admission_check.validate(exp["admission"], f"{exp['name']}.yaml")
+            for task in sorted({r.task for r in todo}):
+                first = next(r for r in todo if r.task == task and r.arm == exp["baseline"]) if any(
+                    r.task == task and r.arm == exp["baseline"] for r in todo) else next(r for r in todo if r.task == task)
+                failures = admit(exp, first, Path(args.out))
+                if failures:
+                    print(f"error: the warm start of task {task!r} fails {exp['name']}'s admission check: "
+                          f"{'; '.join(failures)}. Fix: retune the task's sft settings (the regime is not what the "
+                          f"design assumes); details in {Path(args.out) / exp['name'] / 'admission' / (task + '.json')}",
+                          flush=True)
+                    return 1
+                print(f"[admitted] warm start {task}", flush=True)
 
         def job(spec: RunSpec) -> str:
             t0 = time.perf_counter()

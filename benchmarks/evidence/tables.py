@@ -10,6 +10,12 @@ per arm vs the baseline: the paired difference over the seeds both have (mean ±
 excludes 0, and the smallest difference the design detects with 80% power (``detectable_difference``).
 Figures: the training reward (centered 11-step moving mean per run), mean ± 95% CI band over seeds, per arm.
 Nothing is rerun; a sweep finished in parts (on several machines) regenerates the same tables.
+
+The experiment's headline table in docs/results.md (its YAML's ``headline`` section) is written between
+``<!-- tables:<experiment> begin -->`` and ``<!-- tables:<experiment> end -->``; the page's tables are
+generated, never transcribed. ``--check`` writes nothing and fails when a committed file differs from what
+the committed summaries give. Needs only the standard library, PyYAML and the pure-Python stats module
+(no torch); matplotlib only for the figures.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from stratarl.trainer.stats import (  # noqa: E402
 )
 
 DOCS = HERE.parents[1] / "docs" / "results"
+RESULTS_PAGE = HERE.parents[1] / "docs" / "results.md"
 SMOOTH = 11  # steps in the centered moving mean of the figures
 PLOT_EVERY = 5  # plot every 5th step of the smoothed curve
 
@@ -62,6 +69,23 @@ def _collapsed(run: dict) -> float:
     return float(collapse_step(list(range(1, len(reward) + 1)), reward)["step"] is not None)
 
 
+def _bins(run: dict, key: str) -> list:
+    return run.get("binned", {}).get("metrics", {}).get(key) or []
+
+
+def _success_given(run: dict, k: int, first: int, last: int) -> float | None:
+    """Mean reward of the rollouts with k searches over the 10-step bins first..last (0-based, inclusive),
+    weighted by their count (run.py's summary_strata bins); None without any such rollout."""
+    rewards, counts = _bins(run, f"stratum/{k}/reward_mean"), _bins(run, f"stratum/{k}/count_per_group")
+    pairs = [(r, c) for r, c in list(zip(rewards, counts))[first:last + 1] if r is not None and c]
+    total = sum(c for _, c in pairs)
+    return sum(r * c for r, c in pairs) / total if total else None
+
+
+def _share(run: dict, k: int, first: int, last: int) -> float | None:
+    return _mean(_bins(run, f"rollout/search_calls_frac/{k}")[first:last + 1])
+
+
 # name -> (description, function of one run summary); the experiment YAML's `metrics` picks from these.
 METRICS = {
     "em_after": ("held-out greedy EM after training", lambda r: _eval(r, "after", "em")),
@@ -80,6 +104,13 @@ METRICS = {
     "approx_kl": ("KL(new || behaviour), mean over training", lambda r: _binned(r, "loss/approx_kl")),
     "c_norm": ("||C||, mean over training", lambda r: _binned(r, "sorl/c_norm")),
     "engaged": ("share of optimizer steps where ||C|| > delta", lambda r: _binned(r, "sorl/engaged")),
+    "success_2s_1_100": ("training reward of rollouts with 2 searches, steps 1-100 (count-weighted)",
+                         lambda r: _success_given(r, 2, 0, 9)),
+    "success_2s_at_100": ("training reward of rollouts with 2 searches, steps 91-100", lambda r: _success_given(r, 2, 9, 9)),
+    "share_2s_1_100": ("share of rollouts with 2 searches, steps 1-100", lambda r: _share(r, 2, 0, 9)),
+    "share_2s_at_100": ("share of rollouts with 2 searches, steps 91-100", lambda r: _share(r, 2, 9, 9)),
+    "reward_last_fifth": ("training reward, mean over the last 20% of the RL steps (the same rollouts consumed at "
+                          "every degree when the mini-batch is fixed)", lambda r: _mean(_reward(r)[-max(1, len(_reward(r)) // 5):])),
 }
 
 
@@ -239,12 +270,96 @@ def render(exp: dict, tables: list[dict], figures: dict[str, str], counts: dict[
     return "\n".join(lines) + "\n"
 
 
+def _signed(x: float) -> str:
+    """+0.014 / −0.004: the results page's typography (a true minus sign)."""
+    return f"{x:+.3f}".replace("-", "−")
+
+
+def _plain(x: float) -> str:
+    return f"{x:.3f}".replace("-", "−")
+
+
+def headline_table(exp: dict, tables: list[dict]) -> str:
+    """The results page's table of an experiment (its YAML's ``headline``: ``label`` of the row column,
+    ``columns``: arm -> heading): per condition, the warm start's mean of ``before`` (a metric, default
+    em_before), the baseline's primary metric (mean ± 95% CI), each arm's paired difference vs the baseline
+    [95% CI] (bold when it excludes 0), and the range of the design's detectable differences."""
+    head = exp.get("headline") or {}
+    columns = head.get("columns") or {a: a for a in exp["arms"] if a != exp["baseline"]}
+    before = head.get("before", "em_before")
+    base = exp["baseline"]
+    base_name = head.get("baseline", base)
+    lines = [f"| {head.get('label', 'condition')} | warm start | {base_name} | "
+             + " | ".join(f"{name} − {base_name}" for name in columns.values()) + " | detectable |",
+             "|---|---|---|" + "---|" * len(columns) + "---|"]
+    for table in tables:
+        primary = table["metrics"][0]
+        row = table["per_arm"].get(base, {})
+        warm = (row.get(before) or {}).get("mean")
+        base_iv = row.get(primary) or {}
+        cells = [table["condition"], "-" if warm is None else _plain(warm),
+                 "-" if base_iv.get("mean") is None else _plain(base_iv["mean"]) + (
+                     "" if base_iv.get("half_width") is None else f" ± {_plain(base_iv['half_width'])}")]
+        detectable = []
+        for arm in columns:
+            d = table["paired"].get(arm, {}).get(primary)
+            if d is None or d.get("mean") is None:
+                cells.append("-")
+                continue
+            if d.get("half_width") is None:
+                cells.append(f"{_signed(d['mean'])} (n={d['n']})")
+                continue
+            text = f"{_signed(d['mean'])} [{_signed(d['low'])}, {_signed(d['high'])}]"
+            cells.append(f"**{text}**" if d["excludes_zero"] else text)
+            detectable.append(d["detectable"])
+        cells.append(f"{min(detectable):.3f}-{max(detectable):.3f}" if detectable else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_marked(text: str, name: str, block: str, where: str = "docs/results.md") -> str:
+    """``text`` with what lies between ``<!-- tables:<name> begin -->`` and ``... end -->`` replaced by
+    ``block``; a clear error when the markers are missing or out of order."""
+    begin, end = f"<!-- tables:{name} begin -->", f"<!-- tables:{name} end -->"
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < i or text.count(begin) != 1 or text.count(end) != 1:
+        raise ValueError(f"{where}: needs exactly one {begin!r} followed by one {end!r} around the generated "
+                         f"table of {name}. Fix: add the two marker lines where the table goes")
+    return text[:i + len(begin)] + "\n" + block + text[j:]
+
+
+def outputs(exp: dict, runs: dict, out: Path, page: Path | None, figures: bool) -> tuple[dict[Path, str], list]:
+    """{path: text} of every text file the summaries give (the experiment's .md and .json, and the results
+    page when ``page`` has the experiment's markers), and the tables; figures are drawn when asked."""
+    tables, names, counts = [], {}, {}
+    for cond in exp["conditions"]:
+        if cond not in runs:
+            continue
+        tables.append(condition_tables(exp, cond, runs[cond]))
+        counts[cond] = sum(len(s) for s in runs[cond].values())
+        name = f"{exp['name']}_{cond}.png"
+        if figures:
+            figure(exp, cond, runs[cond], out / name)
+        if figures or (out / name).is_file():
+            names[cond] = name
+    texts = {out / f"{exp['name']}.md": render(exp, tables, names, counts),
+             out / f"{exp['name']}.json": json.dumps(tables, indent=1, default=str) + "\n"}
+    if page is not None and page.is_file() and f"<!-- tables:{exp['name']} begin -->" in page.read_text():
+        texts[page] = replace_marked(page.read_text(), exp["name"], headline_table(exp, tables), str(page))
+    return texts, tables
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", help="an experiment name (lab_stratified, lab_sorl, ...) or its YAML path")
     p.add_argument("--results", type=Path, default=RESULTS, help="run summaries root (default: the committed ones)")
     p.add_argument("--out", type=Path, default=DOCS, help="folder for <experiment>.md / .json / figures (default docs/results)")
     p.add_argument("--no-figures", action="store_true", help="tables only (no matplotlib)")
+    p.add_argument("--page", type=Path, help="the results page whose marked table of this experiment is rewritten "
+                   "(default: docs/results.md with the committed summaries, none with --results; skipped when it "
+                   "has no markers)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a committed file differs "
+                   "from what the summaries give")
     args = p.parse_args(argv)
     exp = load_experiment(args.experiment)
     runs = load_runs(exp, args.results)
@@ -255,22 +370,22 @@ def main(argv: list[str] | None = None) -> int:
                            *exp.get("metrics", {}).get("diagnostics", [])] if m not in METRICS}
     if unknown:
         sys.exit(f"error: {exp['name']}: unknown metrics {sorted(unknown)}. Fix: use some of {', '.join(METRICS)}")
-    tables, figures, counts = [], {}, {}
-    for cond in exp["conditions"]:
-        if cond not in runs:
-            continue
-        tables.append(condition_tables(exp, cond, runs[cond]))
-        counts[cond] = sum(len(s) for s in runs[cond].values())
-        if not args.no_figures:
-            name = f"{exp['name']}_{cond}.png"
-            figure(exp, cond, runs[cond], args.out / name)
-            figures[cond] = name
+    page = args.page or (RESULTS_PAGE if args.results == RESULTS else None)
+    texts, tables = outputs(exp, runs, args.out, page, figures=not (args.no_figures or args.check))
+    if args.check:
+        stale = [str(path) for path, text in texts.items() if not path.is_file() or path.read_text() != text]
+        if stale:
+            print(f"out of date with the summaries: {', '.join(stale)}. Fix: python benchmarks/evidence/tables.py "
+                  f"{exp['name']}", flush=True)
+            return 1
+        print(f"{exp['name']}: {len(texts)} files match the summaries", flush=True)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{exp['name']}.md").write_text(render(exp, tables, figures, counts))
-    (args.out / f"{exp['name']}.json").write_text(json.dumps(tables, indent=1, default=str) + "\n")
+    for path, text in texts.items():
+        path.write_text(text)
     for table in tables:
         print(f"{table['condition']}: {verdict(exp, table)}", flush=True)
-    print(f"wrote {args.out / (exp['name'] + '.md')}", flush=True)
+    print(f"wrote {', '.join(str(p) for p in texts)}", flush=True)
     return 0
 
 

@@ -4,8 +4,12 @@
 
 Source: Li et al., "SORL" (arXiv 2511.20718; v1 "ST-PPO"). J_C is the surrogate restricted to
 the clipped tokens (turns); :func:`stratarl.algos.clipped_policy_loss` returns it as
-``clip_bias`` from the same forward graph as the PPO loss. With δ = 1 the step is plain PPO
-until ‖C‖ exceeds 1, then shrinks in proportion, so ‖g‖ ≤ ‖∇J_PPO‖ / δ.
+``clip_bias`` from the same forward graph as the PPO loss. ‖g‖ ≤ ‖∇J_PPO‖ / δ.
+
+Two readings of δ, neither confirmed as the paper's value: a *threshold* (the default, δ = 1: the step
+is plain PPO until ‖C‖ exceeds 1, then shrinks in proportion) or a small *floor* that only keeps the
+division away from zero (δ ≪ every ‖C‖: each step is divided by ‖C‖). The ``running_pg`` rule is a
+scale-free threshold (docs/training.md, "SORL's normalisation").
 
 Usage with gradient accumulation (C accumulates beside ``.grad``, with the same micro-batch
 weights as the loss)::
@@ -39,7 +43,7 @@ class ClipBiasNormalizer:
     def __init__(self, parameters: Iterable[Tensor], *, delta: float = 1.0, rule: str = "fixed",
                  ema: float = 0.9) -> None:
         if delta <= 0:
-            raise ValueError(f"delta must be > 0 (the paper's default is 1), got {delta!r}")
+            raise ValueError(f"delta must be > 0 (the default, 1, is the threshold reading), got {delta!r}")
         if rule not in DELTA_RULES:
             raise ValueError(f"unknown delta rule {rule!r}; use one of {', '.join(DELTA_RULES)}")
         if not 0 <= ema < 1:
@@ -113,7 +117,8 @@ def sorl_scale(c_norm: Tensor, *, delta: float, rule: str = "fixed", pg_norm_ema
                ) -> tuple[Tensor, Tensor]:
     """The gradient factor of SORL's normalisation and the floor δ_t it used: (scale, δ_t).
 
-    ``fixed`` (the paper, Li et al. arXiv 2511.20718 eq. for SO-PPO): δ_t = δ, scale = 1 / max(‖C‖, δ).
+    ``fixed`` (the formula of Li et al., arXiv 2511.20718): δ_t = δ, scale = 1 / max(‖C‖, δ). δ = 1 reads δ as
+a threshold, a small δ as a floor (every step divided by ‖C‖); the paper's value is not confirmed.
     ``running_pg`` (scale-free; stratarl's option): δ_t = δ · m_t with m_t the exponential moving average
     of ‖∇J_PPO‖ over the previous optimizer steps, scale = δ_t / max(‖C‖, δ_t) = min(1, δ_t / ‖C‖). The
     step is left alone (scale 1) until the clip-bias gradient exceeds δ times the typical policy-gradient

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import importlib
 
-from stratarl.trainer.config import Config, ConfigError, load_config, save_config
-
+# Every name loads on first use: `import stratarl.trainer.stats` (pure Python) must not pull in the config
+# tree, which imports the algorithms and so torch (benchmarks/evidence/tables.py runs without torch).
 _LAZY = {
+    "Config": ("stratarl.trainer.config", "Config"),
+    "ConfigError": ("stratarl.trainer.config", "ConfigError"),
+    "load_config": ("stratarl.trainer.config", "load_config"),
+    "save_config": ("stratarl.trainer.config", "save_config"),
     "train": ("stratarl.trainer.rl", "train"),
     "warm_start": ("stratarl.trainer.sft", "warm_start"),
     "evaluate": ("stratarl.trainer.evaluate", "evaluate"),
@@ -29,4 +33,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'stratarl.trainer' has no attribute {name!r}")
 
 
-__all__ = ["Config", "ConfigError", "load_config", "save_config", *_LAZY]
+__all__ = list(_LAZY)

@@ -234,8 +234,9 @@ class AlgoConfig:
     """SORL normalisation floor delta: g <- g / max(||C||, delta) (rule `fixed`); with rule `running_pg`
     the multiple of the running policy-gradient norm at which the normalisation engages."""
     sorl_delta_rule: Literal[SORL_DELTA_RULES] = "fixed"
-    """`fixed` (the paper: delta is a gradient-norm threshold) or `running_pg` (scale-free: delta_t = delta x
-    the moving average of ||grad J_PPO|| over previous optimizer steps, and g <- g * min(1, delta_t / ||C||))."""
+    """`fixed` (the paper's formula; delta 1 reads delta as a gradient-norm threshold, a small delta as a floor
+    that divides every step by ||C||; docs/training.md) or `running_pg` (scale-free: delta_t = delta x the moving
+    average of ||grad J_PPO|| over previous optimizer steps, and g <- g * min(1, delta_t / ||C||))."""
     sorl_delta_ema: float = 0.9
     """Moving-average coefficient of the `running_pg` rule's statistic."""
     sorl_order: Literal[SORL_ORDERS] = "before_clip"

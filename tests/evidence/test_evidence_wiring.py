@@ -143,7 +143,7 @@ def test_sorl_scale_hand_derived_cases():
     from stratarl.algos import sorl_scale
 
     t = torch.tensor
-    # fixed (the paper): 1 / max(||C||, delta)
+    # fixed (the paper's formula): 1 / max(||C||, delta)
     assert float(sorl_scale(t(0.5), delta=1.0)[0]) == 1.0
     assert float(sorl_scale(t(2.0), delta=1.0)[0]) == 0.5
     assert float(sorl_scale(t(0.5), delta=0.1)[0]) == 2.0  # above the floor: 1 / ||C||

@@ -192,3 +192,53 @@ def test_seq_mean_token_sum_norm_uses_one_constant_length_so_micro_batching_does
     seq_sum = clipped_policy_loss(batch.old_logprobs + 0.05, batch.old_logprobs, batch.advantages,
                                      batch.response_mask, agg="seq-mean-token-sum", norm_length=None).loss
     torch.testing.assert_close(torch.tensor(results[0][1]["loss/policy"]), seq_sum / 300, rtol=1e-4, atol=1e-7)
+
+
+def _turn_means(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each policy token's value replaced by the mean over its turn (a maximal run of mask 1 in its row)."""
+    out = torch.zeros_like(values)
+    for r in range(values.shape[0]):
+        t = 0
+        while t < values.shape[1]:
+            if mask[r, t] == 0:
+                t += 1
+                continue
+            end = t
+            while end < values.shape[1] and mask[r, end] == 1:
+                end += 1
+            out[r, t:end] = values[r, t:end].mean()
+            t = end
+    return out
+
+
+def _on_policy_gradient(tiny_model, name: str, advantages: torch.Tensor) -> list[torch.Tensor]:
+    """The policy gradient of one on-policy mini-batch (old log-probs = the current ones) of ``name``."""
+    model = copy.deepcopy(tiny_model)
+    cfg = _cfg(f"algo.name={name}")
+    learner = build_learner(model, cfg, total_optimizer_steps=1)
+    batch = score_batch(learner, _batch(6), cfg)
+    batch.advantages = advantages * batch.response_mask
+    batch.returns = batch.advantages.clone()
+    model.zero_grad(set_to_none=True)
+    metrics = accumulate_gradients(learner, batch, cfg)
+    assert metrics["loss/clip_frac"] == 0.0  # on-policy: nothing clipped, C = 0
+    return _grads(model)
+
+
+def test_on_policy_so_grpo_equals_grpo_but_so_ppo_differs_from_ppo(tiny_model):
+    """On-policy with nothing clipped, the turn ratio pushes each token by its turn's mean advantage. GRPO's
+    advantage is constant over a rollout, so SO-GRPO's gradient is GRPO's; GAE advantages vary inside a turn,
+    so SO-PPO's is not PPO's: it is PPO's gradient with every advantage replaced by its turn's mean."""
+    mask = score_batch(build_learner(copy.deepcopy(tiny_model), _cfg(), total_optimizer_steps=1), _batch(6),
+                       _cfg()).response_mask
+    per_rollout = torch.randn(mask.shape[0], 1, generator=torch.Generator().manual_seed(1)).expand_as(mask).clone()
+    for a, b in zip(_on_policy_gradient(tiny_model, "so_grpo", per_rollout),
+                    _on_policy_gradient(tiny_model, "grpo", per_rollout)):
+        torch.testing.assert_close(a, b)
+    per_token = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2))
+    so_ppo = _on_policy_gradient(tiny_model, "so_ppo", per_token)
+    ppo = _on_policy_gradient(tiny_model, "ppo", per_token)
+    gap = sum(float((a - b).abs().sum()) for a, b in zip(so_ppo, ppo))
+    assert gap > 1e-3 * sum(float(b.abs().sum()) for b in ppo)
+    for a, b in zip(so_ppo, _on_policy_gradient(tiny_model, "ppo", _turn_means(per_token, mask))):
+        torch.testing.assert_close(a, b)

@@ -58,8 +58,10 @@ class SORLPolicyLossConfig(PolicyLossConfig):
     """veRL's policy-loss config plus SORL's δ.
 
     Args:
-        sorl_delta: δ > 0 in g ← ∇J_PPO / max(‖C‖, δ) (Li et al., arXiv 2511.20718; default 1:
-            plain PPO steps until the clipping bias ‖C‖ exceeds 1). Read by the SORL actor step
+        sorl_delta: δ > 0 in g ← ∇J_PPO / max(‖C‖, δ) (Li et al., arXiv 2511.20718). Default 1,
+            the threshold reading: plain PPO steps until the clipping bias ‖C‖ exceeds 1; a small δ is
+            the floor reading (every step divided by ‖C‖). Neither is confirmed as the paper's value
+            (docs/training.md, "SORL's normalisation"). Read by the SORL actor step
             when ``loss_mode`` is ``sorl``.
     """
 
@@ -68,5 +70,5 @@ class SORLPolicyLossConfig(PolicyLossConfig):
     def __post_init__(self) -> None:
         if self.sorl_delta <= 0:
             raise ValueError(
-                f"actor.policy_loss.sorl_delta must be > 0 (the paper's default is 1), got {self.sorl_delta}"
+                f"actor.policy_loss.sorl_delta must be > 0 (stratarl's default is 1, the threshold reading), got {self.sorl_delta}"
             )

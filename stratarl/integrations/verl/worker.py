@@ -56,7 +56,7 @@ def sorl_delta(actor_config: Any) -> float | None:
     value = policy_loss.get("sorl_delta", None)
     delta = DEFAULT_DELTA if value is None else float(value)
     if delta <= 0:
-        raise ValueError(f"actor.policy_loss.sorl_delta must be > 0 (the paper's default is 1), got {delta}")
+        raise ValueError(f"actor.policy_loss.sorl_delta must be > 0 (stratarl's default is 1, the threshold reading), got {delta}")
     return delta
 
 
