@@ -22,6 +22,7 @@ from stratarl.data.examples import Example
 from stratarl.rewards import SOURCE_REWARDS, answer_match, f1_score, sub_exact_match
 from stratarl.trainer.config import Config
 from stratarl.trainer.metrics import write_transcripts
+from stratarl.trainer.progress import progress
 from stratarl.trainer.rollouts import collect, make_generator, transcript
 from stratarl.trainer.setup import TimedRetriever, step_threads
 
@@ -121,9 +122,7 @@ def question_record(example: Example, score: dict[str, float]) -> dict:
 
 
 def _progress(total: int, desc: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="q", leave=False, dynamic_ncols=True)
+    return progress(total, desc, unit="question", leave=False)
 
 
 def overall(result: dict) -> dict[str, float]:

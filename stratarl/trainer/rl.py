@@ -50,6 +50,7 @@ from stratarl.trainer.rollouts import (
 from stratarl.trainer.setup import SINGLE_THREAD_MAX_PARAMS, step_threads  # noqa: F401 (re-exported)
 from stratarl.trainer.setup import TimedRetriever, build_task_retriever, limit_per_source, load_policy, load_task
 from stratarl.trainer.precision import check_placement, policy_of
+from stratarl.trainer.progress import progress
 from stratarl.trainer.update import build_learner, score_batch
 
 def compute_advantages(cfg: Config, batch, rewards: list[float], group_ids: list[int], strata: list[int]) -> None:
@@ -377,8 +378,8 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, init_from: 
             run.step += 1
             last = run.logger.log(run.step, metrics)
             if bar is not None:
-                bar.update(1)
                 bar.set_postfix(reward=f"{last['reward/mean']:.3f}", em=f"{last['reward/em']:.3f}")
+                bar.update(1)
             _print_line(bar, format_step_line(run.step, cfg.trainer.steps, last))
             stopped = watch.check(run.step, run.retriever)
             if cfg.trainer.save_every and run.step % cfg.trainer.save_every == 0:
@@ -410,9 +411,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, init_from: 
 def _step_bar(cfg: Config, start: int):
     if not cfg.logging.progress:
         return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=cfg.trainer.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    return progress(cfg.trainer.steps, "train", initial=start)
 
 
 def _print_line(bar, line: str) -> None:

@@ -314,8 +314,8 @@ def _stage_bar(cfg, enabled: bool, total: int, desc: str):
 
 def _bar_step(bar, loss: float) -> None:
     if bar is not None:
-        bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}")
+        bar.update(1)
 
 
 def _reading_stage(cfg, model, tokenizer, *, progress: bool) -> dict:
