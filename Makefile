@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.stamp
 VENV_VERL ?= .venv-verl
 PY_VERL   := $(VENV_VERL)/bin/python
 
-.PHONY: demo test test-fast test-verl bench bench-synth evidence clean-venv
+.PHONY: demo test test-fast test-verl bench bench-synth bench-trl evidence clean-venv
 
 $(STAMP): pyproject.toml requirements/ci.txt requirements/no-deps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,19 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_wordlevel.py
 	$(PY) benchmarks/bench_train.py --threads 2
 
+# TRL's GRPOTrainer vs stratarl on the same model, prompts, group size and batch (docs/training.md).
+VENV_TRL ?= .venv-trl
+$(VENV_TRL)/.stamp: pyproject.toml requirements/ci.txt requirements/no-deps.txt requirements/trl.txt
+	test -x $(VENV_TRL)/bin/python || $(PYTHON) -m venv $(VENV_TRL)
+	$(VENV_TRL)/bin/python -m pip install -q --upgrade pip
+	$(VENV_TRL)/bin/python -m pip install -q -r requirements/ci.txt -r requirements/trl.txt
+	$(VENV_TRL)/bin/python -m pip install -q --no-deps -r requirements/no-deps.txt
+	$(VENV_TRL)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(VENV_TRL)/.stamp
+
+bench-trl: $(VENV_TRL)/.stamp
+	$(VENV_TRL)/bin/python benchmarks/bench_train.py --trl-only
+
 bench-synth: $(STAMP)
 	$(PY) benchmarks/synth_retrievability.py
 
@@ -55,4 +68,4 @@ evidence: $(STAMP)
 	$(PY) benchmarks/evidence/run.py sorl --seeds 3 --jobs 2 --out runs/evidence
 
 clean-venv:
-	rm -rf $(VENV) $(VENV_VERL)
+	rm -rf $(VENV) $(VENV_VERL) $(VENV_TRL)
