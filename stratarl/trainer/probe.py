@@ -9,7 +9,11 @@ own prompt, rollout engine, retriever kind and greedy decoding:
   one search's passages);
 - ``multi_hop_searches`` / ``multi_hop_one_search``: on that world's 2-hop questions, the mean
   number of searches and the share answered after exactly one search (the weak search policy
-  that RL is meant to improve).
+  that RL is meant to improve);
+- ``sampled_two_search`` / ``sampled_two_search_em``: the same 2-hop questions sampled at the RL
+  temperature (``rollout.temperature``): the share of rollouts that search at least twice, and
+  their EM. This is what GRPO can reinforce: a policy that never samples a second search, or whose
+  second searches never succeed, gives RL no signal on 2-hop questions whatever its greedy EM.
 
 The probe world's seed comes from its own range (``PROBE_WORLD_OFFSET``), far from the task's
 seed and from the demonstration and reading worlds, so no fact of it is ever trained on.
@@ -23,7 +27,9 @@ from dataclasses import dataclass
 from stratarl.data.synth import generate_knowledge_base
 from stratarl.retrieval.bm25 import BM25Retriever
 from stratarl.trainer.config import Config
-from stratarl.trainer.evaluate import evaluate
+from stratarl.trainer.evaluate import collection_config, evaluate
+from stratarl.trainer.rollouts import collect, make_generator
+from stratarl.trainer.setup import TimedRetriever, step_threads
 
 # Demonstration worlds count up from WORLD_SEED_STRIDE * (s + 1); reading worlds start half a stride
 # further; probe worlds a quarter of a stride further: the three ranges never meet.
@@ -41,18 +47,24 @@ class ProbeResult:
     num_single_hop: int
     num_multi_hop: int
     seconds: float
+    sampled_two_search: float = 0.0
+    sampled_two_search_em: float = 0.0
 
     def passed(self, min_em: float) -> bool:
         return self.single_hop_em >= min_em
 
     def metrics(self) -> dict[str, float]:
         return {"probe/single_hop_em": self.single_hop_em, "probe/multi_hop_searches": self.multi_hop_searches,
-                "probe/multi_hop_one_search": self.multi_hop_one_search, "time/probe": self.seconds}
+                "probe/multi_hop_one_search": self.multi_hop_one_search,
+                "probe/sampled_two_search": self.sampled_two_search,
+                "probe/sampled_two_search_em": self.sampled_two_search_em, "time/probe": self.seconds}
 
     def line(self) -> str:
         return (f"probe at step {self.step}: single-hop EM {self.single_hop_em:.3f} ({self.num_single_hop} questions "
                 f"of an unseen world); 2-hop: {self.multi_hop_searches:.2f} searches, "
-                f"{self.multi_hop_one_search:.0%} answered after one search ({self.num_multi_hop} questions)")
+                f"{self.multi_hop_one_search:.0%} answered after one search ({self.num_multi_hop} questions); sampled "
+                f"at the RL temperature, {self.sampled_two_search:.0%} search twice or more, with EM "
+                f"{self.sampled_two_search_em:.2f}")
 
 
 def probe_questions(cfg: Config, num_questions: int, *, seed: int):
@@ -78,12 +90,26 @@ def run_probe(model, tokenizer, cfg: Config, questions, *, step: int) -> ProbeRe
     records = result["per_question"]
     single_em = [r["em"] for r in records[:len(single)]]
     multi_searches = [r["searches"] for r in records[len(single):]]
+    two_search_share, two_search_em = sampled_second_searches(model, tokenizer, cfg, multi, retriever, step=step)
     return ProbeResult(
-        step=step,
+        step=step, sampled_two_search=two_search_share, sampled_two_search_em=two_search_em,
         single_hop_em=sum(single_em) / len(single_em),
         multi_hop_searches=sum(multi_searches) / len(multi_searches) if multi_searches else 0.0,
         multi_hop_one_search=sum(s == 1 for s in multi_searches) / len(multi_searches) if multi_searches else 0.0,
         num_single_hop=len(single), num_multi_hop=len(multi), seconds=time.perf_counter() - start)
+
+
+def sampled_second_searches(model, tokenizer, cfg: Config, questions, retriever, *, step: int) -> tuple[float, float]:
+    """(share of sampled rollouts with >= 2 searches, their EM) on ``questions`` at ``rollout.temperature``,
+    one rollout each, seeded by ``step`` (the same draw for the same weights and step)."""
+    if not questions:
+        return 0.0, 0.0
+    generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=1_000 + step, precision=cfg.trainer.precision)
+    with step_threads(model):
+        batch = collect(generator, TimedRetriever(retriever), tokenizer, list(questions), collection_config(cfg), group_size=1,
+                        greedy=False)
+    searched = [em for r, em in zip(batch.rollouts, batch.em) if r.num_searches >= 2]
+    return len(searched) / len(batch.rollouts), (sum(searched) / len(searched) if searched else 0.0)
 
 
 class WarmStartFailed(RuntimeError):

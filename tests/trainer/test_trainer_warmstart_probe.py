@@ -136,3 +136,35 @@ def test_line_progress_prints_an_eta_at_most_every_interval():
     bar.close()
     assert out.getvalue().splitlines()[-1] == "sft: 4/10 steps (40%), loss=0.500, 10.00 s/step, elapsed 40s, ETA 1m00s"
     assert format_duration(3725) == "1h02m"
+
+
+def test_probe_reports_what_sampling_at_the_rl_temperature_does(tmp_path):
+    """The probe's sampled measurement uses rollout.temperature, not greedy decoding: at a very low
+    temperature it equals the greedy share of 2-search rollouts; the fields are shares in [0, 1]."""
+    from stratarl.trainer.sft import warm_start
+
+    summary = warm_start(_cfg(probe_min_em=0.0, max_steps=2), tmp_path, progress=False)
+    probe = summary["probes"][0]
+    assert 0.0 <= probe["sampled_two_search"] <= 1.0 and 0.0 <= probe["sampled_two_search_em"] <= 1.0
+    greedy_two = 1.0 - probe["multi_hop_one_search"] - _share_without_search(tmp_path)
+    cold = config_from_dict({**json.loads(json.dumps(LAB)), "rollout": {**LAB["rollout"], "temperature": 1e-4}})
+    from stratarl.data.models import load_model
+    from stratarl.trainer.probe import probe_questions, sampled_second_searches
+    from stratarl.trainer.setup import load_policy, load_task
+
+    tokenizer = load_policy(cold.model, task=load_task(cold))[1]
+    model = load_model(str(tmp_path / "model"))
+    _, multi, retriever = probe_questions(cold, 4, seed=world_seed(0, PROBE_WORLD_OFFSET))
+    share, _ = sampled_second_searches(model, tokenizer, cold, multi, retriever, step=0)
+    assert share == pytest.approx(greedy_two)
+
+
+def _share_without_search(folder) -> float:
+    """Share of the probe's 2-hop questions that the greedy policy answered with 0 searches (from the metrics:
+    the mean number of searches and the one-search share pin it when at most 2 searches are allowed)."""
+    rows = [json.loads(line) for line in (folder / "sft_metrics.jsonl").read_text().splitlines()]
+    probe = [r for r in rows if "probe/single_hop_em" in r][0]
+    mean, one = probe["probe/multi_hop_searches"], probe["probe/multi_hop_one_search"]
+    # mean = 1 * one + 2 * two (+ 0 * none), one + two + none = 1  ->  two = (mean - one) / 2
+    two = (mean - one) / 2
+    return 1.0 - one - two
