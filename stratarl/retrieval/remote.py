@@ -172,3 +172,32 @@ class RemoteRetriever:
             payload = self._post_with_retries(body)
             results.extend(parse_retrieve_response(payload, len(chunk), where=f"POST {self.url}"))
         return results
+
+
+def probe_retriever(url: str, timeout_s: float = 10.0) -> None:
+    """Send one search (top 1, no retry, at most ``timeout_s``) to the ``/retrieve`` server at ``url``;
+    raise `RetrievalError` naming the URL and what went wrong unless it answers with one result list.
+
+    Run before any warm start or RL step, so a wrong URL or a dead server costs seconds, not a run."""
+    import httpx
+
+    why = None
+    try:
+        response = httpx.post(url, json={"queries": ["stratarl probe"], "topk": 1, "return_scores": True},
+                              timeout=timeout_s)
+    except httpx.TimeoutException:
+        why = f"no answer within {timeout_s:g} s"
+    except httpx.TransportError as error:
+        why = f"{type(error).__name__}: {error}"
+    else:
+        if response.status_code >= 400:
+            why = f"HTTP {response.status_code}: {' '.join(response.text.split())[:200]}"
+        else:
+            try:
+                parse_retrieve_response(response.json(), 1, where="the reply")
+            except (ValueError, RetrievalError) as error:
+                why = f"{str(error)[:200]}"
+    if why is not None:
+        raise RetrievalError(f"retrieval.spec: the probe search to {url} failed ({why}). Fix: start the server "
+                             "(`stratarl serve --index DIR`) or correct retrieval.spec; --no-retriever-check "
+                             "skips this check")

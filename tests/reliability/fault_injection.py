@@ -242,3 +242,107 @@ def clear_error(code: int, stderr: str, expected: str) -> bool:
     """A non-zero exit, no traceback, and exactly one error line, which contains ``expected``."""
     lines = [line for line in stderr.splitlines() if "error:" in line]
     return code != 0 and "Traceback" not in stderr and len(lines) == 1 and expected in lines[0]
+
+
+# --------------------------------------------------------------------------- retrieval servers that fail
+
+
+class FlakyServer:
+    """A /retrieve server on 127.0.0.1 that answers every query with one passage, or with HTTP 500
+    while ``failing`` is true (an outage the test switches on and off)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        owner = self
+        self.failing = False
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if owner.failing:
+                    status, payload = 500, b'{"error": "outage"}'
+                else:
+                    hits = [[{"document": {"id": "0", "contents": '"T"\nsome text'}, "score": 1.0}]
+                            for _ in body["queries"]]
+                    status, payload = 200, json.dumps({"result": hits}).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/retrieve"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class HangingServer:
+    """Accepts connections on 127.0.0.1 and never answers; keeps (and counts) them."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.connections: list = []
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/retrieve"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.connections:
+            conn.close()
+
+
+class SearchThenAnswerGenerator:
+    """A scripted policy: every first turn searches, every second turn answers with 1 to 3 letters (varied
+    call by call, so a group's rewards differ and a healthy update moves the weights)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.calls = 0
+
+    def generate(self, prompts, params, max_new_tokens=None):
+        from stratarl.rollout.generation import Generation
+
+        budgets = list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
+        out = []
+        for prompt, budget in zip(prompts, budgets):
+            self.calls += 1
+            searched = "</information>" in self.tokenizer.decode(prompt[-24:])  # an observation just ended
+            text = f"<answer> {'x' * (1 + self.calls % 3)} </answer>" if searched else "<search> who wrote it </search>"
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][:budget]
+            out.append(Generation(ids, [-1.0] * len(ids), "stop", "</answer>" if searched else "</search>"))
+        return out
+
+
+def scripted_policy(monkeypatch) -> None:
+    """Rollouts of every run built after this use `SearchThenAnswerGenerator` (the real model still trains)."""
+    from stratarl.trainer import rollouts
+
+    monkeypatch.setattr(rollouts, "make_generator",
+                        lambda model, tokenizer, backend, seed, **kwargs: SearchThenAnswerGenerator(tokenizer))
+
+
+def remote_spec(url: str, **options) -> str:
+    """A `retrieval.spec=` override for the remote retriever at ``url`` (one retry, short backoff)."""
+    return "retrieval.spec=" + json.dumps({"kind": "remote", "url": url, "timeout_s": 5, "max_retries": 1,
+                                           "backoff_s": 0.01, **options})

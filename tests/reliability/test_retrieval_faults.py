@@ -11,7 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from fault_injection import TINY
+from fault_injection import TINY, HangingServer, remote_spec, run_cli, scripted_policy
 
 from stratarl.retrieval.base import RetrievalError
 from stratarl.retrieval.remote import RemoteRetriever
@@ -52,34 +52,9 @@ def lying_server(request):
     server.server_close()
 
 
-class _Hanging:
-    """Accepts connections and never answers; counts them."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.connections = []
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/retrieve"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections.append(conn)
-
-    def close(self):
-        self.sock.close()
-        for conn in self.connections:
-            conn.close()
-
-
 @pytest.fixture
 def hanging_server():
-    server = _Hanging()
+    server = HangingServer()
     yield server
     server.close()
 
@@ -147,7 +122,9 @@ def test_a_lying_server_stops_the_run_with_a_checkpoint(lying_server, tmp_path, 
     summary = _train_against(url, tmp_path, monkeypatch, base_overrides)
     err = capsys.readouterr().err
     assert "warning: step 1: 4 of 4 searches failed" in err and "warning: step 2: 4 of 4" in err
-    assert summary["steps"] == 2 and (tmp_path / "run" / "checkpoints" / "step_000002" / "manifest.json").is_file()
+    # Both steps took no update (every rollout's search failed): the checkpoint holds step 0, the last healthy state.
+    assert summary["steps"] == 2 and summary["checkpoint_step"] == 0
+    assert (tmp_path / "run" / "checkpoints" / "step_000000" / "manifest.json").is_file()
     assert url in summary["retrieval_failure"] and "2 consecutive steps" in summary["retrieval_failure"]
     assert LIES[mode] in summary["retrieval_failure"]
 
@@ -157,11 +134,42 @@ def test_a_dead_server_stops_the_run_naming_it(dead_url, tmp_path, monkeypatch, 
     assert dead_url in summary["retrieval_failure"] and "ConnectError" in summary["retrieval_failure"]
 
 
-def test_a_hanging_server_stops_the_run_within_the_budget(hanging_server, tmp_path, monkeypatch, base_overrides):
-    summary = _train_against(hanging_server.url, tmp_path, monkeypatch, base_overrides, ["retrieval.step_budget_s=0.5"])
-    assert summary["steps"] == 2 and "timed out" in summary["retrieval_failure"]
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert all(row["time/retrieval"] < 5 for row in rows)  # bounds the hang: 5 s timeout x 2 attempts unbudgeted
+BUDGET_S = 0.5
+MARGIN_S = 1.0
+"""What a step may spend in searches beyond retrieval.step_budget_s: the last attempt's connect and the
+scheduling of a loaded machine (the unbudgeted cost here would be 5 s timeout x 2 attempts per search)."""
+
+
+def test_a_hanging_server_costs_the_budget_per_step_then_stops_the_cli_with_exit_3(
+        hanging_server, tmp_path, monkeypatch, base_overrides, capsys):
+    scripted_policy(monkeypatch)
+    run_dir = tmp_path / "run"
+    code, err = run_cli(["train", str(TINY), *base_overrides, remote_spec(hanging_server.url), "trainer.steps=5",
+                         "trainer.save_every=0", "retrieval.max_failed_steps=2", f"retrieval.step_budget_s={BUDGET_S}",
+                         "--run-dir", str(run_dir), "--no-retriever-check"])
+    assert code == 3
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["update/skipped"] == 1.0 for r in rows)
+    assert all(r["time/retrieval"] <= BUDGET_S + MARGIN_S for r in rows)
+    assert (run_dir / "checkpoints" / "step_000000" / "manifest.json").is_file()
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and hanging_server.url in error[0] and "timed out" in error[0]
+    spent = float(error[0].split(" s spent in searches")[0].rsplit("(", 1)[1])
+    assert 0 < spent <= 2 * (BUDGET_S + MARGIN_S)
+    assert error[0].count("Fix:") == 1
+
+
+def test_the_cli_probes_a_remote_retriever_before_any_work(hanging_server, dead_url, tmp_path, base_overrides):
+    for url, why in ((dead_url, "ConnectError"), (hanging_server.url, "no answer within 0.5 s")):
+        run_dir = tmp_path / why.split()[0]
+        code, err = run_cli(["train", str(TINY), *base_overrides, remote_spec(url, timeout_s=0.5),
+                             "--run-dir", str(run_dir)])
+        error = [line for line in err.splitlines() if "error:" in line]
+        assert code == 1 and len(error) == 1 and url in error[0] and why in error[0], err
+        assert "--no-retriever-check" in error[0] and error[0].count("Fix:") == 1
+        assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "sft").exists()
+    code, err = run_cli(["eval", str(TINY), *base_overrides, remote_spec(dead_url, timeout_s=0.5)])
+    assert code == 1 and dead_url in err and "probe search" in err
 
 
 def test_evaluation_searches_are_not_cut_by_a_spent_step_budget():
