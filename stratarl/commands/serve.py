@@ -52,6 +52,10 @@ def register(subparsers) -> None:
         help="server processes sharing the port, each loading the index (BM25 memory-mapped, so its arrays "
         "are shared); about one per CPU core the server may use (default: 1)",
     )
+    parser.add_argument("--request-timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="close a connection that has not sent a whole request (headers and body) within this "
+                        "many seconds of opening or of its previous answer: slow or stalled clients cannot hold "
+                        "the server's sockets (default: 5)")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run_serve)
 
@@ -91,6 +95,13 @@ def run_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
+        from stratarl.retrieval.slow_clients import check_request_timeout
+
+        check_request_timeout(args.request_timeout)
+    except ValueError as error:
+        print(f"stratarl serve: error: {error}", file=sys.stderr)
+        return 2
+    try:
         limits = ServerLimits(
             default_topk=args.topk,
             max_topk=args.max_topk,
@@ -113,7 +124,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         return _serve_workers(args, spec, retriever, limits)
     print(f"serving {retriever!r} at http://{args.host}:{args.port}/retrieve", flush=True)
-    serve(retriever, host=args.host, port=args.port, log_level=args.log_level, **asdict(limits))
+    serve(retriever, host=args.host, port=args.port, log_level=args.log_level, request_timeout_s=args.request_timeout,
+          **asdict(limits))
     return 0
 
 
@@ -134,7 +146,7 @@ def _serve_workers(args: argparse.Namespace, spec: dict, retriever, limits) -> i
 
         try:
             return serve_workers(spec, workers=args.workers, host=args.host, port=args.port, log_level=args.log_level,
-                                 limits=limits, on_ready=announce)
+                                 limits=limits, on_ready=announce, request_timeout_s=args.request_timeout)
         except (WorkerError, OSError) as error:
             print(f"stratarl serve: error: {error}", file=sys.stderr)
             return 2
