@@ -124,9 +124,29 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         return _serve_workers(args, spec, retriever, limits)
     print(f"serving {retriever!r} at http://{args.host}:{args.port}/retrieve", flush=True)
-    serve(retriever, host=args.host, port=args.port, log_level=args.log_level, request_timeout_s=args.request_timeout,
-          **asdict(limits))
+    try:
+        serve(retriever, host=args.host, port=args.port, log_level=args.log_level, request_timeout_s=args.request_timeout,
+              **asdict(limits))
+    except OSError as error:
+        print(f"stratarl serve: error: {bind_error(error, args.host, args.port)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def bind_error(error: OSError, host: str, port: int) -> str:
+    """One line for a failure to listen on ``host:port``: which flag, what happened, the fix."""
+    import errno
+    import socket
+
+    if error.errno == errno.EADDRINUSE:
+        return f"--port {port}: {host}:{port} is already in use (another server?). Fix: stop it, or pass another --port"
+    if error.errno == errno.EACCES:
+        return f"--port {port}: this user may not listen on it (ports below 1024 need privileges). Fix: use e.g. --port 8000"
+    if error.errno == errno.EADDRNOTAVAIL or isinstance(error, socket.gaierror):
+        return f"--host {host}: not an address of this machine. Fix: use 127.0.0.1 (this machine only)"
+    from stratarl.commands import describe_os_error
+
+    return f"cannot listen on {host}:{port}: {describe_os_error(error)}"
 
 
 def _serve_workers(args: argparse.Namespace, spec: dict, retriever, limits) -> int:
@@ -147,6 +167,9 @@ def _serve_workers(args: argparse.Namespace, spec: dict, retriever, limits) -> i
         try:
             return serve_workers(spec, workers=args.workers, host=args.host, port=args.port, log_level=args.log_level,
                                  limits=limits, on_ready=announce, request_timeout_s=args.request_timeout)
-        except (WorkerError, OSError) as error:
+        except WorkerError as error:
             print(f"stratarl serve: error: {error}", file=sys.stderr)
+            return 2
+        except OSError as error:
+            print(f"stratarl serve: error: {bind_error(error, args.host, args.port)}", file=sys.stderr)
             return 2

@@ -6,6 +6,7 @@ Request ``{"queries": [...], "topk": k, "return_scores": true}``; response
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
@@ -13,6 +14,12 @@ from urllib.parse import urlsplit, urlunsplit
 from stratarl.retrieval.base import Passage, RetrievalError
 
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def transport_error(error: BaseException) -> str:
+    """``ConnectError: Connection refused``: the error's type and text without the raw ``[Errno 111]``."""
+    text = re.sub(r"\[Errno -?\d+\] ", "", str(error))
+    return f"{type(error).__name__}: {text}"
 
 
 def normalize_retrieve_url(url: str) -> str:
@@ -140,7 +147,7 @@ class RemoteRetriever:
                 last_error = f"timed out after {timeout:.3g} s"
                 continue
             except httpx.TransportError as error:
-                last_error = f"{type(error).__name__}: {error}"
+                last_error = transport_error(error)
                 continue
             if response.status_code in RETRYABLE_STATUS:
                 last_error = f"HTTP {response.status_code}: {response.text[:300]}"
@@ -188,7 +195,7 @@ def probe_retriever(url: str, timeout_s: float = 10.0) -> None:
     except httpx.TimeoutException:
         why = f"no answer within {timeout_s:g} s"
     except httpx.TransportError as error:
-        why = f"{type(error).__name__}: {error}"
+        why = transport_error(error)
     else:
         if response.status_code >= 400:
             why = f"HTTP {response.status_code}: {' '.join(response.text.split())[:200]}"

@@ -509,5 +509,21 @@ def serve(retriever: Retriever, *, host: str = "127.0.0.1", port: int = 8000, lo
     connection without a whole request after ``request_timeout_s`` is closed (`request_timeout_protocol`)."""
     import uvicorn
 
-    uvicorn.run(create_app(retriever, **limits), host=host, port=port, log_level=log_level,
-                http=request_timeout_protocol(request_timeout_s))
+    sock = bound_socket(host, port)  # bound here: a port in use is an OSError for the caller, not uvicorn's exit
+    config = uvicorn.Config(create_app(retriever, **limits), log_level=log_level,
+                            http=request_timeout_protocol(request_timeout_s))
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (IPv4 or IPv6, as ``host`` resolves), not yet listening.
+    proto=IPPROTO_TCP, as uvicorn's own: asyncio turns Nagle off only on sockets whose proto says TCP."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
+import socket
 from pathlib import Path
 
 import torch
@@ -165,6 +167,9 @@ def compare_runs(straight: Path, resumed: Path, steps: int) -> list[str]:
 
 # --------------------------------------------------------------------------- bad inputs
 
+HELD_SOCKETS: list = []
+"""Listening sockets that make a port busy for the "port in use" case (closed with the process)."""
+
 
 def bad_input_cases(root: Path, tiny_config: Path, kb_dir: Path, run_without_checkpoint: Path,
                     trained_run: Path) -> list[tuple]:
@@ -182,6 +187,18 @@ def bad_input_cases(root: Path, tiny_config: Path, kb_dir: Path, run_without_che
     corpus_dir.mkdir(exist_ok=True)
     (corpus_dir / "corpus.jsonl").write_text('{"id": "0", "contents": "\\"T\\"\\nsome text"}\n')
     (root / "wrong_sig.py").write_text("def reward(text):\n    return 0.0\n")
+    trained_copy = root / "trained_copy"  # the cases must not touch the run other checks compare with
+    shutil.rmtree(trained_copy, ignore_errors=True)
+    shutil.copytree(trained_run, trained_copy)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    HELD_SOCKETS.append(busy)  # kept listening while the cases run
+    busy_port = busy.getsockname()[1]
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    dead_url = f"http://127.0.0.1:{dead.getsockname()[1]}/retrieve"
+    dead.close()  # nothing listens there now: connection refused
     tiny = [str(tiny_config), f"data.synthetic.cache_dir={kb_dir}"]
     train = ["train", *tiny, f"trainer.output_dir={root / 'runs'}"]
     cases = [
@@ -202,7 +219,14 @@ def bad_input_cases(root: Path, tiny_config: Path, kb_dir: Path, run_without_che
         ("eval --out under a file", ["eval", str(trained_run), "--out", str(a_file / "eval")], "a_file"),
         ("serve --port 99999", ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--port", "99999"], "--port 99999"),
         ("index build over its own corpus", ["index", "build", "--corpus", str(corpus_dir / "corpus.jsonl"), "--out",
-                                             str(corpus_dir)], "would overwrite the corpus"),
+                                             str(corpus_dir)], f"e.g. --out {corpus_dir / 'corpus_index'}"),
+        ("serve on a port in use", ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--port", str(busy_port)],
+         f"--port {busy_port}: 127.0.0.1:{busy_port} is already in use"),
+        ("--resume with another model size", ["train", "--resume", str(trained_copy), "model.tiny_hidden_size=32"],
+         f"is [64, 64] there but [32, 32] in this one and 19 more. Fix: use the model settings the run was trained "
+         f"with (model.* in {trained_copy / 'config.yaml'})"),
+        ("eval against a dead retriever", ["eval", str(trained_copy), f"retrieval.spec={dead_url}"],
+         f"the probe search to {dead_url} failed (ConnectError: Connection refused)"),
         ("non-UTF-8 corpus", ["index", "build", "--corpus", str(root / "bad.jsonl"), "--out", str(root / "idx")],
          "bad.jsonl, line 2: not UTF-8"),
         ("plain file named .jsonl.gz", ["index", "build", "--corpus", str(root / "fake.jsonl.gz"), "--out",
@@ -239,9 +263,11 @@ def run_cli(argv: list[str]) -> tuple[int, str]:
 
 
 def clear_error(code: int, stderr: str, expected: str) -> bool:
-    """A non-zero exit, no traceback, and exactly one error line, which contains ``expected``."""
+    """A non-zero exit, no traceback, and exactly one error line, which contains ``expected``, no raw
+    errno text, and at most one fix."""
     lines = [line for line in stderr.splitlines() if "error:" in line]
-    return code != 0 and "Traceback" not in stderr and len(lines) == 1 and expected in lines[0]
+    return (code != 0 and "Traceback" not in stderr and len(lines) == 1 and expected in lines[0]
+            and lines[0].count("Fix:") <= 1 and "[Errno" not in lines[0])
 
 
 # --------------------------------------------------------------------------- retrieval servers that fail
