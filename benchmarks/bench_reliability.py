@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "reliability"))
+sys.path.insert(0, str(ROOT))  # the stratarl of this checkout, whichever one the environment installed
 
 STEPS = 3
 REWARD = "def length_parity_reward(response_text, golds):\n    return float(len(response_text) % 2 == 0)\n"

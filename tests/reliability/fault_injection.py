@@ -225,6 +225,10 @@ def bad_input_cases(root: Path, tiny_config: Path, kb_dir: Path, run_without_che
         ("--resume with another model size", ["train", "--resume", str(trained_copy), "model.tiny_hidden_size=32"],
          f"is [64, 64] there but [32, 32] in this one and 19 more. Fix: use the model settings the run was trained "
          f"with (model.* in {trained_copy / 'config.yaml'})"),
+        ("serve --request-timeout 0", ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--request-timeout", "0"],
+         "--request-timeout 0.0: must be a positive number of seconds. Fix: use e.g. 5"),
+        ("train against a dead retriever", [*train, f"retrieval.spec={dead_url}"],
+         f"the probe search to {dead_url} failed (ConnectError: Connection refused)"),
         ("eval against a dead retriever", ["eval", str(trained_copy), f"retrieval.spec={dead_url}"],
          f"the probe search to {dead_url} failed (ConnectError: Connection refused)"),
         ("non-UTF-8 corpus", ["index", "build", "--corpus", str(root / "bad.jsonl"), "--out", str(root / "idx")],

@@ -32,7 +32,7 @@ def test_every_bad_input_gets_one_clear_error_line(cases):
         if not clear_error(code, stderr, expected):
             unclear[name] = (code, stderr[-600:])
     assert unclear == {}
-    assert len(cases) >= 26
+    assert len(cases) >= 28
 
 
 def test_a_failed_resume_leaves_config_yaml_unchanged(straight_run, tmp_path):
