@@ -1,6 +1,7 @@
 """Faults are not rewards: rollouts whose searches failed in the retriever are kept out of the update;
 a step where their share passes retrieval.max_failed_fraction takes no optimizer step, says so in its
-metrics, and the checkpoint after a faulty stretch holds the last healthy update."""
+metrics, and the checkpoint after a faulty stretch holds the last healthy update. A remote retriever is
+probed before any work, and a hanging one costs at most the step budget per step, then stops the run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import json
 
 import pytest
 import torch
-from fault_injection import TINY, FlakyServer, SearchThenAnswerGenerator, remote_spec, scripted_policy
+from fault_injection import (TINY, FlakyServer, HangingServer, SearchThenAnswerGenerator, remote_spec, run_cli,
+                             scripted_policy)
 
 from stratarl.rollout.engine import Rollout
 from stratarl.trainer.rl import fault_metrics
@@ -21,6 +23,24 @@ def flaky_server():
     server = FlakyServer()
     yield server
     server.close()
+
+
+@pytest.fixture
+def hanging_server():
+    server = HangingServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def dead_url():
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now: connection refused
+    return f"http://127.0.0.1:{port}/retrieve"
 
 
 def _rows(run_dir):
@@ -153,3 +173,41 @@ def test_the_scripted_policy_searches_then_answers():
     first, = generator.generate([list("question")], None, [100])
     second, = generator.generate([list("question</information>\n\n")], None, [100])
     assert "".join(first.token_ids).startswith("<search>") and "".join(second.token_ids).startswith("<answer>")
+
+
+BUDGET_S = 0.5
+MARGIN_S = 1.0
+"""What a step may spend in searches beyond retrieval.step_budget_s: the last attempt's connect and the
+scheduling of a loaded machine (the unbudgeted cost here would be 5 s timeout x 2 attempts per search)."""
+
+
+def test_a_hanging_server_costs_the_budget_per_step_then_stops_the_cli_with_exit_3(
+        hanging_server, tmp_path, monkeypatch, base_overrides, capsys):
+    scripted_policy(monkeypatch)
+    run_dir = tmp_path / "run"
+    code, err = run_cli(["train", str(TINY), *base_overrides, remote_spec(hanging_server.url), "trainer.steps=5",
+                         "trainer.save_every=0", "retrieval.max_failed_steps=2", f"retrieval.step_budget_s={BUDGET_S}",
+                         "--run-dir", str(run_dir), "--no-retriever-check"])
+    assert code == 3
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["update/skipped"] == 1.0 for r in rows)
+    assert all(r["time/retrieval"] <= BUDGET_S + MARGIN_S for r in rows)
+    assert (run_dir / "checkpoints" / "step_000000" / "manifest.json").is_file()
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and hanging_server.url in error[0] and "timed out" in error[0]
+    spent = float(error[0].split(" s spent in searches")[0].rsplit("(", 1)[1])
+    assert 0 < spent <= 2 * (BUDGET_S + MARGIN_S)
+    assert error[0].count("Fix:") == 1
+
+
+def test_the_cli_probes_a_remote_retriever_before_any_work(hanging_server, dead_url, tmp_path, base_overrides):
+    for url, why in ((dead_url, "ConnectError"), (hanging_server.url, "no answer within 0.5 s")):
+        run_dir = tmp_path / why.split()[0]
+        code, err = run_cli(["train", str(TINY), *base_overrides, remote_spec(url, timeout_s=0.5),
+                             "--run-dir", str(run_dir)])
+        error = [line for line in err.splitlines() if "error:" in line]
+        assert code == 1 and len(error) == 1 and url in error[0] and why in error[0], err
+        assert "--no-retriever-check" in error[0] and error[0].count("Fix:") == 1
+        assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "sft").exists()
+    code, err = run_cli(["eval", str(TINY), *base_overrides, remote_spec(dead_url, timeout_s=0.5)])
+    assert code == 1 and dead_url in err and "probe search" in err
