@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # a second Ctrl-C (train), or the first one elsewhere: one line, no traceback
+        print(f"\n{interrupted_line(args.command)}", file=sys.stderr, flush=True)
+        return 130
     except (OSError, UnicodeDecodeError) as error:
         # A path that is a file (or under one), an unwritable folder, a full disk, a binary file:
         # one line that names the path; STRATARL_DEBUG=1 shows the traceback.
@@ -61,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {describe_os_error(error)}", file=sys.stderr)
         return 1
+
+
+def interrupted_line(command: str) -> str:
+    """What `stratarl COMMAND` prints when interrupted at once (exit 130)."""
+    if command in ("train", "demo"):
+        return (f"stratarl {command}: aborted without saving this step; `stratarl train --resume RUN_DIR` "
+                "continues from the newest checkpoint")
+    return f"stratarl {command}: interrupted"
 
 
 if __name__ == "__main__":

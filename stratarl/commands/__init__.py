@@ -18,5 +18,5 @@ def describe_os_error(error: BaseException) -> str:
     fix = {errno.ENOSPC: "free disk space", errno.EACCES: "choose a folder you can write to",
            errno.EROFS: "choose a writable folder", errno.ENOTDIR: "a part of the path is a file: choose another path",
            errno.EEXIST: "a file is in the way: choose another path", errno.EISDIR: "pass a file, not a folder"}.get(error.errno)
-    where = f": {error.filename}" if error.filename else ""
-    return f"{what}{where}" + (f". Fix: {fix}" if fix else "")
+    where = f": {error.filename}" if error.filename and str(error.filename) not in what else ""
+    return f"{what}{where}" + (f". Fix: {fix}" if fix and "Fix:" not in what else "")

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from stratarl.commands.train import add_retriever_check_flag
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("eval", help="evaluate a model or a run: EM, SubEM, F1, searches, answer rate per source",
@@ -20,11 +22,12 @@ def register(subparsers) -> None:
                    help="question file(s) to evaluate (Search-R1 parquet/jsonl); default: the config's held-out set")
     p.add_argument("--out", help="where to write eval JSON (default: <run>/eval or ./eval-<timestamp>)")
     p.add_argument("--tag", default="eval", help="name of the result file (default: eval)")
+    add_retriever_check_flag(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from stratarl.commands.train import _guard
+    from stratarl.commands.train import _guard, check_retriever
 
     def body() -> int:
         from stratarl.trainer import checkpoint as ckpt
@@ -40,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
                               "or a YAML config.")
         cfg = load_config(run_dir / "config.yaml" if run_dir else target, list(args.overrides))
         set_threads(cfg.trainer.num_threads)
+        check_retriever(cfg, args)
         task = load_task(cfg)
         examples = task.test
         if args.data:

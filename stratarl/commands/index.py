@@ -61,15 +61,20 @@ def _fail(message: str) -> int:
     return 2
 
 
+def index_folder_for(corpus: Path) -> Path:
+    """A folder next to ``corpus`` for its index (``wiki.jsonl.gz`` -> ``wiki_index``): never one holding it."""
+    return corpus.parent / f"{corpus.name.split('.')[0]}_index"
+
+
 def run_build(args: argparse.Namespace) -> int:
     from stratarl.retrieval.corpus import CorpusError, load_corpus
 
     start = time.perf_counter()
     corpus, out = Path(args.corpus).resolve(), Path(args.out).resolve()
     if out == corpus or out in corpus.parents:
-        return _fail(f"--corpus {args.corpus} lies inside --out {args.out}: building would overwrite the corpus "
-                     "it reads (the index keeps its own corpus.jsonl). Fix: choose another --out, e.g. "
-                     f"{Path(args.out) / 'index'} is not allowed but {Path(args.out).parent / 'index'} is")
+        return _fail(f"--out {args.out} contains the corpus {args.corpus}: building the index there would overwrite "
+                     f"the file it reads. Fix: choose an --out that does not contain it, e.g. "
+                     f"--out {index_folder_for(Path(args.corpus))}")
     try:
         if args.kind == "bm25":
             from stratarl.retrieval.bm25 import build_bm25_index, read_index_meta

@@ -52,6 +52,10 @@ def register(subparsers) -> None:
         help="server processes sharing the port, each loading the index (BM25 memory-mapped, so its arrays "
         "are shared); about one per CPU core the server may use (default: 1)",
     )
+    parser.add_argument("--request-timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="close a connection that has not sent a whole request (headers and body) within this "
+                        "many seconds of opening or of its previous answer: slow or stalled clients cannot hold "
+                        "the server's sockets (default: 5)")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run_serve)
 
@@ -91,6 +95,13 @@ def run_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
+        from stratarl.retrieval.slow_clients import check_request_timeout
+
+        check_request_timeout(args.request_timeout)
+    except ValueError as error:
+        print(f"stratarl serve: error: {error}", file=sys.stderr)
+        return 2
+    try:
         limits = ServerLimits(
             default_topk=args.topk,
             max_topk=args.max_topk,
@@ -113,8 +124,29 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         return _serve_workers(args, spec, retriever, limits)
     print(f"serving {retriever!r} at http://{args.host}:{args.port}/retrieve", flush=True)
-    serve(retriever, host=args.host, port=args.port, log_level=args.log_level, **asdict(limits))
+    try:
+        serve(retriever, host=args.host, port=args.port, log_level=args.log_level, request_timeout_s=args.request_timeout,
+              **asdict(limits))
+    except OSError as error:
+        print(f"stratarl serve: error: {bind_error(error, args.host, args.port)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def bind_error(error: OSError, host: str, port: int) -> str:
+    """One line for a failure to listen on ``host:port``: which flag, what happened, the fix."""
+    import errno
+    import socket
+
+    if error.errno == errno.EADDRINUSE:
+        return f"--port {port}: {host}:{port} is already in use (another server?). Fix: stop it, or pass another --port"
+    if error.errno == errno.EACCES:
+        return f"--port {port}: this user may not listen on it (ports below 1024 need privileges). Fix: use e.g. --port 8000"
+    if error.errno == errno.EADDRNOTAVAIL or isinstance(error, socket.gaierror):
+        return f"--host {host}: not an address of this machine. Fix: use 127.0.0.1 (this machine only)"
+    from stratarl.commands import describe_os_error
+
+    return f"cannot listen on {host}:{port}: {describe_os_error(error)}"
 
 
 def _serve_workers(args: argparse.Namespace, spec: dict, retriever, limits) -> int:
@@ -134,7 +166,10 @@ def _serve_workers(args: argparse.Namespace, spec: dict, retriever, limits) -> i
 
         try:
             return serve_workers(spec, workers=args.workers, host=args.host, port=args.port, log_level=args.log_level,
-                                 limits=limits, on_ready=announce)
-        except (WorkerError, OSError) as error:
+                                 limits=limits, on_ready=announce, request_timeout_s=args.request_timeout)
+        except WorkerError as error:
             print(f"stratarl serve: error: {error}", file=sys.stderr)
+            return 2
+        except OSError as error:
+            print(f"stratarl serve: error: {bind_error(error, args.host, args.port)}", file=sys.stderr)
             return 2

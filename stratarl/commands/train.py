@@ -24,6 +24,7 @@ def register(subparsers) -> None:
     p.add_argument("--start-over", action="store_true", help="with --resume: when RUN_DIR holds no intact "
                    "checkpoint (e.g. it was killed before its first one), train it again from step 0 instead of failing")
     p.add_argument("--run-dir", help="write the run here instead of <trainer.output_dir>/<trainer.run_name>")
+    add_retriever_check_flag(p)
     p.set_defaults(func=run_train)
 
     d = subparsers.add_parser("demo", help="the main job: warm start + Stratified GRPO on the synthetic task, "
@@ -31,7 +32,33 @@ def register(subparsers) -> None:
     d.add_argument("overrides", nargs="*", help=CONFIG_HELP)
     d.add_argument("--config", default=str(REPO_CONFIGS / "demo.yaml"), help="config to run (default: configs/demo.yaml)")
     d.add_argument("--run-dir", help="run directory (default: runs/demo-<timestamp>)")
+    add_retriever_check_flag(d)
     d.set_defaults(func=run_demo)
+
+
+def add_retriever_check_flag(parser) -> None:
+    parser.add_argument("--no-retriever-check", action="store_true",
+                        help="do not send the probe search to a remote retriever (retrieval.spec a URL) before starting")
+
+
+PROBE_TIMEOUT_S = 10.0
+
+
+def check_retriever(cfg, args) -> None:
+    """Before any warm start, rollout or evaluation: one probe search to a remote retriever
+    (`probe_retriever`, at most the spec's timeout_s or 10 s); `RetrievalError` naming the URL if it
+    fails. Local retrievers and ``--no-retriever-check`` skip it."""
+    from stratarl.retrieval.factory import remote_url
+
+    url = remote_url(cfg.retrieval.spec)
+    if url is None or getattr(args, "no_retriever_check", False):
+        return
+    from stratarl.retrieval.remote import probe_retriever
+
+    spec = cfg.retrieval.spec
+    timeout = spec.get("timeout_s", PROBE_TIMEOUT_S) if isinstance(spec, dict) else PROBE_TIMEOUT_S
+    probe_retriever(url, timeout_s=min(float(timeout), PROBE_TIMEOUT_S))
+    print(f"retriever {url} answered a probe search", flush=True)
 
 
 def fail(message: str, code: int = 2) -> int:
@@ -134,6 +161,7 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"run directory: {run_dir}", flush=True)
         if args.start_over and not resume:
             raise ConfigError("--start-over only applies with --resume RUN_DIR")
+        check_retriever(cfg, args)
         summary = run_pipeline(cfg, run_dir, resume=resume, start_over=args.start_over)
         code = summary.get("exit_code", 0)
         print(f"{'stopped' if code else 'done'}: {summary['steps']} steps in {summary['train_seconds']:.0f}s; "
@@ -154,6 +182,7 @@ def run_demo(args: argparse.Namespace) -> int:
         run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.trainer.output_dir) / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
         print(f"stratarl demo: {cfg.model.name}, synthetic KB + BM25; run directory {run_dir}", flush=True)
         print(f"algorithm {describe(cfg.algo.name, cfg.algo.spec)}", flush=True)
+        check_retriever(cfg, args)
         summary = run_pipeline(cfg, run_dir, resume=False)
         report = build_report([run_dir])
         from stratarl.trainer.report import format_headline, headline

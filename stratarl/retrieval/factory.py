@@ -6,7 +6,7 @@ from pathlib import Path
 
 from stratarl.retrieval.base import Retriever
 from stratarl.retrieval.bm25 import BM25Retriever, read_index_meta
-from stratarl.retrieval.remote import RemoteRetriever
+from stratarl.retrieval.remote import RemoteRetriever, normalize_retrieve_url
 
 RETRIEVER_KINDS = ("bm25", "dense", "remote")
 _SPEC_KEYS = {
@@ -34,6 +34,16 @@ def _spec_from_string(spec: str) -> dict:
     if path.is_file():
         return {"kind": "bm25", "corpus": spec}
     raise ValueError(f"retriever spec {spec!r} is not a URL, an index directory or a corpus file; {_SPEC_HELP}")
+
+
+def remote_url(spec: dict | str) -> str | None:
+    """The ``/retrieve`` URL when ``spec`` names a remote retriever (a URL string or ``kind: remote``), else None.
+    Reads nothing from disk."""
+    if isinstance(spec, str) and spec.startswith(("http://", "https://")):
+        return normalize_retrieve_url(spec)
+    if isinstance(spec, dict) and spec.get("kind") == "remote" and isinstance(spec.get("url"), str):
+        return normalize_retrieve_url(spec["url"])
+    return None
 
 
 def build_retriever(spec: dict | str) -> Retriever:

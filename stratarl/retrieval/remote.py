@@ -6,6 +6,7 @@ Request ``{"queries": [...], "topk": k, "return_scores": true}``; response
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
@@ -13,6 +14,12 @@ from urllib.parse import urlsplit, urlunsplit
 from stratarl.retrieval.base import Passage, RetrievalError
 
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def transport_error(error: BaseException) -> str:
+    """``ConnectError: Connection refused``: the error's type and text without the raw ``[Errno 111]``."""
+    text = re.sub(r"\[Errno -?\d+\] ", "", str(error))
+    return f"{type(error).__name__}: {text}"
 
 
 def normalize_retrieve_url(url: str) -> str:
@@ -140,7 +147,7 @@ class RemoteRetriever:
                 last_error = f"timed out after {timeout:.3g} s"
                 continue
             except httpx.TransportError as error:
-                last_error = f"{type(error).__name__}: {error}"
+                last_error = transport_error(error)
                 continue
             if response.status_code in RETRYABLE_STATUS:
                 last_error = f"HTTP {response.status_code}: {response.text[:300]}"
@@ -172,3 +179,32 @@ class RemoteRetriever:
             payload = self._post_with_retries(body)
             results.extend(parse_retrieve_response(payload, len(chunk), where=f"POST {self.url}"))
         return results
+
+
+def probe_retriever(url: str, timeout_s: float = 10.0) -> None:
+    """Send one search (top 1, no retry, at most ``timeout_s``) to the ``/retrieve`` server at ``url``;
+    raise `RetrievalError` naming the URL and what went wrong unless it answers with one result list.
+
+    Run before any warm start or RL step, so a wrong URL or a dead server costs seconds, not a run."""
+    import httpx
+
+    why = None
+    try:
+        response = httpx.post(url, json={"queries": ["stratarl probe"], "topk": 1, "return_scores": True},
+                              timeout=timeout_s)
+    except httpx.TimeoutException:
+        why = f"no answer within {timeout_s:g} s"
+    except httpx.TransportError as error:
+        why = transport_error(error)
+    else:
+        if response.status_code >= 400:
+            why = f"HTTP {response.status_code}: {' '.join(response.text.split())[:200]}"
+        else:
+            try:
+                parse_retrieve_response(response.json(), 1, where="the reply")
+            except (ValueError, RetrievalError) as error:
+                why = f"{str(error)[:200]}"
+    if why is not None:
+        raise RetrievalError(f"retrieval.spec: the probe search to {url} failed ({why}). Fix: start the server "
+                             "(`stratarl serve --index DIR`) or correct retrieval.spec; --no-retriever-check "
+                             "skips this check")

@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 
 from stratarl.retrieval.base import Passage, Retriever
+from stratarl.retrieval.slow_clients import DEFAULT_REQUEST_TIMEOUT_S, request_timeout_protocol
 
 logger = logging.getLogger("stratarl.server")
 
@@ -455,6 +456,8 @@ class ServerThread:
     port: int = 0
     log_level: str = "warning"
     graceful_shutdown_s: float = 1.0
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    """A connection that has not delivered a whole request within this many seconds is closed (slow_clients)."""
     _server: object = field(default=None, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
 
@@ -475,6 +478,7 @@ class ServerThread:
             lifespan="on",
             backlog=256,
             timeout_graceful_shutdown=self.graceful_shutdown_s,
+            http=request_timeout_protocol(self.request_timeout_s),
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -499,8 +503,27 @@ class ServerThread:
         self.stop()
 
 
-def serve(retriever: Retriever, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", **limits) -> None:
-    """Serve ``retriever`` on ``host:port`` until interrupted (blocking); limits as in `create_app`."""
+def serve(retriever: Retriever, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+          request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, **limits) -> None:
+    """Serve ``retriever`` on ``host:port`` until interrupted (blocking); limits as in `create_app`; a
+    connection without a whole request after ``request_timeout_s`` is closed (`request_timeout_protocol`)."""
     import uvicorn
 
-    uvicorn.run(create_app(retriever, **limits), host=host, port=port, log_level=log_level)
+    sock = bound_socket(host, port)  # bound here: a port in use is an OSError for the caller, not uvicorn's exit
+    config = uvicorn.Config(create_app(retriever, **limits), log_level=log_level,
+                            http=request_timeout_protocol(request_timeout_s))
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (IPv4 or IPv6, as ``host`` resolves), not yet listening.
+    proto=IPPROTO_TCP, as uvicorn's own: asyncio turns Nagle off only on sockets whose proto says TCP."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock

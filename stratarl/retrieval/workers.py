@@ -31,6 +31,7 @@ from pathlib import Path
 from stratarl.retrieval.bm25 import read_index_meta
 from stratarl.retrieval.factory import build_retriever
 from stratarl.retrieval.server import ServerLimits, create_app
+from stratarl.retrieval.slow_clients import DEFAULT_REQUEST_TIMEOUT_S, check_request_timeout, request_timeout_protocol
 
 logger = logging.getLogger("stratarl.server")
 
@@ -79,7 +80,8 @@ def _worker_main(config: dict) -> int:
             sock = _listening_socket(config["host"], config["port"], reuse_port=True)
         retriever = build_retriever(config["spec"])
         app = create_app(retriever, **config["limits"], **config["server_options"])
-        uvicorn_config = uvicorn.Config(app, log_level=config["log_level"], lifespan="on", timeout_graceful_shutdown=5)
+        uvicorn_config = uvicorn.Config(app, log_level=config["log_level"], lifespan="on", timeout_graceful_shutdown=5,
+                                        http=request_timeout_protocol(config["request_timeout_s"]))
         server = uvicorn.Server(uvicorn_config)
     except Exception as error:
         report("error", f"{type(error).__name__}: {error}")
@@ -122,9 +124,11 @@ class WorkerPool:
 
     def __init__(self, spec, *, workers: int = 2, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
                  limits: ServerLimits | None = None, threads_per_worker: int | None = None,
-                 start_timeout_s: float = 600.0, stop_timeout_s: float = 10.0, **server_options) -> None:
+                 start_timeout_s: float = 600.0, stop_timeout_s: float = 10.0,
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, **server_options) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be a positive integer, got {workers!r}")
+        self.request_timeout_s = check_request_timeout(request_timeout_s)  # fails here, not in every worker
         self.spec = _mapped(spec)
         self.workers = workers
         self.host = host
@@ -157,7 +161,7 @@ class WorkerPool:
         self._status_fd = read_fd
         base = {"spec": self.spec, "limits": asdict(self.limits), "log_level": self.log_level,
                 "threads": self.threads_per_worker, "parent_pid": os.getpid(), "status_fd": write_fd,
-                "server_options": self.server_options}
+                "server_options": self.server_options, "request_timeout_s": self.request_timeout_s}
         base.update({"host": self.host, "port": self.port} if reuse_port else {"fd": self._sock.fileno()})
         pass_fds = (write_fd,) if reuse_port else (write_fd, self._sock.fileno())
         try:
@@ -240,11 +244,13 @@ class WorkerPool:
 
 
 def serve_workers(spec, *, workers: int, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-                  limits: ServerLimits | None = None, on_ready=None) -> int:
+                  limits: ServerLimits | None = None, on_ready=None,
+                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> int:
     """Serve ``spec`` with ``workers`` processes until SIGINT / SIGTERM (→ 0) or a worker dies (→ 1).
 
     Raises `WorkerError` if a worker cannot start. ``on_ready(pool)`` is called once all answer."""
-    pool = WorkerPool(spec, workers=workers, host=host, port=port, log_level=log_level, limits=limits)
+    pool = WorkerPool(spec, workers=workers, host=host, port=port, log_level=log_level, limits=limits,
+                      request_timeout_s=request_timeout_s)
 
     def on_signal(signum, frame) -> None:
         pool._stopping.set()  # a worker that exits on the same Ctrl-C is not a failure

@@ -175,11 +175,45 @@ def verify_checkpoint(path: str | Path) -> None:
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"{f} is missing")
-        if f.stat().st_size != expected.get("bytes"):
-            raise CheckpointError(f"{f} has {f.stat().st_size} bytes, the manifest says {expected.get('bytes')} "
-                                  "(a torn write)")
+        size = f.stat().st_size
+        if size != expected.get("bytes"):
+            raise CheckpointError(f"{f} has {size} bytes, the manifest says {expected.get('bytes')} ("
+                                  + size_mismatch_cause(size, expected.get("bytes")) + ")")
         if _sha256(f) != expected.get("sha256"):
             raise CheckpointError(f"{f} fails its sha256 checksum (the file changed on disk after it was written)")
+
+
+def size_mismatch_cause(size: int, expected) -> str:
+    """Why a checkpoint file's size differs from its manifest: shorter is a write cut off (torn); longer
+    means something wrote to it after the checkpoint was complete."""
+    if isinstance(expected, int) and size < expected:
+        return "cut short: a torn write"
+    return "it grew after the checkpoint was written: something else wrote to it"
+
+
+def shape_mismatches(model: torch.nn.Module, file: Path) -> list[tuple[str, tuple, tuple]]:
+    """(name, shape in ``file``, shape in ``model``) for every tensor both have with different shapes,
+    read from the safetensors header only."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        saved = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    return [(name, saved[name], tuple(t.shape)) for name, t in model.state_dict().items()
+            if name in saved and saved[name] != tuple(t.shape)]  # in the model's order: the embedding first
+
+
+def mismatch_message(path: Path, mismatches: list[tuple[str, tuple, tuple]]) -> str:
+    """One line: how many tensors differ, the first with both shapes, and the fix."""
+    name, saved, own = mismatches[0]
+    more = f" and {len(mismatches) - 1} more" if len(mismatches) > 1 else ""
+    return (f"checkpoint {path} was saved from a different model: {name} is {list(saved)} there but {list(own)} "
+            f"in this one{more}. Fix: use the model settings the run was trained with ({_run_config(path)})")
+
+
+def _run_config(path: Path) -> str:
+    """Where a checkpoint's model settings are: model.* in its run's config.yaml."""
+    run_config = Path(path).parent.parent / "config.yaml"
+    return f"model.* in {run_config}" if run_config.is_file() else "model.* in the run's config.yaml"
 
 
 def _disk_error(error: OSError, root: Path) -> OSError:
@@ -352,19 +386,27 @@ def load_checkpoint(path: str | Path, *, model: torch.nn.Module, value_head: tor
         raise FileNotFoundError(f"{path} is not a stratarl checkpoint (no state.pt); pass a run directory or a "
                                 "checkpoints/step_* folder")
     verify_checkpoint(path)
-    try:
-        missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
-    except RuntimeError as error:  # shape mismatch
-        raise ValueError(f"checkpoint {path} does not match the model ({str(error)[:300]}); resume with the same "
-                         "model config") from None
-    except (SafetensorError, OSError) as error:  # a corrupt header (a folder without a manifest)
-        raise CheckpointError(f"{path}/model.safetensors cannot be read ({str(error)[:200]})") from None
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not match the model: missing {sorted(missing)[:5]}, unexpected "
-                         f"{sorted(unexpected)[:5]}; resume with the same model config")
+    _load_weights(model, path / "model.safetensors", path)
     if value_head is not None:
-        load_model(value_head, str(path / "value_head.safetensors"))
+        _load_weights(value_head, path / "value_head.safetensors", path)
     try:
         return torch.load(path / "state.pt", weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
         raise CheckpointError(f"{path}/state.pt cannot be read ({str(error)[:200]})") from None
+
+
+def _load_weights(module: torch.nn.Module, file: Path, path: Path) -> None:
+    """Load ``file`` into ``module`` in place; a checkpoint of another model is one `ValueError` line."""
+    try:
+        mismatches = shape_mismatches(module, file)
+        if mismatches:
+            raise ValueError(mismatch_message(path, mismatches))
+        missing, unexpected = load_model(module, str(file), strict=False)
+    except (SafetensorError, OSError) as error:  # a corrupt header (a folder without a manifest)
+        raise CheckpointError(f"{file} cannot be read ({' '.join(str(error).split())[:200]})") from None
+    if missing or unexpected:
+        names = sorted(missing)[:3] if missing else sorted(unexpected)[:3]
+        what = f"{len(missing)} tensor(s) the model has are missing there" if missing else \
+            f"it holds {len(unexpected)} tensor(s) the model lacks"
+        raise ValueError(f"checkpoint {path} was saved from a different model: {what} (e.g. {', '.join(names)}). "
+                         f"Fix: use the model settings the run was trained with ({_run_config(path)})")

@@ -162,11 +162,12 @@ class RetrievalConfig:
     step): a remote retriever stops retrying at it, and once it is spent the step's remaining searches
     fail at once. null: no budget."""
     max_failed_fraction: float = 0.5
-    """A step counts as failing when more than this fraction of its searches fail (the terminal shows a
-    warning for every step with a failed search)."""
+    """Rollouts with a failed search are kept out of the update; a step where more than this fraction of
+    its rollouts are such takes no optimizer step (`update/skipped`). A step also counts as failing when
+    more than this fraction of its searches fail (the terminal warns on every step with a failed search)."""
     max_failed_steps: int = 3
-    """Stop the run, with a checkpoint and a message naming the retriever and its last error, after this
-    many consecutive failing steps (0: never stop)."""
+    """Stop the run, with a checkpoint (never newer than the last healthy update) and a message naming the
+    retriever, its last error and the time spent, after this many consecutive failing steps (0: never stop)."""
 
     def validate(self, p: str) -> None:
         check_choices(self, p)

@@ -140,4 +140,5 @@ def format_step_line(step: int, total: int, m: dict[str, Any]) -> str:
             f"searches {g('rollout/search_calls_mean', '{:.2f}')} | loss {g('loss/policy', '{:+.4f}')} | "
             f"kl {g('loss/kl', '{:.4f}')} | clip {g('loss/clip_frac', '{:.3f}')} | "
             f"gnorm {g('optim/grad_norm', '{:.2f}')} | {g('time/step', '{:.1f}')}s | "
-            f"{g('perf/update_tokens_per_s', '{:.0f}')} tok/s")
+            f"{g('perf/update_tokens_per_s', '{:.0f}')} tok/s"
+            + (" | no update (retrieval faults)" if m.get("update/skipped") else ""))

@@ -98,6 +98,17 @@ def em_by_type(examples: list, em: list[float], prefix: str = "reward/em_by_type
     return {f"{prefix}/{t}": sum(v) / len(v) for t, v in sorted(by_type.items())}
 
 
+def fault_metrics(faulty: list[bool], max_failed_fraction: float, mini_batches: int) -> dict[str, float]:
+    """``retrieval/faulty_rollout_frac``: the share of the step's rollouts kept out of the update because a
+    search of theirs failed in the retriever; ``update/skipped`` 1.0 when the step takes no optimizer
+    step: that share passes ``max_failed_fraction`` (retrieval.max_failed_fraction), or fewer clean
+    rollouts remain than trainer.mini_batches needs."""
+    share = sum(faulty) / max(1, len(faulty))
+    clean = len(faulty) - sum(faulty)
+    skipped = share > max_failed_fraction or (clean < mini_batches and clean < len(faulty))
+    return {"retrieval/faulty_rollout_frac": share, "update/skipped": float(skipped)}
+
+
 @dataclass
 class RunState:
     """Everything a step reads or mutates, built once per run."""
@@ -138,9 +149,17 @@ def _rl_step(run: RunState) -> dict[str, float]:
 
     collected = rollouts_module.collect(run.generator, run.retriever, run.tokenizer, examples, collection_config(cfg),
                         group_size=cfg.rollout.group_size, prompt_cache=run.prompt_cache)
-    strata = advantage_strata(cfg, collected.strata, collected.group_ids, run.step)
     timer.add("generation", collected.generation_s)
     timer.add("retrieval", collected.retrieval_s)
+    faulty = rollouts_module.faulty_rollouts(collected.rollouts)
+    faults = fault_metrics(faulty, cfg.retrieval.max_failed_fraction, cfg.trainer.mini_batches)
+    if faults["update/skipped"]:  # no optimizer step: the rewards are the broken retriever's
+        metrics = {**rollout_metrics(collected), **faults, **timer.pop()}
+        metrics["time/step"] = time.perf_counter() - step_start
+        return metrics
+    if any(faulty):
+        collected = rollouts_module.without_rollouts(collected, faulty)
+    strata = advantage_strata(cfg, collected.strata, collected.group_ids, run.step)
 
     batch = collate_rollouts(collected.rollouts, run.tokenizer.pad_token_id)
     batch.old_logprobs = scatter_response_values([r.sampling_logprobs for r in collected.rollouts], batch.response_lengths)
@@ -153,7 +172,7 @@ def _rl_step(run: RunState) -> dict[str, float]:
         update = update_module.update_policy(run.learner, batch, cfg, run.shuffle_rng)
 
     metrics = {**rollout_metrics(collected), **advantage_metrics(batch.advantages, batch.response_mask), **update,
-               **stratum_metrics(cfg, collected, strata), **em_by_type(collected.examples, collected.em)}
+               **stratum_metrics(cfg, collected, strata), **em_by_type(collected.examples, collected.em), **faults}
     metrics.update(timer.pop())
     metrics["time/step"] = time.perf_counter() - step_start
     update_tokens = float(batch.attention_mask.sum()) * cfg.trainer.epochs
@@ -172,17 +191,25 @@ def _rl_step(run: RunState) -> dict[str, float]:
 # --------------------------------------------------------------------------- checkpoints
 
 
-def save(run: RunState) -> Path:
+def progress_state(run: RunState) -> dict:
+    """The state a step advances even when it takes no optimizer step: RNGs and the data sampler (copies)."""
+    return {"rng": ckpt.rng_state(getattr(run.generator, "rng", None)), "shuffle_rng": run.shuffle_rng.get_state(),
+            "sampler": run.sampler.state_dict()}
+
+
+def save(run: RunState, at: tuple[int, dict] | None = None) -> Path:
+    """Checkpoint the run at its current step; ``at`` = (step, `progress_state` then) checkpoints that
+    earlier step instead: the last healthy update, when only skipped steps followed it (weights,
+    optimizer, scheduler and SORL statistic are unchanged since)."""
+    step, progress = at if at is not None else (run.step, progress_state(run))
     state = {
         "optimizer": run.learner.optimizer.state_dict(),
         "scheduler": run.learner.scheduler.state_dict(),
-        "rng": ckpt.rng_state(getattr(run.generator, "rng", None)),
-        "shuffle_rng": run.shuffle_rng.get_state(),
-        "sampler": run.sampler.state_dict(),
+        **progress,
     }
     if run.learner.normalizer is not None:
         state["sorl"] = run.learner.normalizer.state_dict()
-    return ckpt.save_checkpoint(run.ckpt_dir, run.step, model=run.model, state=state,
+    return ckpt.save_checkpoint(run.ckpt_dir, step, model=run.model, state=state,
                                 value_head=run.learner.value_head, keep_last=run.cfg.trainer.keep_last)
 
 
@@ -311,28 +338,42 @@ class _GracefulInterrupt:
 
 @dataclass
 class RetrievalWatch:
-    """Warns on every step with a failed search; counts consecutive steps whose failed fraction exceeds
-    ``max_failed_fraction`` and says when ``max_failed_steps`` of them in a row should stop the run."""
+    """Warns on every step with a failed search; counts consecutive failing steps (more than
+    ``max_failed_fraction`` of the searches failed, or the step took no update because of them) and
+    the seconds they spent in searches, and says when ``max_failed_steps`` of them in a row should
+    stop the run."""
 
     max_failed_fraction: float
     max_failed_steps: int
     failing_in_a_row: int = 0
+    failing_seconds: float = 0.0
 
-    def check(self, step: int, retriever) -> str | None:
+    def check(self, step: int, retriever, skipped: bool = False) -> str | None:
         """After step ``step``: a warning line on stderr if searches failed; the stop message, or None."""
         total, failed = retriever.step_queries, retriever.step_failed
-        if not failed:
-            self.failing_in_a_row = 0
+        if not failed and not skipped:
+            self.failing_in_a_row, self.failing_seconds = 0, 0.0
             return None
-        print(f"warning: step {step}: {failed} of {total} searches failed ({retriever.where}: "
-              f"{retriever.last_error[:300]})", file=sys.stderr, flush=True)
-        self.failing_in_a_row = self.failing_in_a_row + 1 if failed > self.max_failed_fraction * total else 0
+        outcome = "; the step took no update" if skipped else ""
+        print(f"warning: step {step}: {failed} of {total} searches failed in {retriever.step_seconds:.1f} s"
+              f"{outcome} ({retriever.where}: {one_line(retriever.last_error, 300)})", file=sys.stderr, flush=True)
+        if skipped or failed > self.max_failed_fraction * total:
+            self.failing_in_a_row += 1
+            self.failing_seconds += retriever.step_seconds
+        else:
+            self.failing_in_a_row, self.failing_seconds = 0, 0.0
         if self.max_failed_steps and self.failing_in_a_row >= self.max_failed_steps:
             return (f"retrieval failed: more than {self.max_failed_fraction:.0%} of the searches failed in "
-                    f"{self.failing_in_a_row} consecutive steps; retriever {retriever.where}; last error: "
-                    f"{retriever.last_error[:500]}. Fix: check the server (or retrieval.spec), then resume; "
-                    "retrieval.max_failed_steps=0 never stops")
+                    f"{self.failing_in_a_row} consecutive steps ({self.failing_seconds:.1f} s spent in searches); "
+                    f"retriever {retriever.where}; last error: {one_line(retriever.last_error, 500)}. Fix: check "
+                    "the server (or retrieval.spec), then resume (retrieval.max_failed_steps=0 never stops)")
         return None
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line (newlines and runs of spaces folded), cut to ``limit`` characters with an ellipsis."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
 def _run_eval(run: RunState, tag: str) -> dict:
@@ -371,29 +412,38 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, init_from: 
     bar = _step_bar(cfg, run.step)
     watch = RetrievalWatch(cfg.retrieval.max_failed_fraction, cfg.retrieval.max_failed_steps)
     stopped = None
+    healthy = None  # (step, progress_state) of the last update while only skipped steps follow it
     with _GracefulInterrupt() as interrupt:
         while run.step < cfg.trainer.steps and not interrupt.requested and stopped is None:
             run.retriever.start_step()
+            before = (run.step, progress_state(run))
             metrics = rl_step(run)
+            skipped = bool(metrics.get("update/skipped"))
+            healthy = (healthy or before) if skipped else None
             run.step += 1
             last = run.logger.log(run.step, metrics)
             if bar is not None:
                 bar.set_postfix(reward=f"{last['reward/mean']:.3f}", em=f"{last['reward/em']:.3f}")
                 bar.update(1)
             _print_line(bar, format_step_line(run.step, cfg.trainer.steps, last))
-            stopped = watch.check(run.step, run.retriever)
-            if cfg.trainer.save_every and run.step % cfg.trainer.save_every == 0:
+            stopped = watch.check(run.step, run.retriever, skipped)
+            if cfg.trainer.save_every and run.step % cfg.trainer.save_every == 0 and healthy is None:
                 save(run)
             if (cfg.trainer.eval_every and run.step % cfg.trainer.eval_every == 0 and run.step < cfg.trainer.steps
                     and stopped is None):
                 _run_eval(run, f"step_{run.step:06d}")
         if bar is not None:
             bar.close()
-        path = save(run)
+        path = save(run, at=healthy)  # never a checkpoint newer than the last healthy update
         summary["checkpoint"] = str(path)
+        if healthy is not None:
+            summary["checkpoint_step"] = healthy[0]
         summary["interrupted"] = interrupt.requested
         summary["exit_code"] = interrupt.exit_code or (RETRIEVAL_STOP_CODE if stopped else 0)
     resume_hint = f"resume with `stratarl train --resume {shlex.quote(str(run_dir))}`"
+    if healthy is not None:
+        print(f"steps {healthy[0] + 1}-{run.step} took no update (retrieval faults): the checkpoint {path} holds "
+              f"step {healthy[0]}, the last healthy update", file=sys.stderr, flush=True)
     if stopped is not None:
         print(f"error: {stopped}", file=sys.stderr, flush=True)
         print(f"stopped at step {run.step} (checkpoint {path}); {resume_hint}", flush=True)

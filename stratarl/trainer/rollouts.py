@@ -201,3 +201,19 @@ def transcript(rollout, example: Example, tokenizer, *, reward: float, stratum: 
         "advantage": advantage,
         "observation_tokens": len(rollout.response_mask) - sum(rollout.response_mask),
     }
+
+
+def faulty_rollouts(rollouts: Sequence) -> list[bool]:
+    """Per rollout: did a search of it fail in the retriever (``tool_errors``: refused, timed out, HTTP
+    error, a malformed reply)? Its reward then reflects the fault, not the policy. A rollout that
+    asked nothing is never faulty."""
+    return [getattr(r, "tool_errors", 0) > 0 for r in rollouts]
+
+
+def without_rollouts(batch: CollectedBatch, drop: Sequence[bool]) -> CollectedBatch:
+    """``batch`` without the rollouts where ``drop`` is true (a new batch; group ids, rewards and strata
+    stay aligned, so the advantage's group baselines see only the kept rollouts)."""
+    keep = [i for i, d in enumerate(drop) if not d]
+    pick = lambda values: [values[i] for i in keep]  # noqa: E731
+    return CollectedBatch(pick(batch.rollouts), pick(batch.examples), pick(batch.group_ids), pick(batch.rewards),
+                          pick(batch.em), pick(batch.strata), batch.generation_s, batch.retrieval_s)

@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
+import socket
 from pathlib import Path
 
 import torch
@@ -165,6 +167,9 @@ def compare_runs(straight: Path, resumed: Path, steps: int) -> list[str]:
 
 # --------------------------------------------------------------------------- bad inputs
 
+HELD_SOCKETS: list = []
+"""Listening sockets that make a port busy for the "port in use" case (closed with the process)."""
+
 
 def bad_input_cases(root: Path, tiny_config: Path, kb_dir: Path, run_without_checkpoint: Path,
                     trained_run: Path) -> list[tuple]:
@@ -182,6 +187,18 @@ def bad_input_cases(root: Path, tiny_config: Path, kb_dir: Path, run_without_che
     corpus_dir.mkdir(exist_ok=True)
     (corpus_dir / "corpus.jsonl").write_text('{"id": "0", "contents": "\\"T\\"\\nsome text"}\n')
     (root / "wrong_sig.py").write_text("def reward(text):\n    return 0.0\n")
+    trained_copy = root / "trained_copy"  # the cases must not touch the run other checks compare with
+    shutil.rmtree(trained_copy, ignore_errors=True)
+    shutil.copytree(trained_run, trained_copy)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    HELD_SOCKETS.append(busy)  # kept listening while the cases run
+    busy_port = busy.getsockname()[1]
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    dead_url = f"http://127.0.0.1:{dead.getsockname()[1]}/retrieve"
+    dead.close()  # nothing listens there now: connection refused
     tiny = [str(tiny_config), f"data.synthetic.cache_dir={kb_dir}"]
     train = ["train", *tiny, f"trainer.output_dir={root / 'runs'}"]
     cases = [
@@ -202,7 +219,18 @@ def bad_input_cases(root: Path, tiny_config: Path, kb_dir: Path, run_without_che
         ("eval --out under a file", ["eval", str(trained_run), "--out", str(a_file / "eval")], "a_file"),
         ("serve --port 99999", ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--port", "99999"], "--port 99999"),
         ("index build over its own corpus", ["index", "build", "--corpus", str(corpus_dir / "corpus.jsonl"), "--out",
-                                             str(corpus_dir)], "would overwrite the corpus"),
+                                             str(corpus_dir)], f"e.g. --out {corpus_dir / 'corpus_index'}"),
+        ("serve on a port in use", ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--port", str(busy_port)],
+         f"--port {busy_port}: 127.0.0.1:{busy_port} is already in use"),
+        ("--resume with another model size", ["train", "--resume", str(trained_copy), "model.tiny_hidden_size=32"],
+         f"is [64, 64] there but [32, 32] in this one and 19 more. Fix: use the model settings the run was trained "
+         f"with (model.* in {trained_copy / 'config.yaml'})"),
+        ("serve --request-timeout 0", ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--request-timeout", "0"],
+         "--request-timeout 0.0: must be a positive number of seconds. Fix: use e.g. 5"),
+        ("train against a dead retriever", [*train, f"retrieval.spec={dead_url}"],
+         f"the probe search to {dead_url} failed (ConnectError: Connection refused)"),
+        ("eval against a dead retriever", ["eval", str(trained_copy), f"retrieval.spec={dead_url}"],
+         f"the probe search to {dead_url} failed (ConnectError: Connection refused)"),
         ("non-UTF-8 corpus", ["index", "build", "--corpus", str(root / "bad.jsonl"), "--out", str(root / "idx")],
          "bad.jsonl, line 2: not UTF-8"),
         ("plain file named .jsonl.gz", ["index", "build", "--corpus", str(root / "fake.jsonl.gz"), "--out",
@@ -239,6 +267,112 @@ def run_cli(argv: list[str]) -> tuple[int, str]:
 
 
 def clear_error(code: int, stderr: str, expected: str) -> bool:
-    """A non-zero exit, no traceback, and exactly one error line, which contains ``expected``."""
+    """A non-zero exit, no traceback, and exactly one error line, which contains ``expected``, no raw
+    errno text, and at most one fix."""
     lines = [line for line in stderr.splitlines() if "error:" in line]
-    return code != 0 and "Traceback" not in stderr and len(lines) == 1 and expected in lines[0]
+    return (code != 0 and "Traceback" not in stderr and len(lines) == 1 and expected in lines[0]
+            and lines[0].count("Fix:") <= 1 and "[Errno" not in lines[0])
+
+
+# --------------------------------------------------------------------------- retrieval servers that fail
+
+
+class FlakyServer:
+    """A /retrieve server on 127.0.0.1 that answers every query with one passage, or with HTTP 500
+    while ``failing`` is true (an outage the test switches on and off)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        owner = self
+        self.failing = False
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if owner.failing:
+                    status, payload = 500, b'{"error": "outage"}'
+                else:
+                    hits = [[{"document": {"id": "0", "contents": '"T"\nsome text'}, "score": 1.0}]
+                            for _ in body["queries"]]
+                    status, payload = 200, json.dumps({"result": hits}).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/retrieve"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class HangingServer:
+    """Accepts connections on 127.0.0.1 and never answers; keeps (and counts) them."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.connections: list = []
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/retrieve"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.connections:
+            conn.close()
+
+
+class SearchThenAnswerGenerator:
+    """A scripted policy: every first turn searches, every second turn answers with 1 to 3 letters (varied
+    call by call, so a group's rewards differ and a healthy update moves the weights)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.calls = 0
+
+    def generate(self, prompts, params, max_new_tokens=None):
+        from stratarl.rollout.generation import Generation
+
+        budgets = list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
+        out = []
+        for prompt, budget in zip(prompts, budgets):
+            self.calls += 1
+            searched = "</information>" in self.tokenizer.decode(prompt[-24:])  # an observation just ended
+            text = f"<answer> {'x' * (1 + self.calls % 3)} </answer>" if searched else "<search> who wrote it </search>"
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][:budget]
+            out.append(Generation(ids, [-1.0] * len(ids), "stop", "</answer>" if searched else "</search>"))
+        return out
+
+
+def scripted_policy(monkeypatch) -> None:
+    """Rollouts of every run built after this use `SearchThenAnswerGenerator` (the real model still trains)."""
+    from stratarl.trainer import rollouts
+
+    monkeypatch.setattr(rollouts, "make_generator",
+                        lambda model, tokenizer, backend, seed, **kwargs: SearchThenAnswerGenerator(tokenizer))
+
+
+def remote_spec(url: str, **options) -> str:
+    """A `retrieval.spec=` override for the remote retriever at ``url`` (one retry, short backoff)."""
+    return "retrieval.spec=" + json.dumps({"kind": "remote", "url": url, "timeout_s": 5, "max_retries": 1,
+                                           "backoff_s": 0.01, **options})

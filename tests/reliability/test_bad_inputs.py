@@ -32,7 +32,7 @@ def test_every_bad_input_gets_one_clear_error_line(cases):
         if not clear_error(code, stderr, expected):
             unclear[name] = (code, stderr[-600:])
     assert unclear == {}
-    assert len(cases) >= 23
+    assert len(cases) >= 28
 
 
 def test_a_failed_resume_leaves_config_yaml_unchanged(straight_run, tmp_path):
@@ -62,3 +62,15 @@ def test_a_module_planted_in_the_current_directory_is_not_imported(tmp_path, mon
     assert not (tmp_path / "RAN").exists()
     fn = resolve_callable("./planted_reward_mod.py:reward", "algo.reward", num_args=2)  # an explicit path loads
     assert fn("x", ["y"]) == 1.0 and (tmp_path / "RAN").exists()
+
+
+def test_an_os_error_that_carries_its_fix_gets_no_second_one():
+    import errno
+
+    from stratarl.commands import describe_os_error
+
+    disk_full = OSError(errno.ENOSPC, "disk full while writing a checkpoint under runs/x; the previous checkpoint is "
+                                      "intact. Fix: free space, then `stratarl train --resume RUN_DIR`")
+    assert describe_os_error(disk_full).count("Fix:") == 1
+    plain = OSError(errno.ENOSPC, "No space left on device", "runs/x/metrics.jsonl")
+    assert describe_os_error(plain) == "No space left on device: runs/x/metrics.jsonl. Fix: free disk space"

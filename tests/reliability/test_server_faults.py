@@ -118,3 +118,65 @@ def test_a_small_request_waits_for_at_most_one_bulk_chunk_however_many_large_req
     small_call = next(i for i, call in enumerate(retriever.calls) if "small" in call)
     assert small_call == 1  # the call right after the blocked one
     assert all(sum(q.startswith("big") for q in call) <= 2 for call in retriever.calls)  # one chunk per call
+
+
+def _eof_or_reset(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (reads EOF or a reset) within the socket's timeout."""
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_slow_clients_are_closed_while_normal_clients_are_served():
+    retriever = EchoRetriever()
+    with ServerThread(create_app(retriever), request_timeout_s=0.5) as running:
+        host, port = running.url.removeprefix("http://").split(":")
+        starts = [b"POST /retrieve HTTP/1.1\r\nHo",  # headers byte by byte
+                  b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",  # a body that never ends
+                  b""]  # connects and says nothing
+        slow = [socket.create_connection((host, int(port))) for _ in range(100)]
+        for i, sock in enumerate(slow):
+            sock.sendall(starts[i % 3])
+        stop = threading.Event()
+
+        def trickle():  # one more byte to each slow socket, again and again, until the server closes them
+            while not stop.is_set():
+                for sock in slow[:2] + slow[3:5]:
+                    try:
+                        sock.send(b"s")
+                    except OSError:
+                        pass
+                time.sleep(0.05)
+
+        threading.Thread(target=trickle, daemon=True).start()
+        try:
+            for _ in range(3):  # normal clients are served meanwhile
+                ok = httpx.post(f"{running.url}/retrieve", json={"queries": ["a"], "topk": 1, "return_scores": True}, timeout=30)
+                assert ok.status_code == 200 and ok.json()["result"][0][0]["document"]["id"] == "a#0"
+            for sock in slow:
+                sock.settimeout(30)  # bounds a hang only: the server closes them after 0.5 s
+                assert _eof_or_reset(sock)
+        finally:
+            stop.set()
+            for sock in slow:
+                sock.close()
+        # A request that has arrived is never cut, however long its search takes.
+        retriever.release.clear()
+        threading.Timer(1.5, retriever.release.set).start()
+        slow_search = httpx.post(f"{running.url}/retrieve", json={"queries": ["b"], "topk": 1, "return_scores": True}, timeout=30)
+        assert slow_search.status_code == 200 and slow_search.json()["result"][0][0]["document"]["id"] == "b#0"
+
+
+def test_a_bad_request_timeout_is_one_clear_error():
+    from stratarl.retrieval.slow_clients import check_request_timeout
+
+    for bad in (0, -1, float("nan"), "5", True):
+        with pytest.raises(ValueError, match=r"--request-timeout .*positive number of seconds. Fix: use e.g. 5"):
+            check_request_timeout(bad)
+    assert check_request_timeout(2) == 2.0

@@ -93,3 +93,22 @@ def test_sigterm_checkpoints_and_the_printed_resume_command_works(tmp_path, base
     assert "resumed from" in resumed.stdout and "(step 2)" in resumed.stdout
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+
+
+def test_a_second_ctrl_c_aborts_in_one_line_without_a_traceback(tmp_path, base_overrides, monkeypatch):
+    from fault_injection import run_cli
+
+    from stratarl.trainer import rl
+
+    def interrupted_twice(run):
+        signal.raise_signal(signal.SIGINT)  # the first: finish the step and save
+        signal.raise_signal(signal.SIGINT)  # the second: abort now
+        raise AssertionError("the second Ctrl-C did not abort")
+
+    monkeypatch.setattr(rl, "rl_step", interrupted_twice)
+    code, err = run_cli(["train", str(TINY), *base_overrides, "--run-dir", str(tmp_path / "run")])
+    assert code == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1] == ("stratarl train: aborted without saving this step; `stratarl train --resume RUN_DIR` "
+                         "continues from the newest checkpoint")
+    assert lines[-2].startswith("Ctrl-C: finishing this step")
