@@ -176,6 +176,9 @@ def main_ppo_overrides(workdir: Path, *, steps: int = 2, group_size: int = 4) ->
         f"actor_rollout_ref.model.path={workdir / 'model'}",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.actor.strategy=fsdp2",
+        # torch.compile of veRL's entropy kernel builds C++ with inductor: minutes on a small CPU.
+        "actor_rollout_ref.actor.use_torch_compile=false",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
         "actor_rollout_ref.actor.ppo_mini_batch_size=1",  # 2 optimizer steps per batch
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.optim.lr=0.01",
