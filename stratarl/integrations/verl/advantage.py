@@ -6,7 +6,10 @@ the number of tool observations of a rollout is the number of runs of 0s between
 (:func:`stratarl.algos.search_counts`). That is the native trainer's ``algo.stratum_key:
 observation_blocks``, not its default ``num_searches`` (retriever calls run): the two differ on a
 rollout with invalid-action feedback (an observation block without a search) or one cut right after
-a search result (a trailing observation the mask cannot tell from padding). Groups are veRL's ``uid`` (a fresh uuid per prompt),
+a search result (a trailing observation the mask cannot tell from padding). In veRL 0.9.1's
+``tool_agent`` loop a block is exactly one tool round: a tool response that does not fit is dropped
+whole, never appended cut (docs/verl.md, "What a stratum is inside veRL"; pinned by
+tests/verl/test_verl_tool_agent_mask.py). Groups are veRL's ``uid`` (a fresh uuid per prompt),
 never ``extra_info.index``. The math is :func:`stratarl.algos.stratified_advantages`.
 
 Settings come from veRL's ``algorithm`` config (a DictConfig or an ``AlgoConfig``):
