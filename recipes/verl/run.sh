@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Launch a stratarl recipe on veRL (needs veRL with vLLM and GPUs; see docs/verl.md).
 #
-#   bash recipes/verl/run.sh RECIPE [hydra overrides...]
+#   bash recipes/verl/run.sh [--dry-run] RECIPE [hydra overrides...]
 #   RECIPE: stratified_grpo | so_grpo | stratified_so_grpo
+#   --dry-run: compose and validate the config with veRL's loader (every key, the tool, the reward,
+#              the agent loop), print the settings, and stop before any worker starts (CPU is enough;
+#              no data, server or GPU needed).
 #
 # Before: data in $STRATARL_VERL_DATA (default ./data/verl): train.parquet and test.parquet from
 #   stratarl verl convert-data <Search-R1 file> data/verl/train.parquet --split train
@@ -13,9 +16,14 @@
 #       actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct
 set -euo pipefail
 
+DRY_RUN=0
+if [ "${1:-}" = "--dry-run" ]; then
+    DRY_RUN=1
+    shift
+fi
 RECIPE="${1:-}"
 if [ -z "$RECIPE" ]; then
-    echo "usage: bash recipes/verl/run.sh stratified_grpo|so_grpo|stratified_so_grpo [hydra overrides...]" >&2
+    echo "usage: bash recipes/verl/run.sh [--dry-run] stratified_grpo|so_grpo|stratified_so_grpo [hydra overrides...]" >&2
     exit 2
 fi
 shift
@@ -31,6 +39,10 @@ export STRATARL_RETRIEVER_URL="${STRATARL_RETRIEVER_URL:-http://127.0.0.1:8000/r
 # The driver imports the plugins too (the recipe also passes this to every Ray worker).
 export VERL_USE_EXTERNAL_MODULES="stratarl.integrations.verl${VERL_USE_EXTERNAL_MODULES:+,$VERL_USE_EXTERNAL_MODULES}"
 PYTHON="${PYTHON:-python3}"
+
+if [ "$DRY_RUN" = 1 ]; then
+    exec "$PYTHON" -m stratarl.integrations.verl.dry_run --config-dir "$RECIPE_DIR" --config-name "$RECIPE" "$@"
+fi
 
 for split in train test; do
     if [ ! -f "$STRATARL_VERL_DATA/$split.parquet" ]; then

@@ -27,12 +27,17 @@ from stratarl.rollout.prompt import normalize_question
 VERL_PREFIX = "searchR1_"
 VERL_AGENT_NAME = "tool_agent"
 VERL_SYSTEM_PROMPT = "You are a helpful and harmless assistant."
-# Search-R1's base template with veRL's tool-call tags in place of <search>/<information>.
+# Search-R1's base template with veRL's tool calls in place of <search>/<information>. veRL's
+# `hermes` parser (multi_turn.format) json-decodes the text between the tags and needs a name and
+# arguments: a plain `<tool_call> query </tool_call>` is dropped and silently ends the rollout with
+# no search. So the prompt shows the JSON form, with the recipe's tool `search(query_list)`.
+VERL_TOOL_CALL_EXAMPLE = '<tool_call> {"name": "search", "arguments": {"query_list": ["your query"]}} </tool_call>'
 VERL_USER_TEMPLATE = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time "
     "you get new information. After reasoning, if you find you lack some knowledge, you can call a search "
-    "engine by <tool_call> query </tool_call> and it will return the top searched results between "
-    "<tool_response> and </tool_response>. You can search as many times as your want. If you find no "
+    "engine by " + VERL_TOOL_CALL_EXAMPLE.replace("{", "{{").replace("}", "}}") + " and it will return the "
+    "top searched results between <tool_response> and </tool_response>. You can search as many times as "
+    "your want. If you find no "
     "further external knowledge needed, you can directly provide the answer inside <answer> and </answer>, "
     "without detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}"
 )

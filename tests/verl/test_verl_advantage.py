@@ -163,3 +163,20 @@ def test_all_equal_rewards_and_singletons_give_zero_not_nan():
     out = compute_advantage(batch, adv_estimator="stratified_grpo", config=algorithm_config())
     assert bool(torch.isfinite(out.batch["advantages"]).all())
     torch.testing.assert_close(out.batch["advantages"], torch.zeros_like(out.batch["advantages"]))
+
+
+def test_rejection_sampling_that_rewrites_the_mask_is_refused():
+    """rollout_rs zeroes rejected tokens in response_mask before the estimator: phantom strata."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    batch = make_batch([1.0, 0.0], [0, 1], ["g", "g"])
+    config = algorithm_config()
+    config.rollout_correction = {"rollout_rs": "token_k1", "bypass_mode": False}
+    with pytest.raises(ValueError, match=r"rollout_rs='token_k1'.*rollout_correction.rollout_rs=null"):
+        compute_advantage(batch, adv_estimator="stratified_grpo", config=config)
+    config.rollout_correction = {"rollout_rs": None, "bypass_mode": False}
+    compute_advantage(batch, adv_estimator="stratified_grpo", config=config)  # null: fine
+    with pytest.raises(ValueError, match="rollout_rs"):
+        StratifiedAlgoConfig(adv_estimator="stratified_grpo",
+                             rollout_correction=RolloutCorrectionConfig(rollout_rs="seq_mean_k1"))
+    StratifiedAlgoConfig(adv_estimator="grpo", rollout_correction=RolloutCorrectionConfig(rollout_rs="seq_mean_k1"))

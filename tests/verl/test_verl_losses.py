@@ -174,3 +174,27 @@ def test_sorl_loss_refuses_to_train_without_the_normalisation():
         value, _ = sorl(old, log_prob, adv, mask, "token-mean", actor_config("sorl"))
         expected, _ = core_algos.get_policy_loss_fn("turn_ppo")(old, log_prob, adv, mask, "token-mean", actor_config())
     torch.testing.assert_close(value, expected)
+
+
+def test_options_that_rewrite_the_mask_or_loss_are_refused():
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    for settings, name in [({"rollout_rs": "token_k1"}, "rollout_rs"), ({"bypass_mode": True}, "bypass_mode")]:
+        with pytest.raises(ValueError, match=f"{name}.*=null"):
+            SORLPolicyLossConfig(loss_mode="sorl", rollout_correction=RolloutCorrectionConfig(**settings))
+    SORLPolicyLossConfig(loss_mode="vanilla", rollout_correction=RolloutCorrectionConfig(rollout_rs="token_k1"))
+    # At run time too (a config built without the dataclass check).
+    mask = multi_token_turns_mask()
+    old, log_prob, adv = inputs(mask)
+    config = actor_config()
+    object.__setattr__(config.policy_loss, "rollout_correction", RolloutCorrectionConfig(rollout_rs="token_k1"))
+    with pytest.raises(ValueError, match="rollout_rs"):
+        core_algos.get_policy_loss_fn("turn_ppo")(old, log_prob, adv, mask, "token-mean", config)
+
+
+def test_turn_count_metrics():
+    from stratarl.integrations.verl.losses import turn_count_metrics
+
+    m = turn_count_metrics(multi_token_turns_mask())  # turns per row: 3, 2, 2, (empty), 4
+    assert m == {"actor/turns_per_row": pytest.approx(11 / 4), "actor/multi_turn_frac": 1.0}
+    assert turn_count_metrics(torch.tensor([[1, 1, 0, 0]]))["actor/multi_turn_frac"] == 0.0

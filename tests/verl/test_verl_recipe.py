@@ -152,3 +152,63 @@ def test_plugins_load_in_a_fresh_process_through_verl_use_external_modules():
     ]
     assert any(line.startswith("veRL 0.9.1") for line in lines)
     assert "actor worker: SORLTrainingWorker (SORL normalisation active for loss_mode=sorl)" in lines
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_dry_run_composes_the_recipe_with_our_estimator_loss_tool_and_agent_loop(name, monkeypatch, capsys):
+    """run.sh --dry-run's module: veRL's loader + validation, stopped before any worker starts."""
+    from stratarl.integrations.verl import dry_run
+
+    monkeypatch.setenv("STRATARL_VERL_RECIPE_DIR", str(RECIPES))
+    assert dry_run.main(["--config-dir", str(RECIPES), "--config-name", name]) == 0
+    lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines() if ": " in line)
+    stratified, sorl = name != "so_grpo", name != "stratified_grpo"
+    assert lines["algorithm.adv_estimator"] == ("stratified_grpo" if stratified else "grpo")
+    assert lines["actor.policy_loss.loss_mode"] == ("sorl" if sorl else "vanilla")
+    assert lines["rollout.multi_turn.tools"] == "search"
+    assert lines["rollout.agent.default_agent_loop"] == "tool_agent"
+    assert lines["rollout.multi_turn.format"] == "hermes"
+    assert lines["rollout.name"] == "vllm"
+    # Search-R1's setup on 8 GPUs: 512 prompts × 5, observations of ~500 tokens (2000 characters).
+    assert (lines["data.train_batch_size"], lines["rollout.n"], lines["trainer.n_gpus_per_node"]) == ("512", "5", "8")
+    assert lines["rollout.multi_turn.max_tool_response_length (characters)"] == "2000"
+    assert lines["model.path"] == "Qwen/Qwen2.5-3B-Instruct"
+
+
+@pytest.mark.parametrize(
+    ("name", "override", "setting"),
+    [
+        ("stratified_grpo", "algorithm.rollout_correction.rollout_rs=token_k1", "rollout_rs"),
+        ("so_grpo", "algorithm.rollout_correction.rollout_rs=seq_mean_k1", "rollout_rs"),
+        ("stratified_so_grpo", "algorithm.rollout_correction.bypass_mode=true", "bypass_mode"),
+    ],
+)
+def test_dry_run_refuses_options_that_rewrite_the_mask(name, override, setting, monkeypatch, capsys):
+    from stratarl.integrations.verl import dry_run
+
+    monkeypatch.setenv("STRATARL_VERL_RECIPE_DIR", str(RECIPES))
+    assert dry_run.main(["--config-dir", str(RECIPES), "--config-name", name, override]) == 1
+    (message,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert setting in message and "response_mask" in message and "=null" in message
+
+
+def test_dry_run_reports_an_unknown_key_in_one_line(monkeypatch, capsys):
+    from stratarl.integrations.verl import dry_run
+
+    monkeypatch.setenv("STRATARL_VERL_RECIPE_DIR", str(RECIPES))
+    assert dry_run.main(["--config-dir", str(RECIPES), "--config-name", "so_grpo", "algorithm.no_such_key=1"]) == 1
+    assert "no_such_key" in capsys.readouterr().err
+
+
+def test_run_sh_dry_run_execs_the_dry_run_module_without_data_or_server(tmp_path):
+    """PYTHON=echo: run.sh --dry-run needs no data folder or server and hands the recipe to dry_run."""
+    env = {**os.environ, "PYTHON": "echo", "STRATARL_VERL_DATA": str(tmp_path / "missing"),
+           "STRATARL_RETRIEVER_URL": "http://127.0.0.1:9/retrieve"}
+    result = subprocess.run(["bash", str(RECIPES / "run.sh"), "--dry-run", "so_grpo", "trainer.nnodes=2"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["-m", "stratarl.integrations.verl.dry_run", "--config-dir", str(RECIPES),
+                                     "--config-name", "so_grpo", "trainer.nnodes=2"]
+    without = subprocess.run(["bash", str(RECIPES / "run.sh"), "so_grpo"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert without.returncode == 2 and "train.parquet not found" in without.stderr

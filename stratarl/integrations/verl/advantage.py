@@ -6,7 +6,10 @@ the number of tool observations of a rollout is the number of runs of 0s between
 (:func:`stratarl.algos.search_counts`). That is the native trainer's ``algo.stratum_key:
 observation_blocks``, not its default ``num_searches`` (retriever calls run): the two differ on a
 rollout with invalid-action feedback (an observation block without a search) or one cut right after
-a search result (a trailing observation the mask cannot tell from padding). Groups are veRL's ``uid`` (a fresh uuid per prompt),
+a search result (a trailing observation the mask cannot tell from padding). In veRL 0.9.1's
+``tool_agent`` loop a block is exactly one tool round: a tool response that does not fit is dropped
+whole, never appended cut (docs/verl.md, "What a stratum is inside veRL"; pinned by
+tests/verl/test_verl_tool_agent_mask.py). Groups are veRL's ``uid`` (a fresh uuid per prompt),
 never ``extra_info.index``. The math is :func:`stratarl.algos.stratified_advantages`.
 
 Settings come from veRL's ``algorithm`` config (a DictConfig or an ``AlgoConfig``):
@@ -23,6 +26,8 @@ Settings come from veRL's ``algorithm`` config (a DictConfig or an ``AlgoConfig`
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,9 +36,13 @@ import numpy as np
 import torch
 
 from stratarl.algos import broadcast_to_tokens, cap_strata, search_counts, stratified_advantages
+from stratarl.integrations.verl.guards import refuse_mask_rewrites
 
 ESTIMATOR_NAME = "stratified_grpo"
 CONFIG_KEY = "stratified_grpo"
+# When set, every call appends one json line (uid, strata, rewards, advantages per rollout) to this
+# file: what the estimator saw and gave, for checking a run against an independent count of searches.
+DUMP_ENV = "STRATARL_VERL_STRATA_DUMP"
 
 
 @dataclass(frozen=True)
@@ -125,6 +134,7 @@ def compute_stratified_grpo_advantage(
             f"advantage estimator {ESTIMATOR_NAME!r} needs index (veRL's uid per rollout) to form prompt groups; "
             "make sure the batch has non_tensor_batch['uid']"
         )
+    refuse_mask_rewrites(_get(config, "rollout_correction", None), plugin=ESTIMATOR_NAME, where="algorithm.rollout_correction")
     settings = stratified_settings(config, epsilon=epsilon, norm_adv_by_std=norm_adv_by_std_in_grpo)
     with torch.no_grad():
         rewards = token_level_rewards.sum(dim=-1)
@@ -140,4 +150,18 @@ def compute_stratified_grpo_advantage(
             scale_by_std=settings.scale_by_std,
         )
         advantages = broadcast_to_tokens(per_rollout, response_mask).to(token_level_rewards.dtype)
+    if os.environ.get(DUMP_ENV):
+        dump_strata(os.environ[DUMP_ENV], index, strata, rewards, per_rollout)
     return advantages, advantages.clone()
+
+
+def dump_strata(path: str, index: Any, strata: torch.Tensor, rewards: torch.Tensor, advantages: torch.Tensor) -> None:
+    """Append one json line: the batch's uids, strata, rewards and per-rollout advantages, in batch order."""
+    record = {
+        "uid": [str(u) for u in np.asarray(index, dtype=object).reshape(-1)],
+        "strata": strata.tolist(),
+        "rewards": rewards.tolist(),
+        "advantages": advantages.tolist(),
+    }
+    with open(path, "a") as out:
+        out.write(json.dumps(record) + "\n")

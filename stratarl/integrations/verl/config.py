@@ -16,6 +16,8 @@ from verl.base_config import BaseConfig
 from verl.trainer.config import AlgoConfig
 from verl.workers.config.actor import PolicyLossConfig
 
+from stratarl.integrations.verl.guards import refuse_mask_rewrites
+
 
 @dataclass
 class StratifiedGRPOConfig(BaseConfig):
@@ -52,6 +54,13 @@ class StratifiedAlgoConfig(AlgoConfig):
 
     stratified_grpo: StratifiedGRPOConfig = field(default_factory=StratifiedGRPOConfig)
 
+    def __post_init__(self) -> None:
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
+        if self.adv_estimator == "stratified_grpo":
+            refuse_mask_rewrites(self.rollout_correction, plugin="stratified_grpo", where="algorithm.rollout_correction")
+
 
 @dataclass
 class SORLPolicyLossConfig(PolicyLossConfig):
@@ -68,6 +77,15 @@ class SORLPolicyLossConfig(PolicyLossConfig):
     sorl_delta: float = 1.0
 
     def __post_init__(self) -> None:
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
+        if self.loss_mode in ("turn_ppo", "sorl"):
+            # The recipes link this block to algorithm.rollout_correction (part_sorl.yaml).
+            refuse_mask_rewrites(
+                self.rollout_correction, plugin=f"loss_mode={self.loss_mode}",
+                where="actor_rollout_ref.actor.policy_loss.rollout_correction",
+            )
         if self.sorl_delta <= 0:
             raise ValueError(
                 f"actor.policy_loss.sorl_delta must be > 0 (stratarl's default is 1, the threshold reading), got {self.sorl_delta}"

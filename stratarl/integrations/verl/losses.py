@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from stratarl.algos import clipped_policy_loss
+from stratarl.integrations.verl.guards import refuse_mask_rewrites
 
 TURN_PPO = "turn_ppo"
 SORL = "sorl"
@@ -121,6 +122,10 @@ def turn_level_loss(
             "stratarl's turn-level losses do not take token-level rollout correction weights; "
             "set algorithm.rollout_correction.rollout_is=null"
         )
+    refuse_mask_rewrites(
+        _cfg(_cfg(config, "policy_loss", None), "rollout_correction", None),
+        plugin="the turn-level loss", where="actor_rollout_ref.actor.policy_loss.rollout_correction",
+    )
     mode, factor, norm_length = verl_aggregation_factor(
         loss_agg_mode, response_mask, _cfg(config, "global_batch_info", {})
     )
@@ -143,8 +148,20 @@ def turn_level_loss(
         "actor/pg_clipfrac_lower": float(m["loss/clip_frac_dual"]),
         "actor/turn_clipfrac": float(m["loss/clip_frac_turn"]),
         "actor/turn_ratio_mean": float(m["loss/ratio_mean"]),
+        **turn_count_metrics(response_mask),
     }
     return out.loss * factor, out.clip_bias * factor, metrics
+
+
+def turn_count_metrics(response_mask: torch.Tensor) -> dict[str, float]:
+    """How many turns the turn-level ratio ran over: ``actor/turns_per_row`` (mean over rows with any
+    policy token) and ``actor/multi_turn_frac`` (fraction of those rows with more than one turn)."""
+    mask = response_mask.bool()
+    starts = mask & ~torch.nn.functional.pad(mask[:, :-1], (1, 0), value=False)
+    turns = starts.sum(dim=-1)[mask.any(dim=-1)].float()
+    if turns.numel() == 0:
+        return {"actor/turns_per_row": 0.0, "actor/multi_turn_frac": 0.0}
+    return {"actor/turns_per_row": float(turns.mean()), "actor/multi_turn_frac": float((turns > 1).float().mean())}
 
 
 def compute_turn_ppo_loss(

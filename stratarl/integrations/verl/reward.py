@@ -34,3 +34,23 @@ def compute_score(
 ) -> float:
     """EM of the last ``<answer>`` in the response against the gold answers; no answer → 0."""
     return float(em_reward(solution_str, gold_answers(ground_truth)))
+
+
+def compute_score_with_turns(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any
+) -> dict[str, float]:
+    """:func:`compute_score` plus the rollout's tool counts as veRL's agent loop recorded them.
+
+    ``tool_calls`` = ``len(tool_rewards)`` (one entry per tool call the loop executed, failed ones
+    included) and ``num_turns`` (user + assistant turns + 1). veRL keeps the extra keys per rollout
+    (``reward_extra_info``) and writes them to ``trainer.rollout_data_dir``: an independent count of
+    the searches next to the strata the advantage estimator derives from ``response_mask``.
+    """
+    info = extra_info if isinstance(extra_info, Mapping) else {}
+    tool_rewards = info.get("tool_rewards")
+    num_turns = info.get("num_turns")
+    return {
+        "score": compute_score(data_source, solution_str, ground_truth),
+        "tool_calls": float(len(tool_rewards) if tool_rewards is not None else -1),
+        "num_turns": float(num_turns if num_turns is not None else -1),
+    }

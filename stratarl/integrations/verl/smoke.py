@@ -50,12 +50,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(folder: Path):
-    """A word-level tokenizer (whitespace split) over :data:`WORDS`, with a ChatML-like template."""
+def build_tokenizer(folder: Path, words: list[str] | None = None):
+    """A word-level tokenizer (whitespace split) over ``words`` (default :data:`WORDS`), ChatML-like template."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate(SPECIAL + WORDS)}
+    vocab = {token: i for i, token in enumerate(SPECIAL + list(words or WORDS))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     core.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL])
@@ -67,23 +67,30 @@ def build_tokenizer(folder: Path):
     return tokenizer
 
 
-def bigram_logits(tokenizer, strength: float = 12.0):
-    """Next-token logits [V, V] (row = current token): assistant → <answer> → Paris|Rome → </answer> → eos."""
+ANSWER_RULES = {"assistant": ["<answer>"], "<answer>": ANSWERS, **{a: ["</answer>"] for a in ANSWERS}}
+
+
+def bigram_logits(tokenizer, strength: float = 12.0, rules: dict[str, list[str]] | None = None):
+    """Next-token logits [V, V] (row = current token), equal odds among each rule's next tokens.
+
+    Default rules (:data:`ANSWER_RULES`): assistant → <answer> → Paris|Rome → </answer> → eos;
+    any token without a rule → eos.
+    """
     import torch
 
     ids = tokenizer.convert_tokens_to_ids
     size = len(tokenizer)
     table = torch.zeros(size, size)
     table[:, ids("<|im_end|>")] = strength  # anything else: stop
-    rules = {"assistant": ["<answer>"], "<answer>": ANSWERS, **{a: ["</answer>"] for a in ANSWERS}}
-    for current, nexts in rules.items():
+    for current, nexts in (rules or ANSWER_RULES).items():
         table[ids(current)] = 0.0
         for token in nexts:
             table[ids(current), ids(token)] = strength
     return table
 
 
-def build_model(folder: Path, seed: int = 0) -> Path:
+def build_model(folder: Path, seed: int = 0, *, words: list[str] | None = None,
+                rules: dict[str, list[str]] | None = None) -> Path:
     """Tokenizer + a one-layer Llama that computes :func:`bigram_logits` exactly, saved with safetensors.
 
     Attention and MLP outputs are zero (``o_proj``, ``down_proj``), so the last hidden state is the
@@ -95,7 +102,7 @@ def build_model(folder: Path, seed: int = 0) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(folder)
+    tokenizer = build_tokenizer(folder, words)
     size = len(tokenizer)
     hidden = 8 * ((size + 7) // 8)
     config = LlamaConfig(
@@ -112,7 +119,7 @@ def build_model(folder: Path, seed: int = 0) -> Path:
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
         lm_head = torch.zeros(size, hidden)
-        lm_head[:, :size] = bigram_logits(tokenizer).T / hidden**0.5
+        lm_head[:, :size] = bigram_logits(tokenizer, rules=rules).T / hidden**0.5
         model.lm_head.weight.copy_(lm_head)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -169,6 +176,9 @@ def main_ppo_overrides(workdir: Path, *, steps: int = 2, group_size: int = 4) ->
         f"actor_rollout_ref.model.path={workdir / 'model'}",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.actor.strategy=fsdp2",
+        # torch.compile of veRL's entropy kernel builds C++ with inductor: minutes on a small CPU.
+        "actor_rollout_ref.actor.use_torch_compile=false",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
         "actor_rollout_ref.actor.ppo_mini_batch_size=1",  # 2 optimizer steps per batch
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.optim.lr=0.01",
@@ -234,14 +244,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, required=True, help="folder for model, data, log and rollouts")
     parser.add_argument("--steps", type=int, default=2, help="training steps (default 2)")
+    parser.add_argument("--multi-turn", action="store_true",
+                        help="veRL's tool_agent loop searching a real `stratarl serve` (smoke_multiturn)")
+    parser.add_argument("--loss-mode", default="sorl", choices=("sorl", "turn_ppo", "vanilla"),
+                        help="with --multi-turn: actor loss (default sorl)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
-    code = run(args.workdir, steps=args.steps, extra=args.overrides)
+    if args.multi_turn:
+        from stratarl.integrations.verl import smoke_multiturn
+
+        code = smoke_multiturn.run(args.workdir, steps=args.steps, loss_mode=args.loss_mode, extra=args.overrides)
+    else:
+        code = run(args.workdir, steps=args.steps, extra=args.overrides)
     log = (args.workdir / "main_ppo.log").read_text().splitlines()
     steps = [line for line in log if "step:" in line and " - " in line]
     print("\n".join(line[:400] for line in steps))
+    if args.multi_turn and code == 0:
+        print(smoke_multiturn.report(args.workdir))
     print(f"main_ppo exit status {code}; full log: {args.workdir / 'main_ppo.log'}")
     return code
 
