@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fault_injection import STEPS, TINY
+from fault_injection import STEPS, TINY, FlakyServer, HangingServer
 
 REWARD = '''
 def length_parity_reward(response_text, golds):
@@ -38,3 +38,31 @@ def straight_run(tiny_cfg, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("straight") / "run"
     train(tiny_cfg, run_dir)
     return run_dir
+
+
+@pytest.fixture
+def flaky_server():
+    """A /retrieve server that fails for a set number of requests, then answers (fault_injection.FlakyServer)."""
+    server = FlakyServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def hanging_server():
+    """A server that accepts connections and never answers (fault_injection.HangingServer)."""
+    server = HangingServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def dead_url():
+    """A loopback URL where nothing listens: connection refused."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"http://127.0.0.1:{port}/retrieve"

@@ -10,37 +10,12 @@ import json
 
 import pytest
 import torch
-from fault_injection import (TINY, FlakyServer, HangingServer, SearchThenAnswerGenerator, remote_spec, run_cli,
+from fault_injection import (TINY, SearchThenAnswerGenerator, remote_spec, run_cli,
                              scripted_policy)
 
 from stratarl.rollout.engine import Rollout
 from stratarl.trainer.rl import fault_metrics
 from stratarl.trainer.rollouts import CollectedBatch, faulty_rollouts, without_rollouts
-
-
-@pytest.fixture
-def flaky_server():
-    server = FlakyServer()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def hanging_server():
-    server = HangingServer()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def dead_url():
-    import socket
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there now: connection refused
-    return f"http://127.0.0.1:{port}/retrieve"
 
 
 def _rows(run_dir):

@@ -5,13 +5,12 @@ row stop the run with a checkpoint and a message naming the server and its error
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from fault_injection import TINY, HangingServer
+from fault_injection import TINY
 
 from stratarl.retrieval.base import RetrievalError
 from stratarl.retrieval.remote import RemoteRetriever
@@ -50,22 +49,6 @@ def lying_server(request):
     yield f"http://127.0.0.1:{server.server_address[1]}/retrieve", request.param
     server.shutdown()
     server.server_close()
-
-
-@pytest.fixture
-def hanging_server():
-    server = HangingServer()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def dead_url():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there now: connection refused
-    return f"http://127.0.0.1:{port}/retrieve"
 
 
 def test_a_hanging_server_costs_at_most_the_step_budget(hanging_server):
