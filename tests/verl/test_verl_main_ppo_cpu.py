@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -23,19 +22,9 @@ import torch  # noqa: E402
 
 from stratarl.algos import stratified_advantages  # noqa: E402
 from stratarl.integrations.verl.smoke import SORL_DELTA, STRATIFIED_EPS  # noqa: E402
+from stratarl.integrations.verl.smoke_multiturn import step_metrics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-METRIC = re.compile(r"([\w/@.\-]+):(?:np\.\w+\()?(-?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))")
-
-
-def step_metrics(log: str) -> dict[int, dict[str, float]]:
-    """veRL's console logger lines `step:N - key:value - …` → {N: {key: value}}."""
-    steps = {}
-    for line in log.splitlines():
-        match = re.search(r"step:(\d+) - (.*)", line)
-        if match:
-            steps[int(match.group(1))] = {k: float(v) for k, v in METRIC.findall(match.group(2))}
-    return steps
 
 
 def expected_extremes(rollouts: Path, *, alpha: float, eps: float) -> tuple[float, float]:
