@@ -1,6 +1,6 @@
 """veRL's own trainer on real multi-turn search, on a CPU, with stratified_grpo and sorl.
 
-`python -m stratarl.integrations.verl.smoke --multi-turn`: veRL's tool_agent loop and hermes parser,
+`python -m stratarl.integrations.verl.smoke_multiturn`: veRL's tool_agent loop and hermes parser,
 the hf rollout server, the recipe's search tool against a real `stratarl serve` (BM25) on loopback,
 a tiny policy that searches or answers with equal odds, groups of 6, two steps of RayPPOTrainer with
 `algorithm.adv_estimator=stratified_grpo` and `policy_loss.loss_mode=sorl` in one run (both plugins
@@ -34,7 +34,7 @@ def run(tmp_path_factory):
         pytest.skip(str(error))
     workdir = tmp_path_factory.mktemp("verl-multiturn")
     result = subprocess.run(
-        [sys.executable, "-m", "stratarl.integrations.verl.smoke", "--multi-turn", "--workdir", str(workdir)],
+        [sys.executable, "-m", "stratarl.integrations.verl.smoke_multiturn", "--workdir", str(workdir)],
         capture_output=True, text=True, timeout=1200, cwd=REPO, env={**os.environ},
     )
     log = (workdir / "main_ppo.log").read_text() if (workdir / "main_ppo.log").exists() else ""

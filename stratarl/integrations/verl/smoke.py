@@ -240,30 +240,24 @@ def run(workdir: Path, *, steps: int = 2, extra: list[str] | None = None, timeou
     return result.returncode
 
 
+def print_steps(workdir: Path, code: int) -> None:
+    """The step lines of ``workdir/main_ppo.log`` (cut to 400 characters) and the exit status."""
+    log = (workdir / "main_ppo.log").read_text().splitlines()
+    print("\n".join(line[:400] for line in log if "step:" in line and " - " in line))
+    print(f"main_ppo exit status {code}; full log: {workdir / 'main_ppo.log'}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Single-turn smoke; the multi-turn one is `python -m stratarl.integrations.verl.smoke_multiturn`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, required=True, help="folder for model, data, log and rollouts")
     parser.add_argument("--steps", type=int, default=2, help="training steps (default 2)")
-    parser.add_argument("--multi-turn", action="store_true",
-                        help="veRL's tool_agent loop searching a real `stratarl serve` (smoke_multiturn)")
-    parser.add_argument("--loss-mode", default="sorl", choices=("sorl", "turn_ppo", "vanilla"),
-                        help="with --multi-turn: actor loss (default sorl)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
-    if args.multi_turn:
-        from stratarl.integrations.verl import smoke_multiturn
-
-        code = smoke_multiturn.run(args.workdir, steps=args.steps, loss_mode=args.loss_mode, extra=args.overrides)
-    else:
-        code = run(args.workdir, steps=args.steps, extra=args.overrides)
-    log = (args.workdir / "main_ppo.log").read_text().splitlines()
-    steps = [line for line in log if "step:" in line and " - " in line]
-    print("\n".join(line[:400] for line in steps))
-    if args.multi_turn and code == 0:
-        print(smoke_multiturn.report(args.workdir))
-    print(f"main_ppo exit status {code}; full log: {args.workdir / 'main_ppo.log'}")
+    code = run(args.workdir, steps=args.steps, extra=args.overrides)
+    print_steps(args.workdir, code)
     return code
 
 

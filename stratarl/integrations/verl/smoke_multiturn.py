@@ -1,6 +1,6 @@
 """veRL's trainer on real multi-turn search, on a CPU: ``tool_agent`` loop, hf server, ``stratarl serve``.
 
-    python -m stratarl.integrations.verl.smoke --multi-turn --workdir /tmp/verl-mt [--steps 2] [overrides…]
+    python -m stratarl.integrations.verl.smoke_multiturn --workdir /tmp/verl-mt [--steps 2] [overrides…]
 
 What :mod:`stratarl.integrations.verl.smoke` runs, but multi-turn: veRL's ``tool_agent`` loop with
 the ``hermes`` parser, the recipe's search tool (``recipes/verl/search_tool.py``) against a real
@@ -20,6 +20,7 @@ The server runs in an interpreter that has bm25s (veRL's environment need not):
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -30,6 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from stratarl.algos import stratified_advantages
 from stratarl.integrations.verl import smoke
 from stratarl.integrations.verl.advantage import DUMP_ENV
 from stratarl.integrations.verl.agent_model import build_agent_model
@@ -246,8 +248,6 @@ def expected_advantages(rows: list[dict], *, single_stratum: bool = False, alpha
     """stratarl's Stratified GRPO on dumped rows: groups = prompt text, strata = :func:`tool_rounds`."""
     import torch
 
-    from stratarl.algos import stratified_advantages
-
     index: dict[str, int] = {}
     groups = torch.tensor([index.setdefault(row["input"], len(index)) for row in rows])
     strata = torch.tensor([0 if single_stratum else tool_rounds(row) for row in rows])
@@ -276,3 +276,24 @@ def report(workdir: Path) -> str:
     lines.append(f"searches: {calls} tool calls recorded by the reward function, {served['requests']} requests / "
                  f"{served['queries']} queries served by stratarl serve; main_ppo wall time {served['main_ppo_wall_s']} s")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", type=Path, required=True, help="folder for model, data, log, rollouts, server")
+    parser.add_argument("--steps", type=int, default=2, help="training steps (default 2)")
+    parser.add_argument("--loss-mode", default="sorl", choices=("sorl", "turn_ppo", "vanilla"),
+                        help="actor loss (default sorl)")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    code = run(args.workdir, steps=args.steps, loss_mode=args.loss_mode, extra=args.overrides)
+    smoke.print_steps(args.workdir, code)
+    if code == 0:
+        print(report(args.workdir))
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
