@@ -463,6 +463,11 @@ class SFTConfig:
     run with the same model, data, retrieval, rollout caps and sft settings (seeds of RL runs share it);
     `stratarl sft CONFIG --rebuild` rebuilds it."""
 
+    @property
+    def step_limit(self) -> int:
+        """The most demonstration steps with the probe: `max_steps`, or 3 x `steps` when it is 0."""
+        return self.max_steps or 3 * self.steps
+
     def validate(self, p: str) -> None:
         check_choices(self, p)
         for key in ("num_demos", "epochs", "batch_size"):

@@ -356,7 +356,7 @@ def _probe_hook(cfg, model, tokenizer, logger, bar, total_steps: int, probes: li
         message = f"{result.line()}: {'passed' if passed else 'below'} sft.probe_min_em={s.probe_min_em:g}"
         (bar.write if bar is not None else print)(message)
         if not passed and bar is not None:
-            bar.total = min(bar.total + s.probe_every, s.max_steps or 3 * s.steps)
+            bar.total = min(bar.total + s.probe_every, s.step_limit)
         return passed
 
     return done
@@ -423,7 +423,7 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
                      chunk_tokens=cfg.trainer.logprob_chunk_tokens, grad_clip=cfg.optim.grad_clip, schedule=s.schedule,
                      observation_weight=s.observation_loss, batches=train_batches,
                      total_steps=total_steps if train_batches is not None else None, on_step=on_step,
-                     precision=cfg.trainer.precision, done=done, max_steps=s.max_steps or 3 * s.steps)
+                     precision=cfg.trainer.precision, done=done, max_steps=s.step_limit)
     if bar is not None:
         bar.close()
     logger.close()
@@ -431,7 +431,7 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
         raise WarmStartFailed(
             f"the warm start did not pass its reading probe: greedy single-hop EM {probes[-1].single_hop_em:.3f} < "
             f"sft.probe_min_em={s.probe_min_em:g} on {probes[-1].num_single_hop} questions of an unseen world after "
-            f"{result['steps']} steps (sft.max_steps={s.max_steps or 3 * s.steps}); nothing was cached. Fix: raise "
+            f"{result['steps']} steps (sft.max_steps={s.step_limit}); nothing was cached. Fix: raise "
             f"sft.max_steps or sft.lr, or read the demonstrations in {out_dir / 'demos_sample.jsonl'} and the losses "
             f"in {out_dir / 'sft_metrics.jsonl'}")
     path = save_pretrained_model(model, tokenizer, out_dir / "model")
