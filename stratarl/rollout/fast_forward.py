@@ -156,10 +156,15 @@ class _Linear:
     whose batch is at most ``GEMV_ROWS`` rows, so no copy of the weights is made at all).
     """
 
-    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], pack: bool | None | str) -> None:
-        parts = [(w.detach(), b.detach() if b is not None else None) for w, b in parts]
+    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], pack: bool | None | str,
+                 dtype: torch.dtype = torch.float32) -> None:
+        # ``dtype`` bf16: the weights are copied to bf16 once here (once per weight version, not per call
+        # as autocast re-casts them), inputs are cast to bf16 and outputs returned in fp32, so the residual
+        # stream, the norms and the logits stay fp32 (autocast's rules).
+        self.dtype = dtype
+        parts = [(w.detach().to(dtype), b.detach().to(dtype) if b is not None else None) for w, b in parts]
         self.out_features = sum(w.shape[0] for w, _ in parts)
-        self.binary_add = hasattr(torch.ops.mkldnn._linear_pointwise, "binary")
+        self.binary_add = hasattr(torch.ops.mkldnn._linear_pointwise, "binary") and dtype == torch.float32
         self.packed, self.parts = None, parts
         if pack == "parts":
             self.weight = self.bias = None
@@ -168,7 +173,7 @@ class _Linear:
         self.weight, self.bias = weight, bias
         if pack is None:
             pack = weight.numel() >= PACK_MIN_ELEMENTS
-        if pack and weight.device.type == "cpu" and weight.dtype == torch.float32:
+        if pack and weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16):
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 32)
                 self.bias = bias.detach().contiguous() if bias is not None else None
@@ -182,7 +187,14 @@ class _Linear:
         outs = [F.linear(x, w, b) for w, b in self.parts]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, *, fp32_out: bool = True) -> torch.Tensor:
+        """``x @ W^T + b``; with bf16 weights the output is fp32 unless ``fp32_out`` is False."""
+        if self.dtype != torch.float32:
+            out = self._product(x.to(self.dtype))
+            return out.float() if fp32_out else out
+        return self._product(x)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias) if self.weight is not None else self._gemv(x)
         flat = x.reshape(-1, x.shape[-1])
@@ -206,14 +218,14 @@ class _Layer:
     """One decoder layer's weights, with Q|K|V and gate|up fused into single matrices
     (unless ``pack`` is "parts"; see ``_Linear``)."""
 
-    def __init__(self, layer, pack: bool | None | str) -> None:
+    def __init__(self, layer, pack: bool | None | str, dtype: torch.dtype = torch.float32) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         q, k, v = (_weight_and_bias(p) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        self.qkv = _Linear([q, k, v], pack)
-        self.o = _Linear([_weight_and_bias(attn.o_proj)], pack)
+        self.qkv = _Linear([q, k, v], pack, dtype)
+        self.o = _Linear([_weight_and_bias(attn.o_proj)], pack, dtype)
         gate, up = _weight_and_bias(mlp.gate_proj), _weight_and_bias(mlp.up_proj)
-        self.gate_up = _Linear([gate, up], pack)
-        self.down = _Linear([_weight_and_bias(mlp.down_proj)], pack)
+        self.gate_up = _Linear([gate, up], pack, dtype)
+        self.down = _Linear([_weight_and_bias(mlp.down_proj)], pack, dtype)
         self.norm1_w, self.norm1_eps = layer.input_layernorm.weight, _eps(layer.input_layernorm)
         self.norm2_w, self.norm2_eps = layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)
         self.intermediate = gate[0].shape[0]
@@ -228,6 +240,11 @@ def _fuse(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.
         return weight, None
     bias = torch.cat([b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) for w, b in parts])
     return weight, bias
+
+
+def _own_dtypes():
+    """Autocast off: the decoder sets every dtype itself (a generator may be called under autocast)."""
+    return torch.autocast("cpu", enabled=False)
 
 
 def _eps(norm) -> float:
@@ -245,9 +262,18 @@ class FastDecoder:
         decoder.select(rows)                  # keep only these batch rows
     """
 
-    def __init__(self, model, *, pack: bool | None = None) -> None:
+    def __init__(self, model, *, pack: bool | None = None, dtype: torch.dtype = torch.float32) -> None:
         """``pack``: oneDNN-packed weights: True all, False none, None (default) the weights of at least
-        ``PACK_MIN_ELEMENTS`` elements when ``packing_available()``."""
+        ``PACK_MIN_ELEMENTS`` elements when ``packing_available()``.
+
+        ``dtype`` bfloat16: the projections and the LM head run on bf16 copies of the weights, made once
+        per weight version (``refresh``), and the KV cache, attention and the MLP's activation are bf16;
+        the residual stream, every norm and the logits stay fp32 (the rules of ``torch.autocast``, without
+        its re-cast of every weight at every call). It pays on CPUs with bf16 matmul units (AVX512-BF16,
+        AMX; ``stratarl.trainer.precision.cpu_bf16_matmul``)."""
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"FastDecoder dtype must be float32 or bfloat16, got {dtype}")
+        self.dtype = dtype
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"FastDecoder does not support this model: {reason}")
@@ -290,8 +316,8 @@ class FastDecoder:
         stale = version is None or version != self._version
         if stale or (self._unpacked_for_small and not small and rows is not None):
             pack = "parts" if small else self.pack
-            self._layers = [_Layer(layer, pack) for layer in self.inner.layers]
-            self._lm_head = _Linear([_weight_and_bias(self.causal_lm.lm_head)], pack)
+            self._layers = [_Layer(layer, pack, self.dtype) for layer in self.inner.layers]
+            self._lm_head = _Linear([_weight_and_bias(self.causal_lm.lm_head)], pack, self.dtype)
             self._version = version
             self._unpacked_for_small = small
 
@@ -352,8 +378,8 @@ class FastDecoder:
         batch, length = ids.shape
         weight = self.inner.embed_tokens.weight
         shape = (len(self._layers), batch, self.num_kv_heads, capacity, self.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
-        self.v_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=weight.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=weight.device)
         self.valid = torch.zeros((batch, capacity), dtype=torch.bool, device=weight.device)
         start = torch.zeros(batch, dtype=torch.long, device=ids.device)  # tokens before ids, per row
         for row, prefix in enumerate(prefixes or ()):
@@ -369,7 +395,7 @@ class FastDecoder:
         self.valid[:, prefix_width:prefix_width + length] = real
         # Additive attention bias over the cache columns for decode: 0 on real tokens, -inf elsewhere;
         # each decode step opens one column for every row.
-        self.bias = torch.zeros((batch, capacity), dtype=weight.dtype, device=weight.device)
+        self.bias = torch.zeros((batch, capacity), dtype=self.dtype, device=weight.device)
         self.bias.masked_fill_(~self.valid, float("-inf"))
         self.length = prefix_width + length
         self.next_position = start + attention_mask.long().sum(-1)  # positions follow the real tokens
@@ -383,13 +409,14 @@ class FastDecoder:
         if prefix_width:
             allowed = torch.cat([self.valid[:, None, :prefix_width].expand(batch, length, prefix_width), allowed], dim=-1)
         # [B, 1, L, P + L] additive: SDPA on CPU runs a float mask ~1.4x faster than a boolean one.
-        mask = torch.zeros(allowed.shape, dtype=weight.dtype, device=ids.device)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=ids.device)
         mask = mask.masked_fill_(~allowed, float("-inf"))[:, None]
         hidden = self.inner.embed_tokens(ids)
         last = len(self._layers) - 1
-        for index, layer in enumerate(self._layers):
-            hidden = self._layer_prefill(index, layer, hidden, cos, sin, mask, prefix_width, index == last)
-        return self._logits(hidden[:, -1])
+        with _own_dtypes():
+            for index, layer in enumerate(self._layers):
+                hidden = self._layer_prefill(index, layer, hidden, cos, sin, mask, prefix_width, index == last)
+            return self._logits(hidden[:, -1])
 
     def _layer_prefill(self, index, layer: _Layer, hidden, cos, sin, mask, prefix_width: int, last_only: bool):
         """One layer over all prompt positions, writing their K/V to the cache. ``last_only``
@@ -397,7 +424,7 @@ class FastDecoder:
         else), so attention, o_proj and the MLP run for it alone; every position's K/V is
         still computed and cached. Rows are independent, so the numbers are the same."""
         batch, length, _ = hidden.shape
-        q, k, v = self._qkv(layer, hidden, cos, sin)  # [B, heads, L, D]
+        q, k, v = self._qkv(layer, hidden, cos, sin)  # [B, heads, L, D], in the cache's dtype
         end = prefix_width + length
         self.k_cache[index, :, :, prefix_width:end] = k
         self.v_cache[index, :, :, prefix_width:end] = v
@@ -427,6 +454,8 @@ class FastDecoder:
         qkv = layer.qkv(normed).view(batch, length, heads + 2 * kv_heads, self.head_dim)
         # Q and K heads rotated together: [B, L, heads + kv, D] with cos / sin [B, L, 1, D].
         qk = _apply_rope(qkv[:, :, :heads + kv_heads], cos[:, :, None], sin[:, :, None])
+        if self.dtype != qk.dtype:
+            qk, qkv = qk.to(self.dtype), qkv.to(self.dtype)
         q = qk[:, :, :heads].transpose(1, 2)
         k = qk[:, :, heads:].transpose(1, 2)
         v = qkv[:, :, heads + kv_heads:].transpose(1, 2)
@@ -435,7 +464,7 @@ class FastDecoder:
     def _finish_layer(self, layer: _Layer, hidden, attn):
         hidden = layer.o.add_to(hidden, attn)
         normed = _rms_norm(hidden, layer.norm2_w, layer.norm2_eps)
-        gate_up = layer.gate_up(normed)
+        gate_up = layer.gate_up(normed, fp32_out=False)  # bf16 weights: the activation stays bf16
         gate, up = gate_up[..., :layer.intermediate], gate_up[..., layer.intermediate:]
         return layer.down.add_to(hidden, F.silu(gate).mul_(up))  # silu(gate) is contiguous, as the GEMM wants
 
@@ -461,6 +490,10 @@ class FastDecoder:
         self._max_position += 1
         bias = self.bias[:, None, None, :self.length]  # [B, 1, 1, T]: 0 on real tokens, -inf on padding
         hidden = self.inner.embed_tokens(tokens[:, None])  # [B, 1, H]
+        with _own_dtypes():
+            return self._decode_layers(hidden, cos, sin, bias, column, batch)
+
+    def _decode_layers(self, hidden, cos, sin, bias, column: int, batch: int) -> torch.Tensor:
         for index, layer in enumerate(self._layers):
             q, k, v = self._qkv(layer, hidden, cos, sin)  # q [B, heads, 1, D]
             self.k_cache[index, :, :, column] = k[:, :, 0]

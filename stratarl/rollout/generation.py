@@ -240,6 +240,7 @@ class KVCacheGenerator:
     ``DynamicCache``. ``fast``: None picks the fast path when the model supports it,
     True requires it, False always uses the model's forward. The fast path reads
     the model's current weights at every call, so it follows training updates.
+    ``dtype`` bfloat16 runs the fast path on bf16 copies of the weights (``FastDecoder``).
 
     Positions follow the attention mask (``cumsum - 1``), so left padding changes
     nothing for real tokens. Finished rows are dropped from the batch (cache rows
@@ -258,14 +259,14 @@ class KVCacheGenerator:
     """
 
     def __init__(self, model, tokenizer, *, seed: int = 0, drop_finished: bool = True, fast: bool | None = None,
-                 prefix_cache_bytes: int = 2 * 2**30):
+                 prefix_cache_bytes: int = 2 * 2**30, dtype: torch.dtype = torch.float32):
         self.model = model
         self.tokenizer = tokenizer
         self.drop_finished = drop_finished
         reason = unsupported_reason(model)
         if fast and reason is not None:
             raise ValueError(f"fast=True but the fast decode path does not support this model: {reason}")
-        self.fast_decoder = FastDecoder(model) if fast is not False and reason is None else None
+        self.fast_decoder = FastDecoder(model, dtype=dtype) if fast is not False and reason is None else None
         self._matchers: dict[tuple[str, ...], StopMatcher] = {}
         # Prefix cache (fast path): each row's KV after the last call, under its cache key.
         self.supports_cache_keys = self.fast_decoder is not None

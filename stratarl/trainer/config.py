@@ -386,10 +386,11 @@ class TrainerConfig:
     device: str = "cpu"
     """cpu, cuda or cuda:N. On CUDA the policy, value head, reference model and batches live on the GPU;
     retrieval stays on the CPU; the `kv_cache` backend uses the generic KV-cache loop (docs/training.md, One GPU)."""
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    """Forward passes in fp32, or under bf16 autocast (fp32 master weights, optimizer state and log-probs);
-    `auto`: bf16 on a CUDA GPU that supports it, fp32 on a CPU (stratarl.trainer.precision). No fp16: it would
-    need loss scaling."""
+    precision: Literal["auto", "fp32", "bf16", "bf16_native"] = "auto"
+    """Forward passes in fp32, or in bf16 (fp32 master weights, optimizer state and log-probs);
+    `auto`: bf16 on a CUDA GPU that supports it, fp32 on a CPU; `bf16_native`: bf16 wherever the device has
+    bf16 matmul units (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else fp32
+    (stratarl.trainer.precision). No fp16: it would need loss scaling."""
 
     def validate(self, p: str) -> None:
         check_choices(self, p)

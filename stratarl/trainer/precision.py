@@ -14,12 +14,22 @@ The mixed-precision rules (the usual AMP recipe; bf16 needs no loss scaling, its
 - fp16 is not offered (it would need a loss scaler).
 
 ``precision: auto`` (the default) is bf16 on a CUDA device that supports it and fp32 otherwise. bf16 on a
-CPU is allowed (it runs the same code path, which is how the CPU tests check it) but is slower than fp32
-on most CPUs, which lack bf16 matmul units.
+CPU pays only where the CPU has bf16 matmul units (AVX512-BF16 or AMX; ``cpu_bf16_matmul`` says which):
+there a bf16 GEMM runs 2-2.5x an fp32 one (AVX512-BF16, measured by benchmarks/bench_train.py), elsewhere
+it is slower than fp32. So a CPU run takes bf16 only when its config asks for it: ``bf16`` always, ``bf16_native`` only on a CPU
+with those units (fp32 elsewhere).
 
-Generation on CUDA, and with bf16 on a CPU: the `kv_cache` backend uses the generic KV-cache loop (the model's own forward,
-SDPA attention, ``DynamicCache``), never ``stratarl.rollout.fast_forward``'s decoder, whose oneDNN weight
-packing and fused small kernels are built for CPU decode overheads. Retrieval always stays on the CPU.
+Generation: on a CPU the `kv_cache` backend uses ``stratarl.rollout.fast_forward``'s decoder in both
+precisions; with bf16 it runs on bf16 copies of the weights made once per weight version (not re-cast
+at every call as autocast does), with a bf16 KV cache and fp32 residual stream, norms and logits. On
+CUDA it uses the generic KV-cache loop (the model's own forward, SDPA attention, ``DynamicCache``) under
+autocast: the fast decoder's oneDNN weight packing and fused small kernels are built for CPU decode
+overheads. Retrieval always stays on the CPU.
+
+With bf16, score old log-probs with ``algo.old_logprobs: recompute``: the sampler's bf16 kernels round
+differently from the trainer's, so `rollout` log-probs would make the first step's ratios differ from 1
+by bf16 noise; recomputed ones come from the trainer's own forward (tests/trainer/test_bf16_step.py
+bounds both).
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import torch
 
 from stratarl.config_errors import ConfigError
 
-PRECISIONS = ("auto", "fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16", "bf16_native")
 Precision = Literal["fp32", "bf16"]
 
 
@@ -46,14 +56,39 @@ def bf16_supported(device: torch.device) -> bool:
     return False
 
 
+def cpu_bf16_matmul() -> str | None:
+    """The CPU's bf16 matmul units: "AMX" (amx_bf16), "AVX512-BF16" (avx512_bf16), or None (bf16 is then
+    emulated and slower than fp32). Read from the kernel's CPU flags (Linux), else from PyTorch's
+    ``torch.backends.cpu.get_cpu_capability()``."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    capability = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else ""
+    if "amx_bf16" in flags or "AMX" in capability:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX512-BF16"
+    return None
+
+
 def resolve_precision(device: str | torch.device, precision: str) -> Precision:
-    """``auto`` -> bf16 on a CUDA device with bf16 support, else fp32; fp32 / bf16 as given (checked)."""
+    """``auto`` -> bf16 on a CUDA device with bf16 support, else fp32; ``bf16_native`` -> bf16 on such a CUDA
+    device or on a CPU with bf16 matmul units (``cpu_bf16_matmul``), else fp32; fp32 / bf16 as given (checked)."""
     device = torch.device(device)
     if precision not in PRECISIONS:
         raise ConfigError(f"config field `trainer.precision` = {precision!r}: unknown precision. "
                           f"Fix: use one of {', '.join(PRECISIONS)}.")
     if precision == "auto":
         return "bf16" if device.type == "cuda" and bf16_supported(device) else "fp32"
+    if precision == "bf16_native":
+        native = cpu_bf16_matmul() is not None if device.type == "cpu" else bf16_supported(device)
+        return "bf16" if native else "fp32"
     if precision == "bf16" and not bf16_supported(device):
         raise ConfigError(f"config field `trainer.precision` = 'bf16': device {str(device)!r} has no bf16 support "
                           "(CUDA GPUs before Ampere). Fix: set trainer.precision=fp32.")
@@ -77,6 +112,11 @@ class DevicePolicy:
     def autocast_dtype(self) -> torch.dtype | None:
         return torch.bfloat16 if self.precision == "bf16" else None
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the forward passes' matmuls: bf16 or fp32."""
+        return torch.bfloat16 if self.precision == "bf16" else torch.float32
+
     def autocast(self):
         """Context of a forward pass: bf16 autocast on this device type, or nothing for fp32."""
         if self.autocast_dtype is None:
@@ -85,10 +125,9 @@ class DevicePolicy:
 
     def fast_decode(self, backend: str) -> bool | None:
         """The ``fast`` argument of ``KVCacheGenerator`` for ``rollout.backend``: None (the fast CPU decoder
-        when the model supports it) for `kv_cache` on a CPU in fp32; False (the generic loop) for
-        `kv_cache_generic`, for every CUDA run and for bf16 (the fast decoder's packed fp32 weights and
-        fused oneDNN kernels are outside autocast)."""
-        if backend == "kv_cache_generic" or self.device.type != "cpu" or self.precision == "bf16":
+        when the model supports it, in ``compute_dtype``) for `kv_cache` on a CPU; False (the generic loop)
+        for `kv_cache_generic` and for every CUDA run."""
+        if backend == "kv_cache_generic" or self.device.type != "cpu":
             return False
         return None
 
@@ -104,8 +143,8 @@ def policy_for_model(model: torch.nn.Module, precision: str = "auto") -> DeviceP
 
 
 class AutocastGenerator:
-    """A generator whose ``generate`` runs under a policy's autocast; every other attribute (``rng``,
-    ``supports_cache_keys``, ...) is the wrapped generator's."""
+    """A generator whose ``generate`` runs under a policy's autocast (the generic loop in bf16); every other
+    attribute (``rng``, ``supports_cache_keys``, ...) is the wrapped generator's."""
 
     def __init__(self, inner, policy: DevicePolicy) -> None:
         self.inner = inner

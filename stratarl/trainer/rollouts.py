@@ -45,12 +45,16 @@ class CollectedBatch:
 
 def make_generator(model, tokenizer, backend: str, seed: int, precision: str = "auto"):
     """The ``rollout.backend`` generator for ``model`` on its device: on CUDA `kv_cache` is the generic
-    KV-cache loop (``DevicePolicy.fast_decode``), and with bf16 every ``generate`` runs under autocast."""
+    KV-cache loop (``DevicePolicy.fast_decode``); on a CPU the fast decoder in the policy's compute dtype
+    (bf16 weight copies with bf16). A generic loop in bf16 runs every ``generate`` under autocast."""
     policy = policy_for_model(model, precision)
     if backend == "hf":
         generator = HFGenerator(model, tokenizer, seed=seed)
     else:
-        generator = KVCacheGenerator(model, tokenizer, seed=seed, fast=policy.fast_decode(backend))
+        generator = KVCacheGenerator(model, tokenizer, seed=seed, fast=policy.fast_decode(backend),
+                                     dtype=policy.compute_dtype)
+        if generator.fast_decoder is not None:
+            return generator  # the fast decoder sets its own dtypes
     return AutocastGenerator(generator, policy) if policy.autocast_dtype is not None else generator
 
 

@@ -34,7 +34,7 @@ from stratarl.trainer.batch import collate_sequences, micro_batches
 from stratarl.trainer.demos import Demonstration, render_demonstrations, render_reading_examples
 from stratarl.trainer.logprobs import response_logprobs
 from stratarl.trainer.metrics import MetricsLogger
-from stratarl.trainer.precision import policy_for_model
+from stratarl.trainer.precision import cpu_bf16_matmul, policy_for_model
 from stratarl.trainer.probe import PROBE_WORLD_OFFSET, ProbeResult, WarmStartFailed, probe_questions, run_probe
 from stratarl.trainer.progress import progress as progress_display
 from stratarl.trainer.setup import build_task_retriever, load_policy, load_task, save_pretrained_model, step_threads
@@ -268,14 +268,17 @@ def world_batches(cfg, tokenizer, *, batch_size: int, mix_worlds: int = 4) -> It
 
 def warm_start_key(cfg) -> dict:
     """Everything a warm start depends on (the cache key of ``sft.cache``): not the RL settings. A bf16
-    warm start (``trainer.precision``: bf16, or auto on CUDA) has its own key; fp32 keys carry no precision."""
+    warm start (``trainer.precision`` resolving to bf16 on this machine) has its own key; fp32 keys carry no
+    precision."""
     key = {"model": dataclasses.asdict(cfg.model), "data": dataclasses.asdict(cfg.data),
            "retrieval": dataclasses.asdict(cfg.retrieval), "max_obs_tokens": cfg.rollout.max_obs_tokens,
            "prompt_template": cfg.rollout.prompt_template,
            "sft": dataclasses.asdict(cfg.sft), "grad_clip": cfg.optim.grad_clip,
            "micro_batch_tokens": cfg.trainer.micro_batch_tokens}
     precision = getattr(cfg.trainer, "precision", "auto")
-    if precision == "bf16" or (precision == "auto" and cfg.trainer.device.startswith("cuda")):
+    cuda = cfg.trainer.device.startswith("cuda")
+    if precision == "bf16" or (precision == "auto" and cuda) or (
+            precision == "bf16_native" and (cuda or cpu_bf16_matmul() is not None)):
         key["precision"] = "bf16"
     return key
 

@@ -405,3 +405,52 @@ def test_a_batch_of_one_or_two_rows_packs_nothing_and_a_larger_batch_packs(smoll
             rows = [list(p) + [t] for p, t in zip(prompts, logits.argmax(-1).tolist())]
             torch.testing.assert_close(decoder.decode(logits.argmax(-1)), _reference_logits(model, rows, pad),
                                        rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- bf16 weights
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_bf16_decoder_stays_within_bf16_rounding_of_fp32_and_keeps_fp32_weights(pack, smollm2_tokenizer):
+    """``dtype=bfloat16``: projections on bf16 copies of the weights, fp32 residual stream and logits.
+    Its logits differ from fp32 (bf16 really ran) by no more than bf16 autocast of the model's own
+    forward does, and the model's parameters stay fp32 and unchanged."""
+    model = _build("qwen2_bias", smollm2_tokenizer)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    pad = smollm2_tokenizer.pad_token_id
+    ids, mask = left_pad(PROMPTS, pad, "cpu")
+    rows = [list(p) for p in PROMPTS]
+    with torch.inference_mode():
+        decoder = FastDecoder(model, pack=pack, dtype=torch.bfloat16)
+        logits = decoder.prefill(ids, mask, capacity=ids.shape[1] + 4)
+        assert logits.dtype == torch.float32 and decoder.k_cache.dtype == torch.bfloat16
+        assert decoder._layers[0].qkv.dtype == torch.bfloat16
+        for _ in range(3):
+            reference = _reference_logits(model, rows, pad)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                autocast_logits = _reference_logits(model, rows, pad)
+            error, autocast_error = (logits - reference).abs().max(), (autocast_logits - reference).abs().max()
+            assert 0 < error <= 2 * autocast_error + 1e-3, (error, autocast_error)
+            tokens = reference.argmax(-1)
+            for row, token in zip(rows, tokens.tolist()):
+                row.append(token)
+            logits = decoder.decode(tokens)
+    for name, p in model.named_parameters():
+        assert p.dtype == torch.float32 and torch.equal(p, before[name]), name
+
+
+def test_bf16_decoder_rebuilds_its_copies_when_the_weights_change(smollm2_tokenizer):
+    model = _build("llama_gqa", smollm2_tokenizer)
+    ids, mask = left_pad(PROMPTS, smollm2_tokenizer.pad_token_id, "cpu")
+    decoder = FastDecoder(model, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        first = decoder.prefill(ids, mask, capacity=ids.shape[1] + 1)
+        copies = decoder._layers
+        again = decoder.prefill(ids, mask, capacity=ids.shape[1] + 1)
+        assert decoder._layers is copies  # same weights: the bf16 copies are reused, not re-cast
+        torch.testing.assert_close(first, again, rtol=0, atol=0)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(3.0)
+    with torch.inference_mode():
+        changed = decoder.prefill(ids, mask, capacity=ids.shape[1] + 1)
+    assert decoder._layers is not copies and not torch.allclose(changed, first)

@@ -84,23 +84,27 @@ def test_cuda_never_takes_the_cpu_fast_decoder():
     cuda, cpu = DevicePolicy(torch.device("cuda"), "bf16"), DevicePolicy(torch.device("cpu"), "fp32")
     assert cuda.fast_decode("kv_cache") is False and cuda.fast_decode("kv_cache_generic") is False
     assert cpu.fast_decode("kv_cache") is None and cpu.fast_decode("kv_cache_generic") is False
-    assert DevicePolicy(torch.device("cpu"), "bf16").fast_decode("kv_cache") is False
+    assert DevicePolicy(torch.device("cpu"), "bf16").fast_decode("kv_cache") is None
 
 
-def test_bf16_on_a_cpu_generates_a_batch_through_the_generic_loop(smollm2_tokenizer):
-    """The fast decoder's fused kernels take fp32 only: under bf16 autocast a batch of 3+ rows (the
-    packed path) failed with a dtype mismatch, so bf16 runs the generic loop."""
+def test_bf16_on_a_cpu_generates_through_the_fast_decoder_on_bf16_weight_copies(smollm2_tokenizer):
+    """bf16 on a CPU: the fast decoder on bf16 copies of the weights (no autocast wrapper), a batch of 3+ rows
+    taking the packed path; the model's own weights stay fp32."""
     from stratarl.data.models import build_tiny_model
     from stratarl.rollout.generation import KVCacheGenerator, SamplingParams
     from stratarl.trainer import rollouts
 
     model = build_tiny_model(smollm2_tokenizer, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
     generator = rollouts.make_generator(model, smollm2_tokenizer, "kv_cache", seed=0, precision="bf16")
-    assert isinstance(generator, AutocastGenerator) and isinstance(generator.inner, KVCacheGenerator)
-    assert generator.inner.fast_decoder is None
+    assert isinstance(generator, KVCacheGenerator) and generator.fast_decoder is not None
+    assert generator.fast_decoder.dtype == torch.bfloat16
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
     outputs = generator.generate(prompts, SamplingParams(max_new_tokens=4, temperature=1.0))
     assert len(outputs) == 4 and all(1 <= len(o.token_ids) <= 4 for o in outputs)
+    assert generator.fast_decoder.k_cache.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    generic = rollouts.make_generator(model, smollm2_tokenizer, "kv_cache_generic", seed=0, precision="bf16")
+    assert isinstance(generic, AutocastGenerator) and generic.inner.fast_decoder is None
 
 
 def test_make_generator_on_cuda_builds_the_generic_loop_under_autocast(monkeypatch, smollm2_tokenizer):
