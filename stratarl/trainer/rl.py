@@ -164,12 +164,14 @@ def _rl_step(run: RunState) -> dict[str, float]:
     batch = collate_rollouts(collected.rollouts, run.tokenizer.pad_token_id)
     batch.old_logprobs = scatter_response_values([r.sampling_logprobs for r in collected.rollouts], batch.response_lengths)
     batch = batch.to(cfg.trainer.device)
+    with timer("frozen_prefix"):  # the frozen layers, once for the scoring pass and every optimizer step
+        prefix = update_module.batch_prefix(run.learner, batch, cfg)
     with timer("logprobs"):
-        score_batch(run.learner, batch, cfg)
+        score_batch(run.learner, batch, cfg, prefix, shortcut=True)
     compute_advantages(cfg, batch, collected.rewards, collected.group_ids, strata)
 
     with timer("update"):
-        update = update_module.update_policy(run.learner, batch, cfg, run.shuffle_rng)
+        update = update_module.update_policy(run.learner, batch, cfg, run.shuffle_rng, prefix=prefix)
 
     metrics = {**rollout_metrics(collected), **advantage_metrics(batch.advantages, batch.response_mask), **update,
                **stratum_metrics(cfg, collected, strata), **em_by_type(collected.examples, collected.em), **faults}

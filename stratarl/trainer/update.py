@@ -106,30 +106,68 @@ def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: in
     return Learner(model, optimizer, scheduler, ref_model, value_head, normalizer, adapter_ref)
 
 
+def batch_prefix(learner: Learner, batch: RolloutBatch, cfg: Config, impl: str = "fast") -> Prefix | None:
+    """The frozen layers' hidden states for the whole rollout batch (``prefix.frozen_prefix``), in the run's
+    precision, computed once and shared by the scoring pass and every optimizer step; None with the
+    `reference` impl or a model the fast path does not cover."""
+    if impl not in UPDATE_IMPLS:
+        raise ValueError(f"update impl {impl!r} is not one of {UPDATE_IMPLS}; use 'fast' (or 'reference' as a baseline)")
+    if impl != "fast" or unsupported_reason(learner.model) is not None:
+        return None
+    with policy_of(cfg.trainer).autocast():
+        return frozen_prefix(learner.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
+
+
+def on_policy_shortcut(cfg: Config) -> bool:
+    """Whether the old log-probs are the update's own forward, detached: `recompute` with one optimizer step
+    per rollout batch (``trainer.epochs`` x ``trainer.mini_batches`` = 1). Recomputing them in a separate
+    pass would give the same numbers up to float rounding (the same weights on the same tokens), so that
+    pass is skipped and every ratio of the step is exactly 1, in any precision."""
+    return cfg.algo.old_logprobs == "recompute" and cfg.trainer.epochs * cfg.trainer.mini_batches == 1
+
+
 @torch.no_grad()
-def score_batch(learner: Learner, batch: RolloutBatch, cfg: Config) -> RolloutBatch:
+def score_batch(learner: Learner, batch: RolloutBatch, cfg: Config, prefix: Prefix | None = None, *,
+                shortcut: bool = False) -> RolloutBatch:
     """Fill ``old_logprobs`` (recomputed by the trainer's forward pass unless ``algo.old_logprobs``
-    is `rollout` and they are already set), ``ref_logprobs`` and ``old_values`` of ``batch`` in place."""
-    need_old = cfg.algo.old_logprobs == "recompute" or batch.old_logprobs is None
+    is `rollout` and they are already set), ``ref_logprobs`` and ``old_values`` of ``batch`` in place.
+
+    With ``prefix`` (``batch_prefix`` of this batch) the policy's scoring runs only the trainable layers,
+    in the prompt-grouped micro-batches the update uses, so it shares the update's frozen-layer pass.
+    With ``shortcut`` (the trainer's step) and ``on_policy_shortcut(cfg)`` no old log-probs are computed:
+    ``old_logprobs`` is left None and the update uses its own detached ones."""
+    shortcut = shortcut and on_policy_shortcut(cfg)
+    need_old = not shortcut and (cfg.algo.old_logprobs == "recompute" or batch.old_logprobs is None)
+    if shortcut:
+        batch.old_logprobs = None
     need_ref = cfg.algo.kl_coef > 0
     need_values = learner.value_head is not None
     if not (need_old or need_ref or need_values):
         return batch
     B, T = batch.response_mask.shape
     device = batch.response_mask.device
-    old = torch.zeros(B, T, device=device) if need_old else batch.old_logprobs
+    old = torch.zeros(B, T, device=device) if need_old else batch.old_logprobs  # None with the shortcut
     ref = torch.zeros(B, T, device=device) if need_ref else None
     values = torch.zeros(B, T, device=device) if need_values else None
     temperature = cfg.rollout.temperature
     autocast = policy_of(cfg.trainer).autocast
-    for rows in micro_batches(batch.row_lengths(), cfg.trainer.micro_batch_tokens):
+    budget = cfg.trainer.micro_batch_tokens
+    parts = (group_micro_batches(batch.row_lengths(), prefix.inverse, budget) if prefix is not None
+             else micro_batches(batch.row_lengths(), budget))
+    for rows in parts:
         mb = batch.select(rows)
         args = (mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_mask)
         t = mb.response_mask.shape[1]
         if need_old or need_values:
             with autocast():
-                out = response_logprobs(learner.model, *args, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
-                                        temperature=temperature, return_hidden=need_values, with_logprobs=need_old)
+                if prefix is not None:
+                    out = prefix_response_logprobs(learner.model, prefix, rows, mb.input_ids, mb.prompt_lengths,
+                                                   mb.response_mask, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+                                                   temperature=temperature, return_hidden=need_values)
+                else:
+                    out = response_logprobs(learner.model, *args, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+                                            temperature=temperature, return_hidden=need_values,
+                                            with_logprobs=need_old)
             if need_old:
                 old[rows, :t] = out["logprobs"]
             if need_values:
@@ -177,9 +215,14 @@ def micro_batch_loss(learner: Learner, mb: RolloutBatch, cfg: Config, prefix: Pr
                                 chunk_tokens=cfg.trainer.logprob_chunk_tokens, temperature=cfg.rollout.temperature,
                                 with_entropy=True, return_hidden=need_hidden)
     logprobs, mask = out["logprobs"], mb.response_mask
+    old_logprobs = mb.old_logprobs
+    if old_logprobs is None:
+        if not on_policy_shortcut(cfg):
+            raise ValueError("the batch has no old log-probs: score it first (score_batch)")
+        old_logprobs = logprobs.detach()  # the on-policy step: old = this forward (on_policy_shortcut)
     length = norm_length(cfg)
     extra = {} if length is None else {"norm_length": length}
-    pl = get_policy_loss(spec.policy_loss)(logprobs, mb.old_logprobs, mb.advantages, mask, **spec.policy_loss_params,
+    pl = get_policy_loss(spec.policy_loss)(logprobs, old_logprobs, mb.advantages, mask, **spec.policy_loss_params,
                                            **extra)
     loss = pl.loss
     metrics = {"loss/policy": pl.loss.detach(), **{k: v for k, v in pl.metrics.items() if k != "loss/pg_loss"}}
@@ -285,21 +328,22 @@ def optimizer_step(learner: Learner, mini: RolloutBatch, cfg: Config, prefix: Pr
 
 
 def update_policy(learner: Learner, batch: RolloutBatch, cfg: Config, generator: torch.Generator, *,
-                  impl: str = "fast") -> dict[str, float]:
+                  impl: str = "fast", prefix: Prefix | None = None) -> dict[str, float]:
     """K epochs x M mini-batches of optimizer steps; returns metrics averaged over the steps.
 
     ``impl``: `fast` runs the frozen layers once for the whole batch (``stratarl.trainer.prefix``; when
     the model allows it, else as `reference`); `reference` runs every layer in every micro-batch.
-    Both give the same gradients up to float rounding."""
+    Both give the same gradients up to float rounding. ``prefix``: this batch's ``batch_prefix``, when the
+    caller computed it already (for the scoring pass); otherwise the fast impl computes it here."""
     if impl not in UPDATE_IMPLS:
         raise ValueError(f"update impl {impl!r} is not one of {UPDATE_IMPLS}; use 'fast' (or 'reference' as a baseline)")
     learner.model.train()
     per_step: list[dict[str, float]] = []
     try:
-        prefix = None
-        if impl == "fast" and unsupported_reason(learner.model) is None:
-            with policy_of(cfg.trainer).autocast():  # the frozen layers' forward, in the run's precision
-                prefix = frozen_prefix(learner.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
+        if impl != "fast":
+            prefix = None
+        elif prefix is None:
+            prefix = batch_prefix(learner, batch, cfg, impl)
         for _ in range(cfg.trainer.epochs):
             for rows in mini_batch_rows(batch.size, cfg.trainer.mini_batches, generator):
                 per_step.append(optimizer_step(learner, batch.select(rows), cfg, prefix, rows))

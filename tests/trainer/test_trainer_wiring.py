@@ -51,7 +51,7 @@ def spy(monkeypatch):
         record["collected"] = real_collect(*args, **kwargs)
         return record["collected"]
 
-    def update_policy(learner, batch, cfg, generator):
+    def update_policy(learner, batch, cfg, generator, **kwargs):
         record["batch"] = copy.deepcopy(batch)
         record["optimizer_steps"] = 0
 
@@ -60,7 +60,7 @@ def spy(monkeypatch):
 
         handle = learner.optimizer.register_step_post_hook(counted)
         try:
-            return real_update(learner, batch, cfg, generator)
+            return real_update(learner, batch, cfg, generator, **kwargs)
         finally:
             handle.remove()
 
