@@ -326,3 +326,37 @@ def test_train_with_bf16_on_a_cpu(algo, tmp_path, tiny_overrides, reward_path):
     assert "precision: bf16" in (run / "config.yaml").read_text()
     weights = load_file(str(run / "checkpoints" / "step_000001" / "model.safetensors"))
     assert weights and all(w.dtype == torch.float32 for w in weights.values())
+
+
+def test_bf16_native_is_bf16_only_where_the_device_has_bf16_matmul_units(monkeypatch):
+    monkeypatch.setattr(precision_module, "cpu_bf16_matmul", lambda: "AVX512-BF16")
+    assert resolve_precision("cpu", "bf16_native") == "bf16"
+    monkeypatch.setattr(precision_module, "cpu_bf16_matmul", lambda: None)
+    assert resolve_precision("cpu", "bf16_native") == "fp32"
+    assert resolve_precision("cpu", "auto") == "fp32"  # auto never picks bf16 on a CPU
+    monkeypatch.setattr(precision_module, "bf16_supported", lambda device: device.type == "cuda")
+    assert resolve_precision("cuda", "bf16_native") == "bf16"
+
+
+def test_a_bf16_native_warm_start_is_cached_under_the_precision_it_resolves_to(monkeypatch):
+    from stratarl.trainer import sft
+
+    cfg = load_config(TINY, ["trainer.precision=bf16_native"])
+    monkeypatch.setattr(sft, "cpu_bf16_matmul", lambda: None)
+    assert "precision" not in sft.warm_start_key(cfg)
+    assert sft.warm_start_key(cfg) == sft.warm_start_key(load_config(TINY, ["trainer.precision=fp32"]))
+    monkeypatch.setattr(sft, "cpu_bf16_matmul", lambda: "AMX")
+    assert sft.warm_start_key(cfg)["precision"] == "bf16"
+
+
+def test_cpu_bf16_matmul_reads_the_cpu_flags(monkeypatch, tmp_path):
+    import builtins
+
+    real_open = builtins.open
+    for flags, expected in (("fpu avx512f avx512_bf16", "AVX512-BF16"), ("fpu amx_bf16 avx512_bf16", "AMX"),
+                            ("fpu avx2", None)):
+        cpuinfo = tmp_path / "cpuinfo"
+        cpuinfo.write_text(f"processor : 0\nflags\t\t: {flags}\n")
+        monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path, *a, **k))
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+        assert precision_module.cpu_bf16_matmul() == expected
