@@ -276,7 +276,9 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
                            "rollout.temperature=1.0", "algo.reward=bench_train:format_f1_reward",
                            # One update per batch: pi_old is the sampler's own log-probs, as TRL's
                            # num_iterations=1 uses the detached current log-probs: no extra forward pass.
-                           "optim.warmup_steps=0", "algo.old_logprobs=rollout"], per_step=True)
+                           "optim.warmup_steps=0", "algo.old_logprobs=rollout",
+                           "trainer.precision=fp32"],  # TRL's arm runs fp32 (bf16=False) on a CPU
+                          per_step=True)
 
     # Ours before and after TRL: on a shared machine the load drifts; the mean of the two
     # brackets TRL's run in time.

@@ -1,0 +1,276 @@
+"""The RL step, today's fp32 step against the bf16 step, side by side in one run, per phase.
+
+    python benchmarks/bench_step.py                       # SmolLM2 lab (configs/smollm2.yaml), its warm start
+    python benchmarks/bench_step.py --steps 5 --json out.json
+    python benchmarks/bench_step.py --config configs/smollm2.yaml trainer.prompts_per_step=2
+
+Two runs of the same config, built by the trainer's own ``build_run`` from the same weights (the cached
+warm start when it exists, else the base model; ``--no-warm-start`` forces the base model), with the same
+seed, so each step samples the same questions and the same sampling stream (both arms start from the
+fp32 warm start when it is cached, else from the bf16 one):
+
+- ``fp32`` (the baseline, the SmolLM2 lab as it ran before bf16): fp32 fast decoder, sampling log-probs
+  as old log-probs (``algo.old_logprobs=rollout``), fp32 update;
+- ``bf16``: the fast decoder on bf16 weight copies, old log-probs recomputed through the frozen prefix that
+  the update reuses (``algo.old_logprobs=recompute``), the update under bf16 autocast.
+
+The two runs' steps are interleaved (fp32 step 1, bf16 step 1, fp32 step 2, ...), so machine noise hits
+both; step 1 of each is a warm-up and is not counted. Printed per phase (generation, retrieval, frozen
+prefix, scoring, update) as medians, with rollouts per second and the step-time ratio.
+
+Then numerics on the real model, on one rollout batch of the fp32 run (the same tokens for every number):
+the largest |log-prob| difference of bf16 scoring from fp32 scoring, the fp32 and bf16 decoders' sampling
+log-probs against their own trainer's, and the first bf16 optimizer step's largest |log ratio| (on-policy:
+below 1e-3 is the target).
+
+The CPU's bf16 matmul units (``cpu_bf16_matmul``) and a bf16 / fp32 GEMM rate ratio at the model's MLP
+shape are printed first: bf16 pays only where that ratio is well above 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = ("generation", "retrieval", "frozen_prefix", "logprobs", "update", "step")
+ARMS = {
+    "fp32": ["trainer.precision=fp32", "algo.old_logprobs=rollout"],
+    "bf16": ["trainer.precision=bf16", "algo.old_logprobs=recompute"],
+}
+
+
+def gemm_ratio(seconds: float = 1.0) -> dict:
+    """bf16 and fp32 GEMM rates at SmolLM2's MLP shape ([512 x 576] @ [576 x 1536]), best of a loop each."""
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(512, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
+        a @ b
+        best, end = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            a @ b
+            best = max(best, 2 * 512 * 576 * 1536 / (time.perf_counter() - t))
+        out[name] = best
+    return {"fp32_gflops": out["fp32"] / 1e9, "bf16_gflops": out["bf16"] / 1e9, "ratio": out["bf16"] / out["fp32"]}
+
+
+def build_arms(config: str, overrides: list[str], tmp: Path, warm_start: bool) -> tuple[dict, str | None]:
+    from stratarl.trainer.config import load_config
+    from stratarl.trainer.rl import build_run
+    from stratarl.trainer.sft import warm_start_cache_dir
+
+    base = ["eval.before_after=false", "logging.progress=false", "logging.tensorboard=false",
+            "logging.num_transcripts=0", f"trainer.output_dir={tmp}", f"trainer.num_threads={torch.get_num_threads()}"]
+    init = None
+    for settings in ARMS.values():  # the fp32 warm start first (the baseline's), else the bf16 one
+        probe = load_config(config, base + overrides + settings)
+        folder = warm_start_cache_dir(probe) / "model"
+        if warm_start and probe.sft.enabled and init is None and (folder / "config.json").is_file():
+            init = str(folder)
+    runs = {}
+    for arm, settings in ARMS.items():
+        cfg = load_config(config, base + overrides + settings)
+        runs[arm] = build_run(cfg, tmp / arm, init_from=init)
+    return runs, init
+
+
+def spy_first_log_ratio(record: list, optimizer):
+    """Wrap ``update.get_policy_loss`` to record the largest |log ratio| over policy tokens of each call before
+    ``optimizer``'s first step (the on-policy micro-batches); returns the function that undoes it."""
+    from stratarl.trainer import update as update_module
+
+    real = update_module.get_policy_loss
+    stepped = []
+    handle = optimizer.register_step_post_hook(lambda *_: stepped.append(1))
+
+    def wrapped(name):
+        fn = real(name)
+
+        def loss(logprobs, old_logprobs, advantages, mask, **kwargs):
+            if not stepped:
+                record.append(float(((logprobs - old_logprobs).detach().abs() * mask).max()))
+            return fn(logprobs, old_logprobs, advantages, mask, **kwargs)
+
+        return loss
+
+    update_module.get_policy_loss = wrapped
+
+    def undo():
+        update_module.get_policy_loss = real
+        handle.remove()
+
+    return undo
+
+
+def timed_steps(runs: dict, steps: int) -> tuple[dict, dict, list]:
+    """Interleaved RL steps of every arm; (per-arm list of per-step metrics, the fp32 arm's last batch, the bf16
+    arm's first-step log ratios)."""
+    import stratarl.trainer.rl as rl
+    import stratarl.trainer.update as update_module
+
+    rows: dict[str, list[dict]] = {arm: [] for arm in runs}
+    kept: dict = {}
+    first_ratios: list[float] = []
+    original = update_module.update_policy
+
+    def keeping(learner, batch, cfg, generator, **kwargs):
+        # The batch and the weights that sampled it (before this update changes them).
+        kept["batch"], kept["weights"] = copy.deepcopy(batch), copy.deepcopy(learner.model.state_dict())
+        return original(learner, batch, cfg, generator, **kwargs)
+
+    for step in range(steps):
+        for arm, run in runs.items():
+            restore = None
+            if arm == "bf16" and step == 0:
+                restore = spy_first_log_ratio(first_ratios, run.learner.optimizer)
+            if arm == "fp32":
+                update_module.update_policy = keeping
+            try:
+                metrics = rl.rl_step(run)
+            finally:
+                update_module.update_policy = original
+                if restore:
+                    restore()
+            run.step += 1
+            rows[arm].append(metrics)
+            print(f"  step {step + 1} {arm}: " + " ".join(f"{p} {metrics.get(f'time/{p}', 0.0):.1f}s" for p in PHASES)
+                  + f", reward {metrics.get('reward/mean', 0.0):.2f}, searches {metrics.get('rollout/search_calls_mean', 0.0):.2f}",
+                  flush=True)
+    return rows, kept, first_ratios
+
+
+def numerics(runs: dict, kept: dict) -> dict:
+    """Log-prob differences on one rollout batch (the fp32 run's last), all with the weights that sampled it."""
+    from stratarl.trainer.update import batch_prefix, on_policy_shortcut, score_batch
+
+    batch = kept["batch"]
+    learner32 = runs["fp32"].learner
+    model = copy.deepcopy(learner32.model)  # one set of weights for both precisions
+    model.load_state_dict(kept["weights"])
+    cfg32 = copy.deepcopy(runs["fp32"].cfg)
+    cfg16 = runs["bf16"].cfg
+    if on_policy_shortcut(cfg16):  # the bf16 step skips the scoring pass; here it is run to be compared
+        cfg16 = dataclasses.replace(cfg16, trainer=dataclasses.replace(cfg16.trainer, mini_batches=2))
+    sampled = batch.old_logprobs.clone()  # the fp32 decoder's sampling log-probs
+    mask = batch.response_mask.bool()
+    learner = copy.copy(learner32)
+    learner.model = model
+    fp32 = copy.deepcopy(batch)
+    fp32.old_logprobs = None  # score with the trainer's fp32 forward
+    score_batch(learner, fp32, cfg32)
+    bf16 = copy.deepcopy(batch)
+    bf16.old_logprobs = None
+    score_batch(learner, bf16, cfg16, batch_prefix(learner, bf16, cfg16))
+    out = {
+        "bf16_vs_fp32_scoring_max": float((bf16.old_logprobs - fp32.old_logprobs)[mask].abs().max()),
+        "bf16_vs_fp32_scoring_mean": float((bf16.old_logprobs - fp32.old_logprobs)[mask].abs().mean()),
+        "fp32_sampling_vs_fp32_scoring_max": float((sampled - fp32.old_logprobs)[mask].abs().max()),
+        "policy_tokens": int(mask.sum()),
+    }
+    # The bf16 decoder's sampling log-probs of its own tokens against bf16 scoring (what `rollout` would use).
+    from stratarl.rollout.generation import KVCacheGenerator, SamplingParams
+
+    tokenizer = runs["bf16"].tokenizer
+    prompts, responses = [], []
+    for row in range(min(batch.size, 8)):
+        p = int(batch.prompt_lengths[row])
+        n = int(batch.response_lengths[row])
+        prompts.append(batch.input_ids[row, :p].tolist())
+        responses.append(batch.input_ids[row, p:p + n].tolist())
+    generator = KVCacheGenerator(model, tokenizer, seed=0, dtype=torch.bfloat16)
+    outputs = generator.generate(prompts, SamplingParams(max_new_tokens=24, temperature=cfg16.rollout.temperature))
+    from stratarl.trainer.batch import collate_sequences
+
+    own = collate_sequences(prompts, [o.token_ids for o in outputs], [[1] * len(o.token_ids) for o in outputs],
+                            pad_id=tokenizer.pad_token_id)
+    own.old_logprobs = None
+    score_batch(learner, own, cfg16, batch_prefix(learner, own, cfg16))
+    errors = [abs(float(own.old_logprobs[r, t]) - lp) for r, o in enumerate(outputs) for t, lp in enumerate(o.logprobs)]
+    out["bf16_sampling_vs_bf16_scoring_max"] = max(errors) if errors else 0.0
+    return out
+
+
+def median(rows: list[dict], key: str) -> float:
+    values = [float(r.get(key, 0.0) or 0.0) for r in rows]
+    return statistics.median(values) if values else 0.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(REPO / "configs" / "smollm2.yaml"))
+    parser.add_argument("--steps", type=int, default=4, help="steps per arm (the first is a warm-up)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    parser.add_argument("--no-warm-start", action="store_true", help="start from the base model")
+    parser.add_argument("--json", help="also write the numbers here")
+    parser.add_argument("overrides", nargs="*", help="config overrides for both arms")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    from stratarl.trainer.precision import cpu_bf16_matmul
+    from stratarl.trainer.setup import set_threads
+
+    set_threads(args.threads)
+    units = cpu_bf16_matmul()
+    gemm = gemm_ratio()
+    print(f"CPU bf16 matmul units: {units or 'none (bf16 is emulated)'}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; GEMM at SmolLM2's MLP shape: fp32 {gemm['fp32_gflops']:.0f} GFLOP/s, "
+          f"bf16 {gemm['bf16_gflops']:.0f} GFLOP/s ({gemm['ratio']:.2f}x)")
+    with tempfile.TemporaryDirectory() as tmp:
+        runs, init = build_arms(args.config, args.overrides, Path(tmp), not args.no_warm_start)
+        print(f"policy: {init or 'the base model (no cached warm start)'}")
+        started = time.perf_counter()
+        rows, kept, first_ratios = timed_steps(runs, max(2, args.steps))
+        wall = time.perf_counter() - started
+        checks = numerics(runs, kept)
+    counted = {arm: r[1:] for arm, r in rows.items()}
+    summary: dict = {"cpu_bf16_matmul": units, "gemm": gemm, "threads": torch.get_num_threads(), "policy": init,
+                     "steps_counted": len(counted["fp32"]), "wall_s": wall, "arms": {}}
+    print(f"\nmedians over steps 2..{len(rows['fp32'])} ({len(counted['fp32'])} per arm):")
+    print(f"{'arm':6s} " + " ".join(f"{p:>13s}" for p in PHASES) + f" {'rollouts/s':>11s} {'reward':>7s}")
+    for arm, r in counted.items():
+        phases = {p: median(r, f"time/{p}") for p in PHASES}
+        rollouts = median(r, "rollout/num")
+        per_s = rollouts / phases["step"] if phases["step"] else 0.0
+        summary["arms"][arm] = {**phases, "rollouts_per_s": per_s, "reward_mean": median(r, "reward/mean"),
+                                "search_calls_mean": median(r, "rollout/search_calls_mean"),
+                                "generation_tokens_per_s": median(r, "perf/generation_tokens_per_s"),
+                                "update_tokens_per_s": median(r, "perf/update_tokens_per_s"),
+                                **{k.split("/")[1]: median(r, k) for k in ("rollout/prompt_length_mean",
+                                   "rollout/response_length_mean", "rollout/observation_length_mean")}}
+        print(f"{arm:6s} " + " ".join(f"{phases[p]:12.2f}s" for p in PHASES)
+              + f" {per_s:11.3f} {summary['arms'][arm]['reward_mean']:7.2f}")
+    a, b = summary["arms"]["fp32"], summary["arms"]["bf16"]
+    ratio = a["step"] / b["step"] if b["step"] else 0.0
+    summary["step_speedup"] = ratio
+    summary["phase_speedup"] = {p: a[p] / b[p] for p in PHASES if b[p] > 0 and a[p] > 0}
+    scoring_update_fp32 = a["frozen_prefix"] + a["logprobs"] + a["update"]
+    scoring_update_bf16 = b["frozen_prefix"] + b["logprobs"] + b["update"]
+    summary["scoring_plus_update_speedup"] = scoring_update_fp32 / scoring_update_bf16 if scoring_update_bf16 else 0.0
+    print(f"step: fp32 {a['step']:.2f}s, bf16 {b['step']:.2f}s -> {ratio:.2f}x (target >= 2x); generation "
+          f"{summary['phase_speedup'].get('generation', 0):.2f}x, prefix + scoring + update "
+          f"{summary['scoring_plus_update_speedup']:.2f}x")
+    if min(a["reward_mean"], b["reward_mean"]) == 0.0 and max(a["reward_mean"], b["reward_mean"]) == 0.0:
+        print("WARNING: every reward was 0 in both arms: the update did no policy-gradient work")
+    summary["numerics"] = {**checks, "first_bf16_step_max_log_ratio": max(first_ratios) if first_ratios else None}
+    n = summary["numerics"]
+    print(f"numerics on {n['policy_tokens']} policy tokens: bf16 scoring vs fp32 scoring max |dlogp| "
+          f"{n['bf16_vs_fp32_scoring_max']:.4f} (mean {n['bf16_vs_fp32_scoring_mean']:.5f}); fp32 sampling vs fp32 "
+          f"scoring {n['fp32_sampling_vs_fp32_scoring_max']:.2e}; bf16 sampling vs bf16 scoring "
+          f"{n['bf16_sampling_vs_bf16_scoring_max']:.4f}; first bf16 step max |log ratio| "
+          f"{n['first_bf16_step_max_log_ratio']:.2e} (target < 1e-3)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
