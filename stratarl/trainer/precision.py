@@ -15,7 +15,7 @@ The mixed-precision rules (the usual AMP recipe; bf16 needs no loss scaling, its
 
 ``precision: auto`` (the default) is bf16 on a CUDA device that supports it and fp32 otherwise. bf16 on a
 CPU pays only where the CPU has bf16 matmul units (AVX512-BF16 or AMX; ``cpu_bf16_matmul`` says which):
-there a bf16 GEMM runs 2-2.5x an fp32 one (AVX512-BF16, measured by benchmarks/bench_train.py), elsewhere
+there a bf16 GEMM runs 2-2.5x an fp32 one (AVX512-BF16, measured by benchmarks/bench_step.py), elsewhere
 it is slower than fp32. So a CPU run takes bf16 only when its config asks for it: ``bf16`` always, ``bf16_native`` only on a CPU
 with those units (fp32 elsewhere).
 
@@ -115,7 +115,7 @@ class DevicePolicy:
     @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype of the forward passes' matmuls: bf16 or fp32."""
-        return torch.bfloat16 if self.precision == "bf16" else torch.float32
+        return self.autocast_dtype or torch.float32
 
     def autocast(self):
         """Context of a forward pass: bf16 autocast on this device type, or nothing for fp32."""

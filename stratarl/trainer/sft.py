@@ -34,7 +34,7 @@ from stratarl.trainer.batch import collate_sequences, micro_batches
 from stratarl.trainer.demos import Demonstration, render_demonstrations, render_reading_examples
 from stratarl.trainer.logprobs import response_logprobs
 from stratarl.trainer.metrics import MetricsLogger
-from stratarl.trainer.precision import cpu_bf16_matmul, policy_for_model
+from stratarl.trainer.precision import policy_for_model, policy_of
 from stratarl.trainer.probe import PROBE_WORLD_OFFSET, ProbeResult, WarmStartFailed, probe_questions, run_probe
 from stratarl.trainer.progress import progress as progress_display
 from stratarl.trainer.setup import build_task_retriever, load_policy, load_task, save_pretrained_model, step_threads
@@ -275,10 +275,7 @@ def warm_start_key(cfg) -> dict:
            "prompt_template": cfg.rollout.prompt_template,
            "sft": dataclasses.asdict(cfg.sft), "grad_clip": cfg.optim.grad_clip,
            "micro_batch_tokens": cfg.trainer.micro_batch_tokens}
-    precision = getattr(cfg.trainer, "precision", "auto")
-    cuda = cfg.trainer.device.startswith("cuda")
-    if precision == "bf16" or (precision == "auto" and cuda) or (
-            precision == "bf16_native" and (cuda or cpu_bf16_matmul() is not None)):
+    if policy_of(cfg.trainer).precision == "bf16":  # the precision the warm start's forward passes run in
         key["precision"] = "bf16"
     return key
 

@@ -106,12 +106,16 @@ def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: in
     return Learner(model, optimizer, scheduler, ref_model, value_head, normalizer, adapter_ref)
 
 
+def _check_impl(impl: str) -> None:
+    if impl not in UPDATE_IMPLS:
+        raise ValueError(f"update impl {impl!r} is not one of {UPDATE_IMPLS}; use 'fast' (or 'reference' as a baseline)")
+
+
 def batch_prefix(learner: Learner, batch: RolloutBatch, cfg: Config, impl: str = "fast") -> Prefix | None:
     """The frozen layers' hidden states for the whole rollout batch (``prefix.frozen_prefix``), in the run's
     precision, computed once and shared by the scoring pass and every optimizer step; None with the
     `reference` impl or a model the fast path does not cover."""
-    if impl not in UPDATE_IMPLS:
-        raise ValueError(f"update impl {impl!r} is not one of {UPDATE_IMPLS}; use 'fast' (or 'reference' as a baseline)")
+    _check_impl(impl)
     if impl != "fast" or unsupported_reason(learner.model) is not None:
         return None
     with policy_of(cfg.trainer).autocast():
@@ -335,8 +339,7 @@ def update_policy(learner: Learner, batch: RolloutBatch, cfg: Config, generator:
     the model allows it, else as `reference`); `reference` runs every layer in every micro-batch.
     Both give the same gradients up to float rounding. ``prefix``: this batch's ``batch_prefix``, when the
     caller computed it already (for the scoring pass); otherwise the fast impl computes it here."""
-    if impl not in UPDATE_IMPLS:
-        raise ValueError(f"update impl {impl!r} is not one of {UPDATE_IMPLS}; use 'fast' (or 'reference' as a baseline)")
+    _check_impl(impl)
     learner.model.train()
     per_step: list[dict[str, float]] = []
     try:

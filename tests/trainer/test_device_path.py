@@ -342,10 +342,10 @@ def test_a_bf16_native_warm_start_is_cached_under_the_precision_it_resolves_to(m
     from stratarl.trainer import sft
 
     cfg = load_config(TINY, ["trainer.precision=bf16_native"])
-    monkeypatch.setattr(sft, "cpu_bf16_matmul", lambda: None)
+    monkeypatch.setattr(precision_module, "cpu_bf16_matmul", lambda: None)
     assert "precision" not in sft.warm_start_key(cfg)
     assert sft.warm_start_key(cfg) == sft.warm_start_key(load_config(TINY, ["trainer.precision=fp32"]))
-    monkeypatch.setattr(sft, "cpu_bf16_matmul", lambda: "AMX")
+    monkeypatch.setattr(precision_module, "cpu_bf16_matmul", lambda: "AMX")
     assert sft.warm_start_key(cfg)["precision"] == "bf16"
 
 
