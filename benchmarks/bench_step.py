@@ -10,9 +10,12 @@ seed, so each step samples the same questions and the same sampling stream (both
 fp32 warm start when it is cached, else from the bf16 one):
 
 - ``fp32`` (the baseline, the SmolLM2 lab as it ran before bf16): fp32 fast decoder, sampling log-probs
-  as old log-probs (``algo.old_logprobs=rollout``), fp32 update;
-- ``bf16``: the fast decoder on bf16 weight copies, old log-probs recomputed through the frozen prefix that
-  the update reuses (``algo.old_logprobs=recompute``), the update under bf16 autocast.
+  as old log-probs (``algo.old_logprobs=rollout``), the frozen prefix computed by a pass over the frozen
+  layers (``trainer.prefix_from_rollouts=false``), fp32 update;
+- ``bf16``: the fast decoder on bf16 weight copies, keeping the hidden states entering the lowest trainable
+  layer as it samples (``trainer.prefix_from_rollouts``: the frozen prefix, no second pass; the share of
+  steps that used it is printed), old log-probs recomputed through that prefix
+  (``algo.old_logprobs=recompute``), the update under bf16 autocast.
 
 The two runs' steps are interleaved (fp32 step 1, bf16 step 1, fp32 step 2, ...), so machine noise hits
 both; step 1 of each is a warm-up and is not counted. Printed per phase (generation, retrieval, frozen
@@ -44,8 +47,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ("generation", "retrieval", "frozen_prefix", "logprobs", "update", "step")
 ARMS = {
-    "fp32": ["trainer.precision=fp32", "algo.old_logprobs=rollout"],
-    "bf16": ["trainer.precision=bf16", "algo.old_logprobs=recompute"],
+    "fp32": ["trainer.precision=fp32", "algo.old_logprobs=rollout", "trainer.prefix_from_rollouts=false"],
+    "bf16": ["trainer.precision=bf16", "algo.old_logprobs=recompute", "trainer.prefix_from_rollouts=true"],
 }
 
 
@@ -113,8 +116,8 @@ def spy_first_log_ratio(record: list, optimizer):
 
 
 def timed_steps(runs: dict, steps: int) -> tuple[dict, dict, list]:
-    """Interleaved RL steps of every arm; (per-arm list of per-step metrics, the fp32 arm's last batch, the bf16
-    arm's first-step log ratios)."""
+    """Interleaved RL steps of every arm; (per-arm list of per-step metrics, each arm's last batch with its
+    weights and prefix, the bf16 arm's first-step log ratios)."""
     import stratarl.trainer.rl as rl
     import stratarl.trainer.update as update_module
 
@@ -123,18 +126,20 @@ def timed_steps(runs: dict, steps: int) -> tuple[dict, dict, list]:
     first_ratios: list[float] = []
     original = update_module.update_policy
 
-    def keeping(learner, batch, cfg, generator, **kwargs):
-        # The batch and the weights that sampled it (before this update changes them).
-        kept["batch"], kept["weights"] = copy.deepcopy(batch), copy.deepcopy(learner.model.state_dict())
-        return original(learner, batch, cfg, generator, **kwargs)
+    def keeping(arm):
+        def update(learner, batch, cfg, generator, **kwargs):
+            # The batch, the weights that sampled it (before this update changes them), and its prefix.
+            kept[arm] = {"batch": copy.deepcopy(batch), "weights": copy.deepcopy(learner.model.state_dict()),
+                         "prefix": kwargs.get("prefix")}
+            return original(learner, batch, cfg, generator, **kwargs)
+        return update
 
     for step in range(steps):
         for arm, run in runs.items():
             restore = None
             if arm == "bf16" and step == 0:
                 restore = spy_first_log_ratio(first_ratios, run.learner.optimizer)
-            if arm == "fp32":
-                update_module.update_policy = keeping
+            update_module.update_policy = keeping(arm)
             try:
                 metrics = rl.rl_step(run)
             finally:
@@ -144,7 +149,8 @@ def timed_steps(runs: dict, steps: int) -> tuple[dict, dict, list]:
             run.step += 1
             rows[arm].append(metrics)
             print(f"  step {step + 1} {arm}: " + " ".join(f"{p} {metrics.get(f'time/{p}', 0.0):.1f}s" for p in PHASES)
-                  + f", reward {metrics.get('reward/mean', 0.0):.2f}, searches {metrics.get('rollout/search_calls_mean', 0.0):.2f}",
+                  + f", reward {metrics.get('reward/mean', 0.0):.2f}, searches {metrics.get('rollout/search_calls_mean', 0.0):.2f}"
+                  + f", prefix {'from the rollouts' if metrics.get('perf/prefix_from_rollouts') else 'computed'}",
                   flush=True)
     return rows, kept, first_ratios
 
@@ -153,10 +159,10 @@ def numerics(runs: dict, kept: dict) -> dict:
     """Log-prob differences on one rollout batch (the fp32 run's last), all with the weights that sampled it."""
     from stratarl.trainer.update import batch_prefix, on_policy_shortcut, score_batch
 
-    batch = kept["batch"]
+    batch = kept["fp32"]["batch"]
     learner32 = runs["fp32"].learner
     model = copy.deepcopy(learner32.model)  # one set of weights for both precisions
-    model.load_state_dict(kept["weights"])
+    model.load_state_dict(kept["fp32"]["weights"])
     cfg32 = copy.deepcopy(runs["fp32"].cfg)
     cfg16 = runs["bf16"].cfg
     if on_policy_shortcut(cfg16):  # the bf16 step skips the scoring pass; here it is run to be compared
@@ -197,6 +203,23 @@ def numerics(runs: dict, kept: dict) -> dict:
     score_batch(learner, own, cfg16, batch_prefix(learner, own, cfg16))
     errors = [abs(float(own.old_logprobs[r, t]) - lp) for r, o in enumerate(outputs) for t, lp in enumerate(o.logprobs)]
     out["bf16_sampling_vs_bf16_scoring_max"] = max(errors) if errors else 0.0
+    # The bf16 arm's own last batch, with the prefix its decoder captured while sampling it: scored through
+    # that prefix (as its step did), through a computed bf16 prefix, and in fp32 with no prefix (the reference).
+    own16 = kept["bf16"]
+    if own16["prefix"] is not None and own16["prefix"].source == "rollouts":
+        model.load_state_dict(own16["weights"])
+        scored = {}
+        for name, cfg, prefix in (("fp32", cfg32, None), ("computed", cfg16, batch_prefix(learner, own16["batch"], cfg16)),
+                                  ("captured", cfg16, own16["prefix"])):
+            b = copy.deepcopy(own16["batch"])
+            b.old_logprobs = None
+            score_batch(learner, b, cfg, prefix)
+            scored[name] = b.old_logprobs
+        m = own16["batch"].response_mask.bool()
+        for name in ("computed", "captured"):
+            diff = (scored[name] - scored["fp32"])[m].abs()
+            out[f"bf16_{name}_prefix_vs_fp32_scoring_max"] = float(diff.max())
+            out[f"bf16_{name}_prefix_vs_fp32_scoring_mean"] = float(diff.mean())
     return out
 
 
@@ -267,6 +290,14 @@ def main() -> int:
           f"scoring {n['fp32_sampling_vs_fp32_scoring_max']:.2e}; bf16 sampling vs bf16 scoring "
           f"{n['bf16_sampling_vs_bf16_scoring_max']:.4f}; first bf16 step max |log ratio| "
           f"{n['first_bf16_step_max_log_ratio']:.2e} (target < 1e-3)")
+    if "bf16_captured_prefix_vs_fp32_scoring_max" in n:
+        print(f"the bf16 arm's last batch scored through the prefix its decoder captured vs fp32 scoring: max |dlogp| "
+              f"{n['bf16_captured_prefix_vs_fp32_scoring_max']:.4f} (mean {n['bf16_captured_prefix_vs_fp32_scoring_mean']:.5f}); "
+              f"through a computed bf16 prefix {n['bf16_computed_prefix_vs_fp32_scoring_max']:.4f} "
+              f"(mean {n['bf16_computed_prefix_vs_fp32_scoring_mean']:.5f})")
+    shares = {arm: sum(float(m.get("perf/prefix_from_rollouts", 0.0)) for m in r) / max(1, len(r)) for arm, r in rows.items()}
+    summary["prefix_from_rollouts_share"] = shares
+    print("steps whose prefix came from the rollouts: " + ", ".join(f"{arm} {v:.0%}" for arm, v in shares.items()))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -212,14 +212,29 @@ def update_comparison(cfg, batch, repeats: int = 2) -> dict:
             "advantages_replaced": replaced}
 
 
+SEARCH_CREDIT = 0.1
+# New tokens per completion in the TRL comparison: room for the warm start's search turn and what it writes
+# after it in one turn (a second search, or an answer with no information to go on), so rewards differ
+# within a group. At 32 the turn ends inside the first search and every completion scores the same.
+MAX_NEW_TOKENS = 56
+
+
 def format_f1_reward(response_text: str, golden_answers) -> float:
     """Partial credit for the TRL comparison: token F1 of the <answer> with Search-R1's format term (0.2 for
-    a well-formed answer that is wrong). A base model gets non-zero rewards from format alone, so both
-    arms' gradients do real work (all-zero rewards make GRPO's advantages, and its gradient, zero)."""
+    a well-formed answer that is wrong), and ``SEARCH_CREDIT`` for a response with no answer that completes a
+    ``<search>...</search>`` call (in one turn a searching policy gets no answer): searching scores above
+    answering with nothing retrieved, which is wrong or malformed (0). A policy gets non-zero, varied rewards
+    from format alone, so both arms' gradients do real work (all-equal rewards make GRPO's advantages, and its
+    gradient, zero)."""
+    import re
+
     from stratarl.rewards import f1_reward
     from stratarl.rewards.formats import make_format_reward
 
-    return make_format_reward(f1_reward, 0.2)(response_text, golden_answers)
+    score = make_format_reward(f1_reward, 0.2)(response_text, golden_answers)
+    if score == 0.0 and "<answer>" not in response_text and re.search(r"<search>.+?</search>", response_text, re.S):
+        return SEARCH_CREDIT
+    return score
 
 
 def real_work_error(name: str, rewards: list[float], grad_norms: list[float]) -> str | None:
@@ -232,7 +247,8 @@ def real_work_error(name: str, rewards: list[float], grad_norms: list[float]) ->
     return None
 
 
-def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, lr: float = 1e-6) -> dict:
+def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, lr: float = 1e-6,
+                   overrides: list[str] | None = None) -> dict:
     """Single-turn GRPO, same model / prompts / group size / max new tokens / one update per batch / reward
     (``format_f1_reward``), in TRL's GRPOTrainer and in stratarl's loop (max_turns 0: one turn, all weights
     trainable, no KL). Step time = mean wall time of steps 2..N (the first warms up). Also returns each arm's
@@ -245,8 +261,16 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
     from stratarl.trainer.config import load_config
     from stratarl.trainer.setup import load_policy, load_task
 
-    cfg = load_config(str(REPO / "configs" / "smollm2.yaml"))
+    from stratarl.trainer.sft import warm_start_cache_dir
+
+    overrides = list(overrides or [])  # e.g. data.synthetic.seed=7: the task (and so the warm start) of that world
+    cfg = load_config(str(REPO / "configs" / "smollm2.yaml"), [*overrides, "trainer.precision=fp32"])
     task = load_task(cfg)
+    # Both arms start from the lab's cached warm start when there is one (the one `stratarl demo --config
+    # configs/smollm2.yaml` builds, at the config's own precision; its weights are saved in fp32), else from the
+    # base model. It writes the protocol's tags, so format credit varies within a group.
+    folder = warm_start_cache_dir(load_config(str(REPO / "configs" / "smollm2.yaml"), overrides)) / "model"
+    init = str(folder) if (folder / "config.json").is_file() else None
     examples = task.train[:prompts * steps]
     answers = {build_prompt(e.question): e.golden_answers for e in examples}
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": build_prompt(e.question)}]} for e in examples])
@@ -270,20 +294,21 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
 
     def ours() -> dict:
         return loop_bench(str(REPO / "configs" / "smollm2.yaml"), steps,
-                          ["algo.name=grpo", "rollout.max_turns=0", f"rollout.max_tokens_per_turn={max_tokens}",
+                          [*overrides, "algo.name=grpo", "rollout.max_turns=0", f"rollout.max_tokens_per_turn={max_tokens}",
                            f"rollout.group_size={group_size}", f"trainer.prompts_per_step={prompts}", "trainer.epochs=1",
                            "trainer.mini_batches=1", "algo.kl_coef=0", "model.trainable_layers=0", f"optim.lr={lr}",
                            "rollout.temperature=1.0", "algo.reward=bench_train:format_f1_reward",
                            # One update per batch: pi_old is the sampler's own log-probs, as TRL's
                            # num_iterations=1 uses the detached current log-probs: no extra forward pass.
                            "optim.warmup_steps=0", "algo.old_logprobs=rollout",
-                           "trainer.precision=fp32"],  # TRL's arm runs fp32 (bf16=False) on a CPU
+                           "trainer.precision=fp32",  # TRL's arm runs fp32 (bf16=False) on a CPU
+                           *([f"model.init_from={init}"] if init else [])],
                           per_step=True)
 
     # Ours before and after TRL: on a shared machine the load drifts; the mean of the two
     # brackets TRL's run in time.
     ours_before = ours()
-    model, tokenizer = load_policy(cfg.model.__class__(name=cfg.model.name))
+    model, tokenizer = load_policy(cfg.model.__class__(name=cfg.model.name, init_from=init))
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=prompts * group_size, num_generations=group_size,
@@ -313,6 +338,7 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
                                 ("time/generation", "time/logprobs", "time/update")},
             "stratarl_completion_len": (ours_before["rollout/response_length_mean"]
                                         + ours_after["rollout/response_length_mean"]) / 2,
+            "policy": init or cfg.model.name,
             "error": "; ".join(errors) or None, "ratio": None if errors else step / trl_step}
 
 
@@ -338,11 +364,11 @@ def main() -> int:
     print(f"[baseline] fp32 matmul: {peak / 1e9:.1f} GFLOP/s")
     results: dict = {"matmul_flops": peak}
     if args.trl or args.trl_only:
-        cmp = trl_comparison(steps=max(2, args.steps), prompts=2, group_size=4, max_tokens=32)
+        cmp = trl_comparison(steps=max(2, args.steps), prompts=2, group_size=4, max_tokens=MAX_NEW_TOKENS, overrides=args.overrides)
         results["trl"] = cmp
         mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
-        print(f"[vs TRL] single-turn GRPO on configs/smollm2.yaml's task, 2 prompts x 4, <= 32 new tokens, 1 update/batch, "
-              f"reward: answer F1 + format credit (format_f1_reward)")
+        print(f"[vs TRL] single-turn GRPO on configs/smollm2.yaml's task, 2 prompts x 4, <= {MAX_NEW_TOKENS} new tokens, 1 update/batch, "
+              f"reward: answer F1 + format credit, 0.1 for a completed search (format_f1_reward); policy {cmp['policy']}")
         print(f"    TRL GRPOTrainer {cmp['trl_step_s']:.1f} s/step, mean reward {mean(cmp['trl_rewards']):.3f}, "
               f"mean grad norm {mean(cmp['trl_grad_norms']):.3g} (completions {cmp['trl_completion_len']})")
         print(f"    stratarl {cmp['stratarl_step_s']:.1f} s/step (before / after TRL: "

@@ -85,6 +85,9 @@ class Rollout:
     truncated_observations: int = 0
     end_reason: EndReason | None = None
     response_text: str = ""
+    # (tokens, hidden states [len(tokens), H]) entering the generator's capture layer, from the last turn
+    # (``RolloutEngine.run(..., capture_layer=k)``): what the trainer's frozen prefix would recompute.
+    frozen_states: tuple[list[int], object] | None = field(default=None, repr=False, compare=False)
 
     @property
     def done(self) -> bool:
@@ -141,8 +144,12 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.config = config or RolloutConfig()
 
-    def run(self, prompts: Sequence[Sequence[int]]) -> list[Rollout]:
-        """One rollout per prompt (token ids, e.g. from ``encode_prompt``), in order."""
+    def run(self, prompts: Sequence[Sequence[int]], capture_layer: int | None = None) -> list[Rollout]:
+        """One rollout per prompt (token ids, e.g. from ``encode_prompt``), in order.
+
+        ``capture_layer`` k: each rollout keeps the hidden states entering decoder layer k of the tokens
+        the generator read (``Rollout.frozen_states``) when the generator can capture them (the fast
+        decode path); otherwise it stays None."""
         config = self.config
         rollouts = [Rollout(prompt_ids=list(p)) for p in prompts]
         for rollout in rollouts:
@@ -160,11 +167,15 @@ class RolloutEngine:
             if getattr(self.generator, "supports_cache_keys", False):
                 # Each rollout's KV from its previous turn is reused: only the observation is read.
                 keys = [(id(rollouts), i) for i in live_index]
-                generations = self.generator.generate(histories, params, budgets, cache_keys=keys)
+                capture = ({"capture_layer": capture_layer}
+                           if capture_layer is not None and getattr(self.generator, "supports_capture", False) else {})
+                generations = self.generator.generate(histories, params, budgets, cache_keys=keys, **capture)
             else:
                 generations = self.generator.generate(histories, params, budgets)
             last_turn = turn_index == config.max_turns
             searches = [self._after_turn(r, g, last_turn) for r, g in zip(live, generations)]
+            for rollout, generation in zip(live, generations):
+                rollout.frozen_states = getattr(generation, "frozen_states", None)
             pending = [(r, action.content) for r, action in zip(live, searches) if action is not None]
             if pending:
                 self._run_searches(pending)

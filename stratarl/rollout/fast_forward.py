@@ -294,6 +294,12 @@ class FastDecoder:
         self._version: tuple | None = None
         self._unpacked_for_small = False  # layers built without packing for a batch of <= GEMV_ROWS rows
         self._rope_cos = self._rope_sin = None  # [n, D] tables for positions 0..n-1
+        # ``capture_layer`` k: keep the hidden states entering layer k (the residual stream, fp32) of every
+        # token the decoder runs, in ``h_cache`` [B, capacity, H] next to the K/V. When layers 0..k-1 are
+        # frozen, these are the states the trainer's frozen prefix would recompute for the same tokens
+        # (``stratarl.trainer.prefix.captured_prefix``). None: nothing is kept.
+        self.capture_layer: int | None = None
+        self.h_cache: torch.Tensor | None = None
 
     # -- weights ---------------------------------------------------------------------------
     def _weights_version(self) -> tuple | None:
@@ -413,8 +419,13 @@ class FastDecoder:
         mask = mask.masked_fill_(~allowed, float("-inf"))[:, None]
         hidden = self.inner.embed_tokens(ids)
         last = len(self._layers) - 1
+        capture = self.capture_layer if self.capture_layer is not None and self.capture_layer <= last else None
+        self.h_cache = (torch.zeros((batch, capacity, hidden.shape[-1]), dtype=torch.float32, device=weight.device)
+                        if capture is not None else None)
         with _own_dtypes():
             for index, layer in enumerate(self._layers):
+                if index == capture:  # the new tokens' states; a prefix's columns stay 0 (its caller has them)
+                    self.h_cache[:, prefix_width:prefix_width + length] = hidden
                 hidden = self._layer_prefill(index, layer, hidden, cos, sin, mask, prefix_width, index == last)
             return self._logits(hidden[:, -1])
 
@@ -445,6 +456,16 @@ class FastDecoder:
             raise ValueError(f"row {row} has {len(columns)} cached tokens, asked for {num_tokens}")
         columns = columns[:num_tokens]
         return self.k_cache[:, row].index_select(2, columns), self.v_cache[:, row].index_select(2, columns)
+
+    def row_hidden(self, row: int, num_tokens: int) -> torch.Tensor:
+        """Row ``row``'s captured states [num_tokens, H] (``capture_layer``) of its first ``num_tokens``
+        cached tokens, in the order of ``row_cache``; the columns of a prefix given to ``prefill`` are 0."""
+        if self.h_cache is None:
+            raise ValueError("no hidden states were captured: set capture_layer before prefill")
+        columns = self.valid[row, :self.length].nonzero().squeeze(-1)
+        if len(columns) < num_tokens:
+            raise ValueError(f"row {row} has {len(columns)} cached tokens, asked for {num_tokens}")
+        return self.h_cache[row].index_select(0, columns[:num_tokens])
 
     def _qkv(self, layer: _Layer, hidden, cos, sin):
         """Q, K (rope applied) and V, each [B, heads, L, D]; ``sin`` is the signed table of ``_rope``."""
@@ -495,6 +516,8 @@ class FastDecoder:
 
     def _decode_layers(self, hidden, cos, sin, bias, column: int, batch: int) -> torch.Tensor:
         for index, layer in enumerate(self._layers):
+            if index == self.capture_layer and self.h_cache is not None:
+                self.h_cache[:, column] = hidden[:, 0]
             q, k, v = self._qkv(layer, hidden, cos, sin)  # q [B, heads, 1, D]
             self.k_cache[index, :, :, column] = k[:, :, 0]
             self.v_cache[index, :, :, column] = v[:, :, 0]
@@ -517,3 +540,5 @@ class FastDecoder:
         self.valid = self.valid.index_select(0, rows)
         self.bias = self.bias.index_select(0, rows)
         self.next_position = self.next_position.index_select(0, rows)
+        if self.h_cache is not None:
+            self.h_cache = self.h_cache.index_select(0, rows)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import torch
@@ -71,12 +71,17 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Generation:
-    """One row's output: generated ids, their sampling log-probs, why it ended."""
+    """One row's output: generated ids, their sampling log-probs, why it ended.
+
+    ``frozen_states`` (only when asked for with ``capture_layer``): (tokens, states [len(tokens), H]), the
+    hidden states entering that layer of every token the model read for this row: its whole prompt
+    (a reused prefix included) and the generated tokens but the last, which was never fed back."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     stop_string: str | None = None
+    frozen_states: tuple[list[int], torch.Tensor] | None = field(default=None, compare=False, repr=False)
 
 
 class Generator(Protocol):
@@ -256,6 +261,11 @@ class KVCacheGenerator:
     same weights) computes only its new tokens: a rollout's next turn reads only the
     observation, not the whole history again. Results equal a full prefill up to
     float rounding.
+
+    ``generate(..., capture_layer=k)`` (fast path, with cache keys) also returns, per row, the hidden
+    states entering decoder layer k of every token read (``Generation.frozen_states``); the prefix
+    cache keeps them with the K/V so a multi-turn rollout's states cover its whole history. With
+    layers 0..k-1 frozen these are the trainer's frozen prefix, which it then need not recompute.
     """
 
     def __init__(self, model, tokenizer, *, seed: int = 0, drop_finished: bool = True, fast: bool | None = None,
@@ -270,6 +280,7 @@ class KVCacheGenerator:
         self._matchers: dict[tuple[str, ...], StopMatcher] = {}
         # Prefix cache (fast path): each row's KV after the last call, under its cache key.
         self.supports_cache_keys = self.fast_decoder is not None
+        self.supports_capture = self.fast_decoder is not None  # generate(..., capture_layer=k)
         self.prefix_cache_bytes = prefix_cache_bytes
         self._prefix_store: dict = {}
         self.last_reused_tokens = 0  # prompt tokens the last call took from the prefix cache
@@ -301,42 +312,59 @@ class KVCacheGenerator:
         for prompt, key in zip(prompts, keys):
             entry = self._prefix_store.get(key) if key is not None else None
             if entry is not None:
-                version, tokens, _, _ = entry
+                version, tokens = entry[0], entry[1]
                 usable = (version is not None and version == decoder._version and len(tokens) < len(prompt)
                           and list(prompt[:len(tokens)]) == tokens)
                 entry = entry if usable else None
             found.append(entry)
         return found
 
-    def _start_fast(self, prompts: list, keys: list | None, max_limit: int):
-        """Prefill on the fast path (reusing cached prefixes); returns logits, decode, select."""
+    def _start_fast(self, prompts: list, keys: list | None, max_limit: int, capture_layer: int | None = None):
+        """Prefill on the fast path (reusing cached prefixes); returns logits, decode, select, and the
+        prefix-store entry each row reused (or None)."""
         decoder = self.fast_decoder
         entries = self._cached_prefixes(prompts, keys) if keys is not None else [None] * len(prompts)
+        if capture_layer is not None:  # a reused prefix must bring its captured states along
+            entries = [e if e is not None and e[4] is not None else None for e in entries]
+        decoder.capture_layer = capture_layer
         suffixes = [list(p[len(e[1]):]) if e is not None else list(p) for p, e in zip(prompts, entries)]
         ids, attention = left_pad(suffixes, self.pad_id, self.device)
         prefixes = [(e[2], e[3]) if e is not None else None for e in entries]
         prefix_width = max((len(e[1]) for e in entries if e is not None), default=0)
         logits = decoder.prefill(ids, attention, prefix_width + ids.shape[1] + max_limit, prefixes)
         self.last_reused_tokens = sum(len(e[1]) for e in entries if e is not None)
-        return logits, decoder.decode, decoder.select
+        return logits, decoder.decode, decoder.select, entries
+
+    def _row_states(self, b: int, tokens: list[int], entry) -> torch.Tensor:
+        """Batch row ``b``'s captured states of ``tokens``, its reused prefix's (``entry``) spliced in."""
+        states = self.fast_decoder.row_hidden(b, len(tokens))
+        if entry is not None:
+            states[:len(entry[1])] = entry[4]
+        return states
 
     def _store_rows(self, store: dict, used_bytes: int, batch_rows: list[tuple[int, int]], prompts, outputs,
-                    keys) -> int:
-        """Keep (batch position, prompt index) rows' KV in ``store`` under their keys while the
-        store's size stays within the byte budget; returns the store's new size in bytes."""
+                    keys, entries: list, captured: dict) -> int:
+        """Keep (batch position, prompt index) rows' KV (and captured states) in ``store`` under their keys
+        while the store's size stays within the byte budget; returns the store's new size in bytes.
+        With a capture layer, every finished row's states go to ``captured`` (prompt index -> states)."""
         decoder = self.fast_decoder
         cache = decoder.k_cache  # [layers, B, kv_heads, T, head_dim]; values are the same size
         per_token = 2 * cache.shape[0] * cache.shape[2] * cache.shape[4] * cache.element_size()
+        if decoder.h_cache is not None:
+            per_token += decoder.h_cache.shape[-1] * decoder.h_cache.element_size()
         for b, row in batch_rows:
-            key = keys[row]
-            if key is None or not outputs[row]:
+            if not outputs[row]:
                 continue
             tokens = list(prompts[row]) + outputs[row][:-1]  # the last sampled token was never fed
-            if used_bytes + per_token * len(tokens) > self.prefix_cache_bytes:
+            states = self._row_states(b, tokens, entries[row]) if decoder.h_cache is not None else None
+            if states is not None:
+                captured[row] = (tokens, states)
+            key = keys[row] if keys is not None else None
+            if key is None or used_bytes + per_token * len(tokens) > self.prefix_cache_bytes:
                 continue
             used_bytes += per_token * len(tokens)
             k, v = decoder.row_cache(b, len(tokens))
-            store[key] = (decoder._version, tokens, k, v)
+            store[key] = (decoder._version, tokens, k, v, states)
         return used_bytes
 
     def _start_generic(self, prompts: list):
@@ -364,13 +392,15 @@ class KVCacheGenerator:
         return logits, step, select
 
     @torch.inference_mode()
-    def generate(self, prompts, params: SamplingParams, max_new_tokens=None, cache_keys=None) -> list[Generation]:
+    def generate(self, prompts, params: SamplingParams, max_new_tokens=None, cache_keys=None,
+                 capture_layer: int | None = None) -> list[Generation]:
         limits = row_limits(len(prompts), params, max_new_tokens)
         if cache_keys is not None and len(cache_keys) != len(prompts):
             raise ValueError(f"cache_keys has {len(cache_keys)} entries for {len(prompts)} prompts")
         keys = list(cache_keys) if cache_keys is not None and self.fast_decoder is not None else None
         store: dict = {}
         store_bytes = 0
+        captured: dict[int, tuple[list[int], torch.Tensor]] = {}  # prompt index -> frozen_states
         matcher = self._matcher(tuple(params.stop_strings))
         outputs: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
@@ -385,9 +415,15 @@ class KVCacheGenerator:
         live_prompts = [prompts[i] for i in live]
         if self.fast_decoder is not None:
             live_keys = [keys[i] for i in live] if keys is not None else None
-            logits, decode_step, select_rows = self._start_fast(live_prompts, live_keys, max(limits))
+            logits, decode_step, select_rows, live_entries = self._start_fast(live_prompts, live_keys, max(limits),
+                                                                             capture_layer)
+            entries = [None] * len(prompts)
+            for i, entry in zip(live, live_entries):
+                entries[i] = entry
+            finish_rows = keys is not None or capture_layer is not None
         else:
             logits, decode_step, select_rows = self._start_generic(live_prompts)
+            finish_rows = False
         rows = list(live)  # batch position -> prompt index
         pending_eos: set[int] = set()  # rows that stopped on an eos_after string
         while True:
@@ -417,20 +453,22 @@ class KVCacheGenerator:
                 break
             finished_in_batch = len(rows) - len(keep)  # finished rows not dropped yet
             if self.drop_finished and finished_in_batch and finished_in_batch * 4 >= len(rows):
-                if keys is not None:
+                if finish_rows:
                     kept = set(keep)
                     store_bytes = self._store_rows(store, store_bytes, [(b, r) for b, r in enumerate(rows) if b not in kept],
-                                                   prompts, outputs, keys)
+                                                   prompts, outputs, keys, entries, captured)
                 index = torch.tensor(keep, device=self.device)
                 select_rows(index)
                 tokens = tokens[index]
                 rows = [rows[b] for b in keep]
             logits = decode_step(tokens)
-        if keys is not None:
-            self._store_rows(store, store_bytes, list(enumerate(rows)), prompts, outputs, keys)
+        if finish_rows:
+            self._store_rows(store, store_bytes, list(enumerate(rows)), prompts, outputs, keys, entries, captured)
         self._prefix_store = store  # rows not in this call are gone: their rollouts ended
+        if self.fast_decoder is not None:
+            self.fast_decoder.capture_layer, self.fast_decoder.h_cache = None, None  # free the states' memory
         return [
-            Generation(outputs[i], logprobs[i], finish[i][0], finish[i][1])  # type: ignore[index]
+            Generation(outputs[i], logprobs[i], finish[i][0], finish[i][1], captured.get(i))  # type: ignore[index]
             for i in range(len(prompts))
         ]
 

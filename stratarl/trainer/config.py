@@ -369,6 +369,10 @@ class TrainerConfig:
     """Token budget (rows x padded length) of one forward/backward; gradients accumulate over micro-batches."""
     logprob_chunk_tokens: int = 1024
     """Response tokens per chunk of the selective log-softmax (bounds the [tokens x vocab] buffer)."""
+    prefix_from_rollouts: bool = True
+    """With frozen lower layers (`model.trainable_layers`), the update's frozen prefix is the hidden states the
+    fast decoder kept while sampling, not a second pass over the frozen layers (falls back to that pass,
+    `perf/prefix_from_rollouts` 0, when they do not cover the batch). false: always the second pass."""
     seed: int = 0
     """Seeds data order, rollout sampling and initialisation."""
     output_dir: str = "runs"

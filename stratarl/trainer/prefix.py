@@ -120,7 +120,8 @@ class Prefix:
     prompt_hidden [U, P, H] and prompt_valid [U, P]: the U distinct prompts, left-padded to P;
     response_hidden [B, R, H]: response tokens 0..R-1 of each row (R = longest response - 1: the
     state after a row's last token predicts nothing); inverse [B]: each row's prompt;
-    prompt_lengths, response_lengths [B].
+    prompt_lengths, response_lengths [B]; source: "computed" (``frozen_prefix``) or "rollouts"
+    (``captured_prefix``).
     """
 
     layer: int
@@ -130,6 +131,7 @@ class Prefix:
     inverse: torch.Tensor
     prompt_lengths: torch.Tensor
     response_lengths: torch.Tensor
+    source: str = "computed"  # "computed" by frozen_prefix, or "rollouts": captured by the generator
 
 
 def distinct_prompts(input_ids: torch.Tensor, prompt_lengths: torch.Tensor) -> tuple[list[tuple], torch.Tensor]:
@@ -182,6 +184,55 @@ def frozen_prefix(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
                                     starts + columns.view(1, width), key_valid, past)
             response_hidden[rows, :width] = hidden
     return Prefix(k, prompt_hidden, prompt_valid, response_hidden, inverse, prompt_lengths, response_lengths)
+
+
+def captured_prefix(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    prompt_lengths: torch.Tensor, states: list) -> tuple[Prefix | None, str | None]:
+    """The ``Prefix`` of a batch from the hidden states its rollouts captured while generating, or (None,
+    why not): then ``frozen_prefix`` must compute it.
+
+    ``states[b]``: row b's ``Rollout.frozen_states`` (tokens, hidden [len(tokens), H]): the states entering
+    the generator's capture layer of the tokens it read. They are this batch's prefix when that layer is
+    ``lowest_trainable_layer`` (layers below it are frozen, so their outputs are the same whenever they
+    run) and the tokens are row b's own: its prompt and every response token but the last (checked token
+    by token here). The generator computed them with its own kernels (fused projections, bf16 copies of
+    the weights in a bf16 run): the same values as ``frozen_prefix`` up to float rounding.
+    """
+    decoder = _decoder(model)
+    k = lowest_trainable_layer(decoder)
+    if k >= len(decoder.layers):
+        return None, "no decoder layer trains"
+    if len(states) != input_ids.shape[0]:
+        raise ValueError(f"{len(states)} captured states for {input_ids.shape[0]} batch rows")
+    response_lengths = attention_mask.long().sum(-1) - prompt_lengths
+    lengths = prompt_lengths.tolist()
+    needs = [n + max(int(r) - 1, 0) for n, r in zip(lengths, response_lengths.tolist())]
+    rows = input_ids.tolist()
+    H = decoder.config.hidden_size
+    for b, (state, need) in enumerate(zip(states, needs)):
+        if state is None:
+            return None, f"row {b} has no captured states"
+        tokens, hidden = state
+        if getattr(hidden, "shape", None) is None or hidden.dim() != 2 or hidden.shape[1] != H:
+            return None, f"row {b}'s captured states are not [tokens, {H}]"
+        if len(tokens) < need or list(tokens[:need]) != rows[b][:need] or hidden.shape[0] < need:
+            return None, f"row {b}'s captured tokens are not its prompt and response"
+    device, dtype = input_ids.device, decoder.embed_tokens.weight.dtype
+    prompts, inverse = distinct_prompts(input_ids, prompt_lengths)
+    U, P = len(prompts), int(prompt_lengths.max())
+    first = {int(u): b for b, u in reversed(list(enumerate(inverse.tolist())))}
+    prompt_hidden = torch.zeros((U, P, H), dtype=dtype, device=device)
+    prompt_valid = torch.zeros((U, P), dtype=torch.bool, device=device)
+    for u in range(U):  # left padding: every prompt ends at column P - 1
+        n = lengths[first[u]]
+        prompt_hidden[u, P - n:] = states[first[u]][1][:n].to(device=device, dtype=dtype)
+        prompt_valid[u, P - n:] = True
+    R = max(int(response_lengths.max()) - 1, 0)
+    response_hidden = torch.zeros((len(rows), R, H), dtype=dtype, device=device)
+    for b, (n, need) in enumerate(zip(lengths, needs)):
+        response_hidden[b, :need - n] = states[b][1][n:need].to(device=device, dtype=dtype)
+    return Prefix(k, prompt_hidden, prompt_valid, response_hidden, inverse.to(device), prompt_lengths,
+                  response_lengths, source="rollouts"), None
 
 
 def suffix_hidden(model: torch.nn.Module, prefix: Prefix, rows: list[int], T: int) -> torch.Tensor:

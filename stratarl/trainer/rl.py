@@ -147,8 +147,11 @@ def _rl_step(run: RunState) -> dict[str, float]:
     step_start = time.perf_counter()
     examples = [run.task.train[i] for i in run.sampler.next(cfg.trainer.prompts_per_step)]
 
+    # The generator keeps the hidden states entering the lowest trainable layer: the frozen prefix the
+    # update needs, already computed while sampling (None when the fast update does not run).
+    capture = update_module.capture_layer(run.learner) if cfg.trainer.prefix_from_rollouts else None
     collected = rollouts_module.collect(run.generator, run.retriever, run.tokenizer, examples, collection_config(cfg),
-                        group_size=cfg.rollout.group_size, prompt_cache=run.prompt_cache)
+                        group_size=cfg.rollout.group_size, prompt_cache=run.prompt_cache, capture_layer=capture)
     timer.add("generation", collected.generation_s)
     timer.add("retrieval", collected.retrieval_s)
     faulty = rollouts_module.faulty_rollouts(collected.rollouts)
@@ -165,7 +168,10 @@ def _rl_step(run: RunState) -> dict[str, float]:
     batch.old_logprobs = scatter_response_values([r.sampling_logprobs for r in collected.rollouts], batch.response_lengths)
     batch = batch.to(cfg.trainer.device)
     with timer("frozen_prefix"):  # the frozen layers, once for the scoring pass and every optimizer step
-        prefix = update_module.batch_prefix(run.learner, batch, cfg)
+        states = [r.frozen_states for r in collected.rollouts] if capture is not None else None
+        prefix = update_module.batch_prefix(run.learner, batch, cfg, states=states)
+    for rollout in collected.rollouts:
+        rollout.frozen_states = None  # the states' memory, now in the prefix
     with timer("logprobs"):
         score_batch(run.learner, batch, cfg, prefix, shortcut=True)
     compute_advantages(cfg, batch, collected.rewards, collected.group_ids, strata)
@@ -176,6 +182,7 @@ def _rl_step(run: RunState) -> dict[str, float]:
     metrics = {**rollout_metrics(collected), **advantage_metrics(batch.advantages, batch.response_mask), **update,
                **stratum_metrics(cfg, collected, strata), **em_by_type(collected.examples, collected.em), **faults}
     metrics.update(timer.pop())
+    metrics["perf/prefix_from_rollouts"] = float(prefix is not None and prefix.source == "rollouts")
     metrics["time/step"] = time.perf_counter() - step_start
     update_tokens = float(batch.attention_mask.sum()) * cfg.trainer.epochs
     metrics["perf/update_tokens_per_s"] = update_tokens / max(metrics.get("time/update", 0.0), 1e-9)

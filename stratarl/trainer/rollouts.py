@@ -117,8 +117,10 @@ def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = 
 
 
 def collect(generator, retriever: TimedRetriever, tokenizer, examples: Sequence[Example], cfg: Config, *,
-            group_size: int, greedy: bool = False, prompt_cache: dict | None = None) -> CollectedBatch:
-    """G rollouts per example (consecutive), scored with the run's reward and stratified."""
+            group_size: int, greedy: bool = False, prompt_cache: dict | None = None,
+            capture_layer: int | None = None) -> CollectedBatch:
+    """G rollouts per example (consecutive), scored with the run's reward and stratified. ``capture_layer``:
+    the rollouts keep the hidden states entering that decoder layer (``RolloutEngine.run``)."""
     prompts = encode_prompts(tokenizer, examples, prompt_cache, cfg.rollout.prompt_template, cfg.rollout.rebuild_prompt)
     flat_prompts = [p for p in prompts for _ in range(group_size)]
     flat_examples = [e for e in examples for _ in range(group_size)]
@@ -126,7 +128,7 @@ def collect(generator, retriever: TimedRetriever, tokenizer, examples: Sequence[
     engine = RolloutEngine(generator, retriever, tokenizer, engine_config(cfg, greedy=greedy))
     retriever.pop_seconds()
     start = time.perf_counter()
-    rollouts = engine.run(flat_prompts)
+    rollouts = engine.run(flat_prompts, capture_layer=capture_layer)
     total = time.perf_counter() - start
     retrieval_s = retriever.pop_seconds()
     reward_fn = reward_function(cfg.algo.reward)

@@ -33,8 +33,8 @@ from stratarl.trainer.config import Config
 from stratarl.trainer.critic import ValueHead, hidden_size_of, response_values
 from stratarl.trainer.logprobs import response_logprobs
 from stratarl.trainer.precision import policy_of
-from stratarl.trainer.prefix import (Prefix, frozen_prefix, group_micro_batches, prefix_response_logprobs,
-                                     unsupported_reason)
+from stratarl.trainer.prefix import (Prefix, captured_prefix, frozen_prefix, group_micro_batches,
+                                     lowest_trainable_layer, prefix_response_logprobs, unsupported_reason)
 
 UPDATE_IMPLS = ("fast", "reference")
 
@@ -111,13 +111,30 @@ def _check_impl(impl: str) -> None:
         raise ValueError(f"update impl {impl!r} is not one of {UPDATE_IMPLS}; use 'fast' (or 'reference' as a baseline)")
 
 
-def batch_prefix(learner: Learner, batch: RolloutBatch, cfg: Config, impl: str = "fast") -> Prefix | None:
-    """The frozen layers' hidden states for the whole rollout batch (``prefix.frozen_prefix``), in the run's
-    precision, computed once and shared by the scoring pass and every optimizer step; None with the
+def capture_layer(learner: Learner, impl: str = "fast") -> int | None:
+    """The decoder layer whose input states the training rollouts should keep for ``batch_prefix``: the lowest
+    trainable one, when the fast update runs and layers below it are frozen; else None (nothing kept)."""
+    if impl != "fast" or unsupported_reason(learner.model) is not None:
+        return None
+    decoder = learner.model.get_decoder()
+    k = lowest_trainable_layer(decoder)
+    return k if 0 < k < len(decoder.layers) else None
+
+
+def batch_prefix(learner: Learner, batch: RolloutBatch, cfg: Config, impl: str = "fast",
+                 states: list | None = None) -> Prefix | None:
+    """The frozen layers' hidden states for the whole rollout batch, shared by the scoring pass and every
+    optimizer step: the states the generator kept while sampling (``prefix.captured_prefix``; ``states`` =
+    each row's ``Rollout.frozen_states``; ``Prefix.source`` "rollouts") when they cover the batch's tokens
+    exactly, else ``prefix.frozen_prefix`` once, in the run's precision (source "computed"); None with the
     `reference` impl or a model the fast path does not cover."""
     _check_impl(impl)
     if impl != "fast" or unsupported_reason(learner.model) is not None:
         return None
+    if states is not None:
+        prefix, _ = captured_prefix(learner.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, states)
+        if prefix is not None:
+            return prefix
     with policy_of(cfg.trainer).autocast():
         return frozen_prefix(learner.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
 

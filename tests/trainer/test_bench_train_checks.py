@@ -33,3 +33,12 @@ def test_partial_credit_reward(bench):
     assert bench.format_f1_reward("no tags at all", ["paris"]) == 0.0
     # 'paris france' vs 'paris': precision 1/2, recall 1 -> F1 2/3, minus 0.2 for the missing <think>.
     assert bench.format_f1_reward("<answer>paris france</answer>", ["paris"]) == pytest.approx(2 / 3 - 0.2)
+
+
+def test_search_credit(bench):
+    # A completed search with no answer gets SEARCH_CREDIT; an unfinished one, or an answer written after a
+    # search with nothing retrieved (a malformed turn, wrong here), gets less: rewards differ within a group.
+    search = "<think> I need to search for this. </think>\n<search> Where was Duku born? </search>\n"
+    assert bench.format_f1_reward(search, ["Quozen"]) == bench.SEARCH_CREDIT
+    assert bench.format_f1_reward("<think> x </think>\n<search> Where was Duku", ["Quozen"]) == 0.0
+    assert bench.format_f1_reward(search + "<answer> Duku </answer>", ["Quozen"]) < bench.SEARCH_CREDIT

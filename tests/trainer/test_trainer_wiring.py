@@ -297,3 +297,36 @@ def test_held_out_eval_decodes_greedily(tmp_path, tiny_overrides):
         argmax_text = tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=False)
         first_turn = record["turns"][0]["text"]
         assert first_turn and argmax_text.startswith(first_turn), (first_turn, argmax_text)
+
+
+# --------------------------------------------------------------------------- the frozen prefix from the rollouts
+
+
+def test_the_step_takes_the_frozen_prefix_from_its_rollouts(tmp_path, tiny_overrides, spy, monkeypatch):
+    """With frozen lower layers, the update's prefix is the one the generator captured (no second pass over
+    the frozen layers), and it equals what ``frozen_prefix`` computes for the same batch."""
+    import stratarl.trainer.update as update
+    from stratarl.trainer.prefix import frozen_prefix
+
+    seen = {}
+    real = update.update_policy
+
+    def keep_prefix(learner, batch, cfg, generator, **kwargs):
+        seen["prefix"] = kwargs.get("prefix")
+        return real(learner, batch, cfg, generator, **kwargs)
+
+    monkeypatch.setattr(update, "update_policy", keep_prefix)
+    run, metrics = _step(tmp_path, tiny_overrides, "algo.name=grpo", "model.trainable_layers=1")
+    prefix, batch = seen["prefix"], spy["batch"]
+    assert metrics["perf/prefix_from_rollouts"] == 1.0 and prefix.source == "rollouts"
+    computed = frozen_prefix(run.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
+    valid = computed.prompt_valid[..., None]
+    torch.testing.assert_close(prefix.prompt_hidden * valid, computed.prompt_hidden * valid, atol=1e-4, rtol=1e-4)
+    used = (torch.arange(computed.response_hidden.shape[1])[None] < (computed.response_lengths - 1)[:, None])[..., None]
+    torch.testing.assert_close(prefix.response_hidden * used, computed.response_hidden * used, atol=1e-4, rtol=1e-4)
+
+
+def test_the_step_computes_the_prefix_when_the_generator_cannot_capture(tmp_path, tiny_overrides):
+    _, metrics = _step(tmp_path, tiny_overrides, "algo.name=grpo", "model.trainable_layers=1",
+                       "rollout.backend=kv_cache_generic")
+    assert metrics["perf/prefix_from_rollouts"] == 0.0
