@@ -257,6 +257,9 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from unittest import mock
+
+    from stratarl.rollout.parsing import ANSWER_STOP
     from stratarl.rollout.prompt import build_prompt
     from stratarl.trainer.config import load_config
     from stratarl.trainer.setup import load_policy, load_task
@@ -293,6 +296,14 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
             self.times.append(time.perf_counter() - self._t)
 
     def ours() -> dict:
+        # TRL's generate stops only at EOS; stratarl's turns also stop at `</search>` (the engine's tool call).
+        # In one turn with no tool that stop would end every warm-start completion at its first search, all
+        # with the same reward (no gradient) and half TRL's tokens. So this arm stops where TRL's does:
+        # at EOS, or after `</answer>` (where the warm start writes EOS anyway).
+        with mock.patch("stratarl.rollout.config.STOP_STRINGS", (ANSWER_STOP,)):
+            return _ours()
+
+    def _ours() -> dict:
         return loop_bench(str(REPO / "configs" / "smollm2.yaml"), steps,
                           [*overrides, "algo.name=grpo", "rollout.max_turns=0", f"rollout.max_tokens_per_turn={max_tokens}",
                            f"rollout.group_size={group_size}", f"trainer.prompts_per_step={prompts}", "trainer.epochs=1",
@@ -367,7 +378,7 @@ def main() -> int:
         cmp = trl_comparison(steps=max(2, args.steps), prompts=2, group_size=4, max_tokens=MAX_NEW_TOKENS, overrides=args.overrides)
         results["trl"] = cmp
         mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
-        print(f"[vs TRL] single-turn GRPO on configs/smollm2.yaml's task, 2 prompts x 4, <= {MAX_NEW_TOKENS} new tokens, 1 update/batch, "
+        print(f"[vs TRL] single-turn GRPO on configs/smollm2.yaml's task, 2 prompts x 4, <= {MAX_NEW_TOKENS} new tokens (both stop at EOS or </answer> only), 1 update/batch, "
               f"reward: answer F1 + format credit, 0.1 for a completed search (format_f1_reward); policy {cmp['policy']}")
         print(f"    TRL GRPOTrainer {cmp['trl_step_s']:.1f} s/step, mean reward {mean(cmp['trl_rewards']):.3f}, "
               f"mean grad norm {mean(cmp['trl_grad_norms']):.3g} (completions {cmp['trl_completion_len']})")
