@@ -296,7 +296,16 @@ def cached_warm_start(cfg, *, rebuild: bool = False, progress: bool = True) -> t
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
-        summary = warm_start(cfg, tmp, progress=progress)
+        try:
+            summary = warm_start(cfg, tmp, progress=progress)
+        except WarmStartFailed as error:
+            # No model was saved; keep the demonstrations and losses that the error points to, beside the
+            # cache (a name no cache lookup reads), instead of deleting them with the temporary folder.
+            kept = final.parent / f"{final.name}.failed"
+            if kept.exists():
+                shutil.rmtree(kept)
+            os.replace(tmp, kept)
+            raise WarmStartFailed(str(error).replace(str(tmp), str(kept))) from None
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

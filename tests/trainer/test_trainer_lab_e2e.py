@@ -19,6 +19,7 @@ REDUCED = [
     "data.max_eval_examples=8", "eval.batch_size=8",
     "sft.reading_steps=4", "sft.reading_curriculum=2", "sft.reading_batch_size=8", "sft.steps=4", "sft.batch_size=4",
     "sft.world_options={size: 100, num_train: 20, num_test: 4}",
+    "sft.probe_every=2", "sft.probe_questions=2", "sft.probe_min_em=0.0",  # the probe runs, and passes at once
     "trainer.steps=2", "trainer.prompts_per_step=2", "trainer.eval_every=1", "trainer.save_every=0",
     "rollout.group_size=2",
 ]
@@ -50,6 +51,8 @@ def test_lab_config_is_the_documented_recipe():
     assert cfg.model.name == "word-tiny" and cfg.model.tiny_copy_init == 1.0
     assert cfg.sft.source == "worlds" and cfg.sft.cache and cfg.sft.reading_steps > 0
     assert cfg.sft.early_answer_fraction > 0.5  # the weak search policy RL improves on
+    # The warm start ends when its reading probe passes, not after a fixed step count.
+    assert cfg.sft.probe_every > 0 and cfg.sft.probe_min_em >= 0.6 and cfg.sft.probe_questions >= 100
     assert cfg.rollout.group_size * cfg.trainer.prompts_per_step >= 32 and cfg.rollout.max_turns == 3 and cfg.rollout.stop_on_eos
     assert cfg.data.max_eval_examples >= 200 and cfg.data.synthetic.options["num_test"] >= 200
     demo = load_config(CONFIGS / "demo.yaml")
@@ -61,6 +64,7 @@ def test_lab_config_is_the_documented_recipe():
 def test_lab_trains_end_to_end_and_every_algorithm_reuses_its_warm_start(tmp_path, cache):
     first = _run(tmp_path, "grpo", ["algo.name=grpo"])
     assert first["sft"]["source"] == "worlds" and first["sft"]["reading"]["steps"] == 4
+    assert first["sft"]["probe_passed"] and [p["step"] for p in first["sft"]["probes"]] == [4]
     assert first["steps"] == 2 and first["eval_before"]["count"] == 8 and first["eval_after"]["count"] == 8
     evals = sorted(p.name for p in (tmp_path / "grpo" / "eval").glob("*.json"))
     assert evals == ["after.json", "before.json", "step_000001.json"]

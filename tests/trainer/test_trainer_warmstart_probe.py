@@ -68,7 +68,11 @@ def test_a_failing_probe_extends_the_warm_start_then_fails_loudly(tmp_path, monk
     assert "sft.max_steps=4" in message and "Fix:" in message
     final = warm_start_cache_dir(cfg)
     assert not final.exists()  # nothing cached
-    assert [p.name for p in final.parent.iterdir()] == []  # and no temporary folder left
+    # No temporary folder left; the files the message names are kept beside the cache, with no model.
+    kept = final.parent / f"{final.name}.failed"
+    assert [p.name for p in final.parent.iterdir()] == [kept.name] and not (kept / "model").exists()
+    assert f"{kept / 'demos_sample.jsonl'}" in message and (kept / "demos_sample.jsonl").is_file()
+    assert f"{kept / 'sft_metrics.jsonl'}" in message and (kept / "sft_metrics.jsonl").is_file()
 
 
 def test_probe_steps_follow_probe_every(tmp_path):
