@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-HEADLINE = re.compile(r"held-out EM \(greedy.*?before RL ([\d.]+) .*?after RL ([\d.]+) .*?gain ([+-][\d.]+) "
-                      r"\[([+-][\d.]+), ([+-][\d.]+)\].*?(\d+) questions up, (\d+) down")
+# What WarmStartFailed says (stratarl.trainer.sft): the demo stopped before RL, and nothing was cached.
+WARM_START_FAILED = "did not pass its reading probe"
 PROBE = re.compile(r"probe at step (\d+): single-hop EM ([\d.]+) \((\d+) questions.*?(passed|below)")
 WARM = re.compile(r"warm start done in (\d+)s")
 
@@ -34,25 +34,35 @@ def parse_seeds(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
+def warm_start_failed(log: Path) -> bool:
+    """Whether the demo logged to ``log`` stopped at its warm start's reading probe."""
+    return log.is_file() and WARM_START_FAILED in log.read_text(errors="replace")
+
+
 def collect(seed: int, run_dir: Path, log: Path) -> dict:
-    """One seed's row from its demo's log and eval files; raises if the demo did not finish."""
+    """One seed's row: the probes (only the log has them, also for a failed warm start) and, from the run
+    directory, the demo's own before/after numbers (stratarl.trainer.report.run_headline, what its verdict
+    prints); raises if the demo neither failed at its warm start nor finished."""
+    from stratarl.trainer.report import run_headline
+
     text = log.read_text(errors="replace")
-    head = HEADLINE.search(text)
     probes = [{"step": int(m[0]), "single_hop_em": float(m[1]), "questions": int(m[2]), "passed": m[3] == "passed"}
               for m in PROBE.findall(text)]
-    if head is None and "did not pass its reading probe" in text:
-        # The warm start stopped with its error (nothing cached, no RL): a miss on both targets.
+    if WARM_START_FAILED in text:  # no RL ran: a miss on both targets
         return {"seed": seed, "probes": probes, "warm_start_failed": True}
-    if head is None or not (run_dir / "eval" / "before.json").is_file():
-        raise RuntimeError(f"{log}: the demo of world {seed} printed no before/after verdict; read its end for the error")
+    head = run_headline(run_dir) if (run_dir / "eval").is_dir() else {"gain": None, "missing": "no eval folder"}
+    if head["gain"] is None:
+        raise RuntimeError(f"{log}: the demo of world {seed} has no before/after gain ({head['missing']}); "
+                           "read the log's end for the error")
     before = json.loads((run_dir / "eval" / "before.json").read_text())["per_type"]
     after = json.loads((run_dir / "eval" / "after.json").read_text())["per_type"]
+    gain = head["gain"]["em"]
     warm = WARM.search(text)
     return {"seed": seed, "probes": probes, "warm_start_s": int(warm[1]) if warm else None,
             "single_hop_em_before": before["single_hop"]["em"], "two_hop_em_before": before["multi_hop_2"]["em"],
             "single_hop_em_after": after["single_hop"]["em"], "two_hop_em_after": after["multi_hop_2"]["em"],
-            "em_before": float(head[1]), "em_after": float(head[2]), "gain": float(head[3]),
-            "gain_ci": [float(head[4]), float(head[5])], "up": int(head[6]), "down": int(head[7])}
+            "em_before": head["before"]["em"]["mean"], "em_after": head["after"]["em"]["mean"], "gain": gain["mean"],
+            "gain_ci": [gain["low"], gain["high"]], "up": gain["up"], "down": gain["down"]}
 
 
 def main() -> int:
@@ -72,8 +82,7 @@ def main() -> int:
         procs = []
         for seed in todo[i:i + args.parallel]:
             run_dir, log = runs / f"demo-{seed}", runs / f"demo-{seed}.log"
-            failed = log.is_file() and "did not pass its reading probe" in log.read_text(errors="replace")
-            if not (run_dir / "summary.json").is_file() and not failed:
+            if not (run_dir / "summary.json").is_file() and not warm_start_failed(log):
                 cmd = [str(Path(sys.executable).parent / "stratarl"), "demo", "--run-dir", str(run_dir),
                        f"data.synthetic.seed={seed}", *args.overrides]
                 procs.append(subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO))

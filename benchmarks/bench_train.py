@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -256,8 +257,6 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    from unittest import mock
 
     from stratarl.rollout.parsing import ANSWER_STOP
     from stratarl.rollout.prompt import build_prompt
