@@ -449,6 +449,12 @@ class SFTConfig:
     probability 1 - step / N (a short context first: the tiny model finds what to copy sooner)."""
     reading_batch_size: int = 32
     """Reading examples per optimizer step."""
+    reading_agent_fraction: float = 0.0
+    """Share of reading examples laid out as the agent sees them: the question in the prompt, a search of
+    it, the observation, the answer turn (``render_reading_examples``); the rest ask after the observation."""
+    reading_mix: int = 0
+    """`source: worlds`: reading examples (full observations, from worlds of their own) added to every
+    demonstration batch, so the demonstrations do not erase the copying the reading stage taught."""
     observation_loss: float = 0.0
     """Weight of the next-token loss on observation (retrieved passage) tokens, relative to policy tokens.
     Passages repeat names (title, subject, relations), so this trains copying; the policy never emits them."""
@@ -494,6 +500,14 @@ class SFTConfig:
         if self.reading_steps < 0 or self.reading_curriculum < 0 or self.reading_batch_size < 1:
             _fail(f"{p}.reading_steps", (self.reading_steps, self.reading_curriculum, self.reading_batch_size),
                   "reading_steps and reading_curriculum must be >= 0, reading_batch_size >= 1", "use e.g. 1000, 800, 32")
+        if not 0 <= self.reading_agent_fraction <= 1:
+            _fail(f"{p}.reading_agent_fraction", self.reading_agent_fraction, "a fraction must lie in [0, 1]",
+                  "use e.g. 0.5")
+        if self.reading_mix < 0:
+            _fail(f"{p}.reading_mix", self.reading_mix, "must be >= 0", "use 0 (off) or e.g. 8")
+        if self.reading_mix and self.source != "worlds":
+            _fail(f"{p}.reading_mix", self.reading_mix, "rehearsal draws fresh worlds",
+                  "set sft.source=worlds or sft.reading_mix=0")
         if self.reading_steps and self.source != "worlds":
             _fail(f"{p}.reading_steps", self.reading_steps, "reading pre-training draws fresh worlds",
                   "set sft.source=worlds or sft.reading_steps=0")

@@ -154,8 +154,8 @@ def _answer_sentence(text: str, answer: str) -> str:
 
 
 def render_reading_examples(examples: Sequence[Example], tokenizer, retriever, passages: dict[str, str], *, topk: int,
-                            max_obs_tokens: int, rng: random.Random,
-                            sentence_probability: float = 0.0) -> list[Demonstration]:
+                            max_obs_tokens: int, rng: random.Random, sentence_probability: float = 0.0,
+                            agent_probability: float = 0.0, prompt_template: str = "search_r1") -> list[Demonstration]:
     """Copy pre-training ("reading") examples: an observation, then every question about its first passage.
 
     For each passage that answers single-hop questions, the observation is what the retriever returns for
@@ -168,12 +168,21 @@ def render_reading_examples(examples: Sequence[Example], tokenizer, retriever, p
     shortened to the one sentence of the passage that holds the answer (a curriculum: a short context lets a
     tiny model find what to copy before it has to search a long one). Returned as Demonstrations whose
     prompt is the observation's first token.
+
+    With probability ``agent_probability`` the example is laid out as the agent sees it instead (kind
+    ``reading_agent``): the first question in the prompt (``prompt_template``), a search of that question,
+    the same observation, then the answer turn; targets are the agent's tokens, as in a demonstration:
+
+        prompt(q1)  <think> ... </think> <search> q1 </search>  <information>...</information>  <think> ... </think> <answer> a1 </answer>
+
+    Copying learnt only after ``Question: q <answer>`` does not carry over to an answer turn whose question
+    lies before the observation (docs/lab.md, "Why this recipe"); both layouts teach both.
     """
     by_passage: dict[str, list[tuple[str, str]]] = {}
     for example in examples:
         hops = (example.metadata or {}).get("hops") or []
         if len(hops) == 1:
-            by_passage.setdefault(hops[0]["passage_id"], []).append((example.question, hops[0]["answer"]))
+            by_passage.setdefault(hops[0]["passage_id"], []).append((example.question, hops[0]["answer"], example))
     if not by_passage:
         return []
     ids_of = list(by_passage)
@@ -192,12 +201,24 @@ def render_reading_examples(examples: Sequence[Example], tokenizer, retriever, p
             obs, _ = observation_ids(tokenizer, information_observation(found), max_obs_tokens)
         else:
             continue
+        if agent_probability and rng.random() < agent_probability:
+            question, answer, example = questions[0]
+            prompt = encode_prompt(tokenizer, question, prompt_template, example.metadata.get("options"))
+            turn = _policy_ids(tokenizer, f"{SEARCH_THOUGHT}<search> {question} </search>")
+            final = _policy_ids(tokenizer, f"{ANSWER_THOUGHT}<answer> {answer} </answer>")
+            if tokenizer.eos_token_id is not None:
+                final.append(tokenizer.eos_token_id)
+            out.append(Demonstration(prompt_ids=list(prompt), response_ids=turn + list(obs) + final,
+                                     response_mask=[1] * len(turn) + [0] * len(obs) + [1] * len(final),
+                                     kind="reading_agent", example_id=pid,
+                                     meta={"questions": [question], "context": context}))
+            continue
         response, mask = list(obs[1:]), [0] * (len(obs) - 1)
-        for question, answer in questions:
+        for question, answer, _ in questions:
             asked = _policy_ids(tokenizer, f" Question: {question} <answer>")
             answered = _policy_ids(tokenizer, f" {answer} </answer>")
             response += asked + answered
             mask += [0] * len(asked) + [1] * len(answered)
         out.append(Demonstration(prompt_ids=list(obs[:1]), response_ids=response, response_mask=mask, kind="reading",
-                                 example_id=pid, meta={"questions": [q for q, _ in questions], "context": context}))
+                                 example_id=pid, meta={"questions": [q for q, _, _ in questions], "context": context}))
     return out

@@ -224,25 +224,32 @@ def _mixed_batches(render: Callable[[int, int], list[Demonstration]], *, batch_s
         yield batch
 
 
-def reading_batches(cfg, tokenizer, *, batch_size: int, curriculum: int, mix_worlds: int = 4) -> Iterator[list[Demonstration]]:
+def reading_batches(cfg, tokenizer, *, batch_size: int, curriculum: int, mix_worlds: int = 4,
+                    first_world: int | None = None) -> Iterator[list[Demonstration]]:
     """Endless batches of reading examples (``render_reading_examples``) from fresh single-hop worlds; a world
     rendered after i batches shortens observations to one sentence with probability max(0, 1 - i / curriculum).
-    Reading worlds are numbered from the far end of the demonstration worlds' range, so the two stages never
-    share a world."""
+    Reading worlds are numbered from ``first_world`` (default ``READING_WORLD_OFFSET``, the far end of the
+    demonstration worlds' range), so the stages never share a world; the rehearsal stream that
+    ``sft.reading_mix`` adds to the demonstrations starts at ``REHEARSAL_WORLD_OFFSET``."""
 
-    rng = random.Random(cfg.sft.seed + 1)
+    first_world = READING_WORLD_OFFSET if first_world is None else first_world
+    rng = random.Random(cfg.sft.seed + 1 + first_world - READING_WORLD_OFFSET)
 
     def render(index: int, produced: int) -> list[Demonstration]:
-        kb, retriever = _world(cfg, READING_WORLD_OFFSET + index, hop_mix=(1.0, 0.0, 0.0))
+        kb, retriever = _world(cfg, first_world + index, hop_mix=(1.0, 0.0, 0.0))
         return render_reading_examples(kb.train, tokenizer, retriever, {p.id: p.contents for p in kb.passages},
                                        topk=cfg.retrieval.topk, max_obs_tokens=cfg.rollout.max_obs_tokens, rng=rng,
-                                       sentence_probability=max(0.0, 1.0 - produced / curriculum) if curriculum else 0.0)
+                                       sentence_probability=max(0.0, 1.0 - produced / curriculum) if curriculum else 0.0,
+                                       agent_probability=cfg.sft.reading_agent_fraction,
+                                       prompt_template=cfg.rollout.prompt_template)
 
     return _mixed_batches(render, batch_size=batch_size, mix_worlds=mix_worlds, rng=rng)
 
 
 # Reading worlds start here (demonstration worlds count up from 0): far apart, never the same seed.
 READING_WORLD_OFFSET = WORLD_SEED_STRIDE // 2
+# The rehearsal stream's reading worlds (``sft.reading_mix``), past the reading stage's (it draws a few hundred).
+REHEARSAL_WORLD_OFFSET = READING_WORLD_OFFSET + 100_000
 
 
 def world_demonstrations(cfg, tokenizer, index: int) -> list[Demonstration]:
@@ -392,6 +399,13 @@ def warm_start(cfg, out_dir, *, progress: bool = True) -> dict:
     reading = _reading_stage(cfg, model, tokenizer, progress=progress) if s.reading_steps else None
     if s.source == "worlds":
         stream = world_batches(cfg, tokenizer, batch_size=s.batch_size)
+        if s.reading_mix:
+            # Rehearsal: without it, demonstrations erase the reading stage's copying in a few hundred steps
+            # (held-out reading accuracy 1.00 -> 0.00 by step 200 on one world) and the agent's copying
+            # has to be found again, by the luck of the world stream (docs/lab.md).
+            rehearsal = reading_batches(cfg, tokenizer, batch_size=s.reading_mix, curriculum=0,
+                                        first_world=REHEARSAL_WORLD_OFFSET)
+            stream = (demos + reads for demos, reads in zip(stream, rehearsal))
         sample = next(stream)
         total_steps = s.steps
 
