@@ -1,7 +1,7 @@
 """The lab on worlds never used in development: `stratarl demo` (configs/demo.yaml, its warm start ending
 when the reading probe passes) once per knowledge-base seed, and the table of what each one shows.
 
-    python benchmarks/bench_lab_worlds.py --seeds 1001-1010 --runs /tmp/worlds --json benchmarks/lab/demo_worlds.json
+    python benchmarks/bench_lab_worlds.py --seeds 2001-2010 --runs /tmp/worlds --json benchmarks/lab/demo_worlds.json
 
 Each seed gets its own task world and so its own warm start (the cache key holds the data settings). Two
 demos run at a time (the lab's policy runs on one thread). A seed already in ``--json`` is not run again, so
@@ -67,7 +67,7 @@ def collect(seed: int, run_dir: Path, log: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", default="1001-1010", help="world seeds: 1001-1010 or 3,5,7")
+    ap.add_argument("--seeds", default="2001-2010", help="world seeds: 2001-2010 or 3,5,7")
     ap.add_argument("--runs", default="runs/lab-worlds", help="folder for the demos' run directories and logs")
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "lab" / "demo_worlds.json"))
     ap.add_argument("--parallel", type=int, default=2)

@@ -171,7 +171,9 @@ def _select(kind: str, all_names: list[str], wanted: list[str] | None) -> list[s
 def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: list[str],
          arms: list[str] | None = None, conditions: list[str] | None = None,
          cache: Path | None = None) -> tuple[dict, list[RunSpec]]:
-    """(task -> SFT overrides, run specs ordered seed-major so early results cover whole seeds)."""
+    """(warm start -> SFT overrides, run specs ordered seed-major so early results cover whole seeds). A warm start
+    is named by its task, or with the experiment's ``world_from`` by task and world (``multihop-w3001``); a
+    RunSpec's ``task`` is the name of the warm start it starts from."""
     red = exp.get("reduced", {}) if reduced else {}
     arms = _select("arms", list(exp["arms"]), arms or red.get("arms"))
     conditions = _select("conditions", list(exp["conditions"]), conditions or red.get("conditions"))
@@ -182,7 +184,24 @@ def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: 
     root = out / exp["name"]
     if cache is not None:  # one KB folder per task (an explicit cache_dir is the KB folder itself)
         tail += [f"data.synthetic.cache_dir={cache / '{task}'}"]
-    sft = {t: common + as_overrides(exp["tasks"][t]) + [x.replace("{task}", t) for x in tail] for t in sorted(tasks)}
+    world_from = exp.get("world_from")
+    if world_from is not None and (not isinstance(world_from, int) or isinstance(world_from, bool) or world_from < 0):
+        sys.exit(f"error: {exp['name']}.yaml: world_from {world_from!r} must be a knowledge-base seed (an integer "
+                 ">= 0): seed s then runs on world world_from + s. Fix: use e.g. 3001, or drop it (one world)")
+
+    def world(seed: int) -> list[str]:
+        """With ``world_from``: seed s trains on its own world (data.synthetic.seed = world_from + s) and its own
+        warm start, so the CIs over seeds cover worlds and warm starts, not only RL seeds."""
+        return [] if world_from is None else [f"data.synthetic.seed={world_from + seed}"]
+
+    def key(task: str, seed: int) -> str:  # one warm start per key
+        return task if world_from is None else f"{task}-w{world_from + seed}"
+
+    sft = {}
+    for seed in range(seeds if world_from is not None else 1):
+        for t in sorted(tasks):
+            sft[key(t, seed)] = (common + as_overrides(exp["tasks"][t]) + [x.replace("{task}", t) for x in tail]
+                                 + world(seed))
     runs = []
     for seed in range(seeds):
         for cond in conditions:
@@ -193,11 +212,11 @@ def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: 
                     continue
                 task = spec["task"]
                 overrides = (common + as_overrides(exp["tasks"][task]) + as_overrides(spec.get("overrides", {}))
-                             + as_overrides(exp["arms"][arm]) + [x.replace("{task}", task) for x in tail]
+                             + as_overrides(exp["arms"][arm]) + [x.replace("{task}", task) for x in tail] + world(seed)
                              + [f"trainer.seed={seed}", f"trainer.steps={n_steps}", "trainer.num_threads=1",
-                                "sft.enabled=false", f"model.init_from={out / 'warmstart' / task / 'model'}"])
-                runs.append(RunSpec(cond, arm, seed, task, root / cond / f"{arm}-s{seed}", overrides, exp["base_path"],
-                                    n_steps))
+                                "sft.enabled=false", f"model.init_from={out / 'warmstart' / key(task, seed) / 'model'}"])
+                runs.append(RunSpec(cond, arm, seed, key(task, seed), root / cond / f"{arm}-s{seed}", overrides,
+                                    exp["base_path"], n_steps))
     return sft, runs
 
 

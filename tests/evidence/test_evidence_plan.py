@@ -116,3 +116,26 @@ def test_a_run_locked_by_a_live_runner_is_left_to_it(runner, tmp_path):
     fd = runner._try_lock(lock)
     assert fd is not None and lock.read_text() == str(os.getpid())
     os.close(fd)
+
+
+def test_world_from_gives_each_seed_its_own_world_and_warm_start(runner, tmp_path):
+    exp = runner.load_experiment("stratified")
+    one_world_sft, one_world = runner.plan(exp, tmp_path, seeds=2, steps=3, reduced=False, extra=[])
+    exp["world_from"] = 3001
+    sft, specs = runner.plan(exp, tmp_path, seeds=2, steps=3, reduced=False, extra=[])
+    assert set(sft) == {f"{t}-w{w}" for t in one_world_sft for w in (3001, 3002)}
+    for name, overrides in sft.items():
+        cfg = load_config(exp["base_path"], overrides)
+        assert cfg.data.synthetic.seed == int(name.rsplit("-w", 1)[1])  # the warm start is built on that world
+    for spec, same in zip(specs, one_world):
+        world = 3001 + spec.seed
+        assert spec.task == f"{same.task}-w{world}"
+        assert spec.overrides[-1] == f"model.init_from={tmp_path / 'warmstart' / spec.task / 'model'}"
+        cfg = load_config(exp["base_path"], spec.overrides[:-1])
+        assert cfg.data.synthetic.seed == world and cfg.trainer.seed == spec.seed
+        assert spec.config_hash() != same.config_hash()  # another design: its summaries are not reused
+    # seeds of one arm and condition run on different worlds
+    assert len({s.task for s in specs if (s.condition, s.arm) == (specs[0].condition, specs[0].arm)}) == 2
+    exp["world_from"] = "3001"
+    with pytest.raises(SystemExit, match="world_from"):
+        runner.plan(exp, tmp_path, seeds=1, steps=3, reduced=False, extra=[])

@@ -181,5 +181,7 @@ def test_reduced_v3_experiments_run_and_write_the_new_summary_fields(tmp_path):
     assert reuse["provenance"]["warmstart_sha256"] and reuse["provenance"]["torch"]
     twohop = json.loads((tmp_path / "results" / "lab_stratified_twohop" / "g4" / "grpo-s0.json").read_text())
     assert any(k.startswith("stratum/") and k.endswith("/count_per_group") for k in twohop["binned"]["metrics"])
-    admitted = json.loads((tmp_path / "runs" / "lab_stratified_twohop" / "admission" / "twohop.json").read_text())
+    # world_from: seed 0 runs on world 3001, with the warm start and admission check of that world
+    assert twohop["task"] == "twohop-w3001"
+    admitted = json.loads((tmp_path / "runs" / "lab_stratified_twohop" / "admission" / "twohop-w3001.json").read_text())
     assert admitted["admitted"] is True

@@ -3,6 +3,7 @@ weak-search demonstrations, the observation loss, and the warm-start cache."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -203,3 +204,77 @@ def test_reading_curriculum_starts_with_one_sentence_and_ends_with_full_observat
         assert text.count("<answer>") == len(d.meta["questions"])
         answered = "".join(tokenizer.decode([t]) for t, m in zip(d.response_ids, d.response_mask) if m)
         assert "</answer>" in answered and "Question" not in answered  # only answers are targets
+
+
+def test_reading_examples_in_the_agents_layout_are_single_hop_demonstrations():
+    from stratarl.rollout.prompt import encode_prompt
+    from stratarl.trainer.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
+    from stratarl.trainer.setup import load_policy, load_task
+    from stratarl.trainer.sft import reading_batches
+
+    cfg = _cfg(sft={"reading_agent_fraction": 1.0}, rollout={"max_obs_tokens": 240})
+    _, tokenizer = load_policy(cfg.model, task=load_task(cfg))
+    demos = [d for _ in range(3) for d in next(reading_batches(cfg, tokenizer, batch_size=8, curriculum=0,
+                                                               mix_worlds=1))]
+    assert demos and all(d.kind == "reading_agent" for d in demos)
+    copied = []
+    for d in demos:
+        (question,) = d.meta["questions"]
+        # the question is in the prompt, exactly as a rollout's prompt encodes it
+        assert d.prompt_ids == encode_prompt(tokenizer, question, cfg.rollout.prompt_template, None)
+        targets = tokenizer.decode([t for t, m in zip(d.response_ids, d.response_mask) if m])
+        context = tokenizer.decode([t for t, m in zip(d.response_ids, d.response_mask) if not m])
+        assert targets.startswith(f"{SEARCH_THOUGHT}<search> {question} </search>{ANSWER_THOUGHT}<answer> ")
+        assert targets.endswith("</answer>" + tokenizer.eos_token)  # the answer turn ends the rollout
+        answer = targets.split("<answer> ")[1].split(" </answer>")[0]
+        assert "<information>" in context and "<answer>" not in context
+        if "[truncated]" not in context:  # the engine's observation cap may cut a long passage, as in a rollout
+            assert answer in context  # copied from the observation, never a target
+            copied.append(d)
+        # one contiguous observation between the search turn and the answer turn, as the engine lays it out
+        assert [m for m, _ in itertools.groupby(d.response_mask)] == [1, 0, 1]
+    assert len(copied) >= len(demos) / 2
+
+
+def test_reading_agent_fraction_mixes_both_layouts_and_zero_keeps_the_old_stream():
+    from stratarl.trainer.setup import load_policy, load_task
+    from stratarl.trainer.sft import reading_batches
+
+    cfg0 = _cfg()
+    _, tokenizer = load_policy(cfg0.model, task=load_task(cfg0))
+    half = [d for _ in range(6) for d in next(reading_batches(_cfg(sft={"reading_agent_fraction": 0.5}), tokenizer,
+                                                              batch_size=8, curriculum=0, mix_worlds=1))]
+    share = sum(d.kind == "reading_agent" for d in half) / len(half)
+    assert 0.2 < share < 0.8
+    plain = [next(reading_batches(cfg0, tokenizer, batch_size=8, curriculum=2, mix_worlds=1)) for _ in range(1)]
+    again = [next(reading_batches(_cfg(sft={"reading_agent_fraction": 0.0}), tokenizer, batch_size=8, curriculum=2,
+                                  mix_worlds=1)) for _ in range(1)]
+    assert [d.response_ids for d in plain[0]] == [d.response_ids for d in again[0]]
+    assert all(d.kind == "reading" for d in plain[0])
+
+
+def test_reading_mix_adds_fresh_reading_examples_to_every_demonstration_batch(tmp_path):
+    from stratarl.trainer.sft import warm_start
+
+    summary = warm_start(_cfg(sft={"reading_mix": 3, "steps": 2}), tmp_path, progress=False)
+    kinds = summary["demo_kinds"]
+    assert kinds.get("reading") == 3 * 2  # 3 per step, 2 steps
+    assert sum(v for k, v in kinds.items() if k != "reading") == 4 * 2  # the demonstrations are all still there
+    plain = warm_start(_cfg(sft={"steps": 2}), tmp_path / "plain", progress=False)
+    assert "reading" not in plain["demo_kinds"]
+
+
+@pytest.mark.parametrize("key, value", [("reading_agent_fraction", 1.5), ("reading_agent_fraction", -0.1),
+                                        ("reading_mix", -1)])
+def test_reading_knobs_are_validated(key, value):
+    with pytest.raises(ConfigError, match=f"sft.{key}"):
+        _cfg(sft={key: value})
+
+
+def test_rehearsal_worlds_are_not_the_reading_stages():
+    from stratarl.trainer.probe import PROBE_WORLD_OFFSET
+    from stratarl.trainer.sft import READING_WORLD_OFFSET, REHEARSAL_WORLD_OFFSET, WORLD_SEED_STRIDE
+
+    # the reading stage draws a few hundred worlds; the ranges stay inside one task's stride
+    assert READING_WORLD_OFFSET + 10_000 < REHEARSAL_WORLD_OFFSET < WORLD_SEED_STRIDE - 10_000
+    assert PROBE_WORLD_OFFSET + 10_000 < READING_WORLD_OFFSET
