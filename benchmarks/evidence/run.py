@@ -51,7 +51,7 @@ PER_STEP_KEYS = ("reward/mean", "rollout/search_calls_mean")
 BIN_STEPS = 10  # the other headline metrics are kept as means over consecutive 10-step bins
 BINNED_KEYS = ("reward/em", "rollout/valid_action_rate", "stratum/cross_var", "stratum/zero_san_frac",
                "loss/clip_frac", "loss/clip_frac_turn", "loss/approx_kl", "optim/grad_norm", "optim/update_norm",
-               "sorl/c_norm", "sorl/scale", "sorl/engaged", "sorl/delta")
+               "sorl/c_norm", "sorl/scale", "sorl/engaged", "sorl/delta", "sorl/effective_scale")
 # With the experiment's `summary_strata: true`: per search count k, binned (stratum_bins).
 STRATUM_METRIC = re.compile(r"stratum/(\d+)/(reward_mean|count)")
 SEARCH_SHARE = re.compile(r"rollout/search_calls_frac/\d+\+?")
@@ -170,10 +170,11 @@ def _select(kind: str, all_names: list[str], wanted: list[str] | None) -> list[s
 
 def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: list[str],
          arms: list[str] | None = None, conditions: list[str] | None = None,
-         cache: Path | None = None) -> tuple[dict, list[RunSpec]]:
+         cache: Path | None = None, condition_seeds: bool = False) -> tuple[dict, list[RunSpec]]:
     """(warm start -> SFT overrides, run specs ordered seed-major so early results cover whole seeds). A warm start
     is named by its task, or with the experiment's ``world_from`` by task and world (``multihop-w3001``); a
-    RunSpec's ``task`` is the name of the warm start it starts from."""
+    RunSpec's ``task`` is the name of the warm start it starts from. With ``condition_seeds`` a condition's own
+    ``seeds: N`` replaces ``seeds`` for its runs (e.g. more seeds at the degree where a collapse is expected)."""
     red = exp.get("reduced", {}) if reduced else {}
     arms = _select("arms", list(exp["arms"]), arms or red.get("arms"))
     conditions = _select("conditions", list(exp["conditions"]), conditions or red.get("conditions"))
@@ -197,15 +198,24 @@ def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: 
     def key(task: str, seed: int) -> str:  # one warm start per key
         return task if world_from is None else f"{task}-w{world_from + seed}"
 
+    def seeds_of(cond: str) -> int:
+        own = exp["conditions"][cond].get("seeds") if condition_seeds else None
+        if own is not None and (not isinstance(own, int) or isinstance(own, bool) or own < 1):
+            sys.exit(f"error: {exp['name']}.yaml: condition {cond!r} has seeds {own!r}. Fix: use an integer >= 1")
+        return seeds if own is None else own
+
     sft = {}
-    for seed in range(seeds if world_from is not None else 1):
-        for t in sorted(tasks):
+    for t in sorted(tasks):
+        task_seeds = max(seeds_of(c) for c in conditions if exp["conditions"][c]["task"] == t)
+        for seed in range(task_seeds if world_from is not None else 1):
             sft[key(t, seed)] = (common + as_overrides(exp["tasks"][t]) + [x.replace("{task}", t) for x in tail]
                                  + world(seed))
     runs = []
-    for seed in range(seeds):
+    for seed in range(max(seeds_of(c) for c in conditions)):
         for cond in conditions:
             spec = exp["conditions"][cond]
+            if seed >= seeds_of(cond):
+                continue
             n_steps = rl_steps(exp, cond, steps)
             for arm in arms:
                 if not _in_condition(spec, arm):
@@ -581,25 +591,28 @@ def main(argv: list[str] | None = None) -> int:
     exp = load_experiment(args.experiment)
     red = exp.get("reduced", {}) if args.reduced else {}
     seeds = args.seeds or red.get("seeds") or exp.get("seeds", 3)
+    # A condition's own `seeds` holds unless the command line or the reduced section sets one count for all.
+    condition_seeds = not (args.seeds or red.get("seeds"))
     steps = args.steps or red.get("steps") or exp.get("steps", 30)
     root = Path(args.out) / exp["name"]
     results = args.results or (Path(args.out) / "results" if args.reduced else RESULTS)
     if args.aggregate_only:
         return aggregate(exp, root, steps, args.include_unfinished)
     sft, runs = plan(exp, Path(args.out), seeds=seeds, steps=steps, reduced=args.reduced, extra=args.extra,
-                     arms=args.arms, conditions=args.conditions, cache=args.cache)
+                     arms=args.arms, conditions=args.conditions, cache=args.cache,
+                     condition_seeds=condition_seeds)
     if args.resummarize:
         finished_here = [r for r in runs if finished(r.run_dir, r.steps)]
         for r in finished_here:
             write_result(r, exp, results, r.config_hash())
         print(f"rewrote {len(finished_here)} of {len(runs)} summaries under {results / exp['name']}", flush=True)
         return 0
-    total = len(runs)
+    total, total_seeds, cells = len(runs), len({r.seed for r in runs}), len({(r.condition, r.arm) for r in runs})
     # Runs summarised under `results` (finished here or on another machine) need neither a run nor a warm start.
     done = [r for r in runs if committed(r, exp, r.steps, results, r.config_hash())]
     runs = [r for r in runs if r not in done]
     sft = {t: o for t, o in sft.items() if any(r.task == t for r in runs)}
-    print(f"{exp['name']}: {total} runs ({seeds} seeds x {total // seeds} arm-conditions), {steps} steps; "
+    print(f"{exp['name']}: {total} runs ({total_seeds} seeds, {cells} arm-conditions), {steps} steps; "
           f"{len(done)} already summarised under {results}; {len(runs)} to run after {len(sft)} warm start(s), "
           f"{args.jobs} in parallel -> {root}", flush=True)
     for r in done:

@@ -139,3 +139,20 @@ def test_world_from_gives_each_seed_its_own_world_and_warm_start(runner, tmp_pat
     exp["world_from"] = "3001"
     with pytest.raises(SystemExit, match="world_from"):
         runner.plan(exp, tmp_path, seeds=1, steps=3, reduced=False, extra=[])
+
+
+def test_a_condition_may_run_more_seeds_with_their_own_worlds(runner, tmp_path):
+    exp = runner.load_experiment("lab_sorl_reuse")
+    sft, specs = runner.plan(exp, tmp_path, seeds=3, steps=512, reduced=False, extra=[], condition_seeds=True)
+    seeds = {c: {s.seed for s in specs if s.condition == c} for c in exp["conditions"]}
+    assert seeds == {"d1": {0, 1, 2}, "d4": {0, 1, 2}, "d16": {0, 1, 2, 3, 4}}
+    assert set(sft) == {f"multihop-w{4001 + s}" for s in range(5)}  # seeds 3-4 get their own worlds
+    assert [s.seed for s in specs] == sorted(s.seed for s in specs)  # still seed-major
+    controls = {s.arm for s in specs if s.arm.endswith(("_sgd", "before_clip"))}
+    assert controls and {s.condition for s in specs if s.arm in controls} == {"d16"}
+    # Without condition_seeds (a --seeds on the command line, or the reduced section) one count holds for all.
+    _, same = runner.plan(exp, tmp_path, seeds=2, steps=512, reduced=False, extra=[])
+    assert {s.seed for s in same} == {0, 1}
+    exp["conditions"]["d16"]["seeds"] = 0
+    with pytest.raises(SystemExit, match="seeds"):
+        runner.plan(exp, tmp_path, seeds=3, steps=512, reduced=False, extra=[], condition_seeds=True)
