@@ -45,7 +45,7 @@ import time
 
 import torch
 
-from stratarl.data.models import load_model_and_tokenizer
+from stratarl.models import load_model_and_tokenizer
 from stratarl.rollout import KVCacheGenerator, SamplingParams, encode_prompt
 
 FILLER = ("Doc 1(Title: \"Paris\") Paris is the capital and most populous city of France, on the Seine. "

@@ -6,8 +6,9 @@ and what the same work would cost at this machine's matmul rate.
     python benchmarks/bench_lab.py --init-from DIR --compare-head               # before (HEAD) vs now, interleaved
     python benchmarks/bench_lab.py --init-from DIR rollout.temperature=0.8      # dotted overrides
 
-The steps run through the trainer's own code (``stratarl.trainer.rl.build_run`` / ``rl_step``, what
-``stratarl train`` runs, plus the per-step metrics log line), after ``--warmup`` untimed steps.
+The steps run through the trainer's own code (``stratarl.trainer.run.build_run`` /
+``stratarl.trainer.step.rl_step``, what ``stratarl train`` runs, plus the per-step metrics log line), after
+``--warmup`` untimed steps.
 Printed, all measured in this run:
 
 1. the fp32 matmul rate of this machine at a relevant shape (the update's LM head: policy tokens x
@@ -32,6 +33,7 @@ for a busy core make every one of the step's thousands of tiny ops milliseconds 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -49,9 +51,14 @@ TARGET_STEPS_PER_S = 1.1
 PHASES = ("generation", "retrieval", "logprobs", "update")
 # Files whose HEAD versions make the "before" tree of --compare-head: the step's code path that the
 # speed work changed (files other work changes stay as they are in the tree).
-STEP_FILES = ("stratarl/rollout/engine.py", "stratarl/rollout/generation.py", "stratarl/rollout/fast_forward.py",
-              "stratarl/trainer/logprobs.py", "stratarl/trainer/update.py", "stratarl/trainer/batch.py",
-              "stratarl/trainer/rl.py")
+STEP_FILES = ("stratarl/trainer/step.py", "stratarl/trainer/run.py", "stratarl/trainer/update.py",
+              "stratarl/trainer/batch.py", "stratarl/trainer/logprobs.py", "stratarl/trainer/prefix.py",
+              "stratarl/rollout/collect.py", "stratarl/rollout/engine.py", "stratarl/rollout/backends.py",
+              "stratarl/rollout/generation.py", "stratarl/rollout/generator.py", "stratarl/rollout/stopping.py",
+              "stratarl/rollout/sampling.py", "stratarl/rollout/kv_cache_generator.py",
+              "stratarl/rollout/prefix_cache.py", "stratarl/rollout/hf_generator.py",
+              "stratarl/rollout/fast_forward.py", "stratarl/rollout/fast_decode_support.py",
+              "stratarl/rollout/decoder_weights.py")
 
 
 # --------------------------------------------------------------------------- matmul rate
@@ -111,7 +118,7 @@ def useful_flops(fm: FlopModel, collected, cfg) -> dict[str, float]:
     policy = sum(sum(r.response_mask) for r in rollouts)
     decoder_pass = prompts + responses
     generation = decoder_pass - fed_last + policy * fm.head
-    passes = (cfg.algo.old_logprobs == "recompute" or cfg.algo.uses_critic) + (cfg.algo.kl_coef > 0)
+    passes = (cfg.algo.old_logprobs == "recompute" or cfg.algorithm.uses_critic) + (cfg.algo.kl_coef > 0)
     head_passes = (cfg.algo.old_logprobs == "recompute") + (cfg.algo.kl_coef > 0)
     logprobs = passes * decoder_pass + head_passes * policy * fm.head
     update = 3 * cfg.trainer.epochs * (decoder_pass + policy * fm.head)  # forward + backward (2x)
@@ -175,8 +182,8 @@ def counted_step(run, step_fn) -> tuple[float, dict]:
 
 def build(args) -> tuple:
     from stratarl.trainer.config import load_config
-    from stratarl.trainer.rl import build_run
-    from stratarl.trainer.setup import set_threads
+    from stratarl.trainer.run import build_run
+    from stratarl.infra.threads import set_threads
 
     tmp = tempfile.mkdtemp(prefix="bench_lab_")
     overrides = [f"trainer.num_threads={args.threads}", f"trainer.output_dir={tmp}", "logging.tensorboard=false",
@@ -192,20 +199,19 @@ def build(args) -> tuple:
 
 
 def run_bench(args) -> dict:
-    from stratarl.trainer import rollouts as rollouts_module
-    from stratarl.trainer.rl import rl_step
+    from stratarl.trainer.step import rl_step
 
     cfg, run, tmp = build(args)
     fm = FlopModel(run.model)
     captured: list = []
-    original_collect = rollouts_module.collect
+    original_collect = run.parts.collect
 
-    def collect(*a, **kw):  # rl_step imports collect at call time: the wrapper sees every step's rollouts
+    def collect(*a, **kw):  # the run's collection, wrapped: it sees every step's rollouts
         out = original_collect(*a, **kw)
         captured.append(out)
         return out
 
-    rollouts_module.collect = collect
+    run.parts = dataclasses.replace(run.parts, collect=collect)
 
     def step(run) -> dict:
         start = time.perf_counter()
@@ -229,7 +235,6 @@ def run_bench(args) -> dict:
         executed, counted_metrics = counted_step(run, step)
         counted_useful = sum(useful_flops(fm, captured[-1], cfg).values())
     finally:
-        rollouts_module.collect = original_collect
         run.logger.close()
         shutil.rmtree(tmp, ignore_errors=True)
     mean = lambda key: statistics.fmean(r.get(key, 0.0) for r in rows)  # noqa: E731

@@ -41,9 +41,9 @@ def warm_start_failed(log: Path) -> bool:
 
 def collect(seed: int, run_dir: Path, log: Path) -> dict:
     """One seed's row: the probes (only the log has them, also for a failed warm start) and, from the run
-    directory, the demo's own before/after numbers (stratarl.trainer.report.run_headline, what its verdict
+    directory, the demo's own before/after numbers (stratarl.evaluation.headline.run_headline, what its verdict
     prints); raises if the demo neither failed at its warm start nor finished."""
-    from stratarl.trainer.report import run_headline
+    from stratarl.evaluation.headline import run_headline
 
     text = log.read_text(errors="replace")
     probes = [{"step": int(m[0]), "single_hop_em": float(m[1]), "questions": int(m[2]), "passed": m[3] == "passed"}

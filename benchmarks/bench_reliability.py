@@ -137,13 +137,13 @@ def retrieval_fault_figures(cfg, work: Path, failures: list[str]) -> list[str]:
     hanging server costs at most the step budget (+ margin) per step, then stops the run with exit 3."""
     import json
 
-    from fault_injection import FlakyServer, HangingServer, SearchThenAnswerGenerator, compare_runs, remote_spec
+    from fault_injection import FlakyServer, HangingServer, compare_runs, remote_spec, scripted_parts
 
-    from stratarl.trainer import rl, rollouts
     from stratarl.trainer.config import load_config
+    from stratarl.trainer.rl import train
+    from stratarl.trainer.step import rl_step
 
-    rollouts.make_generator = lambda model, tokenizer, backend, seed, **kw: SearchThenAnswerGenerator(tokenizer)
-    real_step = rl.rl_step
+    parts = scripted_parts()  # every run below samples with SearchThenAnswerGenerator
     flaky, hanging = FlakyServer(), HangingServer()
     lines = []
     try:
@@ -152,13 +152,11 @@ def retrieval_fault_figures(cfg, work: Path, failures: list[str]) -> list[str]:
         def spy(run):
             flaky.failing = run.step + 1 in (2, 3)
             before[run.step + 1] = _snapshot(run)
-            return real_step(run)
+            return rl_step(run)
 
-        rl.rl_step = spy
         outage = load_config(ROOT / "configs" / "tiny.yaml", [*fault_overrides(work), remote_spec(flaky.url, max_retries=0),
                                                               "trainer.steps=4", "trainer.save_every=0"])
-        rl.train(outage, work / "outage")
-        rl.rl_step = real_step
+        train(outage, work / "outage", parts=parts, step=spy)
         rows = [json.loads(x) for x in (work / "outage" / "metrics.jsonl").read_text().splitlines()]
         skipped = [int(r.get("update/skipped", 0)) for r in rows if "reward/mean" in r]
         untouched = _same(before[2], before[4]) and not _same(before[1], before[2])
@@ -169,12 +167,12 @@ def retrieval_fault_figures(cfg, work: Path, failures: list[str]) -> list[str]:
 
         base = [*fault_overrides(work), remote_spec(flaky.url, max_retries=0), "trainer.steps=3"]
         flaky.failing = False
-        rl.train(load_config(ROOT / "configs" / "tiny.yaml", base), work / "no_outage")
+        train(load_config(ROOT / "configs" / "tiny.yaml", base), work / "no_outage", parts=parts)
         flaky.failing = True
-        stopped = rl.train(load_config(ROOT / "configs" / "tiny.yaml", [*base, "retrieval.max_failed_steps=1"]),
-                           work / "after_outage")
+        stopped = train(load_config(ROOT / "configs" / "tiny.yaml", [*base, "retrieval.max_failed_steps=1"]),
+                        work / "after_outage", parts=parts)
         flaky.failing = False
-        rl.train(load_config(ROOT / "configs" / "tiny.yaml", base), work / "after_outage", resume=True)
+        train(load_config(ROOT / "configs" / "tiny.yaml", base), work / "after_outage", resume=True, parts=parts)
         problems = compare_runs(work / "no_outage", work / "after_outage", 3)
         exact = stopped.get("checkpoint_step") == 0 and not problems
         if not exact:
@@ -184,7 +182,7 @@ def retrieval_fault_figures(cfg, work: Path, failures: list[str]) -> list[str]:
         budget, margin = 0.5, 1.0
         hang = load_config(ROOT / "configs" / "tiny.yaml", [*fault_overrides(work), remote_spec(hanging.url), "trainer.steps=5",
                                                             "retrieval.max_failed_steps=2", f"retrieval.step_budget_s={budget}"])
-        summary = rl.train(hang, work / "hang")
+        summary = train(hang, work / "hang", parts=parts)
         rows = [json.loads(x) for x in (work / "hang" / "metrics.jsonl").read_text().splitlines()]
         worst = max(r["time/retrieval"] for r in rows)
         message = summary.get("retrieval_failure", "")
@@ -195,7 +193,6 @@ def retrieval_fault_figures(cfg, work: Path, failures: list[str]) -> list[str]:
         lines.append(f"hanging server: worst step {worst:.2f} s in searches (budget {budget} s + margin {margin} s), "
                      f"stopped after {summary['steps']} steps with exit {summary['exit_code']}")
     finally:
-        rl.rl_step = real_step
         flaky.close()
         hanging.close()
     return lines

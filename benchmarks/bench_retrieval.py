@@ -2,11 +2,12 @@
 server under 1, 32 and 128 concurrent clients. Baselines are measured in the same run:
 
 - build and search: bm25s's own tokenizer + index + ``retrieve`` on the same corpus and queries;
-- server: the server as it was before the fast path (one process, FastAPI/Starlette JSON responses,
-  uvicorn's pure-Python h11 parser), with and without request merging (``max_batch_queries=1``: one
-  retriever call per query, as servers that block on each request do), next to one process with
-  the fast path (raw ASGI + direct JSON encoder; uvicorn's httptools/uvloop when installed) and
-  ``--workers`` processes; two "no search" designs (fixed passages) give the HTTP / JSON layer's own cost.
+- server: one process reaching the ``/retrieve`` handler through FastAPI / Starlette's middleware and
+  routing (``create_app(fast_path=False)``, uvicorn's pure-Python h11 parser), with and without request
+  merging (``max_batch_queries=1``: one retriever call per query, as servers that block on each request
+  do), next to one process with the fast path (the handler first, before FastAPI; uvicorn's
+  httptools/uvloop when installed) and ``--workers`` processes; two "no search" designs (fixed passages)
+  give the HTTP / JSON layer's own cost. Every design answers with the same handler and JSON encoder.
   Clients run in a separate asyncio process (benchmarks/load_client.py); the table gives both
   sides' CPU use, and the CPU-bound ceiling those imply on this machine.
 
@@ -203,7 +204,7 @@ if options["workers"] == 1:
     app = create_app(retriever, max_batch_queries=options["max_batch"], fast_path=options["fast_path"])
     uvicorn.run(app, host="127.0.0.1", port=options["port"], log_level="warning", http=options["http"], loop=options["loop"])
 else:
-    from stratarl.retrieval.server import ServerLimits
+    from stratarl.retrieval.protocol import ServerLimits
     from stratarl.retrieval.workers import WorkerPool
     pool = WorkerPool({"index": options["index"]}, workers=options["workers"], port=options["port"],
                       limits=ServerLimits(max_batch_queries=options["max_batch"]), fast_path=options["fast_path"])
@@ -213,19 +214,19 @@ else:
 
 
 def server_designs(workers: int) -> list[tuple[str, dict]]:
-    """(label, options): the server before this design (FastAPI JSON, h11, 1 process) and the new ones."""
-    before = {"workers": 1, "fast_path": False, "http": "h11", "loop": "asyncio", "max_batch": 1024}
+    """(label, options): /retrieve through FastAPI's routing (h11, 1 process), then the fast-path designs."""
+    routed = {"workers": 1, "fast_path": False, "http": "h11", "loop": "asyncio", "max_batch": 1024}
     fast = {"workers": 1, "fast_path": True, "http": "auto", "loop": "auto", "max_batch": 1024}
     faster_http = importlib.util.find_spec("httptools") is not None or importlib.util.find_spec("uvloop") is not None
     return [
-        ("1 proc, FastAPI JSON, h11 (before)", before),
-        ("1 proc, FastAPI JSON, h11, no merge", {**before, "max_batch": 1}),
+        ("1 proc, via FastAPI, h11", routed),
+        ("1 proc, via FastAPI, h11, no merge", {**routed, "max_batch": 1}),
         *([("1 proc, fast path, h11", {**fast, "http": "h11", "loop": "asyncio"})] if faster_http else []),
         ("1 proc, fast path", fast),
         ("1 proc, fast path, no merge", {**fast, "max_batch": 1}),
         (f"{workers} workers, fast path", {**fast, "workers": workers}),
         (f"{workers} workers, fast path, no merge", {**fast, "workers": workers, "max_batch": 1}),
-        ("no search: before", {**before, "fixed_hits": True}),
+        ("no search: via FastAPI", {**routed, "fixed_hits": True}),
         ("no search: fast path", {**fast, "fixed_hits": True}),
     ]
 
@@ -338,7 +339,7 @@ def report_designs(rows: list[dict], args, workers: int) -> None:
     print("  scaling (queries/s at 32 and 128 clients / at 1 client):")
     for label in labels:
         print(f"    {label:<37} 32: {by[(label, 32)] / by[(label, 1)]:4.1f}x   128: {by[(label, 128)] / by[(label, 1)]:4.1f}x"
-              f"   vs before at 32: {by[(label, 32)] / by[(labels[0], 32)]:4.1f}x")
+              f"   vs via FastAPI at 32: {by[(label, 32)] / by[(labels[0], 32)]:4.1f}x")
     cpus = os.cpu_count() or 1
     print(f"  CPU-bound ceiling at 32 clients if nothing else ran here = {cpus} CPUs / (client + server CPU per request), "
           "at most one core per server process; vs measured:")

@@ -178,7 +178,7 @@ def child_main(mode: str, args: list[str], min_free_gib: float) -> dict:
         info = generate_corpus(Path(path), int(n), num_types=int(types), zipf=float(zipf), words_per_passage=int(words), seed=int(seed))
         return {**info, "seconds": time.perf_counter() - t0, "corpus_gib": Path(path).stat().st_size / 2**30}
     if mode == "build":
-        from stratarl.retrieval.bm25 import build_bm25_index
+        from stratarl.retrieval.bm25_build import build_bm25_index
 
         corpus, out = args
         t0, c0 = time.perf_counter(), cpu_s()
@@ -225,7 +225,7 @@ def child_main(mode: str, args: list[str], min_free_gib: float) -> dict:
         import torch
 
         from stratarl.retrieval.corpus import iter_corpus
-        from stratarl.retrieval.dense import TextEncoder, read_encoder_settings
+        from stratarl.retrieval.encoder import TextEncoder, read_encoder_settings
 
         corpus, n = args
         torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -434,7 +434,7 @@ def run_dense(args: argparse.Namespace) -> dict:
 
 
 def report_dense(out: dict, encode: dict | None) -> None:
-    print(f"\n## Dense, SYNTHETIC embeddings (clustered Gaussian mixture, 384-d, normalised; queries near passages)")
+    print("\n## Dense, SYNTHETIC embeddings (clustered Gaussian mixture, 384-d, normalised; queries near passages)")
     print(f"exact (torch matmul + topk): {out['exact_qps']:.0f} q/s over {out['passages']:,} passages, "
           f"{out['exact_memory_gib']:.2f} GiB of float32 embeddings")
     print("| passages | index | params | build s | recall@3 vs exact | q/s (batch of queries) | index GiB | bytes/vector | 21M projected GiB |")

@@ -69,8 +69,8 @@ def gemm_ratio(seconds: float = 1.0) -> dict:
 
 def build_arms(config: str, overrides: list[str], tmp: Path, warm_start: bool) -> tuple[dict, str | None]:
     from stratarl.trainer.config import load_config
-    from stratarl.trainer.rl import build_run
-    from stratarl.trainer.sft import warm_start_cache_dir
+    from stratarl.trainer.run import build_run
+    from stratarl.trainer.warmstart import warm_start_cache_dir
 
     base = ["eval.before_after=false", "logging.progress=false", "logging.tensorboard=false",
             "logging.num_transcripts=0", f"trainer.output_dir={tmp}", f"trainer.num_threads={torch.get_num_threads()}"]
@@ -87,29 +87,22 @@ def build_arms(config: str, overrides: list[str], tmp: Path, warm_start: bool) -
     return runs, init
 
 
-def spy_first_log_ratio(record: list, optimizer):
-    """Wrap ``update.get_policy_loss`` to record the largest |log ratio| over policy tokens of each call before
-    ``optimizer``'s first step (the on-policy micro-batches); returns the function that undoes it."""
-    from stratarl.trainer import update as update_module
-
-    real = update_module.get_policy_loss
+def spy_first_log_ratio(record: list, learner):
+    """Wrap ``learner.policy_loss`` to record the largest |log ratio| over policy tokens of each call before
+    ``learner.optimizer``'s first step (the on-policy micro-batches); returns the function that undoes it."""
+    real = learner.policy_loss
     stepped = []
-    handle = optimizer.register_step_post_hook(lambda *_: stepped.append(1))
+    handle = learner.optimizer.register_step_post_hook(lambda *_: stepped.append(1))
 
-    def wrapped(name):
-        fn = real(name)
+    def loss(logprobs, old_logprobs, advantages, mask, **kwargs):
+        if not stepped:
+            record.append(float(((logprobs - old_logprobs).detach().abs() * mask).max()))
+        return real(logprobs, old_logprobs, advantages, mask, **kwargs)
 
-        def loss(logprobs, old_logprobs, advantages, mask, **kwargs):
-            if not stepped:
-                record.append(float(((logprobs - old_logprobs).detach().abs() * mask).max()))
-            return fn(logprobs, old_logprobs, advantages, mask, **kwargs)
-
-        return loss
-
-    update_module.get_policy_loss = wrapped
+    learner.policy_loss = loss
 
     def undo():
-        update_module.get_policy_loss = real
+        learner.policy_loss = real
         handle.remove()
 
     return undo
@@ -118,15 +111,13 @@ def spy_first_log_ratio(record: list, optimizer):
 def timed_steps(runs: dict, steps: int) -> tuple[dict, dict, list]:
     """Interleaved RL steps of every arm; (per-arm list of per-step metrics, each arm's last batch with its
     weights and prefix, the bf16 arm's first-step log ratios)."""
-    import stratarl.trainer.rl as rl
-    import stratarl.trainer.update as update_module
+    from stratarl.trainer.step import rl_step
 
     rows: dict[str, list[dict]] = {arm: [] for arm in runs}
     kept: dict = {}
     first_ratios: list[float] = []
-    original = update_module.update_policy
 
-    def keeping(arm):
+    def keeping(arm, original):
         def update(learner, batch, cfg, generator, **kwargs):
             # The batch, the weights that sampled it (before this update changes them), and its prefix.
             kept[arm] = {"batch": copy.deepcopy(batch), "weights": copy.deepcopy(learner.model.state_dict()),
@@ -134,16 +125,16 @@ def timed_steps(runs: dict, steps: int) -> tuple[dict, dict, list]:
             return original(learner, batch, cfg, generator, **kwargs)
         return update
 
+    for arm, run in runs.items():  # the run's update, wrapped to keep each step's batch
+        run.parts = dataclasses.replace(run.parts, update=keeping(arm, run.parts.update))
     for step in range(steps):
         for arm, run in runs.items():
             restore = None
             if arm == "bf16" and step == 0:
-                restore = spy_first_log_ratio(first_ratios, run.learner.optimizer)
-            update_module.update_policy = keeping(arm)
+                restore = spy_first_log_ratio(first_ratios, run.learner)
             try:
-                metrics = rl.rl_step(run)
+                metrics = rl_step(run)
             finally:
-                update_module.update_policy = original
                 if restore:
                     restore()
             run.step += 1
@@ -163,20 +154,19 @@ def numerics(runs: dict, kept: dict) -> dict:
     learner32 = runs["fp32"].learner
     model = copy.deepcopy(learner32.model)  # one set of weights for both precisions
     model.load_state_dict(kept["fp32"]["weights"])
-    cfg32 = copy.deepcopy(runs["fp32"].cfg)
+    # Scoring with the trainer's fp32 forward: the fp32 arm's config, its old log-probs recomputed.
+    cfg32 = runs["fp32"].cfg
+    cfg32 = dataclasses.replace(cfg32, algo=dataclasses.replace(cfg32.algo, old_logprobs="recompute")).validate()
     cfg16 = runs["bf16"].cfg
     if on_policy_shortcut(cfg16):  # the bf16 step skips the scoring pass; here it is run to be compared
-        cfg16 = dataclasses.replace(cfg16, trainer=dataclasses.replace(cfg16.trainer, mini_batches=2))
+        cfg16 = dataclasses.replace(cfg16, trainer=dataclasses.replace(cfg16.trainer, mini_batches=2)).validate()
     sampled = batch.old_logprobs.clone()  # the fp32 decoder's sampling log-probs
     mask = batch.response_mask.bool()
     learner = copy.copy(learner32)
     learner.model = model
-    fp32 = copy.deepcopy(batch)
-    fp32.old_logprobs = None  # score with the trainer's fp32 forward
-    score_batch(learner, fp32, cfg32)
-    bf16 = copy.deepcopy(batch)
-    bf16.old_logprobs = None
-    score_batch(learner, bf16, cfg16, batch_prefix(learner, bf16, cfg16))
+    tokens = batch.tokens()  # scored anew, without the sampler's log-probs
+    fp32 = score_batch(learner, tokens, cfg32)
+    bf16 = score_batch(learner, tokens, cfg16, prefix=batch_prefix(learner, tokens, cfg16))
     out = {
         "bf16_vs_fp32_scoring_max": float((bf16.old_logprobs - fp32.old_logprobs)[mask].abs().max()),
         "bf16_vs_fp32_scoring_mean": float((bf16.old_logprobs - fp32.old_logprobs)[mask].abs().mean()),
@@ -199,8 +189,7 @@ def numerics(runs: dict, kept: dict) -> dict:
 
     own = collate_sequences(prompts, [o.token_ids for o in outputs], [[1] * len(o.token_ids) for o in outputs],
                             pad_id=tokenizer.pad_token_id)
-    own.old_logprobs = None
-    score_batch(learner, own, cfg16, batch_prefix(learner, own, cfg16))
+    own = score_batch(learner, own, cfg16, prefix=batch_prefix(learner, own, cfg16))
     errors = [abs(float(own.old_logprobs[r, t]) - lp) for r, o in enumerate(outputs) for t, lp in enumerate(o.logprobs)]
     out["bf16_sampling_vs_bf16_scoring_max"] = max(errors) if errors else 0.0
     # The bf16 arm's own last batch, with the prefix its decoder captured while sampling it: scored through
@@ -208,13 +197,11 @@ def numerics(runs: dict, kept: dict) -> dict:
     own16 = kept["bf16"]
     if own16["prefix"] is not None and own16["prefix"].source == "rollouts":
         model.load_state_dict(own16["weights"])
+        tokens16 = own16["batch"].tokens()
         scored = {}
-        for name, cfg, prefix in (("fp32", cfg32, None), ("computed", cfg16, batch_prefix(learner, own16["batch"], cfg16)),
+        for name, cfg, prefix in (("fp32", cfg32, None), ("computed", cfg16, batch_prefix(learner, tokens16, cfg16)),
                                   ("captured", cfg16, own16["prefix"])):
-            b = copy.deepcopy(own16["batch"])
-            b.old_logprobs = None
-            score_batch(learner, b, cfg, prefix)
-            scored[name] = b.old_logprobs
+            scored[name] = score_batch(learner, tokens16, cfg, prefix=prefix).old_logprobs
         m = own16["batch"].response_mask.bool()
         for name in ("computed", "captured"):
             diff = (scored[name] - scored["fp32"])[m].abs()
@@ -238,8 +225,8 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", help="config overrides for both arms")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from stratarl.trainer.precision import cpu_bf16_matmul
-    from stratarl.trainer.setup import set_threads
+    from stratarl.infra.precision import cpu_bf16_matmul
+    from stratarl.infra.threads import set_threads
 
     set_threads(args.threads)
     units = cpu_bf16_matmul()

@@ -10,7 +10,7 @@ Prints, all measured in this run on this machine:
    matmul shape and large square products.
 2. Update micro-benchmark: forward + backward of the policy through ``response_logprobs``, all
    weights trainable, 4 rows sharing one prompt. Nominal 6 N D (every row's prompt counted) and the
-   FLOPs executed (``stratarl.trainer.flops``: the prompt once, attention, the LM head on policy
+   FLOPs executed (``stratarl.infra.flops``: the prompt once, attention, the LM head on policy
    tokens) are printed separately; only the executed count is divided by time.
 3. The RL loop for a few steps (no warm start): seconds per phase, and the update's nominal and
    executed FLOPs.
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import resource
@@ -75,7 +76,7 @@ def update_microbench(cfg, rows: int, prompt_len: int, response_len: int, repeat
     """Forward + backward (all weights trainable) through the trainer's log-prob path; the rows share
     one prompt, as a GRPO group does, so the prompt runs once (``response_logprobs``)."""
     from stratarl.trainer.batch import collate_sequences
-    from stratarl.trainer.flops import matmul_params, nominal_flops, record_decoder_calls
+    from stratarl.infra.flops import matmul_params, nominal_flops, record_decoder_calls
     from stratarl.trainer.logprobs import response_logprobs
     from stratarl.trainer.setup import load_policy
 
@@ -112,22 +113,22 @@ def loop_bench(config: str, steps: int, overrides: list[str], keep_batch: bool =
     (mean per step over steps 2..N). With ``keep_batch`` the last step's rollout batch (advantages
     filled, before the update) is returned as ``batch``, with the config as ``cfg``. With ``per_step``,
     ``per_step`` holds every step's ``reward/mean`` and ``optim/grad_norm``."""
-    from stratarl.trainer import update as update_module
+    from stratarl.infra.flops import record_decoder_calls
+    from stratarl.infra.metrics import read_metrics
+    from stratarl.infra.threads import set_threads
     from stratarl.trainer.config import load_config
-    from stratarl.trainer.flops import record_decoder_calls
-    from stratarl.trainer.metrics import read_metrics
     from stratarl.trainer.rl import train
-    from stratarl.trainer.setup import set_threads
+    from stratarl.trainer.run import RunParts
+    from stratarl.trainer.update import update_policy
 
     executed: list[float] = []
     kept: dict = {}
-    original = update_module.update_policy
 
     def counted_update(learner, batch, cfg, generator, **kwargs):
         if keep_batch:
             kept["batch"] = copy.deepcopy(batch)
         with record_decoder_calls(learner.model) as record:
-            out = original(learner, batch, cfg, generator, **kwargs)
+            out = update_policy(learner, batch, cfg, generator, **kwargs)
         executed.append(record.total())
         return out
 
@@ -138,11 +139,7 @@ def loop_bench(config: str, steps: int, overrides: list[str], keep_batch: bool =
                                    f"trainer.output_dir={tmp}", *overrides])
         set_threads(cfg.trainer.num_threads)
         started = time.perf_counter()
-        update_module.update_policy = counted_update
-        try:
-            train(cfg, Path(tmp) / "bench")
-        finally:
-            update_module.update_policy = original
+        train(cfg, Path(tmp) / "bench", parts=RunParts(update=counted_update))
         wall = time.perf_counter() - started
         rows = read_metrics(Path(tmp) / "bench")
     measured = rows[1:] if len(rows) > 1 else rows
@@ -169,7 +166,7 @@ def update_comparison(cfg, batch, repeats: int = 2) -> dict:
     of one accumulation over the whole batch (the first optimizer step's gradient). When the batch's
     advantages are all 0 (every reward equal) they are replaced by seeded N(0, 1) per row, so the
     gradients compared are not 0 (the work timed is the same either way)."""
-    from stratarl.trainer.flops import record_decoder_calls
+    from stratarl.infra.flops import record_decoder_calls
     from stratarl.trainer.prefix import unsupported_reason
     from stratarl.trainer.setup import load_policy
     from stratarl.trainer.update import accumulate_gradients, build_learner, update_policy
@@ -178,10 +175,9 @@ def update_comparison(cfg, batch, repeats: int = 2) -> dict:
     total_steps = cfg.trainer.epochs * cfg.trainer.mini_batches
     replaced = not bool(batch.advantages.abs().sum())
     if replaced:  # all rewards equal: zero advantages, zero policy gradient, and nothing to compare
-        batch = copy.deepcopy(batch)
         g = torch.Generator().manual_seed(0)
-        batch.advantages = torch.randn(batch.size, 1, generator=g) * batch.response_mask
-        batch.returns = batch.advantages.clone()
+        advantages = torch.randn(batch.size, 1, generator=g) * batch.response_mask
+        batch = dataclasses.replace(batch, advantages=advantages, returns=advantages.clone())
     times: dict[str, list[float]] = {"reference": [], "fast": []}
     flops: dict[str, float] = {}
     for _ in range(repeats):
@@ -263,7 +259,7 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
     from stratarl.trainer.config import load_config
     from stratarl.trainer.setup import load_policy, load_task
 
-    from stratarl.trainer.sft import warm_start_cache_dir
+    from stratarl.trainer.warmstart import warm_start_cache_dir
 
     overrides = list(overrides or [])  # e.g. data.synthetic.seed=7: the task (and so the warm start) of that world
     cfg = load_config(str(REPO / "configs" / "smollm2.yaml"), [*overrides, "trainer.precision=fp32"])
@@ -402,7 +398,7 @@ def main() -> int:
               f"{micro['nominal_flops'] / 1e9:.0f} GFLOP, executed {micro['executed_flops'] / 1e9:.0f} GFLOP = "
               f"{micro['executed_flops_per_s'] / 1e9:.1f} GFLOP/s, {utilisation(micro['executed_flops_per_s'], peak)}")
     loop = loop_bench(args.config, args.steps, args.overrides, keep_batch=not args.skip_compare)
-    from stratarl.trainer.flops import matmul_params, nominal_flops
+    from stratarl.infra.flops import matmul_params, nominal_flops
     from stratarl.trainer.setup import load_policy
 
     model, _ = load_policy(cfg.model)

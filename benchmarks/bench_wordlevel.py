@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from stratarl.data.models import build_tiny_model, load_tokenizer
+from stratarl.models import build_tiny_model, load_tokenizer
 from stratarl.data.synth import generate_knowledge_base
 from stratarl.data.wordlevel import build_word_model, unknown_words, word_tokenizer_for_kb
 from stratarl.rollout.parsing import information_observation

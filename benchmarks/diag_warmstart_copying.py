@@ -13,7 +13,7 @@ Builds the warm start of configs/demo.yaml with ``data.synthetic.seed=WORLD`` (a
 - the reading probe (stratarl.trainer.probe): greedy single-hop EM on an unseen world, and the 2-hop search
   behaviour.
 
-The warm start itself is the library's (stratarl.trainer.sft.warm_start, the same lr schedule and stopping
+The warm start itself is the library's (stratarl.trainer.warmstart.warm_start, the same lr schedule and stopping
 rule); this script only wraps its reading stage and its step callback to measure in between, so probes
 before ``sft.steps`` are extra measurements that do not end the warm start.
 """
@@ -28,10 +28,11 @@ from pathlib import Path
 
 import torch
 
-import stratarl.trainer.sft as sft
+import stratarl.trainer.warmstart as warmstart
 from stratarl.trainer.config import load_config
 from stratarl.trainer.demos import render_reading_examples
-from stratarl.trainer.probe import PROBE_WORLD_OFFSET, probe_questions, run_probe
+from stratarl.trainer.probe import PROBE_WORLD_OFFSET, WarmStartFailed, probe_questions, run_probe
+from stratarl.trainer.worlds import _world, world_seed
 
 REPO = Path(__file__).resolve().parents[1]
 # Worlds of the reading-accuracy check: inside the task's stride, away from every stage's range.
@@ -43,7 +44,7 @@ def reading_accuracy(cfg, model, tokenizer, *, num_examples: int = 150) -> float
     rng = random.Random(0)
     examples = []
     for i in range(2):
-        kb, retriever = sft._world(cfg, CHECK_WORLDS + i, hop_mix=(1.0, 0.0, 0.0))
+        kb, retriever = _world(cfg, CHECK_WORLDS + i, hop_mix=(1.0, 0.0, 0.0))
         examples += render_reading_examples(kb.train, tokenizer, retriever, {p.id: p.contents for p in kb.passages},
                                             topk=cfg.retrieval.topk, max_obs_tokens=cfg.rollout.max_obs_tokens, rng=rng)
     right = total = 0
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
     cfg = load_config(args.config, [f"data.synthetic.seed={args.world}", "logging.progress=false", *args.overrides])
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"copying-{args.world}-"))
 
-    reading_stage = sft._reading_stage
+    reading_stage = warmstart._reading_stage
 
     def measured_reading_stage(cfg_, model, tokenizer, *, progress):
         summary = reading_stage(cfg_, model, tokenizer, progress=progress)
@@ -82,8 +83,8 @@ def main(argv=None) -> int:
 
     measured: dict = {}
     questions = probe_questions(cfg, cfg.sft.probe_questions,
-                                seed=sft.world_seed(cfg.data.synthetic.seed, PROBE_WORLD_OFFSET))
-    run_sft = sft._run_sft
+                                seed=world_seed(cfg.data.synthetic.seed, PROBE_WORLD_OFFSET))
+    run_sft = warmstart.run_sft
 
     def measured_run_sft(model, demos, pad_id, **kw):
         if kw.get("done") is None:  # the reading stage
@@ -100,11 +101,12 @@ def main(argv=None) -> int:
 
         return run_sft(model, demos, pad_id, **{**kw, "on_step": on_step})
 
-    sft._reading_stage, sft._run_sft = measured_reading_stage, measured_run_sft
+    # warm_start calls both through stratarl.trainer.warmstart's names (run_sft for either stage).
+    warmstart._reading_stage, warmstart.run_sft = measured_reading_stage, measured_run_sft
     started = time.perf_counter()
     try:
-        summary = sft.warm_start(cfg, out, progress=False)
-    except sft.WarmStartFailed as error:
+        summary = warmstart.warm_start(cfg, out, progress=False)
+    except WarmStartFailed as error:
         print(f"FAILED after {time.perf_counter() - started:.0f}s: {error}", flush=True)
         return 1
     print(f"passed at step {summary['steps']} in {time.perf_counter() - started:.0f}s -> {out / 'model'}", flush=True)

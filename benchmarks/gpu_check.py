@@ -6,12 +6,13 @@
 
 Four sections, every number measured in this run (``--sections`` picks some):
 
-lab         configs/lab.yaml's RL loop (stratarl.trainer.rl.build_run / rl_step, what `stratarl train`
-            runs) for ``--lab-steps`` timed steps after one warm-up step: RL steps per second, then the
-            held-out EM (greedy, the config's max_eval_examples questions). ``--init-from DIR`` starts from
-            a warm start (`stratarl sft configs/lab.yaml` writes one; its folder is printed); without it
-            the policy starts from random weights and its EM measures nothing learned. The CPU reference
-            is the same command with ``--device cpu`` (and the same --retriever and --init-from).
+lab         configs/lab.yaml's RL loop (stratarl.trainer.run.build_run / stratarl.trainer.step.rl_step, what
+            `stratarl train` runs) for ``--lab-steps`` timed steps after one warm-up step: RL steps per
+            second, then the held-out EM (greedy, the config's max_eval_examples questions).
+            ``--init-from DIR`` starts from a warm start (`stratarl sft configs/lab.yaml` writes one; its
+            folder is printed); without it the policy starts from random weights and its EM measures
+            nothing learned. The CPU reference is the same command with ``--device cpu`` (and the same
+            --retriever and --init-from).
 generation  greedy decoding, fixed prompt and new-token counts, of a random-weight model with
             SmolLM2-135M's architecture (hidden 576, 30 layers, 9 heads, 3 KV heads, MLP 1536, vocabulary
             49,152, tied embeddings; `tiny`: a 2-layer stand-in) at batch 8, 64 and 256: the trainer's
@@ -176,11 +177,15 @@ def task_in_memory(cfg, work: Path):
 
 
 def lab_section(args, device: torch.device, work: Path) -> dict:
+    from contextlib import ExitStack
+    from unittest import mock
+
+    from stratarl.evaluation.greedy import evaluate, overall
     from stratarl.retrieval.corpus import load_corpus
-    from stratarl.trainer import rl
+    from stratarl.trainer import run as run_module
     from stratarl.trainer.config import load_config
-    from stratarl.trainer.evaluate import evaluate, overall
-    from stratarl.trainer.setup import TimedRetriever, limit_per_source
+    from stratarl.trainer.setup import eval_settings, limit_per_source
+    from stratarl.trainer.step import rl_step
 
     retriever = args.retriever
     if retriever == "auto":
@@ -192,25 +197,30 @@ def lab_section(args, device: torch.device, work: Path) -> dict:
         overrides = LAB_TINY + overrides
     cfg = load_config(REPO / "configs" / "lab.yaml", overrides)
     steps = args.lab_steps or SIZES[args.size]["lab_steps"]
-    if retriever == "builtin":
-        # build_run indexes the corpus with BM25Retriever (bm25s); this run uses the builtin one instead.
-        rl.build_task_retriever = lambda cfg, task: BuiltinBM25(load_corpus(task.corpus_path))
     task_source = "parquet cache" if _pyarrow_available() else "in memory (no pyarrow)"
-    if task_source != "parquet cache":
-        # load_task caches the generated task as parquet (pyarrow); generate it in memory instead.
-        rl.load_task = lambda cfg: task_in_memory(cfg, work)
-    run = rl.build_run(cfg, work / "lab", init_from=args.init_from)
-    rl.rl_step(run)  # warm-up: first CUDA kernels, allocator, caches
+    # build_run has no seam for the task or the retriever: the fallbacks replace the two functions it calls,
+    # in stratarl.trainer.run, while it runs.
+    with ExitStack() as fallbacks:
+        if retriever == "builtin":
+            # build_run indexes the corpus with BM25Retriever (bm25s); this run uses the builtin one instead.
+            fallbacks.enter_context(mock.patch.object(run_module, "build_task_retriever",
+                                                      lambda cfg, task: BuiltinBM25(load_corpus(task.corpus_path))))
+        if task_source != "parquet cache":
+            # load_task caches the generated task as parquet (pyarrow); generate it in memory instead.
+            fallbacks.enter_context(mock.patch.object(run_module, "load_task", lambda cfg: task_in_memory(cfg, work)))
+        run = run_module.build_run(cfg, work / "lab", init_from=args.init_from)
+    rl_step(run)  # warm-up: first CUDA kernels, allocator, caches
     _sync(device)
     start = time.perf_counter()
     for _ in range(steps):
         run.retriever.start_step()
-        last = rl.rl_step(run)
+        last = rl_step(run)
     _sync(device)
     seconds = time.perf_counter() - start
     examples = limit_per_source(run.task.test, cfg.data.max_eval_examples)
     with run.retriever.unbudgeted():
-        result = evaluate(run.model, run.tokenizer, run.retriever, examples, cfg, progress=False, num_transcripts=0)
+        result = evaluate(run.model, run.tokenizer, run.retriever, examples, eval_settings(cfg), num_transcripts=0,
+                          progress=False)
     em = overall(result).get("em", float("nan"))
     reference = (f"python benchmarks/gpu_check.py --device cpu --size {args.size} --sections lab --lab-steps {steps} "
                  f"--retriever {retriever} --precision fp32" + (f" --init-from {args.init_from}" if args.init_from else ""))
@@ -265,15 +275,14 @@ def _time(fn, device: torch.device) -> tuple[float, object]:
 
 
 def generation_section(args, device: torch.device, policy) -> dict:
+    from stratarl.rollout.backends import AutocastGenerator, make_generator
     from stratarl.rollout.generation import KVCacheGenerator, SamplingParams
-    from stratarl.trainer.precision import AutocastGenerator
-    from stratarl.trainer.rollouts import make_generator
 
     spec = SIZES[args.size]
     model, tokenizer = build_smollm2_like(args.size, device)
     new = spec["new_tokens"]
     params = SamplingParams(max_new_tokens=new, greedy=True, stop_strings=(), eos_after=())
-    ours = make_generator(model, tokenizer, "kv_cache", seed=0, precision=policy.precision)
+    ours = make_generator(model, tokenizer, "kv_cache", seed=0, policy=policy)
     inner = ours.inner if isinstance(ours, AutocastGenerator) else ours
     path = "fast decoder (CPU)" if getattr(inner, "fast_decoder", None) is not None else "generic KV-cache loop"
     fast = None
@@ -371,8 +380,9 @@ def update_section(args, device: torch.device, policy) -> dict:
     prompts = torch.randint(2, vocab - 1, (spec["rows"], spec["prompt"]), generator=g).tolist()  # all distinct
     responses = torch.randint(2, vocab - 1, (spec["rows"], spec["response"]), generator=g).tolist()
     batch = collate_sequences(prompts, responses, [[1] * spec["response"]] * spec["rows"], 0).to(device)
-    score_batch(learner, batch, cfg)  # old log-probs: the first step's ratios are 1
-    batch.advantages = torch.randn(spec["rows"], 1, generator=g).to(device) * batch.response_mask
+    scored = score_batch(learner, batch, cfg)  # old log-probs: the first step's ratios are 1
+    advantages = torch.randn(spec["rows"], 1, generator=g).to(device) * batch.response_mask
+    batch = scored.with_advantages(advantages, advantages)  # grpo's returns are its advantages (no critic)
     learner.model.train()
     optimizer_step(learner, batch, cfg)  # warm-up
     _sync(device)
@@ -453,7 +463,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--retriever bm25 needs bm25s and PyStemmer (pip install bm25s PyStemmer); or use --retriever builtin")
     import transformers
 
-    from stratarl.trainer.precision import DevicePolicy
+    from stratarl.infra.precision import DevicePolicy
 
     device = torch.device(args.device)
     policy = DevicePolicy.create(device, args.precision)

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from stratarl.data.models import load_model_and_tokenizer
+from stratarl.models import load_model_and_tokenizer
 from stratarl.retrieval.base import Passage
 from stratarl.rewards import em_reward
 from stratarl.rollout import KVCacheGenerator, RolloutConfig, RolloutEngine, encode_prompt, rollout_metrics, transcript_text

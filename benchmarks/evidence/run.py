@@ -392,7 +392,7 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
     """The committed summary of a finished run: identity, per-step headline curves, binned diagnostics,
     every held-out eval (before, step_N, after)."""
     d = spec.run_dir
-    from stratarl.trainer.aggregate import train_rows  # here, not at the top: the plan needs no torch
+    from stratarl.evaluation.rundir import train_rows  # here, not at the top: the plan needs no torch
 
     train = {int(row["step"]): row for row in train_rows(d)}  # a resumed step counts once, its last row
     steps = sorted(train)

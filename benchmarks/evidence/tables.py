@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE))
 
 from run import RESULTS, load_experiment  # noqa: E402  (the runner's own experiment loader)
 
-from stratarl.trainer.stats import (  # noqa: E402
+from stratarl.evaluation.stats import (  # noqa: E402
     Interval,
     collapse_step,
     detectable_difference,
@@ -109,6 +109,16 @@ METRICS = {
     "success_2s_at_100": ("training reward of rollouts with 2 searches, steps 91-100", lambda r: _success_given(r, 2, 9, 9)),
     "share_2s_1_100": ("share of rollouts with 2 searches, steps 1-100", lambda r: _share(r, 2, 0, 9)),
     "share_2s_at_100": ("share of rollouts with 2 searches, steps 91-100", lambda r: _share(r, 2, 9, 9)),
+    "success_2s_all": ("training reward of rollouts with 2 searches, all steps (count-weighted)",
+                       lambda r: _success_given(r, 2, 0, len(_bins(r, "stratum/2/reward_mean")) - 1)),
+    "success_2s_last": ("training reward of rollouts with 2 searches, the last 10-step bin",
+                        lambda r: _success_given(r, 2, len(_bins(r, "stratum/2/reward_mean")) - 1,
+                                                 len(_bins(r, "stratum/2/reward_mean")) - 1)),
+    "share_2s_all": ("share of rollouts with 2 searches, all steps",
+                     lambda r: _share(r, 2, 0, len(_bins(r, "rollout/search_calls_frac/2")) - 1)),
+    "share_2s_last": ("share of rollouts with 2 searches, the last 10-step bin",
+                      lambda r: _share(r, 2, len(_bins(r, "rollout/search_calls_frac/2")) - 1,
+                                       len(_bins(r, "rollout/search_calls_frac/2")) - 1)),
     "reward_last_fifth": ("training reward, mean over the last 20% of the RL steps (the same rollouts consumed at "
                           "every degree when the mini-batch is fixed)", lambda r: _mean(_reward(r)[-max(1, len(_reward(r)) // 5):])),
 }

@@ -3,7 +3,7 @@
 Shapes use fixed letters: B rollouts, T response tokens. Masks are bool or {0,1} float [B, T]
 (1 = policy token, 0 = observation / padding). Empty masks give 0, never NaN. Every function
 takes explicit scalars, checks shapes at entry, never mutates its arguments, and documents its
-formula and source. See docs/ARCHITECTURE.md and the reference ALGORITHMS.md.
+formula and source. See docs/ARCHITECTURE.md and docs/algorithms.md.
 """
 
 from __future__ import annotations

@@ -144,25 +144,13 @@ def clipped_policy_loss(
         over policy tokens, the k1 estimate of KL(π_old‖π_θ)).
     """
     check_2d("advantages", advantages, tuple(log_probs.shape))
-    if level not in LEVELS:
-        raise ValueError(f"unknown ratio level {level!r}; valid levels: {', '.join(LEVELS)}")
-    if clip_low < 0 or clip_high < 0 or clip_low >= 1:
-        raise ValueError(
-            f"need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, clip_high={clip_high}"
-        )
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (typically 3) or None, got {dual_clip!r}")
+    _check_clip_args(level, clip_low, clip_high, dual_clip)
     log_ratio = log_ratios(log_probs, old_log_probs, response_mask, level)
     mask = as_bool_mask("response_mask", response_mask)
     adv = torch.where(mask, advantages.detach().to(log_ratio.dtype), torch.zeros_like(log_ratio))
     ratio = torch.exp(log_ratio)
-    decision = _decision_advantages(adv, mask, level)
-    high = mask & (decision > 0) & (ratio > 1.0 + clip_high)
-    low = mask & (decision < 0) & (ratio < 1.0 - clip_low)
-    if dual_clip is not None:
-        dual = mask & (decision < 0) & (ratio > dual_clip)
-    else:
-        dual = torch.zeros_like(mask)
+    high, low, dual = _clipped_tokens(ratio, _decision_advantages(adv, mask, level), mask, clip_low, clip_high,
+                                      dual_clip)
     clipped = high | low | dual
     # The constant PPO uses on clipped tokens (its gradient is dropped there).
     bound = torch.full_like(ratio, dual_clip if dual_clip is not None else 1.0)
@@ -171,23 +159,51 @@ def clipped_policy_loss(
     loss = -aggregate_loss(ppo_term, mask, agg, norm_length=norm_length)
     clipped_term = torch.where(clipped, ratio * adv, torch.zeros_like(adv))
     clip_bias = aggregate_loss(clipped_term, mask, agg, norm_length=norm_length)
-
     with torch.no_grad():
-        metrics = {
-            "loss/pg_loss": loss.detach(),
-            "loss/clip_frac": masked_mean(clipped.to(ratio.dtype), mask),
-            "loss/clip_frac_low": masked_mean(low.to(ratio.dtype), mask),
-            "loss/clip_frac_high": masked_mean(high.to(ratio.dtype), mask),
-            "loss/clip_frac_dual": masked_mean(dual.to(ratio.dtype), mask),
-            "loss/ratio_mean": masked_mean(ratio, mask),
-            "loss/ratio_max": _masked_extreme(ratio, mask, largest=True),
-            "loss/ratio_min": _masked_extreme(ratio, mask, largest=False),
-            "loss/approx_kl": masked_mean(-log_ratios(log_probs, old_log_probs, mask, "token"), mask),
-        }
-        if level == "turn":
-            # One entry per turn: its first token (every token of a turn shares the decision).
-            metrics["loss/clip_frac_turn"] = masked_mean(clipped.to(ratio.dtype), turn_start_mask(mask))
+        metrics = _policy_loss_metrics(loss, ratio, mask, high, low, dual, level)
+        metrics["loss/approx_kl"] = masked_mean(-log_ratios(log_probs, old_log_probs, mask, "token"), mask)
     return PolicyLossOutput(loss, metrics, clip_bias)
+
+
+def _check_clip_args(level: str, clip_low: float, clip_high: float, dual_clip: float | None) -> None:
+    if level not in LEVELS:
+        raise ValueError(f"unknown ratio level {level!r}; valid levels: {', '.join(LEVELS)}")
+    if clip_low < 0 or clip_high < 0 or clip_low >= 1:
+        raise ValueError(
+            f"need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, clip_high={clip_high}"
+        )
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (typically 3) or None, got {dual_clip!r}")
+
+
+def _clipped_tokens(ratio: Tensor, decision: Tensor, mask: Tensor, clip_low: float, clip_high: float,
+                    dual_clip: float | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Boolean [B, T] masks of the tokens PPO clips: (high: A > 0 and r > 1+ε_high, low: A < 0 and r < 1−ε_low,
+    dual: A < 0 and r > c), A being the decision advantage of the token's unit (token, turn or rollout)."""
+    high = mask & (decision > 0) & (ratio > 1.0 + clip_high)
+    low = mask & (decision < 0) & (ratio < 1.0 - clip_low)
+    dual = mask & (decision < 0) & (ratio > dual_clip) if dual_clip is not None else torch.zeros_like(mask)
+    return high, low, dual
+
+
+def _policy_loss_metrics(loss: Tensor, ratio: Tensor, mask: Tensor, high: Tensor, low: Tensor, dual: Tensor,
+                         level: str) -> dict[str, Tensor]:
+    """The policy loss's metrics (but ``loss/approx_kl``); see :func:`clipped_policy_loss`."""
+    clipped = high | low | dual
+    metrics = {
+        "loss/pg_loss": loss.detach(),
+        "loss/clip_frac": masked_mean(clipped.to(ratio.dtype), mask),
+        "loss/clip_frac_low": masked_mean(low.to(ratio.dtype), mask),
+        "loss/clip_frac_high": masked_mean(high.to(ratio.dtype), mask),
+        "loss/clip_frac_dual": masked_mean(dual.to(ratio.dtype), mask),
+        "loss/ratio_mean": masked_mean(ratio, mask),
+        "loss/ratio_max": _masked_extreme(ratio, mask, largest=True),
+        "loss/ratio_min": _masked_extreme(ratio, mask, largest=False),
+    }
+    if level == "turn":
+        # One entry per turn: its first token (every token of a turn shares the decision).
+        metrics["loss/clip_frac_turn"] = masked_mean(clipped.to(ratio.dtype), turn_start_mask(mask))
+    return metrics
 
 
 def _masked_extreme(x: Tensor, mask: Tensor, *, largest: bool) -> Tensor:

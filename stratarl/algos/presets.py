@@ -71,9 +71,9 @@ PRESETS: Mapping[str, AlgorithmSpec] = MappingProxyType({
     "stratified_grpo": AlgorithmSpec("stratified", summary="alpha * SAN + (1 - alpha) * GN over search-count strata, "
                                                            "token ratio"),
     "ppo": AlgorithmSpec("gae", critic="value_head", summary="value head + GAE, token ratio"),
-    "so_ppo": AlgorithmSpec("gae", policy_loss="sorl", ratio_level="turn", normalizer="sorl", critic="value_head",
+    "so_ppo": AlgorithmSpec("gae", ratio_level="turn", normalizer="sorl", critic="value_head",
                             summary="value head + GAE, turn ratio, clipping-triggered normalisation"),
-    "so_grpo": AlgorithmSpec("grpo", policy_loss="sorl", ratio_level="turn", normalizer="sorl",
+    "so_grpo": AlgorithmSpec("grpo", ratio_level="turn", normalizer="sorl",
                              summary="GN advantage, turn ratio, clipping-triggered normalisation"),
     "drgrpo": AlgorithmSpec("drgrpo", summary="mean-only group advantage R - mean(R), token ratio "
                                               "(the paper's constant-length aggregation: algo.loss_agg=seq-mean-token-sum-norm)"),

@@ -23,7 +23,6 @@ config by its name, e.g. ``algo.advantage=rloo``.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -243,10 +242,9 @@ def _gae(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 1.0, whiten:
     return gae_advantages(token_rewards, batch.values, batch.response_mask, gamma=gamma, lam=lam, whiten=whiten)
 
 
-# The clipped surrogate itself is the ``ppo`` loss; ``sorl`` is the same function with turn-level ratios by
-# default (the SO-PPO / SO-GRPO presets name it; pair it with the ``sorl`` gradient normaliser).
+# The clipped surrogate is the ``ppo`` loss; SO-PPO / SO-GRPO use it too, at the turn ratio level and with the
+# ``sorl`` gradient normaliser (stratarl.algos.presets).
 register_policy_loss("ppo")(clipped_policy_loss)
-register_policy_loss("sorl")(functools.partial(clipped_policy_loss, level="turn"))
 
 
 @register_grad_normalizer("sorl")

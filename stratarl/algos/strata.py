@@ -1,7 +1,7 @@
 """Stratum diagnostics and the random-strata control of Stratified GRPO.
 
 - :func:`cross_stratum_variance`: the variance GN keeps and SAN removes, per group
-  (ALGORITHMS.md §1, "Variance" fact), averaged over groups.
+  (docs/algorithms.md §1, "Variance" fact), averaged over groups.
 - :func:`zero_san_fraction`: share of rollouts whose SAN advantage is exactly 0 (their
   stratum cell has one rollout or all-equal rewards), i.e. rollouts for which Stratified
   GRPO falls back to (1 − α) · A_GN.
@@ -40,7 +40,7 @@ def cross_stratum_variance(rewards: Tensor, group_ids: Tensor, strata_ids: Tenso
         V_g = (1/K_g) Σ_k n_k (mean_{B_k} R − mean_g R)²
             = Var_pop(R − mean_g R) − Var_pop(R − mean_{B_k} R)      (population variances)
 
-    K_g is the group's size and n_k the size of stratum k inside it (ALGORITHMS.md §1; Zhu et al.,
+    K_g is the group's size and n_k the size of stratum k inside it (docs/algorithms.md §1; Zhu et al.,
     arXiv 2510.06214). It is the part of GRPO's advantage variance that depends only on a rollout's
     structure; SAN removes it. Groups are weighted equally.
     """

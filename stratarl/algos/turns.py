@@ -1,7 +1,7 @@
 """Turn structure from the response mask, and importance ratios at token / turn / sequence level.
 
 A turn is a maximal run of policy tokens (``response_mask = 1``); each run of 0s
-between two turns is one tool observation (COMPATIBILITY.md, "veRL extension
+between two turns is one tool observation (docs/compatibility.md, "veRL extension
 points"). Everything here is derived from the mask alone, so it also works inside
 veRL hooks that see no per-sample metadata.
 """

@@ -8,6 +8,10 @@ Keep imports of heavy modules (torch, transformers) inside the handlers so that
 """
 
 import errno
+import os
+import sys
+
+from stratarl.config_errors import ConfigError
 
 
 def describe_os_error(error: BaseException) -> str:
@@ -20,3 +24,26 @@ def describe_os_error(error: BaseException) -> str:
            errno.EEXIST: "a file is in the way: choose another path", errno.EISDIR: "pass a file, not a folder"}.get(error.errno)
     where = f": {error.filename}" if error.filename and str(error.filename) not in what else ""
     return f"{what}{where}" + (f". Fix: {fix}" if fix and "Fix:" not in what else "")
+
+
+def fail(message: str, code: int = 2) -> int:
+    """Print ``error: <message>`` on stderr; returns the exit code."""
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def guard(fn):
+    """Run ``fn`` (a command's body) and turn expected user errors into one clear line on stderr and an exit code
+    (STRATARL_DEBUG=1 shows the traceback)."""
+    try:
+        return fn()
+    except ConfigError as error:
+        return fail(str(error))
+    except (ValueError, FileNotFoundError, RuntimeError, KeyError) as error:
+        if os.environ.get("STRATARL_DEBUG"):
+            raise
+        return fail(f"{type(error).__name__}: {error}", 1)
+    except OSError as error:  # disk full, read-only or unwritable run directory, a path under a file
+        if os.environ.get("STRATARL_DEBUG"):
+            raise
+        return fail(describe_os_error(error), 1)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+from stratarl.commands import fail
 
 
 def register(subparsers) -> None:
@@ -55,23 +56,18 @@ def register(subparsers) -> None:
     inspect.set_defaults(func=_inspect)
 
 
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
-
-
 def _synth(args: argparse.Namespace) -> int:
     from stratarl.data.synth import generate_knowledge_base, write_synthetic_kb
 
     try:
         hop_mix = tuple(float(x) for x in args.hop_mix.split(","))
     except ValueError:
-        return _fail(f"--hop-mix {args.hop_mix!r}: expected three comma-separated numbers, e.g. 0.4,0.4,0.2")
+        return fail(f"--hop-mix {args.hop_mix!r}: expected three comma-separated numbers, e.g. 0.4,0.4,0.2")
     for flag, value in (("--num-train", args.num_train), ("--num-test", args.num_test)):
         if value is not None and value < 1:
-            return _fail(f"{flag} {value}: must be at least 1 (or left out for the size's default)")
+            return fail(f"{flag} {value}: must be at least 1 (or left out for the size's default)")
     if Path(args.out).exists() and not Path(args.out).is_dir():
-        return _fail(f"--out {args.out} is a file, not a folder. Fix: pass a folder path")
+        return fail(f"--out {args.out} is a file, not a folder. Fix: pass a folder path")
     try:
         start = time.perf_counter()
         kb = generate_knowledge_base(
@@ -81,7 +77,7 @@ def _synth(args: argparse.Namespace) -> int:
         )
         generated = time.perf_counter() - start
     except ValueError as error:
-        return _fail(f"{error} (see `stratarl data synth --help`)")
+        return fail(f"{error} (see `stratarl data synth --help`)")
     if args.check_retrieval:
         from stratarl.data.retrievability import format_recall_table, hop_recall
         from stratarl.retrieval.bm25 import BM25Retriever
@@ -101,12 +97,12 @@ def _convert(args: argparse.Namespace) -> int:
     from stratarl.data.search_r1 import DatasetFormatError, load_examples, write_examples
 
     if Path(args.output).suffix not in (".parquet", ".jsonl"):
-        return _fail(f"{args.output}: the output must end in .parquet or .jsonl")
+        return fail(f"{args.output}: the output must end in .parquet or .jsonl")
     try:
         examples = load_examples(args.input, split=args.split, limit=args.limit)
         path = write_examples(examples, args.output, split=args.split)
     except (DatasetFormatError, FileNotFoundError, ValueError) as error:
-        return _fail(str(error))
+        return fail(str(error))
     print(f"wrote {len(examples)} rows to {path}")
     return 0
 
@@ -116,13 +112,13 @@ def _inspect(args: argparse.Namespace) -> int:
 
     path = Path(args.file)
     if not path.is_file():
-        return _fail(f"{path}: no such file")
+        return fail(f"{path}: no such file")
     if path.suffix == ".jsonl" and _is_corpus(path):
         return _inspect_corpus(path, args.rows)
     try:
         examples = examples_from_rows(read_rows(path), origin=str(path))
     except DatasetFormatError as error:
-        return _fail(str(error))
+        return fail(str(error))
     print(f"{path}: {len(examples)} questions")
     for label, key in (("data_source", None), ("split", "split"), ("format", "format"),
                        ("question_type", "question_type")):
@@ -156,7 +152,7 @@ def _inspect_corpus(path: Path, rows: int) -> int:
             if len(shown) < rows:
                 shown.append(json.dumps(passage.to_document(), ensure_ascii=False)[:300])
     except CorpusError as error:
-        return _fail(str(error))
+        return fail(str(error))
     print(f"{path}: corpus with {count} passages")
     for line in shown:
         print(line)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -27,14 +26,15 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stratarl.commands.train import _guard, check_retriever
+    from stratarl.commands import guard
+    from stratarl.commands.train import check_retriever
 
     def body() -> int:
-        from stratarl.trainer import checkpoint as ckpt
+        from stratarl.infra import checkpoint as ckpt
         from stratarl.trainer.config import ConfigError, load_config
-        from stratarl.trainer.evaluate import evaluate, format_table, save_eval
-        from stratarl.trainer.setup import (build_task_retriever, limit_per_source, load_policy, load_task,
-                                            set_threads)
+        from stratarl.evaluation.greedy import evaluate, format_table, save_eval
+        from stratarl.trainer.setup import build_task_retriever, eval_settings, limit_per_source, load_policy, load_task
+        from stratarl.infra.threads import set_threads
 
         target = Path(args.target)
         run_dir = target if target.is_dir() else None
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             ckpt.load_checkpoint(latest, model=model)
             source = str(latest)
         retriever = build_task_retriever(cfg, task)
-        result = evaluate(model, tokenizer, retriever, examples, cfg, num_transcripts=cfg.eval.num_transcripts,
+        result = evaluate(model, tokenizer, retriever, examples, eval_settings(cfg), num_transcripts=cfg.eval.num_transcripts,
                           progress=cfg.logging.progress)
         result["model"] = source
         out = Path(args.out) if args.out else (run_dir or Path(f"eval-{time.strftime('%Y%m%d-%H%M%S')}"))
@@ -79,4 +79,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"results: {path}")
         return 0
 
-    return _guard(body)
+    return guard(body)

@@ -77,7 +77,8 @@ def run_build(args: argparse.Namespace) -> int:
                      f"--out {index_folder_for(Path(args.corpus))}")
     try:
         if args.kind == "bm25":
-            from stratarl.retrieval.bm25 import build_bm25_index, read_index_meta
+            from stratarl.retrieval.bm25_build import build_bm25_index
+            from stratarl.retrieval.index_files import read_index_meta
 
             # Streamed: memory stays bounded however big the corpus (21M Wikipedia passages included).
             stemmer = None if args.stemmer.lower() == "none" else args.stemmer
@@ -114,7 +115,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from stratarl.retrieval.bm25 import read_index_meta
+    from stratarl.retrieval.index_files import read_index_meta
 
     try:
         meta = read_index_meta(args.index)
@@ -127,7 +128,7 @@ def run_info(args: argparse.Namespace) -> int:
 def run_search(args: argparse.Namespace) -> int:
     from stratarl.retrieval.corpus import CorpusError
     from stratarl.retrieval.factory import build_retriever
-    from stratarl.retrieval.server import format_retrieve_response
+    from stratarl.retrieval.protocol import format_retrieve_response
 
     try:
         retriever = build_retriever(args.index)

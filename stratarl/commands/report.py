@@ -26,13 +26,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stratarl.commands.train import _guard
+    from stratarl.commands import guard
 
     def body() -> int:
         from pathlib import Path
 
         if args.aggregate:
-            from stratarl.trainer.aggregate import write_aggregate
+            from stratarl.evaluation.aggregate import write_aggregate
 
             if args.final_window < 1:
                 raise ValueError(f"--final-window {args.final_window}: must be >= 1")
@@ -42,10 +42,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"aggregate: {path.parent / 'aggregate.json'}, {path.parent / 'aggregate.md'}")
             print(f"report: {path}")
             return 0
-        from stratarl.trainer.report import build_report
+        from stratarl.evaluation.report import build_report
 
         path = build_report(args.run_dirs, args.out, title=args.title or "stratarl report")
         print(f"report: {path}")
         return 0
 
-    return _guard(body)
+    return guard(body)

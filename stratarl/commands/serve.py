@@ -63,7 +63,7 @@ def register(subparsers) -> None:
 def _retriever_spec(args: argparse.Namespace) -> dict:
     if args.index is not None:
         spec: dict = {"index": args.index}
-        from stratarl.retrieval.bm25 import read_index_meta
+        from stratarl.retrieval.index_files import read_index_meta
 
         spec.update({key: True for key in ("mmap", "mmap_corpus") if getattr(args, key)})
         if read_index_meta(args.index)["kind"] == "dense":
@@ -84,7 +84,8 @@ def _retriever_spec(args: argparse.Namespace) -> dict:
 def run_serve(args: argparse.Namespace) -> int:
     from stratarl.retrieval.corpus import CorpusError
     from stratarl.retrieval.factory import build_retriever
-    from stratarl.retrieval.server import ServerLimits, serve
+    from stratarl.retrieval.protocol import ServerLimits
+    from stratarl.retrieval.server import serve
 
     if not 0 <= args.port <= 65535:
         print(f"stratarl serve: error: --port {args.port} is not a TCP port. Fix: use a number in 1-65535, e.g. 8000",

@@ -23,12 +23,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stratarl.commands.train import _guard
+    from stratarl.commands import guard
 
     def body() -> int:
         from stratarl.trainer.config import load_config
-        from stratarl.trainer.setup import set_threads
-        from stratarl.trainer.sft import cached_warm_start, warm_start
+        from stratarl.infra.threads import set_threads
+        from stratarl.trainer.warmstart import cached_warm_start, warm_start
 
         cfg = load_config(args.config, list(args.overrides))
         set_threads(cfg.trainer.num_threads)
@@ -46,4 +46,4 @@ def run(args: argparse.Namespace) -> int:
                   f"{last['multi_hop_one_search']:.0%}", flush=True)
         return 0
 
-    return _guard(body)
+    return guard(body)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from pathlib import Path
+
+from stratarl.commands import guard
 
 CONFIG_HELP = "dotted overrides, e.g. algo.name=grpo trainer.steps=20 rollout.group_size=4"
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -61,11 +61,6 @@ def check_retriever(cfg, args) -> None:
     print(f"retriever {url} answered a probe search", flush=True)
 
 
-def fail(message: str, code: int = 2) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return code
-
-
 def resolve_run_dir(cfg, run_dir: str | None) -> Path:
     if run_dir:
         return Path(run_dir)
@@ -95,7 +90,7 @@ def load_run_config(args):
 def run_pipeline(cfg, run_dir: Path, *, resume: bool, start_over: bool = False) -> dict:
     """Warm start (if ``sft.enabled`` and no ``model.init_from``), then RL; returns the RL summary."""
     from stratarl.trainer.rl import train
-    from stratarl.trainer.setup import set_threads
+    from stratarl.infra.threads import set_threads
 
     set_threads(cfg.trainer.num_threads)
     if not resume:  # before the warm start: a run killed during it can be resumed (--start-over)
@@ -106,7 +101,7 @@ def run_pipeline(cfg, run_dir: Path, *, resume: bool, start_over: bool = False) 
     init_from = None
     summary_sft = None
     if cfg.sft.enabled and not cfg.model.init_from:
-        from stratarl.trainer.sft import cached_warm_start, warm_start, warm_start_cache_dir
+        from stratarl.trainer.warmstart import cached_warm_start, warm_start, warm_start_cache_dir
 
         what = (f"{cfg.sft.steps} steps x {cfg.sft.batch_size} demonstrations from fresh worlds"
                 if cfg.sft.source == "worlds" else f"{cfg.sft.num_demos} demonstrations")
@@ -133,26 +128,6 @@ def run_pipeline(cfg, run_dir: Path, *, resume: bool, start_over: bool = False) 
     return summary
 
 
-def _guard(fn):
-    """Turn expected user errors into one clear line (STRATARL_DEBUG=1 shows the traceback)."""
-    from stratarl.trainer.config import ConfigError
-
-    try:
-        return fn()
-    except ConfigError as error:
-        return fail(str(error))
-    except (ValueError, FileNotFoundError, RuntimeError, KeyError) as error:
-        if os.environ.get("STRATARL_DEBUG"):
-            raise
-        return fail(f"{type(error).__name__}: {error}", 1)
-    except OSError as error:  # disk full, read-only or unwritable run directory, a path under a file
-        if os.environ.get("STRATARL_DEBUG"):
-            raise
-        from stratarl.commands import describe_os_error
-
-        return fail(describe_os_error(error), 1)
-
-
 def run_train(args: argparse.Namespace) -> int:
     def body() -> int:
         from stratarl.trainer.config import ConfigError
@@ -168,29 +143,29 @@ def run_train(args: argparse.Namespace) -> int:
               f"checkpoint {summary['checkpoint']}", flush=True)
         return code
 
-    return _guard(body)
+    return guard(body)
 
 
 def run_demo(args: argparse.Namespace) -> int:
     def body() -> int:
         from stratarl.trainer.algorithm import describe
         from stratarl.trainer.config import load_config
-        from stratarl.trainer.report import build_report
+        from stratarl.evaluation.report import build_report
 
         started = time.perf_counter()
         cfg = load_config(args.config, list(args.overrides))
         run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.trainer.output_dir) / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
         print(f"stratarl demo: {cfg.model.name}, synthetic KB + BM25; run directory {run_dir}", flush=True)
-        print(f"algorithm {describe(cfg.algo.name, cfg.algo.spec)}", flush=True)
+        print(f"algorithm {describe(cfg.algo.name, cfg.algorithm)}", flush=True)
         check_retriever(cfg, args)
         summary = run_pipeline(cfg, run_dir, resume=False)
         report = build_report([run_dir])
-        from stratarl.trainer.report import format_headline, headline
+        from stratarl.evaluation.headline import format_headline, headline
 
         wall = time.perf_counter() - started
         print("\n=== stratarl demo ===")
         # What was measured and how sure it is: EM / F1 before -> after RL with 95% CIs over the held-out
-        # questions, the paired gain, the held-out EM at every eval, and a verdict (stratarl.trainer.report).
+        # questions, the paired gain, the held-out EM at every eval, and a verdict (stratarl.evaluation.report).
         print(format_headline(headline([run_dir])))
         if cfg.sft.enabled and not cfg.model.init_from:
             print("(before RL = after the warm start, so the gain measures the RL steps alone)")
@@ -199,4 +174,4 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"run directory: {run_dir}")
         return summary.get("exit_code", 0)
 
-    return _guard(body)
+    return guard(body)

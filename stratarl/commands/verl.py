@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
+
+from stratarl.commands import fail
 
 
 def register(subparsers) -> None:
@@ -34,24 +35,19 @@ def register(subparsers) -> None:
     check.set_defaults(func=_check)
 
 
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
-
-
 def _convert(args: argparse.Namespace) -> int:
     from stratarl.data.search_r1 import DatasetFormatError, load_examples
     from stratarl.integrations.verl_data import write_verl_parquet
 
     if args.limit is not None and args.limit < 1:
-        return _fail(f"--limit must be >= 1, got {args.limit}")
+        return fail(f"--limit must be >= 1, got {args.limit}")
     if not args.output.endswith(".parquet"):
-        return _fail(f"{args.output}: veRL reads parquet; name the output *.parquet")
+        return fail(f"{args.output}: veRL reads parquet; name the output *.parquet")
     try:
         examples = load_examples(args.input, split=args.split, limit=args.limit)
         path = write_verl_parquet(examples, args.output, split=args.split)
     except (DatasetFormatError, FileNotFoundError, ValueError) as error:
-        return _fail(str(error))
+        return fail(str(error))
     sources = sorted({example.data_source for example in examples})
     print(f"wrote {len(examples)} rows to {path} (data sources: {', '.join(sources)})")
     return 0
@@ -61,7 +57,7 @@ def _check(args: argparse.Namespace) -> int:
     try:
         import stratarl.integrations.verl as plugin
     except ImportError as error:
-        return _fail(str(error))
+        return fail(str(error))
     from verl import __version__ as verl_version
     from verl.trainer.ppo import core_algos
 

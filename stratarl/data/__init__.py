@@ -1,6 +1,6 @@
 """Datasets (Search-R1 formats), the synthetic knowledge base, model loading.
 
-Model loading lives in ``stratarl.data.models`` (imports torch); it is not re-exported here.
+Model loading lives in ``stratarl.models`` (imports torch); it is not re-exported here.
 """
 
 from stratarl.data.examples import Example

@@ -38,6 +38,8 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
 from stratarl.data.examples import Example
 from stratarl.retrieval.base import Passage
 from stratarl.rollout.parsing import (
@@ -83,8 +85,6 @@ _ADDED_RE = re.compile("|".join(re.escape(t) for t in (*SPECIAL_TOKENS, *PROTOCO
 
 
 def _pre_tokenizer():
-    from tokenizers import Regex, pre_tokenizers
-
     return pre_tokenizers.Split(Regex(PIECE_PATTERN), behavior="isolated")
 
 
@@ -191,10 +191,9 @@ def build_word_tokenizer(texts: Iterable[str], *, min_freq: int = 1, max_vocab: 
     ``max_vocab`` caps ``len(tokenizer)`` (rare words beyond it become ``[UNK]``);
     EOS is ``<|im_end|>``, PAD ``[PAD]``, no BOS; the chat template is ChatML.
     Save with ``save_pretrained`` (tokenizer.json, no pickles); load with
-    ``stratarl.data.models.load_tokenizer(folder)`` or ``AutoTokenizer.from_pretrained``.
+    ``stratarl.models.load_tokenizer(folder)`` or ``AutoTokenizer.from_pretrained``.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # start-up cost: transformers takes ~1 s to import
 
     vocab = build_vocabulary(count_pieces(texts, lowercase=lowercase), min_freq=min_freq, max_vocab=max_vocab)
     backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
@@ -279,7 +278,7 @@ def build_word_model(tokenizer, *, hidden_size: int = 128, num_layers: int = 4, 
     """A randomly initialised Llama-style causal LM over ``tokenizer`` (``build_tiny_model``
     with sizes for learning the synthetic task from scratch: 4 layers of width 128,
     MLP width ``4 * hidden_size`` unless given, tied embeddings)."""
-    from stratarl.data.models import build_tiny_model  # torch: only the model builder needs it
+    from stratarl.models import build_tiny_model  # torch: only the model builder needs it
 
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")

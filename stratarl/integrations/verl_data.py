@@ -1,7 +1,7 @@
 """Question files in veRL's Search-R1 variant (``examples/data_preprocess/preprocess_search_r1_dataset.py``).
 
 veRL's multi-turn agent loop calls tools through the chat template's tool-call format, so its
-variant of a Search-R1 row differs from the original (COMPATIBILITY.md, Data):
+variant of a Search-R1 row differs from the original (docs/compatibility.md, Data):
 
     data_source: "searchR1_<source>"
     prompt: [{"role": "system", "content": VERL_SYSTEM_PROMPT},
@@ -85,8 +85,8 @@ def verl_search_rows(examples: Iterable[Example], *, split: str | None = None) -
 
 def write_verl_parquet(examples: Iterable[Example], path: str | Path, *, split: str | None = None) -> Path:
     """Write veRL's Search-R1 parquet (``data.train_files`` / ``data.val_files`` of the recipes)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # start-up cost: only when a data file is written
+    import pyarrow.parquet as pq  # start-up cost: only when a data file is written
 
     path = Path(path)
     if path.suffix != ".parquet":

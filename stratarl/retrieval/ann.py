@@ -1,7 +1,7 @@
 """Approximate nearest-neighbour indexes (faiss IVF and HNSW) for dense retrieval beyond exact search's memory.
 
-faiss is optional: it is imported when an ivf/hnsw index is built or loaded, with an error naming the
-package to install when it is missing. All indexes use inner product (cosine on normalised embeddings).
+faiss is optional: it is imported when a faiss index is built or loaded (`import_faiss`), with an error
+naming the package to install when it is missing. All indexes use inner product (cosine on normalised embeddings).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ ADD_CHUNK = 65_536  # vectors added to (or encoded for) a faiss index at a time
 _FAISS_HINT = "`pip install faiss-cpu` (or faiss-gpu), or use dense_index='exact'"
 
 
-def _import_faiss():
+def import_faiss(needed_by: str = "an approximate dense index (ivf, hnsw)", fix: str = _FAISS_HINT):
+    """The faiss module, or `ModuleNotFoundError` saying that ``needed_by`` needs it and how to ``fix`` that."""
     try:
-        import faiss
+        import faiss  # optional dependency (pip install faiss-cpu)
     except ImportError:
-        raise ModuleNotFoundError(f"an approximate dense index (ivf, hnsw) needs faiss: {_FAISS_HINT}") from None
+        raise ModuleNotFoundError(f"{needed_by} needs faiss: {fix}") from None
     return faiss
 
 
@@ -91,7 +92,7 @@ class DenseIndexSettings:
 
 def new_faiss_index(num_vectors: int, dim: int, settings: DenseIndexSettings):
     """An empty faiss inner-product index for ``settings`` (ivf or hnsw) and how many vectors train it."""
-    faiss = _import_faiss()
+    faiss = import_faiss()
     if settings.kind == "exact":
         raise ValueError("faiss indexes here are approximate (kind 'ivf' or 'hnsw'); exact search needs no index")
     n, ip = num_vectors, faiss.METRIC_INNER_PRODUCT
@@ -167,9 +168,17 @@ def encode_into_faiss_index(texts: list[str], encoder, settings: DenseIndexSetti
     return index
 
 
+def exact_faiss_index(embeddings):
+    """A faiss ``IndexFlatIP`` (exact inner product) holding ``embeddings`` (float32 [N, D]): ``backend="faiss"``."""
+    faiss = import_faiss("backend='faiss'", "`pip install faiss-cpu` (or use backend='torch')")
+    index = faiss.IndexFlatIP(embeddings.shape[1])
+    index.add(embeddings)
+    return index
+
+
 def set_search_params(index, settings: DenseIndexSettings) -> None:
     """Apply the query-time knobs (nprobe, ef_search) to a built or loaded faiss index."""
-    faiss = _import_faiss()
+    faiss = import_faiss()
     if settings.kind == "ivf":
         faiss.extract_index_ivf(index).nprobe = min(settings.nprobe, faiss.extract_index_ivf(index).nlist)
     elif settings.kind == "hnsw":

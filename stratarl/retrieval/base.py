@@ -43,6 +43,12 @@ class Retriever(Protocol):
     def search(self, queries: list[str], k: int) -> list[list[Passage]]: ...
 
 
+def check_k(k: int) -> None:
+    """Raise `ValueError` unless ``k`` (passages per query) is a positive integer."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+
+
 class RetrievalError(RuntimeError):
     """A retriever could not answer (server unreachable, timed out, bad response).
 

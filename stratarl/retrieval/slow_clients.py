@@ -28,8 +28,8 @@ def check_request_timeout(request_timeout_s: float) -> float:
 def request_timeout_protocol(request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S):
     """An ``asyncio.Protocol`` class for ``uvicorn.Config(http=...)``: uvicorn's H11Protocol plus the
     request timeout (`check_request_timeout`)."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    import h11  # here: `import stratarl.retrieval` does not load the HTTP server's modules
+    from uvicorn.protocols.http.h11_impl import H11Protocol  # here: uvicorn loads only when a server starts
 
     request_timeout_s = check_request_timeout(request_timeout_s)
     received = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR)

@@ -28,9 +28,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from stratarl.retrieval.bm25 import read_index_meta
 from stratarl.retrieval.factory import build_retriever
-from stratarl.retrieval.server import ServerLimits, create_app
+from stratarl.retrieval.index_files import read_index_meta
+from stratarl.retrieval.protocol import ServerLimits
+from stratarl.retrieval.server import create_app
 from stratarl.retrieval.slow_clients import DEFAULT_REQUEST_TIMEOUT_S, check_request_timeout, request_timeout_protocol
 
 logger = logging.getLogger("stratarl.server")
@@ -69,9 +70,8 @@ def _worker_main(config: dict) -> int:
         status.write(json.dumps({"worker": config["index"], "kind": kind, "detail": detail}) + "\n")
 
     try:
-        # Imported here: the pool's side (the parent process) needs neither torch nor uvicorn.
-        import torch
-        import uvicorn
+        import torch  # here, in the worker: the pool's parent process does not load torch
+        import uvicorn  # here, in the worker: the pool's parent process does not load uvicorn
 
         torch.set_num_threads(config["threads"])  # N workers x all cores each would oversubscribe the machine
         if "fd" in config:

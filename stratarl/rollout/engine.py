@@ -164,18 +164,18 @@ class RolloutEngine:
             live = [rollouts[i] for i in live_index]
             budgets = [min(config.max_tokens_per_turn, config.max_total_tokens - r.total_length) for r in live]
             histories = [r.prompt_ids + r.response_ids for r in live]
-            if getattr(self.generator, "supports_cache_keys", False):
+            if self.generator.supports_cache_keys:
                 # Each rollout's KV from its previous turn is reused: only the observation is read.
                 keys = [(id(rollouts), i) for i in live_index]
                 capture = ({"capture_layer": capture_layer}
-                           if capture_layer is not None and getattr(self.generator, "supports_capture", False) else {})
+                           if capture_layer is not None and self.generator.supports_capture else {})
                 generations = self.generator.generate(histories, params, budgets, cache_keys=keys, **capture)
             else:
                 generations = self.generator.generate(histories, params, budgets)
             last_turn = turn_index == config.max_turns
             searches = [self._after_turn(r, g, last_turn) for r, g in zip(live, generations)]
             for rollout, generation in zip(live, generations):
-                rollout.frozen_states = getattr(generation, "frozen_states", None)
+                rollout.frozen_states = generation.frozen_states
             pending = [(r, action.content) for r, action in zip(live, searches) if action is not None]
             if pending:
                 self._run_searches(pending)

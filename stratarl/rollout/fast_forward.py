@@ -24,10 +24,11 @@ The math is the model's own: RMSNorm in fp32 as ``LlamaRMSNorm``, the model's
 ``softmax(q k^T / sqrt(d) + mask) v``. Greedy tokens equal Hugging Face's
 (tests/rollout/test_rollout_fast_forward.py compares logits and greedy ids).
 
-Supported: ``model_type`` in {llama, qwen2, mistral} with plain ``nn.Linear``
-projections or peft LoRA on them (merged into the fused weights, W + s·BA), SiLU
-MLP, no sliding window shorter than the context and no dynamic rope. ``unsupported_reason(model)`` says why a model is not
-covered; the generator then uses the generic forward.
+Supported: ``model_type`` in ``SUPPORTED_MODEL_TYPES`` (llama, qwen2, mistral) with plain ``nn.Linear``
+projections or peft LoRA on them (merged into the fused weights, W + s·BA), SiLU MLP, no sliding window
+shorter than the context and no dynamic rope. ``unsupported_reason(model)`` says why a model is not
+covered (``stratarl.rollout.fast_decode_support``); the generator then uses the model's own forward. The
+fused, packed weights are built in ``stratarl.rollout.decoder_weights``.
 """
 
 from __future__ import annotations
@@ -35,79 +36,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+from stratarl.models import unwrap
+from stratarl.rollout.decoder_weights import (
+    GEMV_ROWS,
+    PACK_MIN_ELEMENTS,
+    LayerWeights,
+    PackedLinear,
+    effective_weight,
+    norm_eps,
+    packing_available,
+)
+from stratarl.rollout.fast_decode_support import SUPPORTED_MODEL_TYPES, decoder_with_layers, is_lora, unsupported_reason
 
-
-def _unwrap(model):
-    """The causal LM inside a peft wrapper (LoRA layers stay in it and are merged on the fly)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def _decoder_of(model):
-    inner = getattr(model, "model", None)
-    return inner if inner is not None and hasattr(inner, "layers") else None
-
-
-def _is_lora(linear) -> bool:
-    return hasattr(linear, "base_layer") and hasattr(linear, "lora_A") and hasattr(linear, "lora_B")
-
-
-def _linear_problem(linear) -> str | None:
-    if type(linear) is torch.nn.Linear:
-        return None
-    if _is_lora(linear):
-        if type(linear.base_layer) is not torch.nn.Linear:
-            return f"LoRA over {type(linear.base_layer).__name__} (quantised?) is not plain nn.Linear"
-        if any(getattr(linear, "use_dora", {}).values()) or any(getattr(linear, "lora_bias", {}).values()):
-            return "DoRA / LoRA bias adapters are not implemented"
-        return None
-    return f"{type(linear).__name__} projections are not plain nn.Linear or LoRA"
-
-
-def _weight_and_bias(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A projection's effective weight: LoRA's W + scaling * B A (when active, not merged)."""
-    if not _is_lora(linear):
-        return linear.weight, linear.bias
-    weight = linear.base_layer.weight
-    if not getattr(linear, "merged", False) and not getattr(linear, "disable_adapters", False):
-        for name in linear.active_adapters:
-            if name in linear.lora_A:
-                delta = linear.lora_B[name].weight @ linear.lora_A[name].weight
-                weight = weight + linear.scaling[name] * delta.to(weight.dtype)
-    return weight, linear.base_layer.bias
-
-
-def unsupported_reason(model) -> str | None:
-    """None when ``FastDecoder`` covers ``model``, else a sentence saying why not."""
-    model = _unwrap(model)
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
-    inner = _decoder_of(model)
-    if inner is None or not hasattr(model, "lm_head"):
-        return "the model has no .model.layers / .lm_head"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act {config.hidden_act!r} is not silu"
-    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
-    if isinstance(rope, dict) and "dynamic" in str(rope.get("rope_type", rope.get("type", ""))):
-        return "dynamic rope scaling depends on the sequence length"
-    window = getattr(config, "sliding_window", None)
-    if window is not None and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
-        return f"sliding_window {window} is not implemented"
-    if getattr(config, "pretraining_tp", 1) != 1:
-        return "pretraining_tp != 1"
-    for layer in inner.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-            problem = _linear_problem(linear)
-            if problem is not None:
-                return problem
-        if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
-            return "q/k norms are not implemented"
-    if _linear_problem(model.lm_head) is not None:
-        return f"lm_head: {_linear_problem(model.lm_head)}"
-    return None
+__all__ = ["GEMV_ROWS", "PACK_MIN_ELEMENTS", "SUPPORTED_MODEL_TYPES", "FastDecoder", "packing_available",
+           "unsupported_reason"]
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -127,128 +69,9 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * x32.to(x.dtype)
 
 
-def packing_available() -> bool:
-    """Whether oneDNN weight packing (``torch.ops.mkldnn``, as inductor's CPU freezing uses) exists here."""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
-
-
-# Weights with fewer elements than this are not packed when packing is automatic: oneDNN's per-call
-# overhead (~10 us) then outweighs its faster kernel (64-wide word-tiny: a packed [32, 64] x [64, 192]
-# product takes 18 us, F.linear 7 us; at the 293k-element LM head the two are equal).
-PACK_MIN_ELEMENTS = 2 ** 18
-# Products with at most this many rows (batch 1 or 2 at decode) run MKL's F.linear even when packed.
-GEMV_ROWS = 2
-
-
-class _Linear:
-    """``x @ W^T + b`` for a fixed weight, oneDNN-packed on CPU (fp32) when available.
-
-    Why: at decode, M = batch rows is small and every weight is read once per step;
-    MKL's sgemm behind ``F.linear`` runs such skinny products at a fraction of the
-    bandwidth, while a pre-packed oneDNN weight runs a 30-layer SmolLM2 sweep of them
-    1.5-1.8x faster (M = 4 to 32) and the 49k-wide LM head 2-3x faster. At M <= ``GEMV_ROWS``
-    it is the other way round (MKL's matrix-vector kernels: 41 vs 51 ms per SmolLM2 sweep at
-    M = 1, one thread), so such calls run ``F.linear`` on ``parts``: the unfused projections
-    the weight was stacked from (the model's own tensors, no copy).
-    ``pack``: True packs, False does not, None packs weights of at least ``PACK_MIN_ELEMENTS``,
-    "parts" neither packs nor stacks: every call runs ``F.linear`` on ``parts`` (for a decoder
-    whose batch is at most ``GEMV_ROWS`` rows, so no copy of the weights is made at all).
-    """
-
-    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], pack: bool | None | str,
-                 dtype: torch.dtype = torch.float32) -> None:
-        # ``dtype`` bf16: the weights are copied to bf16 once here (once per weight version, not per call
-        # as autocast re-casts them), inputs are cast to bf16 and outputs returned in fp32, so the residual
-        # stream, the norms and the logits stay fp32 (autocast's rules).
-        self.dtype = dtype
-        parts = [(w.detach().to(dtype), b.detach().to(dtype) if b is not None else None) for w, b in parts]
-        self.out_features = sum(w.shape[0] for w, _ in parts)
-        self.binary_add = hasattr(torch.ops.mkldnn._linear_pointwise, "binary") and dtype == torch.float32
-        self.packed, self.parts = None, parts
-        if pack == "parts":
-            self.weight = self.bias = None
-            return
-        weight, bias = _fuse(parts)
-        self.weight, self.bias = weight, bias
-        if pack is None:
-            pack = weight.numel() >= PACK_MIN_ELEMENTS
-        if pack and weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16):
-            try:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 32)
-                self.bias = bias.detach().contiguous() if bias is not None else None
-                self.weight = None  # the stacked copy; ``parts`` stay (views of the model's parameters)
-            except (RuntimeError, AttributeError):  # an op or format this build lacks: plain GEMM
-                self.packed = None
-        if self.packed is None:
-            self.parts = None
-
-    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
-        outs = [F.linear(x, w, b) for w, b in self.parts]
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
-
-    def __call__(self, x: torch.Tensor, *, fp32_out: bool = True) -> torch.Tensor:
-        """``x @ W^T + b``; with bf16 weights the output is fp32 unless ``fp32_out`` is False."""
-        if self.dtype != torch.float32:
-            out = self._product(x.to(self.dtype))
-            return out.float() if fp32_out else out
-        return self._product(x)
-
-    def _product(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            return F.linear(x, self.weight, self.bias) if self.weight is not None else self._gemv(x)
-        flat = x.reshape(-1, x.shape[-1])
-        if flat.shape[0] <= GEMV_ROWS:
-            return self._gemv(x)
-        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
-        return out.reshape(*x.shape[:-1], self.out_features)
-
-    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``residual + x @ W^T + b``. Packed, the addition is oneDNN's sum post-op on the fp32
-        result (one pass instead of a GEMM and an add, and bit for bit the same numbers)."""
-        if self.packed is None or not self.binary_add or residual.numel() <= GEMV_ROWS * self.out_features:
-            return residual + self(x)
-        flat = x.reshape(-1, x.shape[-1])
-        out = torch.ops.mkldnn._linear_pointwise.binary(flat, residual.reshape(-1, self.out_features),
-                                                        self.packed, self.bias, "add")
-        return out.reshape(residual.shape)
-
-
-class _Layer:
-    """One decoder layer's weights, with Q|K|V and gate|up fused into single matrices
-    (unless ``pack`` is "parts"; see ``_Linear``)."""
-
-    def __init__(self, layer, pack: bool | None | str, dtype: torch.dtype = torch.float32) -> None:
-        attn, mlp = layer.self_attn, layer.mlp
-        q, k, v = (_weight_and_bias(p) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        self.qkv = _Linear([q, k, v], pack, dtype)
-        self.o = _Linear([_weight_and_bias(attn.o_proj)], pack, dtype)
-        gate, up = _weight_and_bias(mlp.gate_proj), _weight_and_bias(mlp.up_proj)
-        self.gate_up = _Linear([gate, up], pack, dtype)
-        self.down = _Linear([_weight_and_bias(mlp.down_proj)], pack, dtype)
-        self.norm1_w, self.norm1_eps = layer.input_layernorm.weight, _eps(layer.input_layernorm)
-        self.norm2_w, self.norm2_eps = layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)
-        self.intermediate = gate[0].shape[0]
-
-
-def _fuse(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Stack projections' weights (and biases, zeros where one has none) into one matrix."""
-    if len(parts) == 1:
-        return parts[0]
-    weight = torch.cat([w for w, _ in parts], dim=0)
-    if all(b is None for _, b in parts):
-        return weight, None
-    bias = torch.cat([b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) for w, b in parts])
-    return weight, bias
-
-
 def _own_dtypes():
     """Autocast off: the decoder sets every dtype itself (a generator may be called under autocast)."""
     return torch.autocast("cpu", enabled=False)
-
-
-def _eps(norm) -> float:
-    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
 
 class FastDecoder:
@@ -270,7 +93,7 @@ class FastDecoder:
         per weight version (``refresh``), and the KV cache, attention and the MLP's activation are bf16;
         the residual stream, every norm and the logits stay fp32 (the rules of ``torch.autocast``, without
         its re-cast of every weight at every call). It pays on CPUs with bf16 matmul units (AVX512-BF16,
-        AMX; ``stratarl.trainer.precision.cpu_bf16_matmul``)."""
+        AMX; ``stratarl.infra.precision.cpu_bf16_matmul``)."""
         if dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"FastDecoder dtype must be float32 or bfloat16, got {dtype}")
         self.dtype = dtype
@@ -278,18 +101,18 @@ class FastDecoder:
         if reason is not None:
             raise ValueError(f"FastDecoder does not support this model: {reason}")
         self.model = model  # parameters (LoRA's included) are tracked on the model as given
-        model = _unwrap(model)
+        model = unwrap(model)
         self.causal_lm = model
         self.config = model.config
-        inner = _decoder_of(model)
+        inner = decoder_with_layers(model)
         self.inner = inner
         self.num_heads = self.config.num_attention_heads
         self.num_kv_heads = getattr(self.config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.num_heads
         self.scale = self.head_dim ** -0.5
         self.groups = self.num_heads // self.num_kv_heads  # query heads per K/V head
-        self._layers: list[_Layer] = []
-        self._lora_modules = [m for m in model.modules() if _is_lora(m)]
+        self._layers: list[LayerWeights] = []
+        self._lora_modules = [m for m in model.modules() if is_lora(m)]
         self.pack = False if not packing_available() else pack
         self._version: tuple | None = None
         self._unpacked_for_small = False  # layers built without packing for a batch of <= GEMV_ROWS rows
@@ -303,12 +126,19 @@ class FastDecoder:
 
     # -- weights ---------------------------------------------------------------------------
     def _weights_version(self) -> tuple | None:
+        """Every parameter's (address, version counter) and every LoRA layer's active adapters, or None."""
         try:
             adapters = tuple(bool(getattr(m, "disable_adapters", False)) or tuple(m.active_adapters)
                              for m in self._lora_modules)  # toggling an adapter changes no parameter
             return tuple((p.data_ptr(), p._version) for p in self.model.parameters()) + adapters
         except RuntimeError:  # inference tensors (a model built under inference_mode) have no counter
             return None
+
+    @property
+    def weights_version(self) -> tuple | None:
+        """The parameter versions the fused weights were built from (None: not tracked, e.g. inference
+        tensors); a KV computed under one version is reusable only while it holds."""
+        return self._version
 
     def refresh(self, rows: int | None = None) -> None:
         """Re-fuse the projection weights if any parameter changed since the last call.
@@ -322,8 +152,8 @@ class FastDecoder:
         stale = version is None or version != self._version
         if stale or (self._unpacked_for_small and not small and rows is not None):
             pack = "parts" if small else self.pack
-            self._layers = [_Layer(layer, pack, self.dtype) for layer in self.inner.layers]
-            self._lm_head = _Linear([_weight_and_bias(self.causal_lm.lm_head)], pack, self.dtype)
+            self._layers = [LayerWeights(layer, pack, self.dtype) for layer in self.inner.layers]
+            self._lm_head = PackedLinear([effective_weight(self.causal_lm.lm_head)], pack, self.dtype)
             self._version = version
             self._unpacked_for_small = small
 
@@ -429,7 +259,7 @@ class FastDecoder:
                 hidden = self._layer_prefill(index, layer, hidden, cos, sin, mask, prefix_width, index == last)
             return self._logits(hidden[:, -1])
 
-    def _layer_prefill(self, index, layer: _Layer, hidden, cos, sin, mask, prefix_width: int, last_only: bool):
+    def _layer_prefill(self, index, layer: LayerWeights, hidden, cos, sin, mask, prefix_width: int, last_only: bool):
         """One layer over all prompt positions, writing their K/V to the cache. ``last_only``
         (the last layer): only the last position's output is needed (the logits read nothing
         else), so attention, o_proj and the MLP run for it alone; every position's K/V is
@@ -467,7 +297,7 @@ class FastDecoder:
             raise ValueError(f"row {row} has {len(columns)} cached tokens, asked for {num_tokens}")
         return self.h_cache[row].index_select(0, columns[:num_tokens])
 
-    def _qkv(self, layer: _Layer, hidden, cos, sin):
+    def _qkv(self, layer: LayerWeights, hidden, cos, sin):
         """Q, K (rope applied) and V, each [B, heads, L, D]; ``sin`` is the signed table of ``_rope``."""
         batch, length, _ = hidden.shape
         normed = _rms_norm(hidden, layer.norm1_w, layer.norm1_eps)
@@ -482,7 +312,7 @@ class FastDecoder:
         v = qkv[:, :, heads + kv_heads:].transpose(1, 2)
         return q, k, v
 
-    def _finish_layer(self, layer: _Layer, hidden, attn):
+    def _finish_layer(self, layer: LayerWeights, hidden, attn):
         hidden = layer.o.add_to(hidden, attn)
         normed = _rms_norm(hidden, layer.norm2_w, layer.norm2_eps)
         gate_up = layer.gate_up(normed, fp32_out=False)  # bf16 weights: the activation stays bf16
@@ -491,7 +321,7 @@ class FastDecoder:
 
     def _logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
         final = self.inner.norm
-        hidden_last = _rms_norm(hidden_last, final.weight, _eps(final))
+        hidden_last = _rms_norm(hidden_last, final.weight, norm_eps(final))
         return self._lm_head(hidden_last).float()
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The Search-R1 turn protocol as pure functions over text (no model, no tokenizer).
 
 Source: Search-R1 ``search_r1/llm_agent/generation.py`` (``postprocess_predictions``,
-``execute_predictions``, ``_passages2string``) and COMPATIBILITY.md in this repo.
+``execute_predictions``, ``_passages2string``); docs/compatibility.md describes the turn loop.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Search-R1 "base" prompt template and its tokenization.
 
-Source: Search-R1 ``scripts/data_process/nq_search.py`` (``make_prefix``) and COMPATIBILITY.md.
+Source: Search-R1 ``scripts/data_process/nq_search.py`` (``make_prefix``); see docs/compatibility.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-# Every name loads on first use: `import stratarl.trainer.stats` (pure Python) must not pull in the config
+# Every name loads on first use: `import stratarl.evaluation.stats` (pure Python) must not pull in the config
 # tree, which imports the algorithms and so torch (benchmarks/evidence/tables.py runs without torch).
 _LAZY = {
     "Config": ("stratarl.trainer.config", "Config"),
@@ -20,8 +20,8 @@ _LAZY = {
     "save_config": ("stratarl.trainer.config", "save_config"),
     "train": ("stratarl.trainer.rl", "train"),
     "warm_start": ("stratarl.trainer.sft", "warm_start"),
-    "evaluate": ("stratarl.trainer.evaluate", "evaluate"),
-    "build_report": ("stratarl.trainer.report", "build_report"),
+    "evaluate": ("stratarl.evaluation.greedy", "evaluate"),
+    "build_report": ("stratarl.evaluation.report", "build_report"),
 }
 
 

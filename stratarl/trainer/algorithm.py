@@ -2,20 +2,21 @@
 
 ``resolve_algorithm(cfg.algo)`` returns an :class:`~stratarl.algos.presets.AlgorithmSpec` whose
 ``*_params`` are the complete keyword arguments the trainer passes to the registered functions.
-Parameters come from three layers, later ones winning:
+``Config.validate`` calls it once; the trainer reads ``cfg.algorithm``. Every keyword has one source:
 
-1. the shared knobs of ``algo`` (below), each passed only to a part whose signature has that keyword;
-2. the preset's own parameters for a part it names (none overlap a knob);
-3. ``algo.advantage_params`` / ``algo.policy_loss_params`` / ``algo.normalizer_params``, checked
-   against the registered function's keyword signature (an unknown key is refused with the valid ones).
+1. a shared knob of ``algo`` (``KNOBS``), passed only to a part whose signature has that keyword;
+2. else the preset's own parameters for a part it names (a preset never sets a knob's keyword);
+3. else ``algo.advantage_params`` / ``algo.policy_loss_params`` / ``algo.normalizer_params``, checked
+   against the registered function's keyword signature (an unknown key is refused with the valid ones, and
+   a key that a knob or another field sets is refused with that field's name).
 
-The legacy switches keep their meaning: ``algo.turn_level_ratio`` (true: ratio level turn, false:
-token) and ``algo.sorl_normalize`` (true: normaliser ``sorl``, false: none) replace the preset's part;
-``algo.ratio_level`` / ``algo.normalizer`` do the same by name, and a contradiction is refused.
+``describe(name, spec)`` prints the resolved algorithm.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,6 +33,7 @@ from stratarl.algos.registry import (
     policy_loss_names,
 )
 from stratarl.config_errors import close_match, fail
+from stratarl.trainer.config_legacy import note_deprecated, set_once
 
 # (algo field, keyword of the registered function) per part: a knob reaches every part that takes it.
 KNOBS: Mapping[str, tuple[tuple[str, str], ...]] = {
@@ -53,6 +55,7 @@ REGISTER_HINT = "or register one in a module loaded with `stratarl train --impor
 def _part_params(algo: Any, p: str, part: str, name: str, fn: Callable, preset: Mapping, extra: dict) -> dict:
     valid = keyword_params(fn)
     explicit = dict(getattr(algo, f"{part}_params") or {})
+    knobs = {kw: f"{p}.{knob}" for knob, kw in KNOBS[part]}
     for key, value in explicit.items():
         where = f"{p}.{part}_params.{key}"
         if key in RESERVED[part]:
@@ -61,6 +64,8 @@ def _part_params(algo: Any, p: str, part: str, name: str, fn: Callable, preset: 
             keys = ", ".join(k for k in valid if k not in RESERVED[part]) or "none"
             fail(where, value, f"{part.replace('_', ' ')} {name!r} has no parameter `{key}`",
                  f"{close_match(key, valid)}valid parameters: {keys}")
+        if key in knobs:  # move_knob_params moves it when the config is validated; a hand-built AlgoConfig
+            fail(where, value, f"`{key}` is set by `{knobs[key]}` (one home per parameter)", f"set {knobs[key]} instead")
     out = {kw: getattr(algo, knob) for knob, kw in KNOBS[part] if kw in valid}
     out.update({k: v for k, v in extra.items() if k in valid})
     out.update(preset)
@@ -78,12 +83,56 @@ def _registered(p: str, field: str, name: str, names: list[str], kind: str) -> N
              f"{close_match(name, names)}use one of {', '.join(names)}, {REGISTER_HINT}")
 
 
-def _switch(p: str, field: str, named: str | None, legacy_field: str, legacy: str | None, default: str) -> str:
-    """The part chosen by name, else by the legacy boolean switch, else the preset's."""
-    if named is not None and legacy is not None and named != legacy:
-        fail(f"{p}.{field}", named, f"contradicts `{p}.{legacy_field}` (which means {legacy!r})",
-             f"drop one of the two (set {p}.{legacy_field}=null)")
-    return named if named is not None else legacy if legacy is not None else default
+def _part_names(algo: Any) -> dict[str, str]:
+    """The registered name each part of ``algo`` resolves to (the preset's unless replaced); {} for an unknown preset."""
+    base = PRESETS.get(algo.name)
+    if base is None:
+        return {}
+    return {"advantage": algo.advantage or base.advantage, "policy_loss": algo.policy_loss or base.policy_loss,
+            "normalizer": algo.normalizer or base.normalizer}
+
+
+_GETTERS = {"advantage": (advantage_names, get_advantage), "policy_loss": (policy_loss_names, get_policy_loss),
+            "normalizer": (grad_normalizer_names, get_grad_normalizer)}
+
+
+def move_knob_params(algo: Any, note: Callable[[str], None] | None = None) -> Any:
+    """``algo`` (an ``AlgoConfig``) with every shared knob's keyword written inside a ``*_params`` mapping moved to
+    the knob, where the part's function takes it (``algo.normalizer_params.delta`` -> ``algo.sorl_delta``): the
+    older spelling, read once, so each parameter has one home. A knob set to another value is refused, naming
+    both; a key the part does not take stays, for ``resolve_algorithm`` to refuse with the valid ones."""
+    fields = {f.name: getattr(algo, f.name) for f in dataclasses.fields(algo)}
+    changed = False
+    for part, name in _part_names(algo).items():
+        names, get = _GETTERS[part]
+        params = dict(fields[f"{part}_params"] or {})
+        if name not in names() or not params:
+            continue
+        valid = keyword_params(get(name))
+        for knob, kw in KNOBS[part]:
+            if kw in params and kw in valid and kw not in RESERVED[part]:
+                value = params.pop(kw)
+                set_once(fields, knob, value, f"{part}_params.{kw}")
+                (note or note_deprecated)(f"algo.{part}_params.{kw} is deprecated; read as algo.{knob}={value}")
+                changed = True
+        fields[f"{part}_params"] = params
+    return dataclasses.replace(algo, **fields) if changed else algo
+
+
+_KINDS = {"advantage": "advantage estimator", "policy_loss": "policy loss", "normalizer": "gradient normaliser"}
+
+
+def _registered_part(algo: Any, p: str, part: str) -> tuple[str, Callable]:
+    """The registered name of ``part`` (the preset's unless replaced) and its function; refuses an unknown name."""
+    name = _part_names(algo)[part]
+    names, get = _GETTERS[part]
+    _registered(p, part, name, names(), _KINDS[part])
+    return name, get(name)
+
+
+def _preset_params(base: AlgorithmSpec, part: str, name: str) -> Mapping:
+    """The preset's own parameters of ``part``, when the config kept the preset's choice of it."""
+    return getattr(base, f"{part}_params") if name == getattr(base, part) else {}
 
 
 def resolve_algorithm(algo: Any, p: str = "algo") -> AlgorithmSpec:
@@ -92,18 +141,14 @@ def resolve_algorithm(algo: Any, p: str = "algo") -> AlgorithmSpec:
         fail(f"{p}.name", algo.name, "unknown algorithm", f"{close_match(algo.name, PRESETS)}use one of {', '.join(PRESETS)}")
     base = PRESETS[algo.name]
 
-    advantage = algo.advantage or base.advantage
-    _registered(p, "advantage", advantage, advantage_names(), "advantage estimator")
-    advantage_params = _part_params(algo, p, "advantage", advantage, get_advantage(advantage),
-                                    base.advantage_params if advantage == base.advantage else {}, {})
+    advantage, advantage_fn = _registered_part(algo, p, "advantage")
+    advantage_params = _part_params(algo, p, "advantage", advantage, advantage_fn,
+                                    _preset_params(base, "advantage", advantage), {})
 
-    legacy_level = None if algo.turn_level_ratio is None else ("turn" if algo.turn_level_ratio else "token")
-    level = _switch(p, "ratio_level", algo.ratio_level, "turn_level_ratio", legacy_level, base.ratio_level)
+    level = algo.ratio_level or base.ratio_level
     if level not in RATIO_LEVELS:
         fail(f"{p}.ratio_level", level, "unknown ratio level", f"{close_match(level, RATIO_LEVELS)}use one of {', '.join(RATIO_LEVELS)}")
-    policy_loss = algo.policy_loss or base.policy_loss
-    _registered(p, "policy_loss", policy_loss, policy_loss_names(), "policy loss")
-    loss_fn = get_policy_loss(policy_loss)
+    policy_loss, loss_fn = _registered_part(algo, p, "policy_loss")
     if "level" not in keyword_params(loss_fn) and level != "token":
         fail(f"{p}.ratio_level", level, f"policy loss {policy_loss!r} takes no `level` keyword (token ratios only)",
              f"use {p}.ratio_level=token, or a policy loss with a `level` parameter")
@@ -111,19 +156,18 @@ def resolve_algorithm(algo: Any, p: str = "algo") -> AlgorithmSpec:
         fail(f"{p}.loss_agg", algo.loss_agg, f"policy loss {policy_loss!r} takes no `norm_length` (the constant L)",
              f"use another {p}.loss_agg, or a policy loss with a `norm_length` parameter")
     policy_loss_params = _part_params(algo, p, "policy_loss", policy_loss, loss_fn,
-                                      base.policy_loss_params if policy_loss == base.policy_loss else {}, {"level": level})
+                                      _preset_params(base, "policy_loss", policy_loss), {"level": level})
 
-    legacy_norm = None if algo.sorl_normalize is None else ("sorl" if algo.sorl_normalize else NO_NORMALIZER)
-    normalizer = _switch(p, "normalizer", algo.normalizer, "sorl_normalize", legacy_norm, base.normalizer)
+    normalizer = _part_names(algo)["normalizer"]
     normalizer_params: dict = {}
     if normalizer == NO_NORMALIZER:
         if algo.normalizer_params:
             fail(f"{p}.normalizer_params", algo.normalizer_params, "no gradient normaliser is in use",
                  f"set {p}.normalizer=sorl, or drop the parameters")
     else:
-        _registered(p, "normalizer", normalizer, grad_normalizer_names(), "gradient normaliser")
-        normalizer_params = _part_params(algo, p, "normalizer", normalizer, get_grad_normalizer(normalizer),
-                                         base.normalizer_params if normalizer == base.normalizer else {}, {})
+        normalizer, normalizer_fn = _registered_part(algo, p, "normalizer")
+        normalizer_params = _part_params(algo, p, "normalizer", normalizer, normalizer_fn,
+                                         _preset_params(base, "normalizer", normalizer), {})
 
     critic = algo.critic or base.critic
     if critic not in CRITICS:
@@ -134,6 +178,11 @@ def resolve_algorithm(algo: Any, p: str = "algo") -> AlgorithmSpec:
     return AlgorithmSpec(advantage, policy_loss=policy_loss, ratio_level=level, normalizer=normalizer, critic=critic,
                          advantage_params=advantage_params, policy_loss_params=policy_loss_params,
                          normalizer_params=normalizer_params, summary=base.summary)
+
+
+def bound_advantage(spec: AlgorithmSpec) -> Callable:
+    """The spec's advantage estimator with its parameters bound: ``fn(AdvantageBatch) -> (advantages, returns)``."""
+    return functools.partial(get_advantage(spec.advantage), **spec.advantage_params)
 
 
 def describe(name: str, spec: AlgorithmSpec) -> str:

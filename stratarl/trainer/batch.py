@@ -1,4 +1,8 @@
-"""Collate rollouts into padded tensors, and split them into token-budgeted micro-batches.
+"""The step's batch in three stages, each returned new (never filled in place), and its micro-batches.
+
+    TokenBatch   collected: padded tokens and the response mask        (collate_rollouts)
+    ScoredBatch  + behaviour / reference log-probs, critic values       (stratarl.trainer.update.score_batch)
+    TrainBatch   + advantages and returns                               (ScoredBatch.with_advantages)
 
 Row b of a batch is ``prompt_b + response_b`` right-padded to L. Response-aligned
 tensors are [B, T] with T = the longest response: column j of row b is response
@@ -19,12 +23,36 @@ def _ids(x) -> list[int]:
     return x.tolist() if isinstance(x, torch.Tensor) else list(x)
 
 
-@dataclass
-class RolloutBatch:
-    """Padded tensors of B rollouts. Optional fields are None until computed.
+def _select(batch, rows: Sequence[int] | torch.Tensor):
+    """``batch`` (any stage) restricted to ``rows``, padding trimmed to the selection's longest row: [B, L]
+    tensors to L columns, [B, T] tensors to T, [B] tensors by row; other fields as they are."""
+    idx = torch.as_tensor(rows, dtype=torch.long)
+    L = int(batch.row_lengths()[idx].max().item()) if idx.numel() else 0
+    T = int(batch.response_lengths[idx].max().item()) if idx.numel() else 0
+    out = {}
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if not isinstance(value, torch.Tensor):
+            out[f.name] = value
+        elif f.name in ("input_ids", "attention_mask"):
+            out[f.name] = value[idx, :L]
+        elif value.dim() == 2:
+            out[f.name] = value[idx, :T]
+        else:
+            out[f.name] = value[idx]
+    return type(batch)(**out)
 
-    input_ids, attention_mask [B, L]; prompt_lengths, response_lengths [B];
-    response_mask, advantages, returns, old_logprobs, ref_logprobs, old_values [B, T].
+
+def _to(batch, device: str | torch.device):
+    return type(batch)(**{f.name: (v.to(device) if isinstance(v := getattr(batch, f.name), torch.Tensor) else v)
+                          for f in dataclasses.fields(batch)})
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Stage 1, collected: the padded tokens of B rollouts (or demonstrations).
+
+    input_ids, attention_mask [B, L]; prompt_lengths, response_lengths [B]; response_mask [B, T].
     """
 
     input_ids: torch.Tensor
@@ -32,11 +60,6 @@ class RolloutBatch:
     prompt_lengths: torch.Tensor
     response_lengths: torch.Tensor
     response_mask: torch.Tensor
-    old_logprobs: torch.Tensor | None = None
-    ref_logprobs: torch.Tensor | None = None
-    old_values: torch.Tensor | None = None
-    advantages: torch.Tensor | None = None
-    returns: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -49,32 +72,53 @@ class RolloutBatch:
     def row_lengths(self) -> torch.Tensor:
         return self.prompt_lengths + self.response_lengths
 
-    def select(self, rows: Sequence[int] | torch.Tensor) -> RolloutBatch:
-        """Rows ``rows`` as a new batch, padding trimmed to the selection's longest row."""
-        idx = torch.as_tensor(rows, dtype=torch.long)
-        L = int(self.row_lengths()[idx].max().item()) if idx.numel() else 0
-        T = int(self.response_lengths[idx].max().item()) if idx.numel() else 0
-        out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is None:
-                out[f.name] = None
-            elif f.name in ("input_ids", "attention_mask"):
-                out[f.name] = value[idx, :L]
-            elif value.dim() == 2:
-                out[f.name] = value[idx, :T]
-            else:
-                out[f.name] = value[idx]
-        return RolloutBatch(**out)
+    def select(self, rows: Sequence[int] | torch.Tensor):
+        """Rows ``rows`` as a new batch of the same stage, padding trimmed to the selection's longest row."""
+        return _select(self, rows)
 
-    def to(self, device: str | torch.device) -> RolloutBatch:
-        return RolloutBatch(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
-                               for f in dataclasses.fields(self)})
+    def to(self, device: str | torch.device):
+        """A copy of the same stage on ``device``."""
+        return _to(self, device)
+
+    def tokens(self) -> TokenBatch:
+        """The token fields alone (a later stage without its scores)."""
+        return TokenBatch(self.input_ids, self.attention_mask, self.prompt_lengths, self.response_lengths,
+                          self.response_mask)
+
+
+@dataclass(frozen=True)
+class ScoredBatch(TokenBatch):
+    """Stage 2, scored: the tokens with what the no-grad scoring pass computed (stratarl.trainer.update).
+
+    old_logprobs [B, T]: the behaviour policy's log-probs (the sampler's, or recomputed by the trainer).
+    on_policy: the update takes its own forward pass, detached, as the behaviour log-probs (one optimizer step
+    per batch with recomputed log-probs: every ratio is exactly 1); ``old_logprobs`` are then the sampler's.
+    ref_logprobs [B, T]: the reference model's, or None when the algorithm has no KL term (algo.kl_coef 0).
+    old_values [B, T]: the critic's, or None when the algorithm has no critic.
+    """
+
+    old_logprobs: torch.Tensor
+    on_policy: bool
+    ref_logprobs: torch.Tensor | None
+    old_values: torch.Tensor | None
+
+    def with_advantages(self, advantages: torch.Tensor, returns: torch.Tensor) -> TrainBatch:
+        """Stage 3: this batch with the estimator's advantages and returns [B, T]."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(ScoredBatch)}
+        return TrainBatch(**fields, advantages=advantages, returns=returns)
+
+
+@dataclass(frozen=True)
+class TrainBatch(ScoredBatch):
+    """Stage 3, ready to train: a scored batch with advantages and returns [B, T] (the update's input)."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor
 
 
 def collate_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                      response_masks: Sequence[Sequence[int]], pad_id: int) -> RolloutBatch:
-    """Pad token lists into a RolloutBatch (``response_masks[b]`` has one 0/1 per response token)."""
+                      response_masks: Sequence[Sequence[int]], pad_id: int) -> TokenBatch:
+    """Pad token lists into a TokenBatch (``response_masks[b]`` has one 0/1 per response token)."""
     if not (len(prompts) == len(responses) == len(response_masks)):
         raise ValueError(f"got {len(prompts)} prompts, {len(responses)} responses, {len(response_masks)} masks")
     B = len(prompts)
@@ -96,11 +140,11 @@ def collate_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequ
         attention_mask[b, :len(row)] = 1
         if rlen[b]:
             response_mask[b, :rlen[b]] = torch.tensor(list(response_masks[b]), dtype=torch.float32)
-    return RolloutBatch(input_ids, attention_mask, torch.tensor(plen), torch.tensor(rlen), response_mask)
+    return TokenBatch(input_ids, attention_mask, torch.tensor(plen), torch.tensor(rlen), response_mask)
 
 
-def collate_rollouts(rollouts: Sequence, pad_id: int) -> RolloutBatch:
-    """RolloutBatch from engine ``Rollout`` objects (prompt_ids, response_ids, response_mask)."""
+def collate_rollouts(rollouts: Sequence, pad_id: int) -> TokenBatch:
+    """TokenBatch from engine ``Rollout`` objects (prompt_ids, response_ids, response_mask)."""
     return collate_sequences([_ids(r.prompt_ids) for r in rollouts], [_ids(r.response_ids) for r in rollouts],
                              [_ids(r.response_mask) for r in rollouts], pad_id)
 

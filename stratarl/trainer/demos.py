@@ -202,23 +202,35 @@ def render_reading_examples(examples: Sequence[Example], tokenizer, retriever, p
         else:
             continue
         if agent_probability and rng.random() < agent_probability:
-            question, answer, example = questions[0]
-            prompt = encode_prompt(tokenizer, question, prompt_template, example.metadata.get("options"))
-            turn = _policy_ids(tokenizer, f"{SEARCH_THOUGHT}<search> {question} </search>")
-            final = _policy_ids(tokenizer, f"{ANSWER_THOUGHT}<answer> {answer} </answer>")
-            if tokenizer.eos_token_id is not None:
-                final.append(tokenizer.eos_token_id)
-            out.append(Demonstration(prompt_ids=list(prompt), response_ids=turn + list(obs) + final,
-                                     response_mask=[1] * len(turn) + [0] * len(obs) + [1] * len(final),
-                                     kind="reading_agent", example_id=pid,
-                                     meta={"questions": [question], "context": context}))
-            continue
-        response, mask = list(obs[1:]), [0] * (len(obs) - 1)
-        for question, answer, _ in questions:
-            asked = _policy_ids(tokenizer, f" Question: {question} <answer>")
-            answered = _policy_ids(tokenizer, f" {answer} </answer>")
-            response += asked + answered
-            mask += [0] * len(asked) + [1] * len(answered)
-        out.append(Demonstration(prompt_ids=list(obs[:1]), response_ids=response, response_mask=mask, kind="reading",
-                                 example_id=pid, meta={"questions": [q for q, _, _ in questions], "context": context}))
+            out.append(_agent_reading_example(tokenizer, questions[0], obs, pid, context, prompt_template))
+        else:
+            out.append(_reading_example(tokenizer, questions, obs, pid, context))
     return out
+
+
+def _agent_reading_example(tokenizer, question: tuple, obs: list[int], pid: str, context: str,
+                           prompt_template: str) -> Demonstration:
+    """A reading example in the agent's layout: the question in the prompt, a search of it, the observation, the
+    answer turn (kind ``reading_agent``; the agent's tokens are the targets)."""
+    question, answer, example = question
+    prompt = encode_prompt(tokenizer, question, prompt_template, example.metadata.get("options"))
+    turn = _policy_ids(tokenizer, f"{SEARCH_THOUGHT}<search> {question} </search>")
+    final = _policy_ids(tokenizer, f"{ANSWER_THOUGHT}<answer> {answer} </answer>")
+    if tokenizer.eos_token_id is not None:
+        final.append(tokenizer.eos_token_id)
+    return Demonstration(prompt_ids=list(prompt), response_ids=turn + list(obs) + final,
+                         response_mask=[1] * len(turn) + [0] * len(obs) + [1] * len(final),
+                         kind="reading_agent", example_id=pid, meta={"questions": [question], "context": context})
+
+
+def _reading_example(tokenizer, questions: list[tuple], obs: list[int], pid: str, context: str) -> Demonstration:
+    """A reading example in the question-after-observation layout: the observation, then each question and its
+    answer (kind ``reading``; only the answers are targets)."""
+    response, mask = list(obs[1:]), [0] * (len(obs) - 1)
+    for question, answer, _ in questions:
+        asked = _policy_ids(tokenizer, f" Question: {question} <answer>")
+        answered = _policy_ids(tokenizer, f" {answer} </answer>")
+        response += asked + answered
+        mask += [0] * len(asked) + [1] * len(answered)
+    return Demonstration(prompt_ids=list(obs[:1]), response_ids=response, response_mask=mask, kind="reading",
+                         example_id=pid, meta={"questions": [q for q, _, _ in questions], "context": context})

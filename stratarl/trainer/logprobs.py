@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from stratarl.infra.flops import decoder_pass_costs, observe_head
+from stratarl.models import activation_checkpointing, decoder_of, output_head
+
 
 def selective_log_softmax(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[target] per row, without materialising the log-softmax.
@@ -120,6 +123,7 @@ def chunked_head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: 
     vocab = weight.shape[0]
     block = min(chunk_tokens, max(HEAD_MIN_BLOCK_ROWS, HEAD_BLOCK_BYTES // (4 * vocab)))
     keep = hidden.shape[0] * vocab * 4 <= HEAD_KEEP_BYTES
+    observe_head(hidden, head, recompute=not keep)
     logps, ents = [], []
     for start in range(0, hidden.shape[0], block):
         h, y = hidden[start:start + block], targets[start:start + block]
@@ -135,11 +139,6 @@ def chunked_head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: 
     if len(logps) == 1:
         return logps[0], ents[0]
     return torch.cat(logps), torch.cat(ents)
-
-
-# Fixed cost of one decoder pass per layer, in FLOPs (forward + backward: ~40 kernels of a few us
-# each, at ~100 GFLOP/s): what splitting the response pass into one more chunk must save.
-PASS_OVERHEAD_FLOPS_PER_LAYER = 4e7
 
 
 def response_chunks(lengths: list[int], prompt_width: int, *, token_flops: float, pair_flops: float,
@@ -168,16 +167,6 @@ def response_chunks(lengths: list[int], prompt_width: int, *, token_flops: float
     return chunks[::-1]
 
 
-def _pass_costs(decoder) -> tuple[float, float, float]:
-    """(FLOPs per token through the decoder's weights, per attended (query, key) pair, per pass)."""
-    embedding = decoder.get_input_embeddings() if hasattr(decoder, "get_input_embeddings") else None
-    skip = {id(p) for p in embedding.parameters()} if embedding is not None else set()
-    weights = sum(p.numel() for p in decoder.parameters() if id(p) not in skip)
-    config = decoder.config
-    layers = getattr(config, "num_hidden_layers", 1)
-    return 2.0 * weights, 4.0 * layers * getattr(config, "hidden_size", 1), PASS_OVERHEAD_FLOPS_PER_LAYER * layers
-
-
 def _shared_prompt_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                           prompt_lengths: torch.Tensor, T: int) -> torch.Tensor | None:
     """Hidden states [B, T, H] predicting each response token, computing each distinct prompt once.
@@ -189,7 +178,7 @@ def _shared_prompt_hidden(decoder, input_ids: torch.Tensor, attention_mask: torc
     j's is response state j-1. Returns None when sharing saves nothing (every prompt distinct,
     or more padded tokens).
     """
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # start-up cost: only for a shared-prompt pass
 
     B = input_ids.shape[0]
     lengths = attention_mask.long().sum(-1)
@@ -210,8 +199,8 @@ def _shared_prompt_hidden(decoder, input_ids: torch.Tensor, attention_mask: torc
                   position_ids=(prompt_mask.long().cumsum(-1) - 1).clamp(min=0), use_cache=True)
     prompt_kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
     prompt_last = out.last_hidden_state[:, -1:]  # [U, 1, H]: predicts response token 0
-    token_flops, pair_flops, pass_flops = _pass_costs(decoder)
-    chunks = response_chunks(response_lengths, P, token_flops=token_flops, pair_flops=pair_flops, pass_flops=pass_flops)
+    costs = decoder_pass_costs(decoder)
+    chunks = response_chunks(response_lengths, P, token_flops=costs.token, pair_flops=costs.pair, pass_flops=costs.per_pass)
     pieces, order = [], []
     for rows in chunks:
         index = torch.tensor(rows, device=input_ids.device)
@@ -243,20 +232,6 @@ def _shared_prompt_hidden(decoder, input_ids: torch.Tensor, attention_mask: torc
     return states
 
 
-def _activation_checkpointing(model: torch.nn.Module) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # transformers 5 renamed it
-        if hasattr(type(base), name):
-            return bool(getattr(base, name))
-    return False
-
-
-def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
-    # peft wraps the HF model; get_decoder / get_output_embeddings reach through it.
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.get_decoder(), base.get_output_embeddings()
-
-
 def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       prompt_lengths: torch.Tensor, response_mask: torch.Tensor, *, chunk_tokens: int = 1024,
                       temperature: float = 1.0, with_entropy: bool = False,
@@ -283,11 +258,11 @@ def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     if attention_mask.shape != (B, L) or prompt_lengths.shape != (B,) or response_mask.shape[0] != B:
         raise ValueError(f"shape mismatch: input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)}, "
                          f"prompt_lengths {tuple(prompt_lengths.shape)}, response_mask {tuple(response_mask.shape)}")
-    decoder, head = _decoder_and_head(model)
+    decoder, head = decoder_of(model), output_head(model)
     # Response token j of row b sits at position P_b + j and is predicted by the state at P_b + j - 1.
     index = (prompt_lengths.view(B, 1) - 1 + torch.arange(T, device=input_ids.device).view(1, T)).clamp(max=L - 1)
     hidden = None
-    if share_prompts and not _activation_checkpointing(model):
+    if share_prompts and not activation_checkpointing(model):
         hidden = _shared_prompt_hidden(decoder, input_ids, attention_mask, prompt_lengths, T)
     if hidden is None:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

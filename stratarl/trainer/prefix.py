@@ -14,7 +14,7 @@ attention mask is additive instead of boolean and padding is laid out differentl
 gradients to float tolerance: tests/trainer/test_update_fast.py checks them for several algorithms.
 
 The layers are called one by one (``_run_layers``), as the decoder's own forward does for the
-Llama-style decoders of ``SUPPORTED_MODEL_TYPES``; anything else (LoRA, gradient checkpointing,
+Llama-style decoders (``stratarl.models.MODEL_SUPPORT``, frozen_prefix); anything else (LoRA, gradient checkpointing,
 a trainable embedding, sliding-window attention, other architectures) takes the reference path.
 """
 
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from stratarl.infra.flops import layer_pass_costs
+from stratarl.models import activation_checkpointing, decoder_of, output_head, supported_types
 from stratarl.trainer import logprobs
 from stratarl.trainer.batch import micro_batches
-
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 class _PrefixKV:
@@ -49,23 +49,20 @@ class _PrefixKV:
         return key, value
 
 
-def _decoder(model: torch.nn.Module) -> torch.nn.Module:
-    return model.get_decoder()
-
-
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why the fast path cannot run on ``model`` (None when it can)."""
     if hasattr(model, "get_base_model"):
         return "LoRA adapters train inside every layer"
     config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
-        return f"model type {getattr(config, 'model_type', None)!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    supported = supported_types("frozen_prefix")
+    if getattr(config, "model_type", None) not in supported:
+        return f"model type {getattr(config, 'model_type', None)!r} is not one of {supported}"
     if getattr(config, "use_sliding_window", False):
         return "sliding-window attention"
-    decoder = _decoder(model)
+    decoder = decoder_of(model)
     if not all(hasattr(decoder, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return "the decoder lacks embed_tokens / layers / norm / rotary_emb"
-    if logprobs._activation_checkpointing(model):
+    if activation_checkpointing(model):
         return "gradient checkpointing"
     if any(p.requires_grad for p in decoder.embed_tokens.parameters()):
         return "the embedding trains (nothing below the first layer is frozen)"
@@ -106,11 +103,9 @@ def _run_layers(decoder, first: int, last: int, hidden: torch.Tensor, position_i
 def _chunks(decoder, first: int, last: int, widths: list[int], past: int) -> list[list[int]]:
     """Rows grouped into passes of similar width (``logprobs.response_chunks`` with layers first..last-1's costs):
     a short response pays no padding for the longest one."""
-    layers = max(1, last - first)
-    weights = sum(p.numel() for i in range(first, last) for p in decoder.layers[i].parameters() if p.dim() == 2)
-    return logprobs.response_chunks(widths, past, token_flops=2.0 * weights,
-                                    pair_flops=4.0 * layers * decoder.config.hidden_size,
-                                    pass_flops=logprobs.PASS_OVERHEAD_FLOPS_PER_LAYER * layers)
+    costs = layer_pass_costs(decoder, first, last)
+    return logprobs.response_chunks(widths, past, token_flops=costs.token, pair_flops=costs.pair,
+                                    pass_flops=costs.per_pass)
 
 
 @dataclass
@@ -150,7 +145,7 @@ def frozen_prefix(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     Rows as in ``response_logprobs`` (prompt + response, right-padded). Responses go through in
     passes of rows of similar length (``logprobs.response_chunks``), each only as wide as its longest.
     """
-    decoder = _decoder(model)
+    decoder = decoder_of(model)
     k = lowest_trainable_layer(decoder)
     device = input_ids.device
     prompts, inverse = distinct_prompts(input_ids, prompt_lengths)
@@ -198,7 +193,7 @@ def captured_prefix(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     by token here). The generator computed them with its own kernels (fused projections, bf16 copies of
     the weights in a bf16 run): the same values as ``frozen_prefix`` up to float rounding.
     """
-    decoder = _decoder(model)
+    decoder = decoder_of(model)
     k = lowest_trainable_layer(decoder)
     if k >= len(decoder.layers):
         return None, "no decoder layer trains"
@@ -239,7 +234,7 @@ def suffix_hidden(model: torch.nn.Module, prefix: Prefix, rows: list[int], T: in
     """Final hidden states [n, T, H] predicting response tokens 0..T-1 of batch rows ``rows``, through
     the trainable layers (with autograd), each distinct prompt of the rows once. Columns at or past
     a row's response length hold finite values that predict nothing."""
-    decoder = _decoder(model)
+    decoder = decoder_of(model)
     L = len(decoder.layers)
     device = prefix.prompt_hidden.device
     index = torch.tensor(rows, dtype=torch.long, device=device)
@@ -319,13 +314,12 @@ def prefix_response_logprobs(model: torch.nn.Module, prefix: Prefix, rows: list[
     micro-batch selected from the batch the prefix was computed on).
     """
     n, T = response_mask.shape
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
     hidden = suffix_hidden(model, prefix, rows, T)
     index = (prompt_lengths.view(n, 1) + torch.arange(T, device=input_ids.device).view(1, T)).clamp(
         max=input_ids.shape[1] - 1)
     targets = input_ids.gather(1, index)
     mask = response_mask.bool()
-    lp_flat, ent_flat = logprobs.chunked_head_logprobs(hidden[mask], base.get_output_embeddings(), targets[mask],
+    lp_flat, ent_flat = logprobs.chunked_head_logprobs(hidden[mask], output_head(model), targets[mask],
                                                        chunk_tokens=chunk_tokens, temperature=temperature,
                                                        with_entropy=with_entropy)
     out = {"logprobs": hidden.new_zeros(n, T, dtype=torch.float32).masked_scatter(mask, lp_flat),

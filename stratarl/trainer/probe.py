@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from stratarl.data.synth import generate_knowledge_base
-from stratarl.retrieval.bm25 import BM25Retriever
+from stratarl.evaluation.greedy import evaluate
+from stratarl.infra.threads import step_threads
+from stratarl.retrieval.timed import TimedRetriever
+from stratarl.rollout.backends import make_generator
+from stratarl.rollout.collect import collect
 from stratarl.trainer.config import Config
-from stratarl.trainer.evaluate import collection_config, evaluate
-from stratarl.trainer.rollouts import collect, make_generator
-from stratarl.trainer.setup import TimedRetriever, step_threads
+from stratarl.trainer.setup import eval_settings
 
 # Demonstration worlds count up from WORLD_SEED_STRIDE * (s + 1); reading worlds start half a stride
 # further; probe worlds a quarter of a stride further: the three ranges never meet.
@@ -79,6 +82,7 @@ def probe_questions(cfg: Config, num_questions: int, *, seed: int):
     if not single:
         raise ValueError(f"the probe world (options {options}) holds no single-hop question. Fix: drop hop_mix and "
                          "num_train from sft.world_options")
+    from stratarl.retrieval.bm25 import BM25Retriever  # bm25s is optional (gpu_check.py)
     return single, multi, BM25Retriever.from_passages(kb.passages)
 
 
@@ -86,7 +90,7 @@ def run_probe(model, tokenizer, cfg: Config, questions, *, step: int) -> ProbeRe
     """Greedy rollouts of ``model`` on the probe questions (``probe_questions``), with the run's rollout settings."""
     single, multi, retriever = questions
     start = time.perf_counter()
-    result = evaluate(model, tokenizer, retriever, [*single, *multi], cfg, num_transcripts=0)
+    result = evaluate(model, tokenizer, retriever, [*single, *multi], eval_settings(cfg), num_transcripts=0)
     records = result["per_question"]
     single_em = [r["em"] for r in records[:len(single)]]
     multi_searches = [r["searches"] for r in records[len(single):]]
@@ -104,13 +108,28 @@ def sampled_second_searches(model, tokenizer, cfg: Config, questions, retriever,
     one rollout each, seeded by ``step`` (the same draw for the same weights and step)."""
     if not questions:
         return 0.0, 0.0
-    generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=1_000 + step, precision=cfg.trainer.precision)
+    generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=1_000 + step, policy=cfg.device_policy)
+    settings = eval_settings(cfg)
     with step_threads(model):
-        batch = collect(generator, TimedRetriever(retriever), tokenizer, list(questions), collection_config(cfg), group_size=1,
-                        greedy=False)
+        batch = collect(generator, TimedRetriever(retriever), tokenizer, list(questions), settings.rollout,
+                        settings.scoring, group_size=1, greedy=False)
     searched = [em for r, em in zip(batch.rollouts, batch.em) if r.num_searches >= 2]
     return len(searched) / len(batch.rollouts), (sum(searched) / len(searched) if searched else 0.0)
 
 
 class WarmStartFailed(RuntimeError):
-    """The warm start never passed its reading probe within ``sft.max_steps``."""
+    """The warm start never passed its reading probe within ``sft.max_steps``. ``folder`` holds the losses
+    (sft_metrics.jsonl) and a sample of the demonstrations (demos_sample.jsonl) that the message points to."""
+
+    def __init__(self, probe: ProbeResult, min_em: float, steps: int, step_limit: int, folder: Path) -> None:
+        self.probe, self.min_em, self.steps, self.step_limit, self.folder = probe, min_em, steps, step_limit, Path(folder)
+        super().__init__(
+            f"the warm start did not pass its reading probe: greedy single-hop EM {probe.single_hop_em:.3f} < "
+            f"sft.probe_min_em={min_em:g} on {probe.num_single_hop} questions of an unseen world after {steps} "
+            f"steps (sft.max_steps={step_limit}); nothing was cached. Fix: raise sft.max_steps or sft.lr, or read "
+            f"the demonstrations in {self.folder / 'demos_sample.jsonl'} and the losses in "
+            f"{self.folder / 'sft_metrics.jsonl'}")
+
+    def moved_to(self, folder: Path) -> WarmStartFailed:
+        """The same failure, its files now in ``folder``."""
+        return WarmStartFailed(self.probe, self.min_em, self.steps, self.step_limit, folder)

@@ -1,28 +1,30 @@
 """The synthetic knowledge-base task, generated from a seed on first use and cached.
 
 ``stratarl.data.synth`` writes corpus.jsonl + train/test parquet into a cache
-folder (written to a temporary sibling and renamed, so a crash never leaves a
-half-written task that later runs would trust); later runs read the files.
+folder, published by rename (stratarl.publish: a crash never leaves a half-written
+task that later runs would trust); later runs read the files.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from stratarl.data.search_r1 import load_examples
 from stratarl.data.synth import generate_knowledge_base, name_pool_words, write_synthetic_kb
+from stratarl.publish import staged_dir
 from stratarl.trainer.task import TaskData
+
+
+def _complete(directory: Path) -> bool:
+    return (directory / "test.parquet").is_file() and (directory / "corpus.jsonl").is_file()
 
 
 def ensure_synthetic_kb(directory: Path, *, seed: int, options: dict[str, Any]) -> Path:
     """Generate the KB into ``directory`` unless it is already there; return the folder."""
     directory = Path(directory)
-    if (directory / "test.parquet").is_file() and (directory / "corpus.jsonl").is_file():
+    if _complete(directory):
         return directory
     try:
         kb = generate_knowledge_base(seed=seed, **options)
@@ -30,18 +32,9 @@ def ensure_synthetic_kb(directory: Path, *, seed: int, options: dict[str, Any]) 
         raise ValueError(f"data.synthetic.options {options!r} do not fit generate_knowledge_base: {error}. "
                          "Fix: use its keyword arguments (size, num_train, num_test, hop_mix, guessable, ...; "
                          "see `stratarl data synth --help`)") from None
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
-    try:
+    # Another process (a parallel run) may publish the same task first: a complete one is kept.
+    with staged_dir(directory, keep_existing=_complete) as tmp:
         write_synthetic_kb(kb, tmp)
-        try:
-            os.replace(tmp, directory)
-        except OSError:
-            if not (directory / "test.parquet").is_file():  # another process finished first otherwise
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return directory
 
 

@@ -5,11 +5,11 @@ sized by a token budget. Each micro-batch's loss is weighted so the accumulated
 gradient equals the gradient of the mini-batch loss under the chosen aggregation
 (token-mean: policy tokens of the micro-batch / policy tokens of the mini-batch).
 
-    loss = policy loss (``algo.spec.policy_loss`` at its ratio level)  +  kl_coef * KL(pi || pi_ref)
+    loss = policy loss (``cfg.algorithm.policy_loss`` at its ratio level)  +  kl_coef * KL(pi || pi_ref)
            -  entropy_coef * H  [+ value loss when the spec has a critic]
 
-With a gradient normaliser (``algo.spec.normalizer``; ``sorl`` for so_ppo / so_grpo, or
-``algo.sorl_normalize: true`` on any preset), SORL's clipping-bias gradient C is accumulated beside the gradient (``stratarl.algos.ClipBiasNormalizer``) and the policy gradient is
+With a gradient normaliser (``cfg.algorithm.normalizer``; ``sorl`` for so_ppo / so_grpo, or
+``algo.normalizer: sorl`` on any preset), SORL's clipping-bias gradient C is accumulated beside the gradient (``stratarl.algos.ClipBiasNormalizer``) and the policy gradient is
 scaled by 1 / max(||C||, delta) (``algo.sorl_delta_rule``: fixed delta, or a scale-free floor relative to the
 running policy-gradient norm) before gradient-norm clipping (``algo.sorl_order: before_clip``, the default) or
 after it (``after_clip``), then the optimizer steps (``optim.name``: AdamW, or SGD as a control).
@@ -19,20 +19,21 @@ Observation tokens have response_mask 0 and never enter any term.
 from __future__ import annotations
 
 import copy
-import math
 from collections import defaultdict
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from stratarl.algos.losses import aggregate_loss, clipped_value_loss, kl_penalty
+from stratarl.algos.losses import PolicyLossOutput, aggregate_loss, clipped_value_loss, kl_penalty
 from stratarl.algos.registry import GradNormalizer, get_grad_normalizer, get_policy_loss
-from stratarl.trainer.batch import RolloutBatch, micro_batches, mini_batch_rows
+from stratarl.infra.schedules import lr_lambda
+from stratarl.trainer.batch import ScoredBatch, TokenBatch, TrainBatch, micro_batches, mini_batch_rows
 from stratarl.trainer.config import Config
 from stratarl.trainer.critic import ValueHead, hidden_size_of, response_values
 from stratarl.trainer.logprobs import response_logprobs
-from stratarl.trainer.precision import policy_of
+from stratarl.models import decoder_of
 from stratarl.trainer.prefix import (Prefix, captured_prefix, frozen_prefix, group_micro_batches,
                                      lowest_trainable_layer, prefix_response_logprobs, unsupported_reason)
 
@@ -46,6 +47,8 @@ class Learner:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    policy_loss: Callable[..., PolicyLossOutput]
+    """The algorithm's registered policy loss (``cfg.algorithm.policy_loss``), looked up once."""
     ref_model: torch.nn.Module | None = None
     value_head: ValueHead | None = None
     normalizer: GradNormalizer | None = None
@@ -53,24 +56,6 @@ class Learner:
 
     def policy_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
-
-
-def lr_multiplier(step: int, warmup_steps: int, decay_steps: int, schedule: str) -> float:
-    """Multiplier of the base lr at optimizer step ``step`` (0-based): linear warm-up
-    ((step + 1) / warmup_steps), then ``constant`` (1) or ``cosine`` from 1 to 0.1,
-    0.1 + 0.9 * (1 + cos(pi * p)) / 2 with p = (step - warmup_steps) / decay_steps capped at 1."""
-    if warmup_steps and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "cosine":
-        progress = min(1.0, (step - warmup_steps) / max(1, decay_steps))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-    return 1.0
-
-
-def lr_lambda(warmup_steps: int, total_steps: int, schedule: str):
-    """Multiplier of the base lr at optimizer step s: linear warm-up, then constant or cosine to 10%
-    (reached after the last of ``total_steps``)."""
-    return lambda step: lr_multiplier(step, warmup_steps, total_steps - warmup_steps, schedule)
 
 
 def make_optimizer(groups: list[dict], cfg: Config) -> torch.optim.Optimizer:
@@ -83,7 +68,7 @@ def make_optimizer(groups: list[dict], cfg: Config) -> torch.optim.Optimizer:
 def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: int) -> Learner:
     """Optimizer (``optim.name``; the value head gets ``algo.critic_lr``), scheduler, reference model, and the
     spec's critic and gradient normaliser."""
-    spec = cfg.algo.spec
+    spec = cfg.algorithm
     value_head = ValueHead(hidden_size_of(model)).to(next(model.parameters()).device) if spec.uses_critic else None
     policy_params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": policy_params, "lr": cfg.optim.lr}]
@@ -103,7 +88,8 @@ def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: in
     # The normaliser is its own part, independent of the ratio level: the two SORL ablations switch one off.
     normalizer = (get_grad_normalizer(spec.normalizer)(policy_params, **spec.normalizer_params)
                   if spec.uses_normalizer else None)
-    return Learner(model, optimizer, scheduler, ref_model, value_head, normalizer, adapter_ref)
+    return Learner(model, optimizer, scheduler, get_policy_loss(spec.policy_loss), ref_model, value_head, normalizer,
+                   adapter_ref)
 
 
 def _check_impl(impl: str) -> None:
@@ -116,12 +102,12 @@ def capture_layer(learner: Learner, impl: str = "fast") -> int | None:
     trainable one, when the fast update runs and layers below it are frozen; else None (nothing kept)."""
     if impl != "fast" or unsupported_reason(learner.model) is not None:
         return None
-    decoder = learner.model.get_decoder()
+    decoder = decoder_of(learner.model)
     k = lowest_trainable_layer(decoder)
     return k if 0 < k < len(decoder.layers) else None
 
 
-def batch_prefix(learner: Learner, batch: RolloutBatch, cfg: Config, impl: str = "fast",
+def batch_prefix(learner: Learner, batch: TokenBatch, cfg: Config, impl: str = "fast",
                  states: list | None = None) -> Prefix | None:
     """The frozen layers' hidden states for the whole rollout batch, shared by the scoring pass and every
     optimizer step: the states the generator kept while sampling (``prefix.captured_prefix``; ``states`` =
@@ -135,7 +121,7 @@ def batch_prefix(learner: Learner, batch: RolloutBatch, cfg: Config, impl: str =
         prefix, _ = captured_prefix(learner.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, states)
         if prefix is not None:
             return prefix
-    with policy_of(cfg.trainer).autocast():
+    with cfg.device_policy.autocast():
         return frozen_prefix(learner.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
 
 
@@ -148,34 +134,35 @@ def on_policy_shortcut(cfg: Config) -> bool:
 
 
 @torch.no_grad()
-def score_batch(learner: Learner, batch: RolloutBatch, cfg: Config, prefix: Prefix | None = None, *,
-                shortcut: bool = False) -> RolloutBatch:
-    """Fill ``old_logprobs`` (recomputed by the trainer's forward pass unless ``algo.old_logprobs``
-    is `rollout` and they are already set), ``ref_logprobs`` and ``old_values`` of ``batch`` in place.
+def score_batch(learner: Learner, batch: TokenBatch, cfg: Config, sampling_logprobs: torch.Tensor | None = None,
+                prefix: Prefix | None = None, *, shortcut: bool = False) -> ScoredBatch:
+    """The scored stage of ``batch``: behaviour log-probs (recomputed by the trainer's forward pass, or with
+    ``algo.old_logprobs: rollout`` the sampler's ``sampling_logprobs`` [B, T]), reference log-probs (with a
+    KL term) and the critic's values (with a critic). ``sampling_logprobs`` may be None only when the run
+    recomputes them (``algo.old_logprobs: recompute``).
 
     With ``prefix`` (``batch_prefix`` of this batch) the policy's scoring runs only the trainable layers,
     in the prompt-grouped micro-batches the update uses, so it shares the update's frozen-layer pass.
     With ``shortcut`` (the trainer's step) and ``on_policy_shortcut(cfg)`` no old log-probs are computed:
-    ``old_logprobs`` is left None and the update uses its own detached ones."""
-    shortcut = shortcut and on_policy_shortcut(cfg)
-    need_old = not shortcut and (cfg.algo.old_logprobs == "recompute" or batch.old_logprobs is None)
-    if shortcut:
-        batch.old_logprobs = None
+    the scored batch is ``on_policy`` and the update uses its own detached ones."""
+    on_policy = shortcut and on_policy_shortcut(cfg)
+    need_old = not on_policy and cfg.algo.old_logprobs == "recompute"
+    if sampling_logprobs is None and cfg.algo.old_logprobs != "recompute":
+        raise ValueError("algo.old_logprobs=rollout scores with the sampler's log-probs: pass sampling_logprobs")
     need_ref = cfg.algo.kl_coef > 0
     need_values = learner.value_head is not None
-    if not (need_old or need_ref or need_values):
-        return batch
     B, T = batch.response_mask.shape
     device = batch.response_mask.device
-    old = torch.zeros(B, T, device=device) if need_old else batch.old_logprobs  # None with the shortcut
+    old = (torch.zeros(B, T, device=device) if need_old or sampling_logprobs is None
+           else sampling_logprobs.to(device))
     ref = torch.zeros(B, T, device=device) if need_ref else None
     values = torch.zeros(B, T, device=device) if need_values else None
     temperature = cfg.rollout.temperature
-    autocast = policy_of(cfg.trainer).autocast
+    autocast = cfg.device_policy.autocast
     budget = cfg.trainer.micro_batch_tokens
     parts = (group_micro_batches(batch.row_lengths(), prefix.inverse, budget) if prefix is not None
              else micro_batches(batch.row_lengths(), budget))
-    for rows in parts:
+    for rows in parts if (need_old or need_ref or need_values) else []:
         mb = batch.select(rows)
         args = (mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_mask)
         t = mb.response_mask.shape[1]
@@ -199,8 +186,9 @@ def score_batch(learner: Learner, batch: RolloutBatch, cfg: Config, prefix: Pref
             with ctx, autocast():
                 ref[rows, :t] = response_logprobs(ref_model, *args, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
                                                   temperature=temperature)["logprobs"]
-    batch.old_logprobs, batch.ref_logprobs, batch.old_values = old, ref, values
-    return batch
+    return ScoredBatch(**{f: getattr(batch, f) for f in ("input_ids", "attention_mask", "prompt_lengths",
+                                                         "response_lengths", "response_mask")},
+                       old_logprobs=old, on_policy=on_policy, ref_logprobs=ref, old_values=values)
 
 
 def norm_length(cfg: Config) -> int | None:
@@ -218,13 +206,13 @@ def _agg_units(mask: torch.Tensor, agg: str) -> float:
     return float(mask.shape[0])
 
 
-def micro_batch_loss(learner: Learner, mb: RolloutBatch, cfg: Config, prefix: Prefix | None = None,
+def micro_batch_loss(learner: Learner, mb: TrainBatch, cfg: Config, prefix: Prefix | None = None,
                      rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
     """Loss terms of one micro-batch: (policy loss incl. KL / entropy / value, clip-bias objective, metrics).
 
     With a ``prefix`` (the fast update), ``rows`` are the micro-batch's rows in the prefix's batch and
     only the trainable layers run here."""
-    algo, spec = cfg.algo, cfg.algo.spec
+    algo, spec = cfg.algo, cfg.algorithm
     need_hidden = learner.value_head is not None
     if prefix is not None:
         out = prefix_response_logprobs(learner.model, prefix, rows, mb.input_ids, mb.prompt_lengths, mb.response_mask,
@@ -236,15 +224,11 @@ def micro_batch_loss(learner: Learner, mb: RolloutBatch, cfg: Config, prefix: Pr
                                 chunk_tokens=cfg.trainer.logprob_chunk_tokens, temperature=cfg.rollout.temperature,
                                 with_entropy=True, return_hidden=need_hidden)
     logprobs, mask = out["logprobs"], mb.response_mask
-    old_logprobs = mb.old_logprobs
-    if old_logprobs is None:
-        if not on_policy_shortcut(cfg):
-            raise ValueError("the batch has no old log-probs: score it first (score_batch)")
-        old_logprobs = logprobs.detach()  # the on-policy step: old = this forward (on_policy_shortcut)
+    # The on-policy step: the behaviour log-probs are this very forward, detached (on_policy_shortcut).
+    old_logprobs = logprobs.detach() if mb.on_policy else mb.old_logprobs
     length = norm_length(cfg)
     extra = {} if length is None else {"norm_length": length}
-    pl = get_policy_loss(spec.policy_loss)(logprobs, old_logprobs, mb.advantages, mask, **spec.policy_loss_params,
-                                           **extra)
+    pl = learner.policy_loss(logprobs, old_logprobs, mb.advantages, mask, **spec.policy_loss_params, **extra)
     loss = pl.loss
     metrics = {"loss/policy": pl.loss.detach(), **{k: v for k, v in pl.metrics.items() if k != "loss/pg_loss"}}
     entropy = aggregate_loss(out["entropy"], mask, algo.loss_agg, norm_length=length)
@@ -266,7 +250,7 @@ def micro_batch_loss(learner: Learner, mb: RolloutBatch, cfg: Config, prefix: Pr
     return loss, pl.clip_bias, metrics
 
 
-def accumulate_gradients(learner: Learner, mini: RolloutBatch, cfg: Config, prefix: Prefix | None = None,
+def accumulate_gradients(learner: Learner, mini: TrainBatch, cfg: Config, prefix: Prefix | None = None,
                          rows: list[int] | None = None) -> dict[str, float]:
     """Backward over token-budgeted micro-batches of ``mini``; ``.grad`` ends up holding the gradient
     of the mini-batch loss (and SORL's C buffers its clipping-bias gradient). Returns averaged metrics.
@@ -282,7 +266,7 @@ def accumulate_gradients(learner: Learner, mini: RolloutBatch, cfg: Config, pref
                                     cfg.trainer.micro_batch_tokens)
     else:
         parts = micro_batches(mini.row_lengths(), cfg.trainer.micro_batch_tokens)
-    autocast = policy_of(cfg.trainer).autocast
+    autocast = cfg.device_policy.autocast
     for local in parts:
         mb = mini.select(local)
         weight = _agg_units(mb.response_mask, agg) / total_units if total_units else 0.0
@@ -310,7 +294,7 @@ def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
-def optimizer_step(learner: Learner, mini: RolloutBatch, cfg: Config, prefix: Prefix | None = None,
+def optimizer_step(learner: Learner, mini: TrainBatch, cfg: Config, prefix: Prefix | None = None,
                    rows: list[int] | None = None) -> dict[str, float]:
     """One optimizer step on a mini-batch: accumulate, SORL-normalise and clip (in ``algo.sorl_order``), step.
 
@@ -348,7 +332,7 @@ def optimizer_step(learner: Learner, mini: RolloutBatch, cfg: Config, prefix: Pr
     return sums
 
 
-def update_policy(learner: Learner, batch: RolloutBatch, cfg: Config, generator: torch.Generator, *,
+def update_policy(learner: Learner, batch: TrainBatch, cfg: Config, generator: torch.Generator, *,
                   impl: str = "fast", prefix: Prefix | None = None) -> dict[str, float]:
     """K epochs x M mini-batches of optimizer steps; returns metrics averaged over the steps.
 
@@ -357,6 +341,9 @@ def update_policy(learner: Learner, batch: RolloutBatch, cfg: Config, generator:
     Both give the same gradients up to float rounding. ``prefix``: this batch's ``batch_prefix``, when the
     caller computed it already (for the scoring pass); otherwise the fast impl computes it here."""
     _check_impl(impl)
+    if not isinstance(batch, TrainBatch):
+        raise TypeError(f"update_policy got an unscored {type(batch).__name__}: score it first "
+                        "(score_batch(...).with_advantages(advantages, returns))")
     learner.model.train()
     per_step: list[dict[str, float]] = []
     try:

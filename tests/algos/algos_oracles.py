@@ -1,6 +1,6 @@
 """Slow, obviously-correct loop implementations used as oracles for the vectorised algos.
 
-Written from the formulas in ALGORITHMS.md with Python loops over groups / rows / tokens and
+Written from the formulas in docs/algorithms.md with Python loops over groups / rows / tokens and
 per-group torch reductions, sharing no code with stratarl.algos.
 """
 

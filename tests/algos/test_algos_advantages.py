@@ -1,4 +1,4 @@
-"""GRPO, Stratified GRPO and GAE: hand-derived cases, loop oracles, the facts of ALGORITHMS.md."""
+"""GRPO, Stratified GRPO and GAE: hand-derived cases, loop oracles, the facts of docs/algorithms.md."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ def batch(**kwargs) -> AdvantageBatch:
 
 def test_builtin_names():
     assert {"grpo", "drgrpo", "stratified", "gae"} <= set(advantage_names())
-    assert {"ppo", "sorl"} <= set(policy_loss_names())
+    assert "ppo" in policy_loss_names() and "sorl" not in policy_loss_names()  # SO-* use ppo at the turn level
 
 
 def test_advantage_registry_matches_direct_calls():
@@ -65,7 +65,7 @@ def test_missing_inputs_are_explained():
 def test_policy_loss_registry():
     gen = torch.Generator().manual_seed(0)
     new, old, adv = (torch.randn(4, 5, generator=gen) for _ in range(3))
-    out = get_policy_loss("sorl")(new, old, adv, MASK)
+    out = get_policy_loss("ppo")(new, old, adv, MASK, level="turn")
     assert isinstance(out, PolicyLossOutput)
     assert torch.equal(out.loss, clipped_policy_loss(new, old, adv, MASK, level="turn").loss)
     out = get_policy_loss("ppo")(new, old, adv, MASK, clip_high=0.28)
@@ -75,7 +75,7 @@ def test_policy_loss_registry():
 def test_unknown_names_list_the_valid_ones():
     with pytest.raises(KeyError, match="unknown advantage estimator 'rloo'; registered: drgrpo, gae, grpo"):
         get_advantage("rloo")
-    with pytest.raises(KeyError, match="unknown policy loss 'gspo'; registered: ppo, sorl"):
+    with pytest.raises(KeyError, match="unknown policy loss 'gspo'; registered: ppo"):
         get_policy_loss("gspo")
 
 

@@ -19,9 +19,9 @@ from stratarl.data.search_r1 import load_examples
 from stratarl.retrieval.base import Passage
 from stratarl.rewards import em_reward
 from stratarl.rollout.engine import RolloutConfig, RolloutEngine
-from stratarl.rollout.generation import Generation
+from stratarl.rollout.generation import Generation, Generator
 from stratarl.rollout.prompt import build_prompt, encode_messages
-from stratarl.trainer.rollouts import encode_prompts
+from stratarl.rollout.collect import encode_prompts
 
 SEARCH_R1_COMMIT = "a14dc3a4ffc6fe88c1e95038d9738e21ba3f7a06"
 EOS = "<EOS>"  # in a scripted turn: the model ends the turn with its end-of-sequence token
@@ -194,7 +194,7 @@ class ServerRetriever:
                 for hits in server(payload)["result"]]
 
 
-class ScriptedModel:
+class ScriptedModel(Generator):
     """Generates each prompt's scripted turns in order, as token ids (EOS where the text says so)."""
 
     def __init__(self, tokenizer, turns_by_prompt: dict[tuple[int, ...], list[str]]):

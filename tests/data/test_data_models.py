@@ -11,8 +11,9 @@ import importlib.util
 import pytest
 import torch
 
-from stratarl.data import models
-from stratarl.data.models import (
+from stratarl import models
+from stratarl.publish import publish_dir
+from stratarl.models import (
     DEFAULT_MODEL,
     ModelNotAvailableError,
     build_tiny_model,
@@ -55,11 +56,13 @@ def test_publish_replaces_an_incomplete_cache_and_keeps_a_complete_one(tmp_path)
     target = tmp_path / "model"
     target.mkdir()
     (target / "config.json").write_text("{}")  # an interrupted copy: no weights
-    models._publish(finished(tmp_path / "tmp1", "new"), target)
+    publish_dir(finished(tmp_path / "tmp1", "new"), target, keep_existing=models.complete_model_folder,
+                readable_by_all=True)  # how the bundled model's conversion is published
     assert (target / "model.safetensors").read_text() == "new"
     assert target.stat().st_mode & 0o777 == 0o755 and (target / "model.safetensors").stat().st_mode & 0o777 == 0o644
     # A second finisher (parallel worker) loses the race quietly; the first result stays.
-    models._publish(finished(tmp_path / "tmp2", "late"), target)
+    publish_dir(finished(tmp_path / "tmp2", "late"), target, keep_existing=models.complete_model_folder,
+                readable_by_all=True)
     assert (target / "model.safetensors").read_text() == "new"
 
 
@@ -80,7 +83,7 @@ def test_local_folder_loads_through_the_same_function(smollm2_tokenizer, tmp_pat
 @pytest.mark.smollm2
 def test_default_model_is_converted_once_and_answers_sensibly():
     folder = resolve_model_path(DEFAULT_MODEL)
-    assert models._is_complete(models.Path(folder))
+    assert models.complete_model_folder(models.Path(folder))
     model, tokenizer = load_model_and_tokenizer()
     assert model.dtype == torch.float32 and getattr(model.config, "quantization_config", None) is None
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied, as in SmolLM2

@@ -17,6 +17,7 @@ import pytest
 from stratarl.data import DatasetFormatError, load_examples, write_examples
 from stratarl.rewards import answer_match, em_reward, get_reward, reward_for_source
 from stratarl.rollout.prompt import build_prompt
+from stratarl.rollout.generation import Generator
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
@@ -156,14 +157,14 @@ class TestRewardBySource:
         from stratarl.retrieval.base import Passage
         from stratarl.rollout.generation import Generation
         from stratarl.trainer.config import config_from_dict
-        from stratarl.trainer.evaluate import score_rollout
-        from stratarl.trainer.rollouts import collect
-        from stratarl.trainer.setup import TimedRetriever
+        from stratarl.evaluation.greedy import score_rollout
+        from stratarl.rollout.collect import Scoring, collect
+        from stratarl.retrieval.timed import TimedRetriever
 
         tok = smollm2_tokenizer
         examples = load_examples(_jsonl(tmp_path / "q.jsonl", MEDQA_ROWS))
 
-        class Answers:
+        class Answers(Generator):
             def generate(self, prompts, params, max_new_tokens=None):
                 ids = list(tok("<answer> E. Nitrofurantoin </answer>", add_special_tokens=False)["input_ids"])
                 return [Generation(ids, [0.0] * len(ids), "stop", "</answer>") for _ in prompts]
@@ -173,7 +174,8 @@ class TestRewardBySource:
                 return [[Passage("0", '"x"\ny')] for _ in queries]
 
         cfg = config_from_dict({"rollout": {"max_turns": 1}})
-        batch = collect(Answers(), TimedRetriever(Nothing()), tok, examples, cfg, group_size=1)
+        scoring = Scoring.from_names(cfg.algo.reward, cfg.algo.stratum_key, cfg.algo.stratum_cap)
+        batch = collect(Answers(), TimedRetriever(Nothing()), tok, examples, cfg.rollout, scoring, group_size=1)
         assert cfg.algo.reward == "em" and batch.rewards == [1.0, 0.0] and batch.em == [1.0, 0.0]
         assert [score_rollout(r, e)["em"] for r, e in zip(batch.rollouts, batch.examples)] == [1.0, 0.0]
         # The prompt the policy saw lists the options.

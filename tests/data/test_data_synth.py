@@ -10,14 +10,8 @@ import pytest
 
 from stratarl.data.retrievability import format_recall_table, hop_recall
 from stratarl.data.search_r1 import load_examples
-from stratarl.data.synth import (
-    _RESERVED,
-    FAMILIES,
-    OCCUPATIONS,
-    _unique_words,
-    generate_knowledge_base,
-    write_synthetic_kb,
-)
+from stratarl.data.synth import FAMILIES, OCCUPATIONS, generate_knowledge_base, write_synthetic_kb
+from stratarl.data.synth.names import _RESERVED, _unique_words
 from stratarl.retrieval.base import Passage
 from stratarl.rewards import normalize_answer
 
@@ -208,7 +202,8 @@ class TestMultipleChoiceFamily:
 
 def _answer_pool_of(kb, kind):
     """Every name of ``kind`` in ``kb``'s world (the world rebuilt from the generator's seeded RNG)."""
-    from stratarl.data.synth import _answer_pools, build_world
+    from stratarl.data.synth import build_world
+    from stratarl.data.synth.options import _answer_pools
 
     world = build_world(random.Random(0), num_countries=kb.config["num_countries"],
                         **{k: kb.config[k] for k in ("num_people", "num_works", "num_orgs", "num_cities")})

@@ -19,7 +19,7 @@ from stratarl.data.wordlevel import (
     word_tokenizer_for_kb,
 )
 from stratarl.rewards import em_reward, extract_answer, normalize_answer
-from stratarl.rollout.generation import Generation, KVCacheGenerator, SamplingParams, StopMatcher
+from stratarl.rollout.generation import Generation, Generator, KVCacheGenerator, SamplingParams, StopMatcher
 from stratarl.rollout.parsing import STOP_STRINGS, Action, information_observation, parse_action
 from stratarl.rollout.prompt import build_prompt, encode_prompt
 
@@ -222,7 +222,7 @@ def test_rollout_engine_runs_over_the_word_tokenizer_without_unk(tokenizer, kb):
                                                                    f"<answer> {example.golden_answers[0]} </answer>"]
     by_id = {p.id: p for p in kb.passages}
 
-    class Scripted:
+    class Scripted(Generator):
         played = 0
 
         def generate(self, prompts, params, max_new_tokens=None):
@@ -246,7 +246,7 @@ def test_rollout_engine_runs_over_the_word_tokenizer_without_unk(tokenizer, kb):
 
 
 def test_save_and_load_round_trip_writes_no_pickles(tokenizer, kb, tmp_path):
-    from stratarl.data.models import load_tokenizer
+    from stratarl.models import load_tokenizer
 
     tokenizer.save_pretrained(tmp_path)
     assert (tmp_path / "tokenizer.json").is_file()
@@ -263,7 +263,7 @@ def test_save_and_load_round_trip_writes_no_pickles(tokenizer, kb, tmp_path):
 
 
 def test_word_model_forward_backward_and_generation(tokenizer, kb, tmp_path):
-    from stratarl.data.models import load_model
+    from stratarl.models import load_model
 
     model = build_word_model(tokenizer, hidden_size=32, num_layers=2, num_heads=4)
     assert model.config.vocab_size == len(tokenizer)

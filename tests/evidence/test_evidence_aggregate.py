@@ -8,7 +8,8 @@ import math
 import pytest
 
 from stratarl.cli import main
-from stratarl.trainer.aggregate import aggregate_runs, run_info, run_scalars
+from stratarl.evaluation.aggregate import aggregate_runs, run_scalars
+from stratarl.evaluation.rundir import run_info
 
 # Per (arm, seed): the reward curve. Arm "better" is the baseline + 0.1 at every step of every seed.
 CURVES = {
@@ -65,7 +66,7 @@ def test_arm_info_falls_back_to_the_config(tmp_path):
 
 def test_aggregate_ci_and_paired_difference(runs):
     _, dirs = runs
-    from stratarl.trainer.stats import CollapseRule
+    from stratarl.evaluation.stats import CollapseRule
 
     result = aggregate_runs(dirs, "grpo", final_window=2, rule=CollapseRule(window=1, patience=2))
     block = result["conditions"]["taskA"]

@@ -32,7 +32,7 @@ def test_override_values_round_trip_through_the_config_parser(runner):
     overrides = runner.as_overrides({"optim.lr": 3.0e-4, "algo.sorl_normalize": False, "algo.stratum_cap": None,
                                      "data.synthetic.options": {"size": "small", "hop_mix": [0.2, 0.8, 0.0]}})
     cfg = load_config(None, ["model.name=tiny-random", *overrides])
-    assert cfg.optim.lr == 3.0e-4 and cfg.algo.sorl_normalize is False and cfg.algo.stratum_cap is None
+    assert cfg.optim.lr == 3.0e-4 and cfg.algo.normalizer == "none" and cfg.algo.stratum_cap is None
     assert cfg.data.synthetic.options == {"size": "small", "hop_mix": [0.2, 0.8, 0.0]}
 
 
@@ -57,9 +57,10 @@ def test_full_plan_covers_every_arm_condition_seed_with_valid_configs(runner, tm
         assert by_arm[("guessable", "grpo")].data.synthetic.options["guessable"] == "only"
         assert set(sft) == {"guessable", "nonguessable"}
     else:
-        normalize_only, turn_only = by_arm[("high", "normalize_only")].algo, by_arm[("high", "turn_ratio_only")].algo
-        assert normalize_only.use_sorl_normalize and not normalize_only.use_turn_ratio
-        assert turn_only.use_turn_ratio and not turn_only.use_sorl_normalize
+        normalize_only = by_arm[("high", "normalize_only")].algorithm
+        turn_only = by_arm[("high", "turn_ratio_only")].algorithm
+        assert normalize_only.uses_normalizer and normalize_only.ratio_level == "token"
+        assert turn_only.ratio_level == "turn" and not turn_only.uses_normalizer
         assert ("low", "turn_ratio_only") not in by_arm and ("low", "so_grpo") in by_arm  # low lists its arms
         high = by_arm[("high", "grpo")].trainer
         assert high.epochs * high.mini_batches >= 8 and by_arm[("low", "grpo")].trainer.mini_batches == 1

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from stratarl.trainer.stats import (
+from stratarl.evaluation.stats import (
     CollapseRule,
     collapse_step,
     detectable_difference,

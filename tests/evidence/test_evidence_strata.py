@@ -45,7 +45,7 @@ def test_cross_var_matches_slow_loop_and_the_variance_identity(seed):
     fast = cross_stratum_variance(rewards, groups, strata)
     slow = _slow_cross_var(rewards.tolist(), groups.tolist(), strata.tolist())
     torch.testing.assert_close(fast, torch.tensor(slow))
-    # ALGORITHMS.md: Var(R − mean R) − Var(R − mean_{B_k} R) = (1/K) Σ_k n_k (mean_k − mean)², per group.
+    # docs/algorithms.md: Var(R − mean R) − Var(R − mean_{B_k} R) = (1/K) Σ_k n_k (mean_k − mean)², per group.
     identity = []
     for g in groups.unique():
         r, s = rewards[groups == g].double(), strata[groups == g]

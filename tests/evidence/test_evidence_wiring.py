@@ -1,8 +1,10 @@
-"""algo.sorl_normalize and algo.stratum_key=random wiring, per-type EM, stratum metrics of a step."""
+"""algo.normalizer (and its older spelling algo.sorl_normalize) and algo.stratum_key=random wiring, per-type EM,
+stratum metrics of a step."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -11,8 +13,9 @@ import torch
 from stratarl.data.examples import Example
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import ConfigError, load_config
-from stratarl.trainer.evaluate import aggregate, collection_config, eval_metrics
-from stratarl.trainer.rl import advantage_strata, em_by_type, stratum_metrics
+from stratarl.evaluation.greedy import aggregate, eval_metrics
+from stratarl.rollout.collect import Scoring
+from stratarl.trainer.step import advantage_strata, em_by_type, stratum_metrics
 from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch
 
 
@@ -27,20 +30,19 @@ def _clipped_batch(learner, cfg, seed=0, rows=6):
     prompts = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(rows)]
     responses = [torch.randint(3, 500, (8,), generator=g).tolist() for _ in range(rows)]
     masks = [[1, 1, 1, 0, 0, 1, 1, 1] for _ in range(rows)]  # two turns around an observation
-    batch = collate_sequences(prompts, responses, masks, pad_id=0)
-    adv = torch.tensor([1.0, -1.0, 0.5, 2.0, 1.5, 0.7])[:rows]
-    batch.advantages = adv[:, None] * batch.response_mask
-    batch.returns = batch.advantages.clone()
-    batch = score_batch(learner, batch, cfg)
-    batch.old_logprobs = batch.old_logprobs - 2.0 * batch.response_mask
-    return batch
+    tokens = collate_sequences(prompts, responses, masks, pad_id=0)
+    adv = torch.tensor([1.0, -1.0, 0.5, 2.0, 1.5, 0.7])[:rows][:, None] * tokens.response_mask
+    batch = score_batch(learner, tokens, cfg).with_advantages(adv, adv.clone())
+    return dataclasses.replace(batch, old_logprobs=batch.old_logprobs - 2.0 * batch.response_mask)
 
 
 @pytest.mark.parametrize("name, flag, expected", [("grpo", None, False), ("ppo", None, False), ("so_grpo", None, True),
                                                   ("so_ppo", None, True), ("grpo", True, True), ("so_grpo", False, False)])
 def test_sorl_normalize_defaults_and_overrides(name, flag, expected):
     overrides = [f"algo.name={name}"] + ([f"algo.sorl_normalize={str(flag).lower()}"] if flag is not None else [])
-    assert _cfg(*overrides).algo.use_sorl_normalize is expected
+    assert _cfg(*overrides).algorithm.uses_normalizer is expected
+    named = [f"algo.name={name}"] + ([f"algo.normalizer={'sorl' if flag else 'none'}"] if flag is not None else [])
+    assert _cfg(*named).algorithm == _cfg(*overrides).algorithm  # the older spelling is read as the new one
 
 
 def test_sorl_normalize_rejects_non_bool():
@@ -51,7 +53,7 @@ def test_sorl_normalize_rejects_non_bool():
 def test_normalisation_only_arm_scales_a_clipped_step(tiny_model):
     cfg = _cfg("algo.name=grpo", "algo.sorl_normalize=true")
     learner = build_learner(copy.deepcopy(tiny_model), cfg, total_optimizer_steps=1)
-    assert learner.normalizer is not None and cfg.algo.use_turn_ratio is False
+    assert learner.normalizer is not None and cfg.algorithm.ratio_level == "token"
     metrics = accumulate_gradients(learner, _clipped_batch(learner, cfg), cfg)
     assert metrics["loss/clip_frac"] > 0 and "loss/clip_frac_turn" not in metrics  # token-level ratio
     out = learner.normalizer.apply()
@@ -87,11 +89,14 @@ def test_random_stratum_key_is_valid_and_typos_get_a_hint():
 
 
 def test_random_strata_collect_the_search_counts_and_permute_per_step():
+    from stratarl.rollout.engine import Rollout
+
     cfg = _cfg("algo.stratum_key=random", "trainer.seed=3")
-    assert collection_config(cfg).algo.stratum_key == "num_searches"
-    assert cfg.algo.stratum_key == "random"  # the original is untouched
+    searched_twice = Rollout(prompt_ids=[1], response_ids=[5] * 3, response_mask=[1, 0, 1], num_searches=2)
+    # Random strata collect the observed search counts; the trainer permutes them afterwards.
+    assert Scoring.from_names(stratum_key="random").stratum(searched_twice) == 2
+    assert cfg.algo.stratum_key == "random"
     plain = _cfg()
-    assert collection_config(plain) is plain
     observed = [0, 0, 1, 2, 2, 2, 0, 1, 1, 1, 3, 0]
     groups = [0] * 6 + [1] * 6
     first, again, later = (advantage_strata(cfg, observed, groups, s) for s in (0, 0, 1))

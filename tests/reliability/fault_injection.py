@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from stratarl.rollout.generation import Generator
+
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 STEPS = 3
 """The shared tiny run: 3 steps, a checkpoint every step (so the last one is saved twice)."""
@@ -56,13 +58,13 @@ def _counting(name: str, real, target: tuple[str, int, str], counts: dict[str, i
     return wrapper
 
 
-def instrument(target: tuple[str, int, str], counts: dict[str, int], completed: Path | None = None) -> None:
-    """Patch the kill points in this process (meant for a forked child, or a counting dry run with a
-    target that never fires)."""
+def instrument(target: tuple[str, int, str], counts: dict[str, int], completed: Path | None = None):
+    """Patch the file-system kill points in this process (meant for a forked child, or a counting dry run with a
+    target that never fires); returns the RL step with its own kill point, to pass to ``train(step=...)``."""
     import shutil
 
-    from stratarl.trainer import checkpoint as ckpt
-    from stratarl.trainer import rl
+    from stratarl.infra import checkpoint as ckpt
+    from stratarl.trainer.step import rl_step
 
     ckpt.save_model = _counting("save_model", ckpt.save_model, target, counts)
     ckpt.torch.save = _counting("torch.save", torch.save, target, counts)
@@ -70,7 +72,6 @@ def instrument(target: tuple[str, int, str], counts: dict[str, int], completed: 
     ckpt.os.fsync = _counting("fsync", os.fsync, target, counts)
     ckpt._write_manifest = _counting("write_manifest", ckpt._write_manifest, target, counts)
     ckpt.shutil.rmtree = _counting("rmtree", shutil.rmtree, target, counts)
-    rl.rl_step = _counting("rl_step", rl.rl_step, target, counts)
     real_save = ckpt.save_checkpoint
 
     def recording_save(ckpt_dir, step, **kwargs):
@@ -81,6 +82,7 @@ def instrument(target: tuple[str, int, str], counts: dict[str, int], completed: 
         return path
 
     ckpt.save_checkpoint = recording_save
+    return _counting("rl_step", rl_step, target, counts)
 
 
 def count_calls(cfg, run_dir: Path) -> dict[str, int]:
@@ -94,8 +96,8 @@ def count_calls(cfg, run_dir: Path) -> dict[str, int]:
             from stratarl.trainer.rl import train
 
             counts: dict[str, int] = {}
-            instrument(("", 0, "never"), counts)
-            train(cfg, run_dir)
+            step = instrument(("", 0, "never"), counts)
+            train(cfg, run_dir, step=step)
             out.write_text(json.dumps(counts))
             code = 0
         finally:
@@ -119,8 +121,8 @@ def run_killed(cfg, run_dir: Path, target: tuple[str, int, str], *, resume: bool
             sys.stdout = sys.stderr = open(os.devnull, "w")
             from stratarl.trainer.rl import train
 
-            instrument(target, {}, completed)
-            train(cfg, run_dir, resume=resume)
+            step = instrument(target, {}, completed)
+            train(cfg, run_dir, resume=resume, step=step)
             code = 0
         finally:
             os._exit(code)
@@ -342,7 +344,7 @@ class HangingServer:
             conn.close()
 
 
-class SearchThenAnswerGenerator:
+class SearchThenAnswerGenerator(Generator):
     """A scripted policy: every first turn searches, every second turn answers with 1 to 3 letters (varied
     call by call, so a group's rewards differ and a healthy update moves the weights)."""
 
@@ -351,7 +353,7 @@ class SearchThenAnswerGenerator:
         self.calls = 0
 
     def generate(self, prompts, params, max_new_tokens=None):
-        from stratarl.rollout.generation import Generation
+        from stratarl.rollout.generation import Generation, Generator
 
         budgets = list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
         out = []
@@ -364,12 +366,19 @@ class SearchThenAnswerGenerator:
         return out
 
 
-def scripted_policy(monkeypatch) -> None:
-    """Rollouts of every run built after this use `SearchThenAnswerGenerator` (the real model still trains)."""
-    from stratarl.trainer import rollouts
+def scripted_parts():
+    """Run parts whose rollouts come from `SearchThenAnswerGenerator` (the real model still trains)."""
+    from stratarl.trainer.run import RunParts
 
-    monkeypatch.setattr(rollouts, "make_generator",
-                        lambda model, tokenizer, backend, seed, **kwargs: SearchThenAnswerGenerator(tokenizer))
+    return RunParts(make_generator=lambda model, tokenizer, backend, seed, **kwargs: SearchThenAnswerGenerator(tokenizer))
+
+
+def scripted_policy(monkeypatch) -> None:
+    """Runs the command line builds (no `parts` of their own) use `scripted_parts`: through the one seam the
+    trainer has for that, `stratarl.trainer.run.DEFAULT_PARTS`."""
+    from stratarl.trainer import run
+
+    monkeypatch.setattr(run, "DEFAULT_PARTS", scripted_parts())
 
 
 def remote_spec(url: str, **options) -> str:

@@ -50,7 +50,7 @@ def test_a_failed_resume_leaves_config_yaml_unchanged(straight_run, tmp_path):
 
 
 def test_a_module_planted_in_the_current_directory_is_not_imported(tmp_path, monkeypatch):
-    from stratarl.trainer.callables import resolve_callable
+    from stratarl.infra.callables import resolve_callable
 
     (tmp_path / "planted_reward_mod.py").write_text(
         "import pathlib\npathlib.Path(__file__).with_name('RAN').touch()\ndef reward(t, g):\n    return 1.0\n")

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from stratarl.trainer import checkpoint as ckpt
+from stratarl.infra import checkpoint as ckpt
 
 
 def _model(seed=0):

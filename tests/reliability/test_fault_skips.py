@@ -11,11 +11,11 @@ import json
 import pytest
 import torch
 from fault_injection import (TINY, SearchThenAnswerGenerator, remote_spec, run_cli,
-                             scripted_policy)
+                             scripted_parts, scripted_policy)
 
 from stratarl.rollout.engine import Rollout
-from stratarl.trainer.rl import fault_metrics
-from stratarl.trainer.rollouts import CollectedBatch, faulty_rollouts, without_rollouts
+from stratarl.trainer.step import fault_metrics
+from stratarl.rollout.collect import CollectedBatch, faulty_rollouts, without_rollouts
 
 
 def _rows(run_dir):
@@ -38,21 +38,19 @@ def _assert_same(a: dict, b: dict) -> None:
 
 def _train_with_outage(tmp_path, monkeypatch, base_overrides, server, failing_steps, extra=()):
     """Train against ``server``, failing during ``failing_steps``; returns (summary, state before each step)."""
-    from stratarl.trainer import rl
     from stratarl.trainer.config import load_config
+    from stratarl.trainer.rl import train
+    from stratarl.trainer.step import rl_step
 
-    scripted_policy(monkeypatch)
     before: dict[int, dict] = {}
-    real_step = rl.rl_step
 
     def spy(run):
         server.failing = run.step + 1 in failing_steps
         before[run.step + 1] = _snapshot(run)
-        return real_step(run)
+        return rl_step(run)
 
-    monkeypatch.setattr(rl, "rl_step", spy)
     cfg = load_config(TINY, [*base_overrides, remote_spec(server.url, max_retries=0), *extra])
-    summary = rl.train(cfg, tmp_path / "run")
+    summary = train(cfg, tmp_path / "run", parts=scripted_parts(), step=spy)
     return summary, before
 
 
@@ -74,7 +72,7 @@ def test_an_outage_of_two_steps_leaves_weights_and_optimizer_untouched(flaky_ser
 
 
 def test_a_stop_in_an_outage_checkpoints_the_last_healthy_update(flaky_server, tmp_path, monkeypatch, base_overrides):
-    from stratarl.trainer.rl import RETRIEVAL_STOP_CODE
+    from stratarl.trainer.stops import RETRIEVAL_STOP_CODE
 
     summary, before = _train_with_outage(tmp_path, monkeypatch, base_overrides, flaky_server, {2, 3, 4, 5},
                                          ["trainer.steps=5", "trainer.save_every=1", "retrieval.max_failed_steps=2"])
@@ -86,7 +84,7 @@ def test_a_stop_in_an_outage_checkpoints_the_last_healthy_update(flaky_server, t
     # The checkpoint is the state after step 1, the sampler included: a resume redoes steps 2 and 3.
     state = torch.load(ckpts / "step_000001" / "state.pt", weights_only=True)
     assert state["step"] == 1 and state["scheduler"] == before[2]["scheduler"]
-    from stratarl.trainer.checkpoint import DataSampler
+    from stratarl.infra.checkpoint import DataSampler
 
     sampler = DataSampler(8, 0)
     sampler.next(2)  # step 1's prompts
@@ -99,13 +97,13 @@ def test_a_resume_after_the_outage_ends_where_a_run_without_it_ends(flaky_server
     from stratarl.trainer.rl import train
 
     overrides = [*base_overrides, remote_spec(flaky_server.url, max_retries=0), "trainer.steps=3"]
-    scripted_policy(monkeypatch)
-    straight = train(load_config(TINY, overrides), tmp_path / "straight")
+    parts = scripted_parts()
+    straight = train(load_config(TINY, overrides), tmp_path / "straight", parts=parts)
     flaky_server.failing = True  # an outage from step 1 on: the run stops at once with step 0 checkpointed
-    stopped = train(load_config(TINY, [*overrides, "retrieval.max_failed_steps=1"]), tmp_path / "resumed")
+    stopped = train(load_config(TINY, [*overrides, "retrieval.max_failed_steps=1"]), tmp_path / "resumed", parts=parts)
     assert stopped["exit_code"] == 3 and stopped["checkpoint_step"] == 0
     flaky_server.failing = False
-    resumed = train(load_config(TINY, overrides), tmp_path / "resumed", resume=True)
+    resumed = train(load_config(TINY, overrides), tmp_path / "resumed", resume=True, parts=parts)
     assert resumed["start_step"] == 0 and resumed["steps"] == 3
     from fault_injection import compare_runs
 

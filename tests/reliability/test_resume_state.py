@@ -73,7 +73,7 @@ def test_resume_restores_every_piece_bit_exact(runs, tmp_path):
 def rebuilt(runs, tmp_path_factory):
     """One run built from the config, restored again before each sabotaged step (building costs more
     than the step)."""
-    from stratarl.trainer.rl import build_run
+    from stratarl.trainer.run import build_run
 
     cfg, _, _ = runs
     return build_run(cfg, tmp_path_factory.mktemp("rebuilt"))
@@ -83,7 +83,8 @@ def rebuilt(runs, tmp_path_factory):
 def test_a_resume_that_skips_one_piece_is_caught(runs, rebuilt, piece):
     import torch
 
-    from stratarl.trainer.rl import restore, rl_step
+    from stratarl.trainer.run import restore
+    from stratarl.trainer.step import rl_step
 
     _, straight, half = runs
     put_back = _fresh(rebuilt, piece) if piece is not None else None

@@ -14,7 +14,8 @@ from fault_injection import TINY
 
 from stratarl.retrieval.base import RetrievalError
 from stratarl.retrieval.remote import RemoteRetriever
-from stratarl.trainer.setup import TimedRetriever
+from stratarl.retrieval.timed import TimedRetriever
+from stratarl.rollout.generation import Generator
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,7 @@ def test_a_hanging_server_costs_at_most_the_step_budget(hanging_server):
     assert (timed.step_queries, timed.step_failed, timed.last_error) == (0, 0, "")
 
 
-class SearchingGenerator:
+class SearchingGenerator(Generator):
     """Every turn of every rollout asks to search: the retriever is called at every step."""
 
     def __init__(self, tokenizer):
@@ -82,16 +83,16 @@ class SearchingGenerator:
 
 
 def _train_against(url, tmp_path, monkeypatch, base_overrides, extra=()):
-    from stratarl.trainer import rollouts
     from stratarl.trainer.config import load_config
-    from stratarl.trainer.rl import RETRIEVAL_STOP_CODE, train
+    from stratarl.trainer.rl import train
+    from stratarl.trainer.run import RunParts
+    from stratarl.trainer.stops import RETRIEVAL_STOP_CODE
 
-
-    monkeypatch.setattr(rollouts, "make_generator", lambda model, tokenizer, backend, seed, **kwargs: SearchingGenerator(tokenizer))
+    parts = RunParts(make_generator=lambda model, tokenizer, backend, seed, **kwargs: SearchingGenerator(tokenizer))
     spec = json.dumps({"kind": "remote", "url": url, "timeout_s": 5, "max_retries": 1, "backoff_s": 0.01})
     cfg = load_config(TINY, [*base_overrides, f"retrieval.spec={spec}", "trainer.steps=5", "trainer.save_every=0",
                              "retrieval.max_failed_steps=2", *extra])
-    summary = train(cfg, tmp_path / "run")
+    summary = train(cfg, tmp_path / "run", parts=parts)
     assert summary["exit_code"] == RETRIEVAL_STOP_CODE
     return summary
 

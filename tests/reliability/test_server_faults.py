@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from stratarl.retrieval.base import Passage
-from stratarl.retrieval.server import MicroBatcher, ServerThread, create_app
+from stratarl.retrieval.batcher import MicroBatcher
+from stratarl.retrieval.server import ServerThread, create_app
 
 
 class EchoRetriever:

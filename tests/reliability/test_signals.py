@@ -60,9 +60,9 @@ def _start(tmp_path, run_dir, kb_override):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_each_stop_signal_is_caught_once_then_aborts(signum, capsys):
-    from stratarl.trainer.rl import _GracefulInterrupt
+    from stratarl.trainer.stops import GracefulInterrupt
 
-    with _GracefulInterrupt() as interrupt:
+    with GracefulInterrupt() as interrupt:
         signal.raise_signal(signum)
         assert interrupt.requested and interrupt.exit_code == 128 + signum
         with pytest.raises(KeyboardInterrupt):
@@ -95,18 +95,17 @@ def test_sigterm_checkpoints_and_the_printed_resume_command_works(tmp_path, base
     assert steps == [1, 2, 3, 4]
 
 
-def test_a_second_ctrl_c_aborts_in_one_line_without_a_traceback(tmp_path, base_overrides, monkeypatch):
+def test_a_second_ctrl_c_aborts_in_one_line_without_a_traceback(tmp_path, base_overrides):
     from fault_injection import run_cli
 
-    from stratarl.trainer import rl
-
-    def interrupted_twice(run):
-        signal.raise_signal(signal.SIGINT)  # the first: finish the step and save
-        signal.raise_signal(signal.SIGINT)  # the second: abort now
-        raise AssertionError("the second Ctrl-C did not abort")
-
-    monkeypatch.setattr(rl, "rl_step", interrupted_twice)
-    code, err = run_cli(["train", str(TINY), *base_overrides, "--run-dir", str(tmp_path / "run")])
+    # The config's own reward function (algo.reward) is where the two Ctrl-C arrive, inside the first step.
+    reward = tmp_path / "interrupting_reward.py"
+    reward.write_text("import signal\n\n\ndef reward(response_text, golds):\n"
+                      "    signal.raise_signal(signal.SIGINT)  # the first: finish the step and save\n"
+                      "    signal.raise_signal(signal.SIGINT)  # the second: abort now\n"
+                      "    raise AssertionError('the second Ctrl-C did not abort')\n")
+    code, err = run_cli(["train", str(TINY), *base_overrides, f"algo.reward={reward}:reward",
+                         "--run-dir", str(tmp_path / "run")])
     assert code == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[-1] == ("stratarl train: aborted without saving this step; `stratarl train --resume RUN_DIR` "

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from stratarl.retrieval.base import Passage, Retriever
-from stratarl.retrieval.bm25 import INDEX_META_FILE, BM25Retriever
+from stratarl.retrieval.bm25 import BM25Retriever
+from stratarl.retrieval.index_files import INDEX_META_FILE
 
 
 def f32(values) -> torch.Tensor:
@@ -125,7 +126,7 @@ def test_tokenizer_matches_bm25s(small_passages):
     import bm25s
     import Stemmer
 
-    from stratarl.retrieval.bm25 import _stopword_set, tokenize_to_ids
+    from stratarl.retrieval.bm25_text import stopword_set as _stopword_set, tokenize_to_ids
 
     texts = [p.contents for p in small_passages] + ["The CATS were running; it's 42 km!", ""]
     stemmer = Stemmer.Stemmer("english")

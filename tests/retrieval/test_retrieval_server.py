@@ -11,7 +11,8 @@ import pytest
 
 from stratarl.retrieval.base import Passage
 from stratarl.retrieval.remote import RemoteRetriever
-from stratarl.retrieval.server import RequestError, ServerLimits, ServerThread, create_app, parse_retrieve_request
+from stratarl.retrieval.protocol import RequestError, ServerLimits, parse_retrieve_request
+from stratarl.retrieval.server import ServerThread, create_app
 
 
 class SlowRetriever:

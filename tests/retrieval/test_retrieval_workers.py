@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from stratarl.retrieval.base import Passage
-from stratarl.retrieval.server import ServerLimits, ServerThread, create_app, encode_retrieve_response, format_retrieve_response
+from stratarl.retrieval.protocol import ServerLimits, encode_retrieve_response, format_retrieve_response
+from stratarl.retrieval.server import ServerThread, create_app
 from stratarl.retrieval.workers import WorkerError, WorkerPool
 
 QUERIES = ["capital of France", "cats as pets", "highest mountain", "jazz music", "zzzz", "python language",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stratarl.retrieval.base import Passage
-from stratarl.rollout.generation import Generation, SamplingParams, StopMatcher
+from stratarl.rollout.generation import Generation, Generator, SamplingParams, StopMatcher
 
 
 class DictRetriever:
@@ -30,7 +30,7 @@ class FailingRetriever:
         raise self.error
 
 
-class ScriptedGenerator:
+class ScriptedGenerator(Generator):
     """Plays a fixed list of turn texts per prompt, honouring per-row budgets and stop strings.
 
     Rows are matched to scripts by their prompt prefix; turn n of a row plays

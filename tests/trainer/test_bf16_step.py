@@ -16,13 +16,13 @@ import math
 import pytest
 import torch
 
-from stratarl.data.models import build_tiny_model
+from stratarl.models import build_tiny_model
 from stratarl.rollout.generation import KVCacheGenerator, SamplingParams
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import load_config
 from stratarl.trainer.logprobs import response_logprobs
-from stratarl.trainer.precision import check_placement
-from stratarl.trainer.setup import freeze_all_but_last_layers
+from stratarl.infra.precision import check_placement
+from stratarl.models import freeze_all_but_last_layers
 from stratarl.trainer.update import batch_prefix, build_learner, score_batch, update_policy
 
 # bf16 keeps 8 bits of mantissa: through the 4 layers of this random model (log-probs around -6) token
@@ -55,10 +55,8 @@ def _grouped_batch(seed: int = 0, groups: int = 3, group_size: int = 4):
             prompts.append(prompt)
             responses.append(torch.randint(3, 500, (n,), generator=g).tolist())
             masks.append(mask)
-    batch = collate_sequences(prompts, responses, masks, pad_id=0)
-    batch.advantages = torch.randn(batch.size, 1, generator=g) * batch.response_mask
-    batch.returns = batch.advantages.clone()
-    return batch
+    tokens = collate_sequences(prompts, responses, masks, pad_id=0)
+    return tokens, torch.randn(tokens.size, 1, generator=g) * tokens.response_mask
 
 
 def _cfg(precision: str, *overrides):
@@ -78,30 +76,25 @@ def test_first_bf16_step_is_on_policy(algo, mini_batches, frozen_model):
     model = copy.deepcopy(frozen_model)
     cfg = _cfg("bf16", f"algo.name={algo}", f"trainer.mini_batches={mini_batches}")
     learner = build_learner(model, cfg, total_optimizer_steps=mini_batches)
-    batch = _grouped_batch()
-    prefix = batch_prefix(learner, batch, cfg)
+    tokens, advantages = _grouped_batch()
+    prefix = batch_prefix(learner, tokens, cfg)
     assert prefix is not None  # the fast path: frozen layers once, shared by scoring and the update
-    score_batch(learner, batch, cfg, prefix, shortcut=True)
-    assert (batch.old_logprobs is None) == (mini_batches == 1) == update_module.on_policy_shortcut(cfg)
+    scored = score_batch(learner, tokens, cfg, prefix=prefix, shortcut=True)
+    assert scored.on_policy == (mini_batches == 1) == update_module.on_policy_shortcut(cfg)
+    batch = scored.with_advantages(advantages, advantages.clone())
     seen, stepped = [], []
     handle = learner.optimizer.register_step_post_hook(lambda *_: stepped.append(1))
-    real = update_module.get_policy_loss
+    real = learner.policy_loss
 
-    def recorded(name):
-        fn = real(name)
+    def recorded(logprobs, old_logprobs, advantages, mask, **kwargs):
+        if not stepped:
+            seen.append(float(((logprobs - old_logprobs).detach().abs() * mask).max()))
+        return real(logprobs, old_logprobs, advantages, mask, **kwargs)
 
-        def loss(logprobs, old_logprobs, advantages, mask, **kwargs):
-            if not stepped:
-                seen.append(float(((logprobs - old_logprobs).detach().abs() * mask).max()))
-            return fn(logprobs, old_logprobs, advantages, mask, **kwargs)
-
-        return loss
-
-    update_module.get_policy_loss = recorded
+    learner.policy_loss = recorded  # the learner's policy loss, injected
     try:
         metrics = update_policy(learner, batch, cfg, torch.Generator().manual_seed(0), prefix=prefix)
     finally:
-        update_module.get_policy_loss = real
         handle.remove()
     assert seen and max(seen) < 1e-3, seen
     if mini_batches == 1:
@@ -121,16 +114,19 @@ def test_the_shortcut_needs_recompute_and_one_step_and_refuses_an_unscored_batch
     assert not on_policy_shortcut(_cfg("fp32", "algo.old_logprobs=rollout"))
     cfg = _cfg("fp32", "trainer.mini_batches=2")
     learner = build_learner(copy.deepcopy(frozen_model), cfg, total_optimizer_steps=2)
-    with pytest.raises(ValueError, match="no old log-probs: score it first"):
-        update_policy(learner, _grouped_batch(), cfg, torch.Generator().manual_seed(0))
+    tokens, _ = _grouped_batch()
+    with pytest.raises(TypeError, match="unscored TokenBatch: score it first"):
+        update_policy(learner, tokens, cfg, torch.Generator().manual_seed(0))
 
 
 def test_bf16_scoring_through_the_prefix_is_within_the_bound_of_fp32(frozen_model):
-    batch32, batch16 = _grouped_batch(1), _grouped_batch(1)
-    for batch, precision in ((batch32, "fp32"), (batch16, "bf16")):
+    tokens, _ = _grouped_batch(1)
+    scored = {}
+    for precision in ("fp32", "bf16"):
         cfg = _cfg(precision, "trainer.mini_batches=2")  # a scoring pass (no on-policy shortcut)
         learner = build_learner(copy.deepcopy(frozen_model), cfg, total_optimizer_steps=1)
-        score_batch(learner, batch, cfg, batch_prefix(learner, batch, cfg))
+        scored[precision] = score_batch(learner, tokens, cfg, prefix=batch_prefix(learner, tokens, cfg))
+    batch32, batch16 = scored["fp32"], scored["bf16"]
     mask = batch32.response_mask.bool()
     error = float((batch16.old_logprobs - batch32.old_logprobs)[mask].abs().max())
     assert batch16.old_logprobs.dtype == torch.float32
@@ -140,9 +136,9 @@ def test_bf16_scoring_through_the_prefix_is_within_the_bound_of_fp32(frozen_mode
 def test_scoring_through_the_prefix_equals_the_full_forward_in_fp32(frozen_model):
     cfg = _cfg("fp32", "trainer.mini_batches=2")
     learner = build_learner(copy.deepcopy(frozen_model), cfg, total_optimizer_steps=1)
-    shared, plain = _grouped_batch(2), _grouped_batch(2)
-    score_batch(learner, shared, cfg, batch_prefix(learner, shared, cfg))
-    score_batch(learner, plain, cfg)
+    tokens, _ = _grouped_batch(2)
+    shared = score_batch(learner, tokens, cfg, prefix=batch_prefix(learner, tokens, cfg))
+    plain = score_batch(learner, tokens, cfg)
     torch.testing.assert_close(shared.old_logprobs, plain.old_logprobs, rtol=1e-5, atol=1e-5)
 
 

@@ -10,11 +10,11 @@ import copy
 import pytest
 import torch
 
-from stratarl.data.models import build_tiny_model
+from stratarl.models import build_tiny_model
 from stratarl.rollout.generation import KVCacheGenerator, SamplingParams
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.prefix import captured_prefix, frozen_prefix, lowest_trainable_layer
-from stratarl.trainer.setup import freeze_all_but_last_layers
+from stratarl.models import freeze_all_but_last_layers
 
 LAYERS, TRAINABLE = 4, 2
 

@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from stratarl.config_errors import ConfigError
-from stratarl.trainer import precision as precision_module
+from stratarl.infra import precision as precision_module
 from stratarl.trainer.config import load_config
-from stratarl.trainer.precision import AutocastGenerator, DevicePolicy, check_placement, resolve_precision
+from stratarl.rollout.backends import AutocastGenerator, make_generator
+from stratarl.infra.precision import DevicePolicy, check_placement, resolve_precision
+from stratarl.rollout.generation import Generator
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
@@ -90,12 +92,12 @@ def test_cuda_never_takes_the_cpu_fast_decoder():
 def test_bf16_on_a_cpu_generates_through_the_fast_decoder_on_bf16_weight_copies(smollm2_tokenizer):
     """bf16 on a CPU: the fast decoder on bf16 copies of the weights (no autocast wrapper), a batch of 3+ rows
     taking the packed path; the model's own weights stay fp32."""
-    from stratarl.data.models import build_tiny_model
+    from stratarl.models import build_tiny_model
     from stratarl.rollout.generation import KVCacheGenerator, SamplingParams
-    from stratarl.trainer import rollouts
 
     model = build_tiny_model(smollm2_tokenizer, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    generator = rollouts.make_generator(model, smollm2_tokenizer, "kv_cache", seed=0, precision="bf16")
+    bf16 = DevicePolicy(torch.device("cpu"), "bf16")
+    generator = make_generator(model, smollm2_tokenizer, "kv_cache", seed=0, policy=bf16)
     assert isinstance(generator, KVCacheGenerator) and generator.fast_decoder is not None
     assert generator.fast_decoder.dtype == torch.bfloat16
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
@@ -103,21 +105,20 @@ def test_bf16_on_a_cpu_generates_through_the_fast_decoder_on_bf16_weight_copies(
     assert len(outputs) == 4 and all(1 <= len(o.token_ids) <= 4 for o in outputs)
     assert generator.fast_decoder.k_cache.dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    generic = rollouts.make_generator(model, smollm2_tokenizer, "kv_cache_generic", seed=0, precision="bf16")
+    generic = make_generator(model, smollm2_tokenizer, "kv_cache_generic", seed=0, policy=bf16)
     assert isinstance(generic, AutocastGenerator) and generic.inner.fast_decoder is None
 
 
-def test_make_generator_on_cuda_builds_the_generic_loop_under_autocast(monkeypatch, smollm2_tokenizer):
-    from stratarl.data.models import build_tiny_model
+def test_make_generator_on_cuda_builds_the_generic_loop_under_autocast(smollm2_tokenizer):
+    from stratarl.models import build_tiny_model
     from stratarl.rollout.generation import KVCacheGenerator
-    from stratarl.trainer import rollouts
 
     model = build_tiny_model(smollm2_tokenizer, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    on_cpu = rollouts.make_generator(model, smollm2_tokenizer, "kv_cache", seed=0)
+    on_cpu = make_generator(model, smollm2_tokenizer, "kv_cache", seed=0, policy=DevicePolicy.create("cpu", "auto"))
     assert isinstance(on_cpu, KVCacheGenerator) and on_cpu.fast_decoder is not None  # the CPU fast path
     # The model stays on the CPU; the policy says CUDA, as it would for a model on the GPU.
-    monkeypatch.setattr(rollouts, "policy_for_model", lambda m, p: DevicePolicy(torch.device("cuda"), "bf16"))
-    on_cuda = rollouts.make_generator(model, smollm2_tokenizer, "kv_cache", seed=0, precision="auto")
+    on_cuda = make_generator(model, smollm2_tokenizer, "kv_cache", seed=0,
+                             policy=DevicePolicy(torch.device("cuda"), "bf16"))
     assert isinstance(on_cuda, AutocastGenerator) and on_cuda.policy.device.type == "cuda"
     assert isinstance(on_cuda.inner, KVCacheGenerator) and on_cuda.inner.fast_decoder is None
     assert on_cuda.supports_cache_keys is False and on_cuda.rng is on_cuda.inner.rng  # attributes pass through
@@ -126,7 +127,7 @@ def test_make_generator_on_cuda_builds_the_generic_loop_under_autocast(monkeypat
 def test_autocast_generator_runs_generate_under_autocast():
     seen = {}
 
-    class Probe:
+    class Probe(Generator):
         rng = "the inner rng"
 
         def generate(self, prompts, params, max_new_tokens=None):
@@ -164,23 +165,21 @@ def test_check_placement_names_a_parameter_on_the_wrong_device_or_dtype():
         check_placement(model, "cpu")
 
 
-@pytest.mark.parametrize("algo", ["grpo", "stratified_grpo", "ppo"])
-def test_advantage_inputs_are_built_on_the_batch_device(algo, monkeypatch):
-    from stratarl.trainer import rl
-    from stratarl.trainer.batch import collate_sequences
+def test_advantage_inputs_are_built_on_the_batch_device():
+    from stratarl.trainer.batch import ScoredBatch, collate_sequences
+    from stratarl.trainer.step import compute_advantages
 
     seen = {}
 
-    def estimator(inputs, **params):  # records what the trainer built; meta tensors cannot be checked for NaN
+    def estimator(inputs):  # records what the trainer built; meta tensors cannot be checked for NaN
         seen.update({k: v.device.type for k, v in vars(inputs).items() if isinstance(v, torch.Tensor)})
         return torch.zeros_like(inputs.response_mask), torch.zeros_like(inputs.response_mask)
 
-    monkeypatch.setattr(rl, "get_advantage", lambda name: estimator)
-    cfg = load_config(TINY, [f"algo.name={algo}"])
-    batch = collate_sequences([[5, 6]] * 4, [[7, 8, 9], [7, 8], [7], [7, 8]], [[1, 1, 1], [1, 1], [1], [1, 0]], 0)
-    batch = batch.to("meta")
-    batch.old_values = torch.zeros(batch.response_mask.shape, device="meta")
-    rl.compute_advantages(cfg, batch, [1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], [0, 1, 0, 1])
+    tokens = collate_sequences([[5, 6]] * 4, [[7, 8, 9], [7, 8], [7], [7, 8]], [[1, 1, 1], [1, 1], [1], [1, 0]], 0)
+    tokens = tokens.to("meta")
+    zeros = torch.zeros(tokens.response_mask.shape, device="meta")
+    scored = ScoredBatch(**vars(tokens), old_logprobs=zeros, on_policy=False, ref_logprobs=None, old_values=zeros)
+    batch = compute_advantages(estimator, scored, [1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], [0, 1, 0, 1])
     assert {"rewards", "group_ids", "response_mask", "strata_ids", "values"} <= seen.keys()
     assert set(seen.values()) == {"meta"}
     assert batch.advantages.device.type == "meta"
@@ -231,8 +230,9 @@ def test_value_head_stays_fp32_under_autocast():
 
 
 def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close_to_fp32():
+    from stratarl.trainer.algorithm import bound_advantage
     from stratarl.trainer.batch import scatter_response_values
-    from stratarl.trainer.rl import compute_advantages
+    from stratarl.trainer.step import compute_advantages
     from stratarl.trainer.update import build_learner, optimizer_step, score_batch
 
     grads = {}
@@ -240,11 +240,11 @@ def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close
         cfg = load_config(TINY, ["algo.name=ppo", "algo.kl_coef=0.01", f"trainer.precision={precision}"])
         model = _tiny_llama()
         learner = build_learner(model, cfg, total_optimizer_steps=2)
-        batch = _batch()
-        batch.old_logprobs = scatter_response_values([[0.0] * 4, [0.0] * 2, [0.0] * 3], batch.response_lengths)
-        score_batch(learner, batch, cfg)
-        assert batch.old_logprobs.dtype == batch.ref_logprobs.dtype == batch.old_values.dtype == torch.float32
-        compute_advantages(cfg, batch, [1.0, 0.0, 0.5], [0, 0, 1], [0, 0, 0])
+        tokens = _batch()
+        sampling = scatter_response_values([[0.0] * 4, [0.0] * 2, [0.0] * 3], tokens.response_lengths)
+        scored = score_batch(learner, tokens, cfg, sampling)
+        assert scored.old_logprobs.dtype == scored.ref_logprobs.dtype == scored.old_values.dtype == torch.float32
+        batch = compute_advantages(bound_advantage(cfg.algorithm), scored, [1.0, 0.0, 0.5], [0, 0, 1], [0, 0, 0])
         # Keep the accumulated gradient: zero_grad runs inside optimizer_step, so record it from a hook.
         params = dict(model.named_parameters())
         for name, p in params.items():
@@ -266,16 +266,17 @@ def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close
 
 @pytest.mark.parametrize("algo", sorted(__import__("stratarl.algos.presets", fromlist=["PRESETS"]).PRESETS))
 def test_every_preset_scores_and_updates_under_bf16(algo):
-    from stratarl.trainer.rl import compute_advantages
+    from stratarl.trainer.step import compute_advantages
     from stratarl.trainer.update import build_learner, score_batch, update_policy
+
+    from stratarl.trainer.algorithm import bound_advantage
 
     cfg = load_config(TINY, [f"algo.name={algo}", "algo.kl_coef=0.01", "trainer.precision=bf16",
                              "trainer.epochs=1", "trainer.mini_batches=1"])
     model = _tiny_llama()
     learner = build_learner(model, cfg, total_optimizer_steps=1)
-    batch = _batch()
-    score_batch(learner, batch, cfg)
-    compute_advantages(cfg, batch, [1.0, 0.0, 0.5], [0, 0, 1], [0, 1, 0])
+    scored = score_batch(learner, _batch(), cfg)
+    batch = compute_advantages(bound_advantage(cfg.algorithm), scored, [1.0, 0.0, 0.5], [0, 0, 1], [0, 1, 0])
     before = [p.detach().clone() for p in model.parameters()]
     metrics = update_policy(learner, batch, cfg, torch.Generator().manual_seed(0))
     assert math.isfinite(metrics["loss/policy"]) and metrics["optim/skipped_steps"] == 0.0
@@ -293,7 +294,8 @@ def test_sft_step_under_bf16_gives_fp32_gradients_close_to_fp32():
     grads = {}
     for precision in ("fp32", "bf16"):
         model = _tiny_llama()
-        stats = sft_step(model, demos, 0, micro_batch_tokens=64, chunk_tokens=8, precision=precision)
+        stats = sft_step(model, demos, 0, micro_batch_tokens=64, chunk_tokens=8,
+                         policy=DevicePolicy.create("cpu", precision))
         assert math.isfinite(stats["loss"])
         grads[precision] = model.lm_head.weight.grad
     assert grads["bf16"].dtype == torch.float32
@@ -339,14 +341,14 @@ def test_bf16_native_is_bf16_only_where_the_device_has_bf16_matmul_units(monkeyp
 
 
 def test_a_bf16_native_warm_start_is_cached_under_the_precision_it_resolves_to(monkeypatch):
-    from stratarl.trainer import sft
+    from stratarl.trainer.warmstart import warm_start_key
 
+    monkeypatch.setattr(precision_module, "cpu_bf16_matmul", lambda: None)  # a CPU without bf16 units
     cfg = load_config(TINY, ["trainer.precision=bf16_native"])
-    monkeypatch.setattr(precision_module, "cpu_bf16_matmul", lambda: None)
-    assert "precision" not in sft.warm_start_key(cfg)
-    assert sft.warm_start_key(cfg) == sft.warm_start_key(load_config(TINY, ["trainer.precision=fp32"]))
-    monkeypatch.setattr(precision_module, "cpu_bf16_matmul", lambda: "AMX")
-    assert sft.warm_start_key(cfg)["precision"] == "bf16"
+    assert "precision" not in warm_start_key(cfg)
+    assert warm_start_key(cfg) == warm_start_key(load_config(TINY, ["trainer.precision=fp32"]))
+    monkeypatch.setattr(precision_module, "cpu_bf16_matmul", lambda: "AMX")  # the same config on an AMX CPU
+    assert warm_start_key(load_config(TINY, ["trainer.precision=bf16_native"]))["precision"] == "bf16"
 
 
 def test_cpu_bf16_matmul_reads_the_cpu_flags(monkeypatch, tmp_path):

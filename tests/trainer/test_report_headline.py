@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from stratarl.data.examples import Example
-from stratarl.trainer.evaluate import aggregate, eval_metrics, question_record, save_eval
-from stratarl.trainer.metrics import MetricsLogger
-from stratarl.trainer.report import build_report, eval_points, format_ci, format_headline, headline, transcript_pair
-from stratarl.trainer.stats import excludes_zero, paired_gain, rolling_band
+from stratarl.evaluation.greedy import aggregate, eval_metrics, question_record, save_eval
+from stratarl.infra.metrics import MetricsLogger
+from stratarl.evaluation.report import build_report, transcript_pair
+from stratarl.evaluation.headline import eval_points, format_ci, format_headline, headline
+from stratarl.evaluation.stats import excludes_zero, paired_gain, rolling_band
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
@@ -36,7 +37,7 @@ def _examples(n: int) -> list[Example]:
 
 
 def _eval_result(examples: list[Example], em: list[int], searches: float, answers: list[str]) -> dict:
-    """What stratarl.trainer.evaluate.evaluate returns for these per-question scores (F1 = EM here)."""
+    """What stratarl.evaluation.greedy.evaluate returns for these per-question scores (F1 = EM here)."""
     scores = [{"em": float(e), "subem": float(e), "f1": float(e), "searches": searches, "answered": 1.0} for e in em]
     transcripts = [{"example_id": ex.id, "question": ex.question, "golds": list(ex.golden_answers),
                     "turns": [{"text": f"<search> {ex.question} </search>", "action": "search",

@@ -3,6 +3,8 @@ signatures, the legacy knobs keep their meaning, and cross-part / cross-section 
 
 from __future__ import annotations
 
+import dataclasses
+
 import inspect
 from pathlib import Path
 
@@ -19,17 +21,19 @@ TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 
 def _spec(*overrides: str) -> AlgorithmSpec:
-    return load_config(None, list(overrides)).algo.spec
+    return load_config(None, list(overrides)).algorithm
 
 
 # The parts each preset stood for before presets were a table (trainer/config.py's tuples, rl.py's
-# ADVANTAGE_OF, update.py's loss choice), written out by hand.
+# ADVANTAGE_OF, update.py's loss choice), written out by hand. SO-PPO / SO-GRPO named a `sorl` policy loss,
+# which was the `ppo` surrogate under another name (its ratio level always came from the turn level): the
+# alias is gone, the surrogate and its level are the same.
 BEFORE = {
     "grpo": ("grpo", {"eps": 1e-6}, "ppo", "token", "none", "none"),
     "stratified_grpo": ("stratified", {"alpha": 0.6, "eps": 1e-6}, "ppo", "token", "none", "none"),
     "ppo": ("gae", {"gamma": 1.0, "lam": 1.0}, "ppo", "token", "none", "value_head"),
-    "so_ppo": ("gae", {"gamma": 1.0, "lam": 1.0}, "sorl", "turn", "sorl", "value_head"),
-    "so_grpo": ("grpo", {"eps": 1e-6}, "sorl", "turn", "sorl", "none"),
+    "so_ppo": ("gae", {"gamma": 1.0, "lam": 1.0}, "ppo", "turn", "sorl", "value_head"),
+    "so_grpo": ("grpo", {"eps": 1e-6}, "ppo", "turn", "sorl", "none"),
 }
 
 
@@ -84,11 +88,19 @@ def test_shared_knobs_reach_exactly_the_parts_that_take_them():
     assert dict(spec.normalizer_params) == {"delta": 3.0, "rule": "running_pg", "ema": 0.9}
 
 
-def test_explicit_parameters_win_over_knobs_and_reach_the_part():
+def test_explicit_parameters_reach_the_part_and_a_knobs_keyword_is_read_as_the_knob():
     spec = _spec("algo.name=grpo", "algo.advantage_params={std_ddof: 0, eps: 0.5}",
                  "algo.policy_loss_params.dual_clip=3.0")
     assert dict(spec.advantage_params) == {"eps": 0.5, "std_ddof": 0}
     assert spec.policy_loss_params["dual_clip"] == 3.0
+    cfg = load_config(None, ["algo.name=so_grpo", "algo.normalizer_params.delta=3"])
+    assert cfg.algo.sorl_delta == 3.0 and cfg.algo.normalizer_params == {}  # one home: algo.sorl_delta
+    assert cfg.algorithm == _spec("algo.name=so_grpo", "algo.sorl_delta=3")
+    # Two spellings of one parameter with different values: refused, naming both.
+    with pytest.raises(ConfigError, match=r"`algo.sorl_delta` = 2.*contradicts `algo.normalizer_params.delta`"):
+        _spec("algo.name=so_grpo", "algo.sorl_delta=2", "algo.normalizer_params.delta=3")
+    with pytest.raises(ConfigError, match=r"`algo.alpha` = 0.3.*contradicts `algo.advantage_params.alpha`"):
+        _spec("algo.name=stratified_grpo", "algo.alpha=0.3", "algo.advantage_params.alpha=0.5")
 
 
 def test_unknown_parameter_lists_the_valid_ones():
@@ -111,7 +123,7 @@ def test_parameters_the_trainer_owns_point_to_their_field():
     with pytest.raises(ConfigError, match=r"`algo.policy_loss_params.norm_length`.*set rollout.max_total_tokens instead"):
         _spec("algo.policy_loss_params.norm_length=100")
     with pytest.raises(ConfigError, match=r"`algo.normalizer_params`.*no gradient normaliser is in use"):
-        _spec("algo.name=grpo", "algo.normalizer_params.delta=2")
+        _spec("algo.name=grpo", "algo.normalizer_params.beta=2")
 
 
 def test_legacy_switches_and_named_parts_agree_or_are_refused():
@@ -134,8 +146,8 @@ def test_unknown_parts_are_refused_with_the_registered_names():
     msg = str(info.value)
     assert "`algo.advantage` = 'rloo': no advantage estimator of that name is registered" in msg
     assert "use one of drgrpo, gae, grpo, stratified" in msg and "--import" in msg
-    with pytest.raises(ConfigError, match="did you mean 'sorl'"):
-        _spec("algo.policy_loss=sorll")
+    with pytest.raises(ConfigError, match="did you mean 'ppo'"):
+        _spec("algo.policy_loss=ppp")
     with pytest.raises(ConfigError, match=r"`algo.ratio_level` = 'turns': not an allowed value. Fix: did you mean 'turn'\? use one of token, turn"):
         _spec("algo.ratio_level=turns")
     with pytest.raises(ConfigError, match="`algo.critic` = 'mlp': unknown critic"):
@@ -190,7 +202,7 @@ def test_a_policy_loss_without_a_level_keyword_takes_token_ratios_only(registere
     spec = _spec("algo.name=grpo", "algo.policy_loss=token_only", "algo.clip_low=0.1")
     assert dict(spec.policy_loss_params) == {"clip_low": 0.1}  # no level, no clip_high, no agg: it takes none
     with pytest.raises(ConfigError, match="policy loss 'token_only' takes no `level` keyword"):
-        _spec("algo.name=so_grpo", "algo.policy_loss=token_only", "algo.sorl_normalize=false")
+        _spec("algo.name=so_grpo", "algo.policy_loss=token_only", "algo.normalizer=none")
 
 
 def test_keyword_params_lists_keywords_with_defaults_and_required_ones():
@@ -204,7 +216,7 @@ def test_keyword_params_lists_keywords_with_defaults_and_required_ones():
 
 def test_describe_names_every_part():
     line = describe("so_ppo", _spec("algo.name=so_ppo"))
-    assert line.startswith("so_ppo: advantage gae (gamma=1.0, lam=1.0), policy loss sorl (")
+    assert line.startswith("so_ppo: advantage gae (gamma=1.0, lam=1.0), policy loss ppo (")
     assert "ratio turn" in line and "normaliser sorl (delta=1.0, rule=fixed, ema=0.9)" in line and "critic value_head" in line
 
 
@@ -226,16 +238,17 @@ def test_group_of_one_with_a_group_relative_estimator_is_refused(name):
 
 
 def test_group_of_one_is_fine_with_a_critic():
-    assert load_config(None, ["algo.name=ppo", "rollout.group_size=1"]).algo.uses_critic
+    assert load_config(None, ["algo.name=ppo", "rollout.group_size=1"]).algorithm.uses_critic
 
 
 # --------------------------------------------------------------------------- the part reaches the trainer
 
 
 def test_the_trainer_calls_the_estimator_the_config_names_with_its_parameters(registered):
-    """compute_advantages goes through the registry by the spec's name and passes the resolved parameters."""
-    from stratarl.trainer.batch import collate_sequences
-    from stratarl.trainer.rl import compute_advantages
+    """The run's estimator is the registered one the spec names, with the resolved parameters bound."""
+    from stratarl.trainer.algorithm import bound_advantage
+    from stratarl.trainer.batch import ScoredBatch, collate_sequences
+    from stratarl.trainer.step import compute_advantages
 
     seen = {}
 
@@ -246,9 +259,10 @@ def test_the_trainer_calls_the_estimator_the_config_names_with_its_parameters(re
 
     registered("_ADVANTAGES", "scaled", scaled)
     cfg = load_config(None, ["algo.advantage=scaled", "algo.advantage_params.scale=3.0", "algo.epsilon=0.5"])
-    batch = collate_sequences([[5, 6], [7]], [[1, 2, 3], [4, 5]], [[1, 0, 1], [1, 1]], pad_id=0)
-    batch.old_values = None
-    compute_advantages(cfg, batch, [1.0, -2.0], [0, 0], [0, 0])
+    tokens = collate_sequences([[5, 6], [7]], [[1, 2, 3], [4, 5]], [[1, 0, 1], [1, 1]], pad_id=0)
+    scored = ScoredBatch(**vars(tokens), old_logprobs=torch.zeros_like(tokens.response_mask), on_policy=False,
+                         ref_logprobs=None, old_values=None)
+    batch = compute_advantages(bound_advantage(cfg.algorithm), scored, [1.0, -2.0], [0, 0], [0, 0])
     assert seen == {"eps": 0.5, "scale": 3.0}
     torch.testing.assert_close(batch.advantages, torch.tensor([[3.0, 0.0, 3.0], [-6.0, -6.0, 0.0]]))
 
@@ -272,31 +286,32 @@ def test_register_advantage_records_what_the_checks_need():
 # --------------------------------------------------------------------------- real steps of the new presets
 
 
-@pytest.fixture
-def loss_kwargs(monkeypatch):
-    """Records the name and keyword arguments of every policy-loss call of the real update."""
-    import stratarl.trainer.update as update
-
-    calls, real = [], update.get_policy_loss
-
-    def get_policy_loss(name):
-        fn = real(name)
-
-        def recorded(*args, **kwargs):
-            calls.append((name, dict(kwargs)))
-            return fn(*args, **kwargs)
-
-        return recorded
-
-    monkeypatch.setattr(update, "get_policy_loss", get_policy_loss)
-    return calls
-
-
-def _real_step(tmp_path, tiny_overrides, *overrides):
-    from stratarl.trainer.rl import build_run, rl_step
+def _real_step(tmp_path, tiny_overrides, *overrides, record=None):
+    """One real RL step of the tiny config. ``record``: a dict that gets every policy-loss call's keyword
+    arguments (``loss_calls``), the collected rollouts (``collected``) and the batch the update received
+    (``batch``), by injection into the run."""
+    from stratarl.trainer.run import build_run
+    from stratarl.trainer.step import rl_step
 
     cfg = load_config(TINY, [*tiny_overrides, "trainer.prompts_per_step=4", "rollout.group_size=4", *overrides])
     run = build_run(cfg, tmp_path / "run")
+    if record is not None:
+        real_loss, real_update, real_collect = run.learner.policy_loss, run.parts.update, run.parts.collect
+
+        def collect(*args, **kwargs):
+            record["collected"] = real_collect(*args, **kwargs)
+            return record["collected"]
+
+        def policy_loss(*args, **kwargs):
+            record.setdefault("loss_calls", []).append((cfg.algorithm.policy_loss, dict(kwargs)))
+            return real_loss(*args, **kwargs)
+
+        def update(learner, batch, *args, **kwargs):
+            record["batch"] = batch
+            return real_update(learner, batch, *args, **kwargs)
+
+        run.learner.policy_loss = policy_loss
+        run.parts = dataclasses.replace(run.parts, collect=collect, update=update)
     try:
         return run, rl_step(run)
     finally:
@@ -304,9 +319,11 @@ def _real_step(tmp_path, tiny_overrides, *overrides):
 
 
 @pytest.mark.slow
-def test_gspo_and_dual_clip_reach_the_real_update(tmp_path, tiny_overrides, loss_kwargs):
+def test_gspo_and_dual_clip_reach_the_real_update(tmp_path, tiny_overrides):
+    record = {}
     _, metrics = _real_step(tmp_path, tiny_overrides, "algo.name=gspo", "algo.policy_loss_params.dual_clip=1.5",
-                            "algo.clip_low=0.05")
+                            "algo.clip_low=0.05", record=record)
+    loss_kwargs = record["loss_calls"]
     assert loss_kwargs and {name for name, _ in loss_kwargs} == {"ppo"}
     for _, kwargs in loss_kwargs:
         assert kwargs == {"level": "sequence", "clip_low": 0.05, "clip_high": 0.2, "agg": "token-mean", "dual_clip": 1.5}
@@ -314,24 +331,17 @@ def test_gspo_and_dual_clip_reach_the_real_update(tmp_path, tiny_overrides, loss
 
 
 @pytest.mark.slow
-def test_drgrpo_updates_with_mean_only_advantages(tmp_path, tiny_overrides, monkeypatch):
-    import stratarl.trainer.rl as rl
+def test_drgrpo_updates_with_mean_only_advantages(tmp_path, tiny_overrides):
     from stratarl.algos import grpo_advantages
 
-    seen = {}
-    real = rl.compute_advantages
-
-    def spy(cfg, batch, rewards, group_ids, strata):
-        real(cfg, batch, rewards, group_ids, strata)
-        seen.update(rewards=rewards, groups=group_ids, mask=batch.response_mask, advantages=batch.advantages)
-
-    monkeypatch.setattr(rl, "compute_advantages", spy)
-    _real_step(tmp_path, tiny_overrides, "algo.name=drgrpo")
-    rewards, groups = torch.tensor(seen["rewards"]), torch.tensor(seen["groups"])
-    expected = broadcast_to_tokens(grpo_advantages(rewards, groups, scale_by_std=False), seen["mask"])
-    torch.testing.assert_close(seen["advantages"], expected)
-    scaled = broadcast_to_tokens(grpo_advantages(rewards, groups), seen["mask"])
-    assert not torch.allclose(seen["advantages"], scaled, atol=1e-4)  # the batch tells Dr.GRPO from GRPO
+    record = {}
+    _real_step(tmp_path, tiny_overrides, "algo.name=drgrpo", record=record)
+    batch, collected = record["batch"], record["collected"]
+    rewards, groups = torch.tensor(collected.rewards), torch.tensor(collected.group_ids)
+    expected = broadcast_to_tokens(grpo_advantages(rewards, groups, scale_by_std=False), batch.response_mask)
+    torch.testing.assert_close(batch.advantages, expected)
+    scaled = broadcast_to_tokens(grpo_advantages(rewards, groups), batch.response_mask)
+    assert not torch.allclose(batch.advantages, scaled, atol=1e-4)  # the batch tells Dr.GRPO from GRPO
 
 
 def test_no_code_outside_the_resolution_compares_the_algorithms_name():

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from stratarl.trainer import checkpoint as ckpt
+from stratarl.infra import checkpoint as ckpt
 
 
 def test_sampler_resume_gives_the_same_indices():

@@ -15,7 +15,7 @@ CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"
 def test_defaults_validate():
     cfg = load_config(None)
     assert cfg.algo.name == "stratified_grpo" and cfg.algo.alpha == 0.6
-    # Search-R1 / paper defaults (ALGORITHMS.md §3).
+    # Search-R1 / paper defaults (docs/algorithms.md §3).
     assert cfg.rollout.group_size == 5 and cfg.algo.clip_low == 0.2 and cfg.algo.kl_coef == 0.001
     assert cfg.retrieval.topk == 3 and cfg.rollout.max_turns == 4
 
@@ -122,8 +122,38 @@ def test_saved_config_round_trips(tmp_path):
 
 
 def test_algorithm_properties():
-    assert load_config(None, ["algo.name=so_ppo"]).algo.uses_critic
-    assert load_config(None, ["algo.name=so_grpo"]).algo.use_turn_ratio
-    assert not load_config(None, ["algo.name=grpo"]).algo.use_turn_ratio
-    assert load_config(None, ["algo.name=grpo", "algo.turn_level_ratio=true"]).algo.use_turn_ratio
-    assert not load_config(None, ["algo.name=so_grpo", "algo.turn_level_ratio=false"]).algo.use_turn_ratio
+    assert load_config(None, ["algo.name=so_ppo"]).algorithm.uses_critic
+    assert load_config(None, ["algo.name=so_grpo"]).algorithm.ratio_level == "turn"
+    assert load_config(None, ["algo.name=grpo"]).algorithm.ratio_level == "token"
+    assert load_config(None, ["algo.name=grpo", "algo.turn_level_ratio=true"]).algorithm.ratio_level == "turn"
+    assert load_config(None, ["algo.name=so_grpo", "algo.turn_level_ratio=false"]).algorithm.ratio_level == "token"
+
+
+def test_the_older_switches_are_rewritten_once_and_leave_the_dataclass():
+    import dataclasses
+
+    from stratarl.trainer.config import AlgoConfig
+
+    fields = {f.name for f in dataclasses.fields(AlgoConfig)}
+    assert not fields & {"turn_level_ratio", "sorl_normalize"}
+    cfg = load_config(None, ["algo.name=grpo", "algo.turn_level_ratio=true", "algo.sorl_normalize=true",
+                             "algo.policy_loss=sorl"])
+    assert (cfg.algo.ratio_level, cfg.algo.normalizer, cfg.algo.policy_loss) == ("turn", "sorl", "ppo")
+
+
+def test_a_run_directorys_config_from_before_the_restructure_loads(tmp_path):
+    """A config.yaml written by `stratarl demo` at commit d97dd6d (every field, the older switches as null), and
+    one with the older switches set: both load, the switches read into their one home."""
+    import yaml
+
+    old = Path(__file__).parent / "data" / "config_before_the_restructure.yaml"
+    data = yaml.safe_load(old.read_text())
+    assert data["algo"]["turn_level_ratio"] is None and data["algo"]["sorl_normalize"] is None
+    cfg = load_config(old)
+    assert (cfg.algorithm.advantage, cfg.algorithm.ratio_level, cfg.algorithm.normalizer) == ("grpo", "token", "none")
+    data["algo"].update(name="so_grpo", turn_level_ratio=False, sorl_normalize=False)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(data))
+    again = load_config(tmp_path / "config.yaml")
+    assert (again.algorithm.ratio_level, again.algorithm.normalizer) == ("token", "none")
+    save_config(again, tmp_path / "saved.yaml")
+    assert "turn_level_ratio" not in (tmp_path / "saved.yaml").read_text()  # written back in the current spelling

@@ -10,7 +10,6 @@ import pytest
 from stratarl.rollout.config import RolloutConfig
 from stratarl.rollout.engine import RolloutConfig as EngineRolloutConfig
 from stratarl.trainer.config import Config, ConfigError, load_config, save_config
-from stratarl.trainer.rollouts import engine_config
 
 
 def test_the_trainer_embeds_the_engines_config_class():
@@ -34,12 +33,15 @@ def test_every_field_of_the_rollout_config_is_documented():
     assert documented == {f.name for f in dataclasses.fields(RolloutConfig)}
 
 
-def test_engine_config_is_the_section_with_the_runs_topk_and_greedy_choice():
+def test_the_rollout_section_carries_the_runs_topk_and_collect_chooses_greedy():
     cfg = load_config(None, ["retrieval.topk=2", "rollout.max_turns=1", "rollout.temperature=0.7"])
-    train, evaluation = engine_config(cfg, greedy=False), engine_config(cfg, greedy=True)
+    train, evaluation = cfg.rollout, cfg.rollout.replace(greedy=True)  # what collect(..., greedy=True) runs
     assert (train.topk, train.max_turns, train.temperature, train.greedy) == (2, 1, 0.7, False)
     assert evaluation.greedy and evaluation.topk == 2
     assert train.sampling_params().temperature == 0.7
+    programmatic = Config()
+    programmatic.retrieval.topk = 5
+    assert programmatic.validate().rollout.topk == 5  # validation gives the rollout section retrieval.topk
 
 
 def test_passages_per_search_have_one_place():
@@ -76,7 +78,7 @@ def test_kl_estimator_and_aggregation_choices_list_the_valid_ones():
 
 def test_observation_blocks_is_the_veRL_plugins_stratum_and_differs_from_num_searches_where_documented():
     from stratarl.rollout.engine import Rollout
-    from stratarl.trainer.rollouts import stratum_function
+    from stratarl.rollout.collect import stratum_function
 
     invalid_then_answer = Rollout(prompt_ids=[1], response_ids=[5] * 5, response_mask=[1, 1, 0, 0, 1], num_searches=0)
     cut_after_search = Rollout(prompt_ids=[1], response_ids=[5] * 4, response_mask=[1, 1, 0, 0], num_searches=1)

@@ -11,7 +11,9 @@ from stratarl.data.examples import Example
 from stratarl.retrieval.bm25 import BM25Retriever
 from stratarl.retrieval.base import Passage
 from stratarl.trainer.demos import render_demonstration, render_demonstrations
-from stratarl.trainer.sft import Demonstration, demo_shortfall, lr_factor, run_sft, sft_step
+from stratarl.trainer.demos import Demonstration
+from stratarl.trainer.sft import demo_shortfall, run_sft, sft_step
+from stratarl.infra.schedules import sft_lr_factor
 
 PASSAGES = [
     Passage("0", '"Bavir Institute"\nBavir Institute was founded by Doushil Revedi.'),
@@ -116,21 +118,21 @@ def test_sft_reduces_the_loss(tiny_model):
     assert result["last_epoch_loss"] < 0.7 * result["first_epoch_loss"]
 
 
-def test_lr_factor_warmup_then_constant_or_cosine():
+def test_sft_lr_factor_warmup_then_constant_or_cosine():
     # 10 steps, 2 warm-up steps: factors 1/2, 2/2, then constant 1 ...
-    assert [lr_factor(s, 10, 2, "constant") for s in range(4)] == [0.5, 1.0, 1.0, 1.0]
+    assert [sft_lr_factor(s, 10, 2, "constant") for s in range(4)] == [0.5, 1.0, 1.0, 1.0]
     # ... or cosine over steps 2..9 (p = (s - 2) / 7): 1 at p = 0, 0.1 + 0.9 * (1 + cos(pi/2)) / 2 = 0.55
     # at p = 1/2 (s = 5.5, so not a step; check s = 2 and the last step), 0.1 at p = 1.
-    assert lr_factor(2, 10, 2, "cosine") == 1.0
-    assert lr_factor(9, 10, 2, "cosine") == pytest.approx(0.1)
-    cosine = [lr_factor(s, 10, 2, "cosine") for s in range(2, 10)]
+    assert sft_lr_factor(2, 10, 2, "cosine") == 1.0
+    assert sft_lr_factor(9, 10, 2, "cosine") == pytest.approx(0.1)
+    cosine = [sft_lr_factor(s, 10, 2, "cosine") for s in range(2, 10)]
     assert all(a > b for a, b in zip(cosine, cosine[1:]))  # strictly decreasing after warm-up
     # midpoint of a 2-step warm-up + 3-step decay (steps 2, 3, 4; p = 0, 1/2, 1): 0.1 + 0.9 * 0.5 = 0.55
-    assert lr_factor(3, 5, 2, "cosine") == pytest.approx(0.55)
+    assert sft_lr_factor(3, 5, 2, "cosine") == pytest.approx(0.55)
     # one step only: warm-up of 1 gives factor 1 at step 0, never a division by zero
-    assert lr_factor(0, 1, 1, "cosine") == 1.0
+    assert sft_lr_factor(0, 1, 1, "cosine") == 1.0
     with pytest.raises(ValueError, match="cosine"):
-        lr_factor(0, 10, 1, "linear")
+        sft_lr_factor(0, 10, 1, "linear")
 
 
 def test_run_sft_cosine_schedule_reaches_a_tenth_of_the_lr(tiny_model):

@@ -7,10 +7,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from stratarl.trainer.batch import collate_sequences
-from stratarl.trainer.flops import (LayerShape, head_flops, layer_call_flops, matmul_params, nominal_flops,
+from stratarl.infra.flops import (LayerShape, head_flops, layer_call_flops, matmul_params, nominal_flops,
                                     record_decoder_calls)
 from stratarl.trainer.logprobs import response_logprobs
-from stratarl.trainer.setup import freeze_all_but_last_layers
+from stratarl.models import freeze_all_but_last_layers
 
 # hidden H = 8, 2 heads of 4 (d = 8), 2 KV heads, MLP 16, vocabulary V = 50, 2 layers.
 # Matmul weights per layer p = q, k, v, o (4 x 8 x 8 = 256) + gate, up, down (3 x 8 x 16 = 384) = 640.
@@ -106,7 +106,7 @@ def test_matmul_part_matches_flop_counter_mode(smollm2_tokenizer, frozen):
     """Our projection + head FLOPs equal torch's GEMM count. Tolerance: none needed beyond float summation
     (rtol 1e-9): both sides count 2 m n k per GEMM; the ops torch leaves out of ``mm`` (embedding backward,
     norms, softmax) we leave out too, and attention (an SDPA kernel on CPU) is compared separately below."""
-    from stratarl.data.models import build_tiny_model
+    from stratarl.models import build_tiny_model
 
     model = build_tiny_model(smollm2_tokenizer, num_layers=3, seed=0)
     model.config.use_cache = False
@@ -134,7 +134,7 @@ def test_attention_matches_flop_counter_mode_with_eager_attention(smollm2_tokeni
     """On CPU torch's counter does not see inside the SDPA kernel, but eager attention is two matmuls
     (QK^T, AV) per head: with it, torch's whole GEMM count equals our total (projections, attention
     scores over all computed (query, key) pairs, head), forward and backward; same tolerance reasoning."""
-    from stratarl.data.models import build_tiny_model
+    from stratarl.models import build_tiny_model
 
     model = build_tiny_model(smollm2_tokenizer, num_layers=3, seed=0)
     model.config.use_cache = False

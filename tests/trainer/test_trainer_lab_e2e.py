@@ -56,7 +56,7 @@ def test_lab_config_is_the_documented_recipe():
     assert cfg.rollout.group_size * cfg.trainer.prompts_per_step >= 32 and cfg.rollout.max_turns == 3 and cfg.rollout.stop_on_eos
     assert cfg.data.max_eval_examples >= 200 and cfg.data.synthetic.options["num_test"] >= 200
     demo = load_config(CONFIGS / "demo.yaml")
-    from stratarl.trainer.sft import warm_start_cache_dir
+    from stratarl.trainer.warmstart import warm_start_cache_dir
 
     assert warm_start_cache_dir(demo) == warm_start_cache_dir(cfg)  # the demo reuses the lab's warm start
 

@@ -218,15 +218,14 @@ def test_chunked_response_pass_equals_the_plain_pass(tiny_model, smollm2_tokeniz
     # gradients must equal the plain pass all the same.
     import copy
 
-    import stratarl.trainer.logprobs as logprobs
+    from stratarl.infra import flops
 
-    calls = []
-    original = logprobs.response_chunks
-    monkeypatch.setattr(logprobs, "PASS_OVERHEAD_FLOPS_PER_LAYER", 0.0)
-    monkeypatch.setattr(logprobs, "response_chunks", lambda *a, **k: calls.append(original(*a, **k)) or calls[-1])
+    monkeypatch.setattr(flops, "PASS_OVERHEAD_FLOPS_PER_LAYER", 0.0)
     model = copy.deepcopy(tiny_model).train()
-    batch, results = _both_ways(model, smollm2_tokenizer.pad_token_id)
-    assert calls and len(calls[-1]) > 1
+    with flops.record_decoder_calls(model) as record:
+        batch, results = _both_ways(model, smollm2_tokenizer.pad_token_id)
+    # Layer 0 ran once for the plain pass, once for the shared prompts, then once per response chunk.
+    assert sum(1 for call in record.calls if call[0] == 0) > 3
     (plain, plain_grads), (shared, shared_grads) = results[False], results[True]
     mask = batch.response_mask.bool()
     for key in ("logprobs", "entropy"):

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from stratarl.trainer.metrics import MetricsLogger, PhaseTimer, format_step_line, read_metrics
-from stratarl.trainer.report import build_report
+from stratarl.infra.metrics import MetricsLogger, PhaseTimer, format_step_line, read_metrics
+from stratarl.evaluation.report import build_report
 
 
 def test_logger_writes_jsonl_and_tensorboard(tmp_path):

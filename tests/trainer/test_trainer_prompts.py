@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stratarl.rollout.prompt import encode_prompt
-from stratarl.trainer.rollouts import encode_prompts
+from stratarl.rollout.collect import encode_prompts
 from stratarl.trainer.synthetic import load_synthetic_task
 
 

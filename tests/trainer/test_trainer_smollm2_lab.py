@@ -38,7 +38,7 @@ def test_every_reduced_key_is_one_of_the_config():
         assert key in shipped[section], override
     cfg = load_config(CONFIG, REDUCED)
     assert cfg.model.name == "smollm2-135m-instruct" and cfg.rollout.prompt_template == "search_r1"
-    assert cfg.sft.source == "worlds" and cfg.sft.probe_every > 0 and cfg.algo.spec.advantage == "grpo"
+    assert cfg.sft.source == "worlds" and cfg.sft.probe_every > 0 and cfg.algorithm.advantage == "grpo"
 
 
 def test_smollm2_lab_demo_runs_end_to_end(tmp_path):

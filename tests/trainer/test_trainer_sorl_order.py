@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,17 +16,16 @@ from stratarl.trainer.update import build_learner, optimizer_step, score_batch
 
 def _step(tiny_model, *overrides):
     cfg = load_config(None, ["model.name=tiny-random", "algo.kl_coef=0.0", "trainer.logprob_chunk_tokens=7",
-                             "algo.name=grpo", "algo.sorl_normalize=true", "algo.sorl_delta=1e-6",
+                             "algo.name=grpo", "algo.normalizer=sorl", "algo.sorl_delta=1e-6",
                              "optim.name=sgd", "optim.lr=1.0", *overrides])
     learner = build_learner(copy.deepcopy(tiny_model), cfg, total_optimizer_steps=1)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(4)]
     responses = [torch.randint(3, 500, (8,), generator=g).tolist() for _ in range(4)]
-    batch = collate_sequences(prompts, responses, [[1, 1, 1, 0, 0, 1, 1, 1]] * 4, pad_id=0)
-    batch.advantages = torch.tensor([1.0, -1.0, 0.5, 2.0])[:, None] * batch.response_mask
-    batch.returns = batch.advantages.clone()
-    batch = score_batch(learner, batch, cfg)
-    batch.old_logprobs = batch.old_logprobs - 2.0 * batch.response_mask  # every ratio clipped: ||C|| > 0
+    tokens = collate_sequences(prompts, responses, [[1, 1, 1, 0, 0, 1, 1, 1]] * 4, pad_id=0)
+    advantages = torch.tensor([1.0, -1.0, 0.5, 2.0])[:, None] * tokens.response_mask
+    batch = score_batch(learner, tokens, cfg).with_advantages(advantages, advantages.clone())
+    batch = replace(batch, old_logprobs=batch.old_logprobs - 2.0 * batch.response_mask)  # all clipped: ||C|| > 0
     return optimizer_step(learner, batch, cfg)
 
 

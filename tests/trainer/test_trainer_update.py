@@ -4,6 +4,7 @@ observation tokens inert, SORL metrics, the critic's isolation."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -25,11 +26,14 @@ def _batch(seed: int = 0, rows: int = 6):
         if n > 4:
             mask[2:4] = [0, 0]
         prompts.append(p), responses.append(resp), masks.append(mask)
-    batch = collate_sequences(prompts, responses, masks, pad_id=0)
-    adv = torch.randn(rows, generator=g)
-    batch.advantages = adv[:, None] * batch.response_mask
-    batch.returns = batch.advantages.clone()
-    return batch
+    tokens = collate_sequences(prompts, responses, masks, pad_id=0)
+    return tokens, torch.randn(rows, generator=g)[:, None] * tokens.response_mask
+
+
+def _train_batch(learner, cfg, seed: int = 0, rows: int = 6):
+    """``_batch(seed)`` scored by ``learner`` (recomputed old log-probs), with its advantages as returns too."""
+    tokens, advantages = _batch(seed, rows)
+    return score_batch(learner, tokens, cfg).with_advantages(advantages, advantages.clone())
 
 
 def _cfg(*overrides):
@@ -48,8 +52,8 @@ def _by_micro_batch_budget(tiny_model, *overrides):
     for budget in (10_000, 12):  # one micro-batch vs one row at a time
         cfg = _cfg(f"trainer.micro_batch_tokens={budget}", "algo.entropy_coef=0.01", *overrides)
         learner = build_learner(model, cfg, total_optimizer_steps=1)
-        batch = score_batch(learner, _batch(), cfg)
-        batch.old_logprobs = batch.old_logprobs - 0.05  # off-policy: ratios != 1, some clipped
+        batch = _train_batch(learner, cfg)
+        batch = replace(batch, old_logprobs=batch.old_logprobs - 0.05)  # off-policy: ratios != 1, some clipped
         model.zero_grad(set_to_none=True)
         metrics = accumulate_gradients(learner, batch, cfg)
         results.append((_grads(model), metrics, batch))
@@ -69,7 +73,7 @@ def test_first_step_is_on_policy(tiny_model):
     model = copy.deepcopy(tiny_model)
     cfg = _cfg("trainer.micro_batch_tokens=40")
     learner = build_learner(model, cfg, total_optimizer_steps=1)
-    batch = score_batch(learner, _batch(1), cfg)
+    batch = _train_batch(learner, cfg, 1)
     metrics = accumulate_gradients(learner, batch, cfg)
     assert metrics["loss/clip_frac"] == 0.0
     torch.testing.assert_close(metrics["loss/ratio_max"], 1.0)
@@ -80,16 +84,16 @@ def test_observation_tokens_never_contribute(tiny_model):
     model = copy.deepcopy(tiny_model)
     cfg = _cfg("algo.kl_coef=0.1", "algo.entropy_coef=0.1")
     learner = build_learner(model, cfg, total_optimizer_steps=1)
-    batch = score_batch(learner, _batch(2), cfg)
-    batch.old_logprobs = batch.old_logprobs + 0.1
+    batch = _train_batch(learner, cfg, 2)
+    batch = replace(batch, old_logprobs=batch.old_logprobs + 0.1)
     model.zero_grad(set_to_none=True)
     accumulate_gradients(learner, batch, cfg)
     reference = _grads(model)
     # Scribble on every masked (observation / padding) entry of the loss inputs.
     off = batch.response_mask == 0
-    batch.advantages = torch.where(off, torch.full_like(batch.advantages, 1e3), batch.advantages)
-    batch.old_logprobs = torch.where(off, torch.full_like(batch.old_logprobs, -50.0), batch.old_logprobs)
-    batch.ref_logprobs = torch.where(off, torch.full_like(batch.ref_logprobs, 7.0), batch.ref_logprobs)
+    batch = replace(batch, advantages=torch.where(off, torch.full_like(batch.advantages, 1e3), batch.advantages),
+                    old_logprobs=torch.where(off, torch.full_like(batch.old_logprobs, -50.0), batch.old_logprobs),
+                    ref_logprobs=torch.where(off, torch.full_like(batch.ref_logprobs, 7.0), batch.ref_logprobs))
     model.zero_grad(set_to_none=True)
     accumulate_gradients(learner, batch, cfg)
     for a, b in zip(reference, _grads(model)):
@@ -98,13 +102,13 @@ def test_observation_tokens_never_contribute(tiny_model):
 
 def test_so_grpo_logs_sorl_metrics_and_is_plain_ppo_when_nothing_clipped(tiny_model):
     cfg_so = _cfg("algo.name=so_grpo", "trainer.epochs=1", "trainer.mini_batches=1", "optim.grad_clip=0")
-    cfg_ppo = _cfg("algo.name=grpo", "algo.turn_level_ratio=true", "trainer.epochs=1", "trainer.mini_batches=1",
+    cfg_ppo = _cfg("algo.name=grpo", "algo.ratio_level=turn", "trainer.epochs=1", "trainer.mini_batches=1",
                    "optim.grad_clip=0")
     finals = []
     for cfg in (cfg_so, cfg_ppo):
         model = copy.deepcopy(tiny_model)
         learner = build_learner(model, cfg, total_optimizer_steps=1)
-        batch = score_batch(learner, _batch(3), cfg)
+        batch = _train_batch(learner, cfg, 3)
         metrics = update_policy(learner, batch, cfg, torch.Generator().manual_seed(0))
         finals.append([p.detach().clone() for p in model.parameters()])
         if cfg is cfg_so:
@@ -119,8 +123,8 @@ def test_so_grpo_shrinks_a_heavily_clipped_step(tiny_model):
     cfg = _cfg("algo.name=so_grpo", "algo.sorl_delta=1e-6")
     model = copy.deepcopy(tiny_model)
     learner = build_learner(model, cfg, total_optimizer_steps=1)
-    batch = score_batch(learner, _batch(4), cfg)
-    batch.old_logprobs = batch.old_logprobs - 2.0 * batch.response_mask  # ratio e^2: far outside the clip range
+    batch = _train_batch(learner, cfg, 4)
+    batch = replace(batch, old_logprobs=batch.old_logprobs - 2.0 * batch.response_mask)  # ratio e^2: clipped
     model.zero_grad(set_to_none=True)
     metrics = accumulate_gradients(learner, batch, cfg)
     assert metrics["loss/clip_frac"] > 0
@@ -134,9 +138,9 @@ def test_ppo_critic_learns_without_touching_the_policy_gradient(tiny_model):
     model = copy.deepcopy(tiny_model)
     learner = build_learner(model, cfg, total_optimizer_steps=1)
     assert learner.value_head is not None
-    batch = score_batch(learner, _batch(5), cfg)
+    batch = _train_batch(learner, cfg, 5)
     assert batch.old_values is not None and batch.old_values.abs().sum() == 0  # zero-initialised head
-    batch.returns = batch.advantages + 1.0 * batch.response_mask
+    batch = replace(batch, returns=batch.advantages + 1.0 * batch.response_mask)
     model.zero_grad(set_to_none=True)
     accumulate_gradients(learner, batch, cfg)
     with_critic = _grads(model)
@@ -159,7 +163,7 @@ def test_reference_model_is_frozen_copy(tiny_model):
 
 
 def test_small_policies_run_their_step_on_one_thread():
-    from stratarl.trainer.rl import SINGLE_THREAD_MAX_PARAMS, step_threads
+    from stratarl.infra.threads import SINGLE_THREAD_MAX_PARAMS, step_threads
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -216,9 +220,9 @@ def _on_policy_gradient(tiny_model, name: str, advantages: torch.Tensor) -> list
     model = copy.deepcopy(tiny_model)
     cfg = _cfg(f"algo.name={name}")
     learner = build_learner(model, cfg, total_optimizer_steps=1)
-    batch = score_batch(learner, _batch(6), cfg)
-    batch.advantages = advantages * batch.response_mask
-    batch.returns = batch.advantages.clone()
+    tokens, _ = _batch(6)
+    batch = score_batch(learner, tokens, cfg).with_advantages(advantages * tokens.response_mask,
+                                                               advantages * tokens.response_mask)
     model.zero_grad(set_to_none=True)
     metrics = accumulate_gradients(learner, batch, cfg)
     assert metrics["loss/clip_frac"] == 0.0  # on-policy: nothing clipped, C = 0
@@ -229,8 +233,7 @@ def test_on_policy_so_grpo_equals_grpo_but_so_ppo_differs_from_ppo(tiny_model):
     """On-policy with nothing clipped, the turn ratio pushes each token by its turn's mean advantage. GRPO's
     advantage is constant over a rollout, so SO-GRPO's gradient is GRPO's; GAE advantages vary inside a turn,
     so SO-PPO's is not PPO's: it is PPO's gradient with every advantage replaced by its turn's mean."""
-    mask = score_batch(build_learner(copy.deepcopy(tiny_model), _cfg(), total_optimizer_steps=1), _batch(6),
-                       _cfg()).response_mask
+    mask = _batch(6)[0].response_mask
     per_rollout = torch.randn(mask.shape[0], 1, generator=torch.Generator().manual_seed(1)).expand_as(mask).clone()
     for a, b in zip(_on_policy_gradient(tiny_model, "so_grpo", per_rollout),
                     _on_policy_gradient(tiny_model, "grpo", per_rollout)):

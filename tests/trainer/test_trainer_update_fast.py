@@ -5,16 +5,17 @@ are frozen."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
-from stratarl.data.models import build_tiny_model
+from stratarl.models import build_tiny_model
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import load_config
-from stratarl.trainer.flops import record_decoder_calls
+from stratarl.infra.flops import record_decoder_calls
 from stratarl.trainer.prefix import frozen_prefix, group_micro_batches, unsupported_reason
-from stratarl.trainer.setup import freeze_all_but_last_layers
+from stratarl.models import freeze_all_but_last_layers
 from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch, update_policy
 
 
@@ -41,10 +42,14 @@ def _grouped_batch(seed: int = 0, groups: int = 3, group_size: int = 3):
             prompts.append(prompt)
             responses.append(torch.randint(3, 500, (n,), generator=g).tolist())
             masks.append(mask)
-    batch = collate_sequences(prompts, responses, masks, pad_id=0)
-    batch.advantages = torch.randn(batch.size, 1, generator=g) * batch.response_mask
-    batch.returns = batch.advantages.clone()
-    return batch
+    tokens = collate_sequences(prompts, responses, masks, pad_id=0)
+    return tokens, torch.randn(tokens.size, 1, generator=g) * tokens.response_mask
+
+
+def _train_batch(learner, cfg, seed: int = 0):
+    """``_grouped_batch(seed)`` scored by ``learner`` (recomputed old log-probs), with its advantages."""
+    tokens, advantages = _grouped_batch(seed)
+    return score_batch(learner, tokens, cfg).with_advantages(advantages, advantages.clone())
 
 
 def _cfg(*overrides):
@@ -58,12 +63,15 @@ def _grads(model, value_head=None):
     return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
 
 
-def _params_after_update(frozen_model, cfg, impl: str, *, batch_seed: int, optimizer_steps: int):
-    """The parameters of a copy of ``frozen_model`` after ``update_policy(impl=impl)`` on a scored batch."""
+def _params_after_update(frozen_model, cfg, impl: str, *, batch_seed: int, optimizer_steps: int, hook=None):
+    """The parameters of a copy of ``frozen_model`` after ``update_policy(impl=impl)`` on a scored batch
+    (``hook``: a forward hook on the frozen layer 0's down projection while it runs)."""
     model = copy.deepcopy(frozen_model)
+    handle = model.model.layers[0].mlp.down_proj.register_forward_hook(hook) if hook is not None else None
     learner = build_learner(model, cfg, total_optimizer_steps=optimizer_steps)
-    batch = score_batch(learner, _grouped_batch(batch_seed), cfg)
-    update_policy(learner, batch, cfg, torch.Generator().manual_seed(0), impl=impl)
+    update_policy(learner, _train_batch(learner, cfg, batch_seed), cfg, torch.Generator().manual_seed(0), impl=impl)
+    if handle is not None:
+        handle.remove()
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -82,8 +90,9 @@ def test_fast_gradients_equal_the_reference(frozen_model, overrides):
     for impl in ("reference", "fast"):
         model = copy.deepcopy(frozen_model)
         learner = build_learner(model, cfg, total_optimizer_steps=1)
-        batch = score_batch(learner, _grouped_batch(), cfg)
-        batch.old_logprobs = batch.old_logprobs - 0.1 * batch.response_mask  # off-policy: some ratios clipped
+        batch = _train_batch(learner, cfg)
+        # off-policy: some ratios clipped
+        batch = dataclasses.replace(batch, old_logprobs=batch.old_logprobs - 0.1 * batch.response_mask)
         if learner.value_head is not None:  # a non-zero critic, so the value loss has a gradient
             torch.nn.init.normal_(learner.value_head.linear.weight, std=0.1, generator=torch.Generator().manual_seed(0))
         rows = list(range(batch.size))
@@ -116,9 +125,9 @@ def test_fast_update_policy_equals_the_reference_over_epochs_and_mini_batches(fr
 
 def test_fast_gradients_equal_the_reference_with_a_pass_per_length(frozen_model, monkeypatch):
     """No fixed cost per pass: ``response_chunks`` gives rows of each length their own pass (prefix and suffix)."""
-    from stratarl.trainer import logprobs
+    from stratarl.infra import flops
 
-    monkeypatch.setattr(logprobs, "PASS_OVERHEAD_FLOPS_PER_LAYER", 0.0)
+    monkeypatch.setattr(flops, "PASS_OVERHEAD_FLOPS_PER_LAYER", 0.0)
     test_fast_gradients_equal_the_reference(frozen_model, ["algo.name=so_grpo"])
 
 
@@ -130,11 +139,11 @@ def test_frozen_layers_run_once_per_batch_in_the_fast_update(frozen_model):
     for impl in ("reference", "fast"):
         model = copy.deepcopy(frozen_model)
         learner = build_learner(model, cfg, total_optimizer_steps=4)
-        batch = score_batch(learner, _grouped_batch(2), cfg)
+        batch = _train_batch(learner, cfg, 2)
         with record_decoder_calls(model) as record:
             update_policy(learner, batch, cfg, torch.Generator().manual_seed(0), impl=impl)
         counts[impl] = sum(r * q for layer, r, q, _, _, _ in record.calls if layer == 0)
-    batch = _grouped_batch(2)
+    batch, _ = _grouped_batch(2)
     unique_prompt_tokens = 3 * int(batch.prompt_lengths.max())  # 3 prompts, left-padded to the longest
     assert counts["fast"] <= unique_prompt_tokens + batch.size * int(batch.response_lengths.max())
     assert counts["reference"] > 2 * counts["fast"]
@@ -166,29 +175,17 @@ def test_an_unknown_update_impl_is_refused(frozen_model):
     cfg = _cfg()
     learner = build_learner(copy.deepcopy(frozen_model), cfg, total_optimizer_steps=1)
     with pytest.raises(ValueError, match="update impl 'quick' is not one of"):
-        update_policy(learner, _grouped_batch(), cfg, torch.Generator().manual_seed(0), impl="quick")
+        update_policy(learner, _train_batch(learner, cfg), cfg, torch.Generator().manual_seed(0), impl="quick")
 
 
-def test_fast_update_under_bf16_runs_the_frozen_prefix_in_bf16_and_tracks_the_reference(frozen_model, monkeypatch):
+def test_fast_update_under_bf16_runs_the_frozen_prefix_in_bf16_and_tracks_the_reference(frozen_model):
     """trainer.precision=bf16: the frozen layers' forward runs under autocast too (their matmuls give
     bf16), and the fast update's parameter steps stay within bf16 rounding of the reference update's."""
-    from stratarl.trainer import update as update_module
-
     cfg = _cfg("trainer.precision=bf16", "algo.name=grpo")
-    prefix_dtypes: list[torch.dtype] = []
-    real = update_module.frozen_prefix
-
-    def spy(model, *args, **kwargs):
-        frozen_proj = model.model.layers[0].mlp.down_proj  # layer 0 is frozen
-        hook = frozen_proj.register_forward_hook(lambda m, i, out: prefix_dtypes.append(out.dtype))
-        try:
-            return real(model, *args, **kwargs)
-        finally:
-            hook.remove()
-
-    monkeypatch.setattr(update_module, "frozen_prefix", spy)
-    params = [_params_after_update(frozen_model, cfg, impl, batch_seed=2, optimizer_steps=1)
-              for impl in ("reference", "fast")]
+    prefix_dtypes: list[torch.dtype] = []  # layer 0 is frozen: in the fast update it runs only in the prefix
+    params = [_params_after_update(frozen_model, cfg, "reference", batch_seed=2, optimizer_steps=1),
+              _params_after_update(frozen_model, cfg, "fast", batch_seed=2, optimizer_steps=1,
+                                   hook=lambda m, i, out: prefix_dtypes.append(out.dtype))]
     assert prefix_dtypes and set(prefix_dtypes) == {torch.bfloat16}
     assert all(p.dtype == torch.float32 for p in params[1])
     moved = [not torch.equal(a, b) for a, b in zip(params[0], frozen_model.parameters())]

@@ -9,6 +9,7 @@ and where SORL's factor is applied. Spies record what the real functions receive
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -39,53 +40,54 @@ def strata_key(reward_path):
 
 
 @pytest.fixture
-def spy(monkeypatch):
-    """Records the batch the update receives, every policy-loss call, and the optimizer steps between them."""
-    import stratarl.trainer.rollouts as rollouts
-    import stratarl.trainer.update as update
-
+def spy():
+    """Records the collected rollouts, the batch the update receives (and its prefix), every policy-loss call,
+    and the optimizer steps between them; ``spy["install"](run)`` injects the recorders into a built run."""
     record = {"collected": None, "batch": None, "loss_calls": []}
-    real_collect, real_update, real_loss = rollouts.collect, update.update_policy, update.get_policy_loss
 
-    def collect(*args, **kwargs):
-        record["collected"] = real_collect(*args, **kwargs)
-        return record["collected"]
+    def install(run):
+        real_collect, real_update, real_loss = run.parts.collect, run.parts.update, run.learner.policy_loss
+        name = run.cfg.algorithm.policy_loss
 
-    def update_policy(learner, batch, cfg, generator, **kwargs):
-        record["batch"] = copy.deepcopy(batch)
-        record["optimizer_steps"] = 0
+        def collect(*args, **kwargs):
+            record["collected"] = real_collect(*args, **kwargs)
+            return record["collected"]
 
-        def counted(*_):
-            record["optimizer_steps"] += 1
+        def update_policy(learner, batch, cfg, generator, **kwargs):
+            record["batch"], record["prefix"] = copy.deepcopy(batch), kwargs.get("prefix")
+            record["optimizer_steps"] = 0
 
-        handle = learner.optimizer.register_step_post_hook(counted)
-        try:
-            return real_update(learner, batch, cfg, generator, **kwargs)
-        finally:
-            handle.remove()
+            def counted(*_):
+                record["optimizer_steps"] += 1
 
-    def get_policy_loss(name):
-        fn = real_loss(name)
+            handle = learner.optimizer.register_step_post_hook(counted)
+            try:
+                return real_update(learner, batch, cfg, generator, **kwargs)
+            finally:
+                handle.remove()
 
-        def recorded(logprobs, old_logprobs, advantages, mask, **kwargs):
-            record["loss_calls"].append({"name": name, "after_steps": record.get("optimizer_steps", 0),
+        def policy_loss(logprobs, old_logprobs, advantages, mask, **kwargs):
+            record["loss_calls"].append({"name": name, "level": kwargs.get("level"),
+                                         "after_steps": record.get("optimizer_steps", 0),
                                          "log_ratio": (logprobs - old_logprobs).detach() * mask, "mask": mask.clone()})
-            return fn(logprobs, old_logprobs, advantages, mask, **kwargs)
+            return real_loss(logprobs, old_logprobs, advantages, mask, **kwargs)
 
-        return recorded
+        run.parts = dataclasses.replace(run.parts, collect=collect, update=update_policy)
+        run.learner.policy_loss = policy_loss
 
-    monkeypatch.setattr(rollouts, "collect", collect)
-    monkeypatch.setattr(update, "update_policy", update_policy)
-    monkeypatch.setattr(update, "get_policy_loss", get_policy_loss)
+    record["install"] = install
     return record
 
 
-def _step(tmp_path, tiny_overrides, *overrides, name="run"):
-    """One real RL step of the tiny config; returns (run, metrics)."""
-    from stratarl.trainer.rl import build_run, rl_step
+def _step(tmp_path, tiny_overrides, *overrides, name="run", spy=None):
+    """One real RL step of the tiny config (with ``spy``'s recorders injected); returns (run, metrics)."""
+    from stratarl.trainer.run import build_run
+    from stratarl.trainer.step import rl_step
 
     cfg = load_config(TINY, [*tiny_overrides, "trainer.prompts_per_step=4", "rollout.group_size=4", *overrides])
     run = build_run(cfg, tmp_path / name)
+    if spy is not None:
+        spy["install"](run)
     try:
         return run, rl_step(run)
     finally:
@@ -113,7 +115,7 @@ def _expected_advantages(name, record, cfg_alpha=0.6, strata=None):
 
 @pytest.mark.parametrize("name", ["grpo", "stratified_grpo", "ppo", "so_ppo", "so_grpo"])
 def test_the_update_uses_the_presets_own_estimator(name, tmp_path, tiny_overrides, strata_key, spy):
-    _, metrics = _step(tmp_path, tiny_overrides, f"algo.name={name}", f"algo.stratum_key={strata_key}")
+    _, metrics = _step(tmp_path, tiny_overrides, f"algo.name={name}", f"algo.stratum_key={strata_key}", spy=spy)
     strata = spy["collected"].strata
     used = spy["batch"].advantages
     expected = _expected_advantages(name, spy, strata=strata)
@@ -134,7 +136,7 @@ def test_alpha_changes_the_update_exactly_when_strata_differ(tmp_path, tiny_over
     for key in (strata_key, "stratarl_test_one_stratum:same"):
         for alpha in (0.2, 0.9):
             _step(tmp_path, tiny_overrides, "algo.name=stratified_grpo", f"algo.alpha={alpha}",
-                  f"algo.stratum_key={key}", name=f"{key.split(':')[1]}-{alpha}")
+                  f"algo.stratum_key={key}", name=f"{key.split(':')[1]}-{alpha}", spy=spy)
             advantages[key, alpha] = spy["batch"].advantages
     assert not torch.allclose(advantages[strata_key, 0.2], advantages[strata_key, 0.9], atol=1e-4)
     torch.testing.assert_close(advantages["stratarl_test_one_stratum:same", 0.2],
@@ -156,7 +158,7 @@ def test_delta_changes_the_update_exactly_when_the_clip_bias_norm_exceeds_it(tmp
         runs = {}
         for normalise in (True, False):
             run, metrics = _step(tmp_path, tiny_overrides, *common, "algo.name=so_grpo",
-                                 f"algo.sorl_normalize={str(normalise).lower()}", f"algo.sorl_delta={delta}",
+                                 f"algo.normalizer={'sorl' if normalise else 'none'}", f"algo.sorl_delta={delta}",
                                  f"optim.lr={lr * delta if normalise else lr}", name=f"d{delta}-{normalise}")
             runs[normalise] = (_params(run), metrics)
         metrics = runs[True][1]
@@ -177,7 +179,7 @@ def test_delta_changes_the_update_exactly_when_the_clip_bias_norm_exceeds_it(tmp
 @pytest.mark.parametrize("source", ["rollout", "recompute"])
 def test_first_optimizer_step_ratios_are_one(temperature, source, tmp_path, tiny_overrides, spy):
     _step(tmp_path, tiny_overrides, "algo.name=grpo", f"rollout.temperature={temperature}",
-          f"algo.old_logprobs={source}", "trainer.epochs=1", "trainer.mini_batches=2")
+          f"algo.old_logprobs={source}", "trainer.epochs=1", "trainer.mini_batches=2", spy=spy)
     first = [c for c in spy["loss_calls"] if c["after_steps"] == 0]
     later = [c for c in spy["loss_calls"] if c["after_steps"] > 0]
     assert first and later
@@ -208,20 +210,18 @@ def test_observation_positions_never_move_the_gradient(tiny_model):
             prompts = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(4)]
             responses = [torch.randint(3, 500, (8,), generator=g).tolist() for _ in range(4)]
             masks = [[1, 1, 1, 0, 0, 1, 1, 1]] * 4  # an observation block between two turns
-            batch = collate_sequences(prompts, responses, masks, pad_id=0)
-            batch.advantages = torch.tensor([1.0, -1.0, 0.5, 2.0])[:, None] * batch.response_mask
-            batch.returns = batch.advantages.clone()
-            batch = score_batch(learner, batch, cfg)
-            batch.old_logprobs = batch.old_logprobs - 0.3 * batch.response_mask  # off-policy: clipping engages
+            tokens = collate_sequences(prompts, responses, masks, pad_id=0)
+            advantages = torch.tensor([1.0, -1.0, 0.5, 2.0])[:, None] * tokens.response_mask
+            batch = score_batch(learner, tokens, cfg).with_advantages(advantages, advantages.clone())
             obs = (batch.response_mask == 0).float()
             obs[:, 8:] = 0.0
             assert obs.sum() == 8
-            batch.advantages = batch.advantages + poison * 50.0 * obs
-            batch.returns = batch.returns - poison * 9.0 * obs
-            batch.old_logprobs = batch.old_logprobs + poison * 3.0 * obs
-            batch.ref_logprobs = batch.ref_logprobs - poison * 3.0 * obs
-            if batch.old_values is not None:
-                batch.old_values = batch.old_values + poison * 7.0 * obs
+            batch = dataclasses.replace(
+                batch, advantages=batch.advantages + poison * 50.0 * obs, returns=batch.returns - poison * 9.0 * obs,
+                # off-policy (clipping engages), and poisoned at the observation positions
+                old_logprobs=batch.old_logprobs - 0.3 * batch.response_mask + poison * 3.0 * obs,
+                ref_logprobs=batch.ref_logprobs - poison * 3.0 * obs,
+                old_values=None if batch.old_values is None else batch.old_values + poison * 7.0 * obs)
             accumulate_gradients(learner, batch, cfg)
             grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
         assert grads[0]
@@ -236,10 +236,10 @@ def test_observation_positions_never_move_the_gradient(tiny_model):
                                                           ("ppo", False, False), ("so_ppo", True, True),
                                                           ("so_grpo", True, True)])
 def test_sorl_parts_of_each_preset_in_a_real_step(name, normalises, turn_level, tmp_path, tiny_overrides, spy):
-    run, metrics = _step(tmp_path, tiny_overrides, f"algo.name={name}")
+    run, metrics = _step(tmp_path, tiny_overrides, f"algo.name={name}", spy=spy)
     assert (run.learner.normalizer is not None) is normalises
     assert ("sorl/scale" in metrics) is normalises
-    assert {c["name"] for c in spy["loss_calls"]} == {"sorl" if turn_level else "ppo"}
+    assert {(c["name"], c["level"]) for c in spy["loss_calls"]} == {("ppo", "turn" if turn_level else "token")}
     assert ("loss/clip_frac_turn" in metrics) is turn_level
     assert (run.learner.value_head is not None) is (name in ("ppo", "so_ppo"))
 
@@ -251,7 +251,7 @@ def test_grpo_normalises_each_prompts_rollouts_as_one_group(tmp_path, tiny_overr
     """Groups come from the prompts themselves, not from the trainer's own group ids: rollouts that share a
     prompt form one group of G, and the advantages are GRPO's over those groups. Fails if a step's rollouts
     are normalised as one group, or if rollouts of different prompts share a group id."""
-    _step(tmp_path, tiny_overrides, "algo.name=grpo")
+    _step(tmp_path, tiny_overrides, "algo.name=grpo", spy=spy)
     collected, batch = spy["collected"], spy["batch"]
     prompts = [tuple(r.prompt_ids) for r in collected.rollouts]
     assert len(set(prompts)) == 4 and all(prompts.count(p) == 4 for p in prompts)
@@ -302,22 +302,13 @@ def test_held_out_eval_decodes_greedily(tmp_path, tiny_overrides):
 # --------------------------------------------------------------------------- the frozen prefix from the rollouts
 
 
-def test_the_step_takes_the_frozen_prefix_from_its_rollouts(tmp_path, tiny_overrides, spy, monkeypatch):
+def test_the_step_takes_the_frozen_prefix_from_its_rollouts(tmp_path, tiny_overrides, spy):
     """With frozen lower layers, the update's prefix is the one the generator captured (no second pass over
     the frozen layers), and it equals what ``frozen_prefix`` computes for the same batch."""
-    import stratarl.trainer.update as update
     from stratarl.trainer.prefix import frozen_prefix
 
-    seen = {}
-    real = update.update_policy
-
-    def keep_prefix(learner, batch, cfg, generator, **kwargs):
-        seen["prefix"] = kwargs.get("prefix")
-        return real(learner, batch, cfg, generator, **kwargs)
-
-    monkeypatch.setattr(update, "update_policy", keep_prefix)
-    run, metrics = _step(tmp_path, tiny_overrides, "algo.name=grpo", "model.trainable_layers=1")
-    prefix, batch = seen["prefix"], spy["batch"]
+    run, metrics = _step(tmp_path, tiny_overrides, "algo.name=grpo", "model.trainable_layers=1", spy=spy)
+    prefix, batch = spy["prefix"], spy["batch"]
     assert metrics["perf/prefix_from_rollouts"] == 1.0 and prefix.source == "rollouts"
     computed = frozen_prefix(run.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
     valid = computed.prompt_valid[..., None]

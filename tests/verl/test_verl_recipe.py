@@ -54,7 +54,7 @@ def test_recipe_composes_and_passes_verl_validation(name, monkeypatch):
         assert (actor.policy_loss.loss_mode, actor.policy_loss.sorl_delta) == ("sorl", 1.0)
     else:
         assert actor.policy_loss.loss_mode == "vanilla"
-    # Search-R1 setup (ALGORITHMS.md §3).
+    # Search-R1 setup (docs/algorithms.md §3).
     assert cfg.actor_rollout_ref.rollout.n == 5
     assert cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 4
     assert (actor.clip_ratio, actor.kl_loss_coef, actor.kl_loss_type) == (0.2, 0.001, "low_var_kl")

@@ -182,7 +182,7 @@ def test_sorl_step_at_old_policy_is_plain_turn_ppo_bit_for_bit():
 
 
 def test_update_norm_is_bounded_by_ppo_gradient_over_delta():
-    # ‖g‖ ≤ ‖∇J_PPO‖ / δ (ALGORITHMS.md §2).
+    # ‖g‖ ≤ ‖∇J_PPO‖ / δ (docs/algorithms.md §2).
     model = tiny_lm(seed=2)
     data = make_batch(model, off_policy=1.0, seed=2)
     plain = CpuEngine(copy.deepcopy(model), micro_batch_size=3)

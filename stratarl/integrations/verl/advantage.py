@@ -1,7 +1,7 @@
 """veRL advantage estimator ``stratified_grpo``: Stratified GRPO on veRL's batch layout.
 
 veRL calls a registered estimator as ``fn(token_level_rewards, response_mask, index, config=...)``
-with no per-sample metadata (COMPATIBILITY.md), so the stratum key is recovered from the mask:
+with no per-sample metadata (docs/compatibility.md), so the stratum key is recovered from the mask:
 the number of tool observations of a rollout is the number of runs of 0s between two runs of 1s
 (:func:`stratarl.algos.search_counts`). That is the native trainer's ``algo.stratum_key:
 observation_blocks``, not its default ``num_searches`` (retriever calls run): the two differ on a

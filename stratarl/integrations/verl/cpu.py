@@ -157,8 +157,8 @@ class PlatformStratarlCPU(PlatformBase):
 
 def _register_fsdp_engine_for_cpu() -> None:
     """Let veRL's own FSDP / FSDP2 engines serve ``device=cpu`` (veRL registers them for cuda and npu)."""
-    from verl.workers.engine import EngineRegistry
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from verl.workers.engine import EngineRegistry  # veRL: only in .venv-verl
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # veRL: only in .venv-verl
 
     registry = EngineRegistry._engines.get("language_model", {})
     if all("cpu" in registry.get(backend, {}) for backend in ("fsdp", "fsdp2")):

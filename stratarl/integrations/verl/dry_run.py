@@ -21,7 +21,7 @@ from pathlib import Path
 
 def compose_recipe(config_dir: Path, config_name: str, overrides: list[str]):
     """The recipe's DictConfig as veRL's ``main_ppo`` would receive it (Hydra compose, same search path)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_dir  # veRL: only in .venv-verl
 
     with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
         return compose(config_name=config_name, overrides=list(overrides))
@@ -30,12 +30,12 @@ def compose_recipe(config_dir: Path, config_name: str, overrides: list[str]):
 def validate_recipe(cfg) -> dict[str, object]:
     """veRL's validation + stratarl's, as far as a CPU can; returns the summary printed by :func:`main`."""
     import stratarl.integrations.verl  # noqa: F401  (registers the estimator, losses, worker)
-    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
-    from verl.tools.function_tool import load_function_tools_from_path
-    from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
-    from verl.trainer.ppo.reward import get_custom_reward_fn
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry  # veRL: only in .venv-verl
+    from verl.tools.function_tool import load_function_tools_from_path  # veRL: only in .venv-verl
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn  # veRL: only in .venv-verl
+    from verl.trainer.ppo.reward import get_custom_reward_fn  # veRL: only in .venv-verl
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy  # veRL: only in .venv-verl
+    from verl.utils.config import omega_conf_to_dataclass, validate_config  # veRL: only in .venv-verl
 
     import verl.experimental.agent_loop  # noqa: F401  (registers single_turn_agent / tool_agent)
 

@@ -60,7 +60,7 @@ class HFRolloutServer:
     """A rollout server with veRL's server methods, backed by a ``transformers`` causal LM on the CPU."""
 
     def __init__(self, model_path: str, response_length: int, seed: int = 0) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # start-up cost: the smoke worker only
 
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=torch.float32, attn_implementation="sdpa"

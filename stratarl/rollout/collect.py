@@ -1,66 +1,75 @@
-"""The trainer's side of the rollout engine: groups, rewards, strata, rollout metrics, transcripts.
+"""G rollouts per question, scored and stratified: the stage every RL step, eval and probe starts with.
 
-``collect`` runs G rollouts for each prompt with the real engine and the run's
-retriever (wrapped in a timing proxy so generation and retrieval time are
-reported apart). Groups get fresh ids per prompt occurrence in the batch (never
-the dataset's index: see COMPATIBILITY.md).
+``collect`` runs G rollouts for each question with the real engine and a ``TimedRetriever`` (so generation
+and retrieval time are reported apart), rewards each final answer and gives each rollout its stratum.
+Groups get fresh ids per question occurrence in the batch, never the dataset's index (docs/compatibility.md).
+``Scoring`` is the reward and the stratum key, resolved once per run from their names.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
 from stratarl.algos.turns import search_counts
-from stratarl.data.examples import Example
+from stratarl.infra.callables import resolve_callable
+from stratarl.retrieval.timed import TimedRetriever
 from stratarl.rewards import answer_match, get_reward, reward_for_source
-from stratarl.rollout.engine import RolloutEngine
-from stratarl.rollout.generation import HFGenerator, KVCacheGenerator
+from stratarl.rollout.config import RolloutConfig
+from stratarl.rollout.engine import Rollout, RolloutEngine
+from stratarl.rollout.generation import Generator
 from stratarl.rollout.prompt import encode_messages, encode_prompt
 from stratarl.rollout.transcript import rollout_metrics as engine_rollout_metrics
 from stratarl.rollout.transcript import transcript as engine_transcript
-from stratarl.trainer.callables import resolve_callable
-from stratarl.trainer.config import Config
-from stratarl.trainer.precision import AutocastGenerator, policy_for_model
-from stratarl.trainer.setup import TimedRetriever
+
+STRATUM_KEYS = ("num_searches", "observation_blocks", "answered", "random")
+"""Built-in stratum keys (``algo.stratum_key``); ``random`` is the control the trainer draws from num_searches."""
 
 
-@dataclass
+class Question(Protocol):
+    """What a rollout needs of a question (``stratarl.data.examples.Example`` is one)."""
+
+    id: str
+    question: str
+    golden_answers: tuple[str, ...]
+    data_source: str
+    metadata: Mapping
+    prompt: list | None
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How collected rollouts are scored and stratified: ``reward(response_text, golds)`` (a data source with a
+    reward of its own keeps it, ``stratarl.rewards.reward_for_source``) and ``stratum(rollout) -> int``."""
+
+    reward: Callable[[str, Sequence[str]], float]
+    stratum: Callable[[Rollout], int]
+
+    @classmethod
+    def from_names(cls, reward: str = "em", stratum_key: str = "num_searches", stratum_cap: int | None = None) -> Scoring:
+        """Resolve ``algo.reward`` and ``algo.stratum_key`` once. ``random`` collects the num_searches strata: the
+        trainer permutes them inside each group afterwards (the control arm)."""
+        key = "num_searches" if stratum_key == "random" else stratum_key
+        return cls(reward_function(reward), stratum_function(key, stratum_cap))
+
+
+@dataclass(frozen=True)
 class CollectedBatch:
-    """Rollouts of one step with their question, group id, reward and stratum."""
+    """Rollouts of one step with their question, group id, reward, EM and stratum (all aligned)."""
 
-    rollouts: list
-    examples: list[Example]
+    rollouts: list[Rollout]
+    examples: list[Question]
     group_ids: list[int]
     rewards: list[float]
     em: list[float]
     strata: list[int]
     generation_s: float
     retrieval_s: float
-
-
-def make_generator(model, tokenizer, backend: str, seed: int, precision: str = "auto"):
-    """The ``rollout.backend`` generator for ``model`` on its device: on CUDA `kv_cache` is the generic
-    KV-cache loop (``DevicePolicy.fast_decode``); on a CPU the fast decoder in the policy's compute dtype
-    (bf16 weight copies with bf16). A generic loop in bf16 runs every ``generate`` under autocast."""
-    policy = policy_for_model(model, precision)
-    if backend == "hf":
-        generator = HFGenerator(model, tokenizer, seed=seed)
-    else:
-        generator = KVCacheGenerator(model, tokenizer, seed=seed, fast=policy.fast_decode(backend),
-                                     dtype=policy.compute_dtype)
-        if generator.fast_decoder is not None:
-            return generator  # the fast decoder sets its own dtypes
-    return AutocastGenerator(generator, policy) if policy.autocast_dtype is not None else generator
-
-
-def engine_config(cfg: Config, *, greedy: bool):
-    """The engine's config: the run's ``rollout`` section with ``retrieval.topk`` passages per search."""
-    return cfg.rollout.replace(topk=cfg.retrieval.topk, greedy=greedy)
 
 
 def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
@@ -94,7 +103,7 @@ def reward_function(name: str):
     return resolve_callable(name, "algo.reward", num_args=2)
 
 
-def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = None,
+def encode_prompts(tokenizer, examples: Sequence[Question], cache: dict | None = None,
                    template: str = "search_r1", rebuild: bool = False) -> list[list[int]]:
     """Prompt ids per example: the example's own prompt (a data file's `prompt` column) when it has
     one and ``rebuild`` is off, else ``template`` around the question."""
@@ -116,29 +125,28 @@ def encode_prompts(tokenizer, examples: Sequence[Example], cache: dict | None = 
     return out
 
 
-def collect(generator, retriever: TimedRetriever, tokenizer, examples: Sequence[Example], cfg: Config, *,
-            group_size: int, greedy: bool = False, prompt_cache: dict | None = None,
-            capture_layer: int | None = None) -> CollectedBatch:
-    """G rollouts per example (consecutive), scored with the run's reward and stratified. ``capture_layer``:
-    the rollouts keep the hidden states entering that decoder layer (``RolloutEngine.run``)."""
-    prompts = encode_prompts(tokenizer, examples, prompt_cache, cfg.rollout.prompt_template, cfg.rollout.rebuild_prompt)
+def collect(generator: Generator, retriever: TimedRetriever, tokenizer, examples: Sequence[Question],
+            rollout: RolloutConfig, scoring: Scoring, *, group_size: int, greedy: bool = False,
+            prompt_cache: dict | None = None, capture_layer: int | None = None) -> CollectedBatch:
+    """G rollouts per question (consecutive, one fresh group id per question), scored and stratified by
+    ``scoring``. ``rollout``: the engine's budgets, sampling and prompt (``greedy`` decodes greedily).
+    ``capture_layer``: the rollouts keep the hidden states entering that decoder layer (``RolloutEngine.run``)."""
+    prompts = encode_prompts(tokenizer, examples, prompt_cache, rollout.prompt_template, rollout.rebuild_prompt)
     flat_prompts = [p for p in prompts for _ in range(group_size)]
     flat_examples = [e for e in examples for _ in range(group_size)]
     group_ids = [i for i in range(len(examples)) for _ in range(group_size)]
-    engine = RolloutEngine(generator, retriever, tokenizer, engine_config(cfg, greedy=greedy))
+    engine = RolloutEngine(generator, retriever, tokenizer, rollout.replace(greedy=greedy))
     retriever.pop_seconds()
     start = time.perf_counter()
     rollouts = engine.run(flat_prompts, capture_layer=capture_layer)
     total = time.perf_counter() - start
     retrieval_s = retriever.pop_seconds()
-    reward_fn = reward_function(cfg.algo.reward)
     rewards, em = [], []
     for r, e in zip(rollouts, flat_examples):
         prediction = r.answer if r.answered else None
-        rewards.append(float(reward_for_source(e.data_source, reward_fn)(r.response_text, e.golden_answers)))
+        rewards.append(float(reward_for_source(e.data_source, scoring.reward)(r.response_text, e.golden_answers)))
         em.append(float(prediction is not None and answer_match(e.data_source, prediction, e.golden_answers)))
-    strata_fn = stratum_function(cfg.algo.stratum_key, cfg.algo.stratum_cap)
-    strata = [int(strata_fn(r)) for r in rollouts]
+    strata = [int(scoring.stratum(r)) for r in rollouts]
     return CollectedBatch(rollouts, flat_examples, group_ids, rewards, em, strata, total - retrieval_s, retrieval_s)
 
 
@@ -194,7 +202,7 @@ def advantage_metrics(advantages: torch.Tensor, response_mask: torch.Tensor) -> 
             "advantage/min": float(values.min()), "advantage/max": float(values.max())}
 
 
-def transcript(rollout, example: Example, tokenizer, *, reward: float, stratum: int | None = None,
+def transcript(rollout: Rollout, example: Question, tokenizer, *, reward: float, stratum: int | None = None,
                advantage: float | None = None) -> dict:
     """The engine's transcript (prompt, turns, searches with passages, answer, flags, mask runs)
     with the example, the stratum and the advantage the update used."""

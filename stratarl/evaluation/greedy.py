@@ -12,24 +12,39 @@ transcripts.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from stratarl.data.examples import Example
+from stratarl.infra.metrics import write_transcripts
+from stratarl.infra.precision import DevicePolicy
+from stratarl.infra.progress import progress
+from stratarl.infra.threads import step_threads
+from stratarl.retrieval.base import Retriever
+from stratarl.retrieval.timed import TimedRetriever
 from stratarl.rewards import SOURCE_REWARDS, answer_match, f1_score, sub_exact_match
-from stratarl.trainer.config import Config
-from stratarl.trainer.metrics import write_transcripts
-from stratarl.trainer.progress import progress
-from stratarl.trainer.rollouts import collect, make_generator, transcript
-from stratarl.trainer.setup import TimedRetriever, step_threads
+from stratarl.rollout.backends import make_generator
+from stratarl.rollout.collect import Question, Scoring, collect, transcript
+from stratarl.rollout.config import RolloutConfig
 
 METRIC_COLUMNS = ("em", "subem", "f1", "searches_mean", "answer_rate", "count")
 
 
-def score_rollout(rollout, example: Example) -> dict[str, float]:
+@dataclass(frozen=True)
+class EvalSettings:
+    """How a held-out set is evaluated: the rollout budgets and prompt, the reward and strata, where the model
+    runs, and how many questions share a generation batch (a run's ``rollout``, ``algo.reward`` /
+    ``stratum_key``, ``trainer`` device and precision, ``eval.batch_size``)."""
+
+    rollout: RolloutConfig
+    scoring: Scoring
+    policy: DevicePolicy
+    batch_size: int = 32
+
+
+def score_rollout(rollout, example: Question) -> dict[str, float]:
     """EM / SubEM / F1 of one rollout's final answer (0 when it never answered). For a multiple-choice
     source all three are the multiple-choice match (the letter or the option text)."""
     answer = rollout.answer if rollout.answered else None
@@ -43,14 +58,6 @@ def score_rollout(rollout, example: Example) -> dict[str, float]:
         "searches": float(rollout.num_searches),
         "answered": float(rollout.answered),
     }
-
-
-def collection_config(cfg: Config) -> Config:
-    """``cfg`` for collecting rollouts: ``algo.stratum_key: random`` observes the num_searches strata
-    (the trainer permutes them afterwards, see stratarl.trainer.rl.advantage_strata)."""
-    if cfg.algo.stratum_key != "random":
-        return cfg
-    return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, stratum_key="num_searches"))
 
 
 def aggregate(scores: Sequence[dict[str, float]], sources: Sequence[str], *, with_all: bool = True) -> dict[str, dict[str, float]]:
@@ -69,15 +76,17 @@ def aggregate(scores: Sequence[dict[str, float]], sources: Sequence[str], *, wit
     return out
 
 
-def evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Config, **kwargs) -> dict:
+def evaluate(model, tokenizer, retriever: Retriever, examples: Sequence[Question], settings: EvalSettings, *,
+             num_transcripts: int = 4, progress: bool = False, desc: str = "eval") -> dict:
     """Greedy rollouts (one per question), scored; see ``_evaluate``. A small policy runs on one thread
-    (``stratarl.trainer.setup.step_threads``)."""
+    (``stratarl.infra.threads.step_threads``)."""
     with step_threads(model):
-        return _evaluate(model, tokenizer, retriever, examples, cfg, **kwargs)
+        return _evaluate(model, tokenizer, retriever, examples, settings, num_transcripts=num_transcripts,
+                         progress=progress, desc=desc)
 
 
-def _evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Config, *, num_transcripts: int = 4,
-             progress: bool = False, desc: str = "eval") -> dict:
+def _evaluate(model, tokenizer, retriever: Retriever, examples: Sequence[Question], settings: EvalSettings, *,
+              num_transcripts: int, progress: bool, desc: str) -> dict:
     """Greedy rollouts (one per question) -> {"per_source", "per_type", "per_question", "transcripts", "seconds",
     "num_examples"}.
 
@@ -85,14 +94,14 @@ def _evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Con
     ``per_question`` has one record per question in ``examples`` order (see :func:`question_record`).
     ``transcripts`` are those of the first ``num_transcripts`` questions, each with its ``example_id``."""
     timed = retriever if isinstance(retriever, TimedRetriever) else TimedRetriever(retriever)
-    generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=0, precision=cfg.trainer.precision)
+    generator = make_generator(model, tokenizer, settings.rollout.backend, seed=0, policy=settings.policy)
     start = time.perf_counter()
-    cfg = collection_config(cfg)
     scores, sources, types, transcripts, per_question = [], [], [], [], []
     bar = _progress(len(examples), desc) if progress else None
-    for i in range(0, len(examples), cfg.eval.batch_size):
-        chunk = list(examples[i:i + cfg.eval.batch_size])
-        batch = collect(generator, timed, tokenizer, chunk, cfg, group_size=1, greedy=True)
+    for i in range(0, len(examples), settings.batch_size):
+        chunk = list(examples[i:i + settings.batch_size])
+        batch = collect(generator, timed, tokenizer, chunk, settings.rollout, settings.scoring, group_size=1,
+                        greedy=True)
         for r, e in zip(batch.rollouts, chunk):
             s = score_rollout(r, e)
             scores.append(s)
@@ -113,7 +122,7 @@ def _evaluate(model, tokenizer, retriever, examples: Sequence[Example], cfg: Con
             "seconds": time.perf_counter() - start, "num_examples": len(examples)}
 
 
-def question_record(example: Example, score: dict[str, float]) -> dict:
+def question_record(example: Question, score: dict[str, float]) -> dict:
     """One question's eval record: ``example_id``, ``data_source``, ``question_type`` (None without one),
     ``em``, ``subem``, ``f1``, ``searches``, ``answered`` (floats, as :func:`score_rollout` gives them)."""
     return {"example_id": example.id, "data_source": example.data_source,

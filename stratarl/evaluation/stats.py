@@ -244,3 +244,14 @@ def collapse_step(steps: Sequence[int], reward: Sequence[float], valid_action_ra
         return {"step": None, "reason": None}
     step, reason = min(candidates)
     return {"step": step, "reason": reason}
+
+
+def steps_ci(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], list]:
+    """Per step over the curves (steps, values) that logged it: the steps in order and the mean with
+    its 95% t-CI over those curves (``mean_ci``; no bounds with one curve)."""
+    per_step: dict[int, list[float]] = {}
+    for steps, values in curves:
+        for s, v in zip(steps, values):
+            per_step.setdefault(s, []).append(v)
+    xs = sorted(per_step)
+    return xs, [mean_ci(per_step[s]) for s in xs]

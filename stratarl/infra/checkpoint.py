@@ -9,10 +9,11 @@ Layout of ``<run>/checkpoints/step_000004/``:
     manifest.json         size and sha256 of every other file, written last
 
 A checkpoint is written into a temporary sibling folder, completed by its manifest and
-renamed into place; ``latest`` (a one-line text file) is then replaced atomically. A
-re-save of the same step moves the old folder aside and deletes it only once the new one
-is in place. A kill at any instant therefore leaves at least one complete checkpoint;
-`find_checkpoint` returns the newest one whose checksums match, naming what it skipped.
+published by rename (stratarl.publish: a re-save of the same step moves the old folder aside
+and deletes it only once the new one is in place); ``latest`` (a one-line text file) is then
+replaced atomically. A kill at any instant therefore leaves at least one complete checkpoint;
+`find_checkpoint` returns the newest one whose checksums match, naming what it skipped (a
+moved-aside copy included).
 """
 
 from __future__ import annotations
@@ -24,19 +25,21 @@ import os
 import pickle
 import random
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
+
+from stratarl.publish import REPLACED_PREFIX as PUBLISH_REPLACED_PREFIX
+from stratarl.publish import fsync_dir, fsync_tree, publish_dir, replaced_copies, staging_dir, write_atomic
 
 MANIFEST = "manifest.json"
 REQUIRED_FILES = ("model.safetensors", "state.pt")
-TMP_PREFIX = ".step_"
-REPLACED_PREFIX = ".replaced-step_"
+TMP_PREFIX = ".step_"  # stratarl.publish.staging_dir of a step_N folder
+REPLACED_PREFIX = f"{PUBLISH_REPLACED_PREFIX}step_"  # where publish_dir moves an old step_N aside
 
 
 @dataclass
@@ -103,28 +106,6 @@ def set_rng_state(state: dict, generator: torch.Generator | None = None) -> None
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class CheckpointError(ValueError):
     """A checkpoint folder is incomplete or damaged (missing file, size or checksum mismatch)."""
 
@@ -140,17 +121,14 @@ def _sha256(path: Path) -> str:
 def _write_manifest(folder: Path, step: int) -> None:
     """Fsync every file, then write ``manifest.json`` (size + sha256 of each) last: its presence means
     the folder is complete."""
-    files = {}
-    for f in sorted(folder.iterdir()):
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-        files[f.name] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+    fsync_tree(folder)
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)} for f in sorted(folder.iterdir())}
     body = json.dumps({"format": 1, "step": step, "files": files}, indent=1) + "\n"
     with open(folder / MANIFEST, "w") as f:
         f.write(body)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(folder)
+    fsync_dir(folder)
 
 
 def verify_checkpoint(path: str | Path) -> None:
@@ -194,8 +172,6 @@ def size_mismatch_cause(size: int, expected) -> str:
 def shape_mismatches(model: torch.nn.Module, file: Path) -> list[tuple[str, tuple, tuple]]:
     """(name, shape in ``file``, shape in ``model``) for every tensor both have with different shapes,
     read from the safetensors header only."""
-    from safetensors import safe_open
-
     with safe_open(str(file), framework="pt") as f:
         saved = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     return [(name, saved[name], tuple(t.shape)) for name, t in model.state_dict().items()
@@ -233,31 +209,25 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, model: torch.nn.Module, 
     at it, prune to ``keep_last``.
 
     The files go to a temporary sibling folder, get a manifest (sha256 per file) last, and the folder
-    is renamed into place. Re-saving an existing step moves the old folder aside first
-    (``.replaced-step_N-*``) and deletes it only after the new one is in place, so there is always a
-    complete copy on disk; ``find_checkpoint`` also looks at such a folder.
+    is published by rename (``stratarl.publish.publish_dir``): re-saving an existing step moves the old
+    folder aside first (``.replaced-step_N-*``) and deletes it only after the new one is in place, so there
+    is always a complete copy on disk; ``find_checkpoint`` also looks at such a folder.
     """
     root = Path(ckpt_dir)
+    final = root / f"step_{step:06d}"
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        final = root / f"step_{step:06d}"
-        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{step:06d}-", dir=root))
+        tmp = staging_dir(final)
     except OSError as error:
         raise _disk_error(error, root) from None
-    replaced = None
     try:
         save_model(model, str(tmp / "model.safetensors"))
         if value_head is not None:
             save_model(value_head, str(tmp / "value_head.safetensors"))
         torch.save({**state, "step": step}, tmp / "state.pt")
         _write_manifest(tmp, step)
-        if final.exists():
-            replaced = Path(tempfile.mkdtemp(prefix=f"{REPLACED_PREFIX}{step:06d}-", dir=root))
-            os.replace(final, replaced / final.name)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        _atomic_write_text(root / "latest", final.name + "\n")
-        _fsync_dir(root)
+        publish_dir(tmp, final)
+        write_atomic(root / "latest", final.name + "\n")
+        fsync_dir(root)
     except OSError as error:
         raise _disk_error(error, root) from None
     except (RuntimeError, SafetensorError) as error:
@@ -272,8 +242,6 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, model: torch.nn.Module, 
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-        if replaced is not None and final.exists():
-            shutil.rmtree(replaced, ignore_errors=True)
     clean_stale(root)
     _prune(root, keep_last)
     return final
@@ -284,9 +252,9 @@ def clean_stale(root: str | Path) -> list[Path]:
     (``.replaced-*``) whose step folder is back in place. Returns what was removed."""
     root = Path(root)
     removed = []
-    if (root / ".latest.tmp").is_file():
-        (root / ".latest.tmp").unlink()
-        removed.append(root / ".latest.tmp")
+    for tmp in sorted(root.glob(".latest*.tmp")) if root.is_dir() else []:
+        tmp.unlink()
+        removed.append(tmp)
     for p in sorted(root.glob(f"{TMP_PREFIX}*")) if root.is_dir() else []:
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
@@ -334,7 +302,7 @@ def checkpoint_candidates(ckpt_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     folders = [p for p in root.glob("step_*") if p.is_dir()]
-    folders += [c for p in root.glob(f"{REPLACED_PREFIX}*") if p.is_dir() for c in p.iterdir() if c.is_dir()]
+    folders += replaced_copies(root, "step_")
     ordered = sorted(folders, key=lambda p: (_step_of(p), p.parent == root), reverse=True)
     pointed = latest_checkpoint(root)
     if pointed is not None and pointed in ordered:
@@ -372,8 +340,8 @@ def reinstate(path: str | Path) -> Path:
     if target.exists():
         return path
     os.replace(path, target)
-    _fsync_dir(root)
-    _atomic_write_text(root / "latest", target.name + "\n")
+    fsync_dir(root)
+    write_atomic(root / "latest", target.name + "\n")
     clean_stale(root)
     return target
 

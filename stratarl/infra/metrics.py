@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+
+from stratarl.publish import write_atomic
 
 
 def _plain(value: Any) -> Any:
@@ -61,13 +62,13 @@ class MetricsLogger:
         self._jsonl = open(self._path, "a", buffering=1)
         self._tb = None
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # optional: logging.tensorboard (pulls in tensorboard)
 
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
         self._wandb = None
         if wandb:
             try:
-                import wandb as wandb_module
+                import wandb as wandb_module  # optional dependency: logging.wandb
             except ImportError:
                 raise RuntimeError("logging.wandb=true needs the wandb package: `pip install wandb`, "
                                    "or set logging.wandb=false") from None
@@ -93,9 +94,7 @@ class MetricsLogger:
         self._jsonl.close()
         rows = read_metrics(self.run_dir, self._path.name)
         kept = [row for row in rows if keep(row)]
-        tmp = self._path.with_name(f".{self._path.name}.tmp")
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
-        os.replace(tmp, self._path)
+        write_atomic(self._path, "".join(json.dumps(row) + "\n" for row in kept))
         self._jsonl = open(self._path, "a", buffering=1)
         return len(rows) - len(kept)
 

@@ -142,23 +142,6 @@ def policy_for_model(model: torch.nn.Module, precision: str = "auto") -> DeviceP
     return DevicePolicy.create(next(model.parameters()).device, precision)
 
 
-class AutocastGenerator:
-    """A generator whose ``generate`` runs under a policy's autocast (the generic loop in bf16); every other
-    attribute (``rng``, ``supports_cache_keys``, ...) is the wrapped generator's."""
-
-    def __init__(self, inner, policy: DevicePolicy) -> None:
-        self.inner = inner
-        self.policy = policy
-
-    def generate(self, *args, **kwargs):
-        with self.policy.autocast():
-            return self.inner.generate(*args, **kwargs)
-
-    def __getattr__(self, name):
-        # Called only for attributes not found on the wrapper itself.
-        return getattr(self.__dict__["inner"], name)
-
-
 def check_placement(model: torch.nn.Module, device: str | torch.device, *modules: torch.nn.Module | None) -> None:
     """Raise ``RuntimeError`` naming the first parameter of ``model`` (or of ``modules``) not on ``device``,
     or not fp32 (master weights)."""

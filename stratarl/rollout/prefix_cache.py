@@ -1,0 +1,91 @@
+"""The multi-turn prefix cache of ``KVCacheGenerator``'s fast path.
+
+A call keeps each row's KV (prompt + generated tokens, rope applied) under the row's cache key until the
+next call, at most a byte budget in all. A row of the next call whose key was seen and whose prompt
+*starts with* the stored tokens (checked token by token, with the same weights) then computes only its
+new tokens: a rollout's next turn reads only the observation, not the whole history again. With a
+capture layer an entry also holds the row's captured hidden states, so a multi-turn rollout's states
+cover its whole history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from stratarl.rollout.fast_forward import FastDecoder
+
+
+class PrefixEntry(NamedTuple):
+    """One row's stored prefix."""
+
+    version: tuple | None  # the decoder's weights version the KV was computed with (None: untracked)
+    tokens: list[int]
+    keys: torch.Tensor  # [layers, kv_heads, len(tokens), head_dim], as FastDecoder.row_cache returns
+    values: torch.Tensor
+    states: torch.Tensor | None  # [len(tokens), H] captured hidden states, or None
+
+
+def reusable_prefixes(store: dict, decoder: FastDecoder, prompts: Sequence[Sequence[int]],
+                      keys: Sequence) -> list[PrefixEntry | None]:
+    """Per row: the entry of ``store`` under its key whose tokens start its prompt and were computed with
+    the decoder's current weights, or None."""
+    decoder.refresh()
+    found = []
+    for prompt, key in zip(prompts, keys):
+        entry = store.get(key) if key is not None else None
+        if entry is not None:
+            usable = (entry.version is not None and entry.version == decoder.weights_version
+                      and len(entry.tokens) < len(prompt) and list(prompt[:len(entry.tokens)]) == entry.tokens)
+            entry = entry if usable else None
+        found.append(entry)
+    return found
+
+
+class RowCollector:
+    """What one ``generate`` call keeps of its rows as they leave the batch: each row's KV under its cache
+    key (``store``, the next call's prefix cache) while the store stays within ``max_bytes``, and with a
+    capture layer each row's captured hidden states (``captured``: prompt index -> frozen_states).
+
+    ``entries``: per prompt, the stored prefix its prefill reused (its states are spliced in), or None."""
+
+    def __init__(self, decoder: FastDecoder, max_bytes: int, prompts: Sequence[Sequence[int]], keys: list | None,
+                 entries: list[PrefixEntry | None]) -> None:
+        self.decoder = decoder
+        self.max_bytes = max_bytes
+        self.prompts = prompts
+        self.keys = keys
+        self.entries = entries
+        self.store: dict = {}
+        self.used_bytes = 0
+        self.captured: dict[int, tuple[list[int], torch.Tensor]] = {}
+
+    def keep(self, batch_rows: list[tuple[int, int]], outputs: list[list[int]]) -> None:
+        """Keep the (batch position, prompt index) rows; ``outputs``: each prompt's generated tokens."""
+        decoder = self.decoder
+        cache = decoder.k_cache  # [layers, B, kv_heads, T, head_dim]; values are the same size
+        per_token = 2 * cache.shape[0] * cache.shape[2] * cache.shape[4] * cache.element_size()
+        if decoder.h_cache is not None:
+            per_token += decoder.h_cache.shape[-1] * decoder.h_cache.element_size()
+        for b, row in batch_rows:
+            if not outputs[row]:
+                continue
+            tokens = list(self.prompts[row]) + outputs[row][:-1]  # the last sampled token was never fed
+            states = self._row_states(b, tokens, self.entries[row]) if decoder.h_cache is not None else None
+            if states is not None:
+                self.captured[row] = (tokens, states)
+            key = self.keys[row] if self.keys is not None else None
+            if key is None or self.used_bytes + per_token * len(tokens) > self.max_bytes:
+                continue
+            self.used_bytes += per_token * len(tokens)
+            k, v = decoder.row_cache(b, len(tokens))
+            self.store[key] = PrefixEntry(decoder.weights_version, tokens, k, v, states)
+
+    def _row_states(self, b: int, tokens: list[int], entry: PrefixEntry | None) -> torch.Tensor:
+        """Batch row ``b``'s captured states of ``tokens``, its reused prefix's (``entry``) spliced in."""
+        states = self.decoder.row_hidden(b, len(tokens))
+        if entry is not None:
+            states[:len(entry.tokens)] = entry.states
+        return states

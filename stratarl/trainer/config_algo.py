@@ -1,0 +1,147 @@
+"""The ``algo`` section: which algorithm, and the one home of each of its parameters.
+
+An algorithm is a preset (``name``) whose five parts can each be replaced (stratarl.algos.presets). A
+parameter has exactly one spelling:
+
+- the shared knobs below (``alpha``, ``epsilon``, ``gamma``, ``lam``; ``clip_low``, ``clip_high``, ``loss_agg``;
+  ``sorl_delta``, ``sorl_delta_rule``, ``sorl_delta_ema``) reach every part whose function takes that keyword;
+- ``advantage_params`` / ``policy_loss_params`` / ``normalizer_params`` hold only the other keywords of the
+  registered function (a key that a knob or another field sets is refused, naming that field).
+
+Older spellings (``turn_level_ratio``, ``sorl_normalize``, the ``sorl`` policy loss, knob keys inside the
+``*_params`` mappings) are rewritten into these once, when a config is loaded (stratarl.trainer.config_legacy).
+stratarl.trainer.algorithm resolves the section into a frozen ``AlgorithmSpec`` once, in ``Config.validate``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from stratarl.algos.losses import KL_ESTIMATORS
+from stratarl.algos.presets import PRESETS
+from stratarl.algos.sorl import DELTA_RULES as SORL_DELTA_RULES
+from stratarl.config_errors import fail as _fail
+from stratarl.config_tree import check_choices
+from stratarl.rollout.collect import STRATUM_KEYS
+
+ALGORITHMS = tuple(PRESETS)  # the presets' names (stratarl.algos.presets)
+SORL_ORDERS = ("before_clip", "after_clip")
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+@dataclass
+class AlgoConfig:
+    """The algorithm: a preset (`name`) whose parts `advantage`, `policy_loss`, `ratio_level`, `normalizer`
+    and `critic` can each be replaced; see stratarl.algos.presets and stratarl.trainer.algorithm."""
+
+    name: str = "stratified_grpo"
+    """The preset: grpo, stratified_grpo, ppo, so_ppo, so_grpo, drgrpo or gspo (stratarl.algos.presets.PRESETS)."""
+    advantage: str | None = None
+    """Advantage estimator, a registered name (grpo, drgrpo, stratified, gae, or one a `--import`ed module
+    registers); null: the preset's."""
+    advantage_params: dict[str, Any] = field(default_factory=dict)
+    """Other keyword arguments of the estimator (checked against its signature), e.g. `{std_ddof: 0}`; alpha,
+    eps, gamma and lam are the shared knobs `alpha`, `epsilon`, `gamma`, `lam`."""
+    policy_loss: str | None = None
+    """Policy loss, a registered name (ppo, or one a `--import`ed module registers); null: the preset's."""
+    policy_loss_params: dict[str, Any] = field(default_factory=dict)
+    """Other keyword arguments of the policy loss, e.g. `{dual_clip: 3.0}` (dual clip, Ye et al. 2020); the clip
+    range, ratio level and aggregation are `clip_low` / `clip_high`, `ratio_level` and `loss_agg`."""
+    ratio_level: Literal["token", "turn", "sequence"] | None = None
+    """Importance ratio per token, per turn (SORL) or per rollout (GSPO); null: the preset's."""
+    normalizer: str | None = None
+    """Gradient normaliser: `none` or a registered name (`sorl`: g / max(||C||, delta)); null: the preset's.
+    `sorl` on grpo / ppo is the "normalisation only" ablation, `none` on so_* the "turn-level ratio only" one."""
+    normalizer_params: dict[str, Any] = field(default_factory=dict)
+    """Other keyword arguments of the normaliser; delta, rule and ema are `sorl_delta`, `sorl_delta_rule`,
+    `sorl_delta_ema`."""
+    critic: str | None = None
+    """`none` or `value_head` (a value head on the policy's hidden states; GAE needs it); null: the preset's."""
+    alpha: float = 0.6
+    """Stratified GRPO blend: alpha * SAN + (1 - alpha) * GN (0 = GRPO, 1 = pure SAN; paper: 0.6)."""
+    stratum_key: str = "num_searches"
+    """How rollouts are stratified: `num_searches` (paper: the retriever calls run), `observation_blocks` (the
+    observation blocks between policy turns, from the response mask alone: the veRL plugin's definition, which
+    also counts invalid-action feedback and misses a trailing observation), `answered`, `random` (control: the num_searches strata's sizes kept inside each group, rollouts assigned to them by a seeded random permutation), or `module:function` taking a Rollout and returning a hashable key."""
+    stratum_cap: int | None = None
+    """With num_searches / observation_blocks: counts >= cap share one stratum (None: no cap)."""
+    epsilon: float = 1e-6
+    """Advantage normaliser epsilon (the GRPO baseline's)."""
+    clip_low: float = 0.2
+    """Lower clip range: ratios below 1 - clip_low are clipped."""
+    clip_high: float = 0.2
+    """Upper clip range: ratios above 1 + clip_high are clipped."""
+    loss_agg: Literal[LOSS_AGGREGATIONS] = "token-mean"
+    """Loss aggregation of every term: token-mean (Search-R1), seq-mean-token-mean, seq-mean-token-sum, or
+    seq-mean-token-sum-norm (Dr.GRPO: each rollout's token sum over one constant L = rollout.max_total_tokens)."""
+    sorl_delta: float = 1.0
+    """SORL normalisation floor delta: g <- g / max(||C||, delta) (rule `fixed`); with rule `running_pg`
+    the multiple of the running policy-gradient norm at which the normalisation engages."""
+    sorl_delta_rule: Literal[SORL_DELTA_RULES] = "fixed"
+    """`fixed` (the paper's formula; delta 1 reads delta as a gradient-norm threshold, a small delta as a floor
+    that divides every step by ||C||; docs/training.md) or `running_pg` (scale-free: delta_t = delta x the moving
+    average of ||grad J_PPO|| over previous optimizer steps, and g <- g * min(1, delta_t / ||C||))."""
+    sorl_delta_ema: float = 0.9
+    """Moving-average coefficient of the `running_pg` rule's statistic."""
+    sorl_order: Literal[SORL_ORDERS] = "before_clip"
+    """Where the SORL factor is applied: `before_clip` (then gradient-norm clipping, optim.grad_clip, can undo it
+    unless ||C|| > max(delta, ||grad||)) or `after_clip` (clip first, so the factor always reaches the optimizer)."""
+    kl_coef: float = 0.001
+    """Reference-model KL coefficient (k3 estimator); 0 disables the reference model entirely."""
+    kl_estimator: Literal[KL_ESTIMATORS] = "k3"
+    """KL estimator: k1, k2 or k3."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient (loss -= coef * entropy)."""
+    gamma: float = 1.0
+    """GAE discount (PPO family; Search-R1: 1)."""
+    lam: float = 1.0
+    """GAE lambda (PPO family; Search-R1: 1)."""
+    value_clip: float = 0.2
+    """Clipped value loss range (PPO family)."""
+    critic_lr: float = 1e-5
+    """Learning rate of the value head (PPO family; Search-R1: 1e-5)."""
+    critic_detach: bool = True
+    """Value head reads detached policy hidden states (a cheap critic that never disturbs the policy)."""
+    old_logprobs: Literal["recompute", "rollout"] = "recompute"
+    """Behaviour log-probs: `recompute` (a trainer forward pass, as veRL) or `rollout` (the sampler's own; saves a forward pass)."""
+    reward: str = "em"
+    """Outcome reward: em (Search-R1), subem, f1, multiple_choice, or `package.module:function` taking
+    (response_text, golds). Multiple-choice data sources (medqa, medmcqa, synthetic_mc) always use
+    multiple_choice (the letter or the option text), as Search-R1 picks its scorer by data_source."""
+
+    def validate(self, p: str) -> None:
+        check_choices(self, p)
+        if not 0.0 <= self.alpha <= 1.0:
+            _fail(f"{p}.alpha", self.alpha, "the blend weight must lie in [0, 1]", "use 0.6 (paper)")
+        if self.stratum_key not in STRATUM_KEYS and ":" not in self.stratum_key:
+            close = difflib.get_close_matches(self.stratum_key, STRATUM_KEYS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            _fail(f"{p}.stratum_key", self.stratum_key, "unknown stratum key",
+                  f"{hint}use num_searches, observation_blocks, answered, random, or `package.module:function`")
+        if self.stratum_cap is not None and self.stratum_cap < 1:
+            _fail(f"{p}.stratum_cap", self.stratum_cap, "must be >= 1 or null", "use null for no cap")
+        for key in ("clip_low", "clip_high"):
+            if not 0 < getattr(self, key) < 1:
+                _fail(f"{p}.{key}", getattr(self, key), "clip ranges must lie in (0, 1)", "use 0.2")
+        if not self.sorl_delta > 0 or not math.isfinite(self.sorl_delta):
+            _fail(f"{p}.sorl_delta", self.sorl_delta, "the floor must be positive and finite", "use 1.0")
+        if not 0 <= self.sorl_delta_ema < 1:
+            _fail(f"{p}.sorl_delta_ema", self.sorl_delta_ema, "must lie in [0, 1)", "use 0.9")
+        if self.kl_coef < 0:
+            _fail(f"{p}.kl_coef", self.kl_coef, "must be >= 0", "use 0.001, or 0 to disable the reference model")
+        if self.reward not in ("em", "subem", "f1", "multiple_choice") and ":" not in self.reward:
+            _fail(f"{p}.reward", self.reward, "unknown reward",
+                  "use em, subem, f1, multiple_choice or `package.module:function`")
+        if self.epsilon < 0:
+            _fail(f"{p}.epsilon", self.epsilon, "must be >= 0", "use 1e-6")
+        if self.critic_lr <= 0:
+            _fail(f"{p}.critic_lr", self.critic_lr, "the critic's learning rate must be positive", "use 1e-5 (Search-R1)")
+        if self.value_clip <= 0:
+            _fail(f"{p}.value_clip", self.value_clip, "the value clip range must be positive", "use 0.2")
+        if self.entropy_coef < 0:
+            _fail(f"{p}.entropy_coef", self.entropy_coef, "a negative bonus would penalise entropy", "use 0.0 or e.g. 0.001")
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            _fail(f"{p}.gamma/lam", (self.gamma, self.lam), "must lie in [0, 1]", "use 1.0 (Search-R1)")

@@ -1,0 +1,180 @@
+"""A run's state, built once from its config, and its checkpoints (save, restore, resume).
+
+``build_run`` resolves everything a step needs once: the task, the retriever (timed, with the step's
+budget), the policy and its learner (optimizer, scheduler, reference, critic, normaliser, policy loss), the
+generator, the reward and stratum functions, the advantage estimator, the data sampler and the logger.
+``RunParts`` are the collaborators a step calls; each can be replaced (a test injects a scripted generator
+or wraps the update) without touching a module global.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from stratarl.infra import checkpoint as ckpt
+from stratarl.infra.metrics import MetricsLogger, PhaseTimer
+from stratarl.infra.precision import check_placement
+from stratarl.retrieval.timed import TimedRetriever
+from stratarl.rollout.backends import make_generator
+from stratarl.rollout.collect import CollectedBatch, Scoring, collect
+from stratarl.rollout.generation import Generator
+from stratarl.trainer.algorithm import bound_advantage
+from stratarl.trainer.config import Config
+from stratarl.trainer.setup import build_task_retriever, load_policy, load_task
+from stratarl.trainer.task import TaskData
+from stratarl.trainer.update import Learner, build_learner, update_policy
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """The collaborators a run calls: how it makes its generator, collects rollouts and updates the policy."""
+
+    make_generator: Callable[..., Generator] = make_generator
+    collect: Callable[..., CollectedBatch] = collect
+    update: Callable[..., dict] = update_policy
+
+
+DEFAULT_PARTS = RunParts()
+"""The collaborators of a run built without ``parts`` (the command line's runs; a test of the command line may
+replace it, the one seam for that)."""
+
+
+@dataclass
+class RunState:
+    """Everything a step reads or mutates, built once per run (``build_run``)."""
+
+    cfg: Config
+    run_dir: Path
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    task: TaskData
+    retriever: TimedRetriever
+    generator: Generator
+    learner: Learner
+    scoring: Scoring
+    advantage: Callable
+    """The algorithm's estimator with its parameters bound: ``advantage(AdvantageBatch) -> (advantages, returns)``."""
+    sampler: ckpt.DataSampler
+    shuffle_rng: torch.Generator
+    logger: MetricsLogger
+    parts: RunParts = field(default_factory=RunParts)
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+    step: int = 0
+    prompt_cache: dict = field(default_factory=dict)
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None, parts: RunParts | None = None) -> RunState:
+    """Model, retriever, generator, optimizer, sampler and logger for ``cfg`` (fresh state); ``parts``: the
+    collaborators (default ``DEFAULT_PARTS``)."""
+    parts = DEFAULT_PARTS if parts is None else parts
+    # A config-named reward or stratum function that cannot load fails here, before any work.
+    scoring = Scoring.from_names(cfg.algo.reward, cfg.algo.stratum_key, cfg.algo.stratum_cap)
+    cfg.device_policy  # noqa: B018 (resolved here: bf16 on a GPU without it fails before any work)
+    torch.manual_seed(cfg.trainer.seed)
+    task = load_task(cfg)
+    retriever = TimedRetriever(build_task_retriever(cfg, task), budget_s=cfg.retrieval.step_budget_s)
+    model_cfg = cfg.model if init_from is None else type(cfg.model)(**{**cfg.model.__dict__, "init_from": init_from})
+    model, tokenizer = load_policy(model_cfg, seed=cfg.trainer.seed, device=cfg.trainer.device, task=task)
+    total_optimizer_steps = cfg.trainer.steps * cfg.trainer.epochs * cfg.trainer.mini_batches
+    learner = build_learner(model, cfg, total_optimizer_steps)
+    check_placement(model, cfg.trainer.device, learner.value_head, learner.ref_model)
+    generator = parts.make_generator(model, tokenizer, cfg.rollout.backend, seed=cfg.trainer.seed,
+                                     policy=cfg.device_policy)
+    logger = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
+                           wandb_project=cfg.logging.wandb_project, config=cfg.to_dict())
+    return RunState(cfg=cfg, run_dir=run_dir, model=model, tokenizer=tokenizer, task=task, retriever=retriever,
+                    generator=generator, learner=learner, scoring=scoring, advantage=bound_advantage(cfg.algorithm),
+                    sampler=ckpt.DataSampler(len(task.train), cfg.trainer.seed),
+                    shuffle_rng=torch.Generator().manual_seed(cfg.trainer.seed + 1), logger=logger, parts=parts)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def progress_state(run: RunState) -> dict:
+    """The state a step advances even when it takes no optimizer step: RNGs and the data sampler (copies)."""
+    return {"rng": ckpt.rng_state(run.generator.rng), "shuffle_rng": run.shuffle_rng.get_state(),
+            "sampler": run.sampler.state_dict()}
+
+
+def save(run: RunState, at: tuple[int, dict] | None = None) -> Path:
+    """Checkpoint the run at its current step; ``at`` = (step, `progress_state` then) checkpoints that
+    earlier step instead: the last healthy update, when only skipped steps followed it (weights,
+    optimizer, scheduler and SORL statistic are unchanged since)."""
+    step, progress = at if at is not None else (run.step, progress_state(run))
+    state = {
+        "optimizer": run.learner.optimizer.state_dict(),
+        "scheduler": run.learner.scheduler.state_dict(),
+        **progress,
+    }
+    if run.learner.normalizer is not None:
+        state["sorl"] = run.learner.normalizer.state_dict()
+    return ckpt.save_checkpoint(run.ckpt_dir, step, model=run.model, state=state,
+                                value_head=run.learner.value_head, keep_last=run.cfg.trainer.keep_last)
+
+
+def restore(run: RunState, path: Path) -> None:
+    state = ckpt.load_checkpoint(path, model=run.model, value_head=run.learner.value_head)
+    run.learner.optimizer.load_state_dict(state["optimizer"])
+    run.learner.scheduler.load_state_dict(state["scheduler"])
+    ckpt.set_rng_state(state["rng"], run.generator.rng)
+    run.shuffle_rng.set_state(state["shuffle_rng"])
+    run.sampler.load_state_dict(state["sampler"])
+    if run.learner.normalizer is not None and "sorl" in state:
+        run.learner.normalizer.load_state_dict(state["sorl"])
+    run.step = int(state["step"])
+
+
+class NoCheckpointError(RuntimeError):
+    """`--resume` found no intact checkpoint to continue from."""
+
+
+def restore_newest(run: RunState) -> tuple[Path | None, list[str]]:
+    """Restore the newest checkpoint that verifies and loads; returns it (None: none did) and one line
+    per checkpoint skipped on the way. Stale temporary folders of killed writes are removed first."""
+    ckpt.clean_stale(run.ckpt_dir)
+    skipped: list[str] = []
+    pointer = run.ckpt_dir / "latest"
+    if pointer.exists() and ckpt.latest_checkpoint(run.ckpt_dir) is None:
+        skipped.append(f"{pointer} does not name a checkpoint folder")
+    for path in ckpt.checkpoint_candidates(run.ckpt_dir):
+        try:
+            restore(run, path)
+        except (ckpt.CheckpointError, KeyError, TypeError) as error:
+            skipped.append(str(error) if isinstance(error, ckpt.CheckpointError) else f"{path}: state.pt lacks {error}")
+            continue
+        return ckpt.reinstate(path), skipped
+    return None, skipped
+
+
+def resume_or_fail(run: RunState, *, start_over: bool) -> None:
+    """Restore for `--resume`: the newest intact checkpoint (a warning names each one skipped); with
+    none, step 0 only when ``start_over``, else `NoCheckpointError`. metrics.jsonl then loses the rows
+    of steps after the restored one (they are trained again)."""
+    path, skipped = restore_newest(run)
+    for line in skipped:
+        print(f"warning: skipped checkpoint: {line}", file=sys.stderr, flush=True)
+    if path is None and not start_over:
+        found = "; ".join(skipped) if skipped else f"{run.ckpt_dir} holds none"
+        raise NoCheckpointError(f"--resume {run.run_dir}: no intact checkpoint to continue from ({found}). Fix: "
+                                f"`stratarl train --resume {run.run_dir} --start-over` trains it again from step 0 "
+                                "in the same directory (its metrics.jsonl is cleared)")
+    if path is None:
+        print(f"--start-over: no intact checkpoint in {run.ckpt_dir}; training from step 0", flush=True)
+    else:
+        print(f"resumed from {path} (step {run.step})", flush=True)
+    redo_eval = run.step >= run.cfg.trainer.steps and run.cfg.eval.before_after
+    run.logger.truncate(lambda row: row.get("step", 0) < run.step or (
+        row.get("step") == run.step and run.step > 0 and not (redo_eval and "time/eval" in row)))
