@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.stamp
 VENV_VERL ?= .venv-verl
 PY_VERL   := $(VENV_VERL)/bin/python
 
-.PHONY: demo test test-fast test-verl bench bench-synth bench-trl evidence clean-venv
+.PHONY: demo test test-fast test-verl bench bench-synth bench-trl evidence tables clean-venv
 
 $(STAMP): pyproject.toml requirements/ci.txt requirements/no-deps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,10 +62,14 @@ bench-trl: $(VENV_TRL)/.stamp
 bench-synth: $(STAMP)
 	$(PY) benchmarks/synth_retrievability.py
 
-# Issue 7's evidence sweeps (docs/results.md): about an hour on 2 cores; rerun to resume.
+# The v3 evidence sweeps of docs/results.md (each file states its cost: ~2 h and ~5 h on 2 cores); rerun to
+# resume (summarised runs are skipped). `make tables` regenerates every table and figure from the summaries.
 evidence: $(STAMP)
-	$(PY) benchmarks/evidence/run.py stratified --seeds 3 --jobs 2 --out runs/evidence
-	$(PY) benchmarks/evidence/run.py sorl --seeds 3 --jobs 2 --out runs/evidence
+	$(PY) benchmarks/evidence/run.py lab_stratified_twohop --jobs 2 --out runs/evidence
+	$(PY) benchmarks/evidence/run.py lab_sorl_reuse --jobs 2 --out runs/evidence
+
+tables: $(STAMP)
+	$(PY) benchmarks/evidence/tables.py
 
 clean-venv:
 	rm -rf $(VENV) $(VENV_VERL) $(VENV_TRL)

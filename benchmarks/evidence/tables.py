@@ -2,6 +2,7 @@
 
     python benchmarks/evidence/tables.py lab_stratified          # -> docs/results/lab_stratified.md + .png
     python benchmarks/evidence/tables.py lab_sorl --results DIR --out DIR
+    python benchmarks/evidence/tables.py                         # every experiment with committed summaries
 
 Reads ``benchmarks/evidence/results/<experiment>/<condition>/<arm>-s<seed>.json`` (written by run.py when a
 run finishes; see summarize_run there) and the experiment's YAML (arms, conditions, baseline and the
@@ -169,13 +170,23 @@ def condition_tables(exp: dict, condition: str, arms: dict[str, dict[int, dict]]
         if arm != base and base in values:
             paired[arm] = {}
             for m in names[:1 + len(design.get("secondary", []))]:
-                a = {s: v for s, v in values[arm][m].items() if v is not None}
-                b = {s: v for s, v in values[base][m].items() if v is not None}
-                d = paired_difference(a, b)
-                d["excludes_zero"] = excludes_zero(d)
-                d["detectable"] = detectable_difference(d.get("std"), d["n"])
-                paired[arm][m] = d
-    return {"condition": condition, "metrics": names, "per_arm": per_arm, "paired": paired}
+                paired[arm][m] = _paired(values[arm][m], values[base][m])
+    contrasts = {}
+    for a, b in (c.split(" - ") for c in exp.get("contrasts", [])):
+        if a in values and b in values:  # an arm pair of the design (e.g. so_ppo - ppo), both run here
+            contrasts[f"{a} - {b}"] = {m: _paired(values[a][m], values[b][m]) for m in names}
+    table = {"condition": condition, "metrics": names, "per_arm": per_arm, "paired": paired}
+    if exp.get("contrasts"):
+        table["contrasts"] = contrasts
+    return table
+
+
+def _paired(a: dict[int, float | None], b: dict[int, float | None]) -> dict:
+    """Paired difference a - b over the seeds both have (mean, 95% CI, whether it excludes 0, detectable)."""
+    d = paired_difference({s: v for s, v in a.items() if v is not None}, {s: v for s, v in b.items() if v is not None})
+    d["excludes_zero"] = excludes_zero(d)
+    d["detectable"] = detectable_difference(d.get("std"), d["n"])
+    return d
 
 
 def verdict(exp: dict, table: dict) -> str:
@@ -213,14 +224,15 @@ def figure(exp: dict, condition: str, arms: dict[str, dict[int, dict]], path: Pa
 
     extra = list(exp.get("metrics", {}).get("figure", []))
     fig, axes = plt.subplots(1, 1 + len(extra), figsize=(6.5 * (1 + len(extra)), 4), squeeze=False)
-    for arm in exp["arms"]:
+    for index, arm in enumerate(exp["arms"]):
         if arm not in arms:
             continue
+        style = {"color": f"C{index % 10}", "ls": ("-", "--", "-.", ":")[index % 4]}  # apart in a 64-colour PNG too
         runs = list(arms[arm].values())
         mean, low, high = _band([rolling_band(_reward(r), SMOOTH, centered=True)[0] for r in runs])
         xs = list(range(1, len(mean) + 1))[::PLOT_EVERY]  # every few steps of the smoothed curve: a small file
         mean, low, high = mean[::PLOT_EVERY], low[::PLOT_EVERY], high[::PLOT_EVERY]
-        line = axes[0][0].plot(xs, mean, label=f"{arm} (n={len(runs)})", lw=1.2)[0]
+        line = axes[0][0].plot(xs, mean, label=f"{arm} (n={len(runs)})", lw=1.2, **style)[0]
         if len(runs) > 1:
             axes[0][0].fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
         for ax, key in zip(axes[0][1:], extra):
@@ -231,7 +243,7 @@ def figure(exp: dict, condition: str, arms: dict[str, dict[int, dict]], path: Pa
             bin_steps = runs[0]["binned"]["bin_steps"]
             mean, low, high = _band(curves)
             xs = [bin_steps * (i + 0.5) for i in range(len(mean))]
-            ax.plot(xs, mean, color=line.get_color(), lw=1.2)
+            ax.plot(xs, mean, lw=1.2, **style)
             if len(curves) > 1:
                 ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
     axes[0][0].set_ylabel(f"training reward ({SMOOTH}-step centered mean)")
@@ -279,6 +291,13 @@ def render(exp: dict, tables: list[dict], figures: dict[str, str], counts: dict[
                 for m, d in by_metric.items():
                     ez = {True: "yes", False: "no", None: "-"}[d["excludes_zero"]]
                     lines.append(f"| {arm} | {m} | {_diff(d)} | {ez} | {_fmt(d['detectable'])} |")
+        if table.get("contrasts"):
+            lines += ["", "| contrast | metric | difference [95% CI] | excludes 0 | detectable (80% power) |",
+                      "|---|---|---|---|---|"]
+            for pair, by_metric in table["contrasts"].items():
+                for m, d in by_metric.items():
+                    ez = {True: "yes", False: "no", None: "-"}[d["excludes_zero"]]
+                    lines.append(f"| {pair.replace(' - ', ' − ')} | {m} | {_diff(d)} | {ez} | {_fmt(d['detectable'])} |")
         if cond in figures:
             lines += ["", f"![{cond}]({figures[cond]})"]
     return "\n".join(lines) + "\n"
@@ -294,40 +313,48 @@ def _plain(x: float) -> str:
 
 
 def headline_table(exp: dict, tables: list[dict]) -> str:
-    """The results page's table of an experiment (its YAML's ``headline``: ``label`` of the row column,
-    ``columns``: arm -> heading): per condition, the warm start's mean of ``before`` (a metric, default
-    em_before), the baseline's primary metric (mean ± 95% CI), each arm's paired difference vs the baseline
-    [95% CI] (bold when it excludes 0), and the range of the design's detectable differences."""
+    """The results page's table of an experiment (its YAML's ``headline``): ``label`` of the row column;
+    ``columns``: arm -> heading (the arm's paired difference vs the baseline) or ``"a - b"`` -> heading (a
+    contrast the YAML's ``contrasts`` lists); ``metrics``: the metrics, one row each per condition (default:
+    the primary only). Per row: the warm start's mean of ``before`` (a metric, default em_before; null: no such
+    column), the
+    baseline's mean ± 95% CI, each column's paired difference [95% CI] (bold when it excludes 0), and the
+    range of the design's detectable differences."""
     head = exp.get("headline") or {}
     columns = head.get("columns") or {a: a for a in exp["arms"] if a != exp["baseline"]}
-    before = head.get("before", "em_before")
+    before = head.get("before", "em_before")  # null: no warm-start column
     base = exp["baseline"]
     base_name = head.get("baseline", base)
-    lines = [f"| {head.get('label', 'condition')} | warm start | {base_name} | "
-             + " | ".join(f"{name} − {base_name}" for name in columns.values()) + " | detectable |",
-             "|---|---|---|" + "---|" * len(columns) + "---|"]
+    metrics = head.get("metrics")
+    lines = [f"| {head.get('label', 'condition')} | " + ("metric | " if metrics else "")
+             + ("warm start | " if before else "") + f"{base_name} | "
+             + " | ".join(name if " - " in key else f"{name} − {base_name}" for key, name in columns.items())
+             + " | detectable |",
+             "|---|" + ("---|" if metrics else "") + ("---|" if before else "") + "---|" * (len(columns) + 2)]
     for table in tables:
-        primary = table["metrics"][0]
         row = table["per_arm"].get(base, {})
-        warm = (row.get(before) or {}).get("mean")
-        base_iv = row.get(primary) or {}
-        cells = [table["condition"], "-" if warm is None else _plain(warm),
-                 "-" if base_iv.get("mean") is None else _plain(base_iv["mean"]) + (
-                     "" if base_iv.get("half_width") is None else f" ± {_plain(base_iv['half_width'])}")]
-        detectable = []
-        for arm in columns:
-            d = table["paired"].get(arm, {}).get(primary)
-            if d is None or d.get("mean") is None:
-                cells.append("-")
-                continue
-            if d.get("half_width") is None:
-                cells.append(f"{_signed(d['mean'])} (n={d['n']})")
-                continue
-            text = f"{_signed(d['mean'])} [{_signed(d['low'])}, {_signed(d['high'])}]"
-            cells.append(f"**{text}**" if d["excludes_zero"] else text)
-            detectable.append(d["detectable"])
-        cells.append(f"{min(detectable):.3f}-{max(detectable):.3f}" if detectable else "-")
-        lines.append("| " + " | ".join(cells) + " |")
+        warm = (row.get(before) or {}).get("mean") if before else None
+        for k, metric in enumerate(metrics or table["metrics"][:1]):
+            base_iv = row.get(metric) or {}
+            warm_cell = "" if k else "-" if warm is None else _plain(warm)  # once per condition
+            cells = [table["condition"], *([metric] if metrics else []), *([warm_cell] if before else []),
+                     "-" if base_iv.get("mean") is None else _plain(base_iv["mean"]) + (
+                         "" if base_iv.get("half_width") is None else f" ± {_plain(base_iv['half_width'])}")]
+            detectable = []
+            for key in columns:
+                found = table.get("contrasts", {}) if " - " in key else table["paired"]
+                d = found.get(key, {}).get(metric)
+                if d is None or d.get("mean") is None:
+                    cells.append("-")
+                    continue
+                if d.get("half_width") is None:
+                    cells.append(f"{_signed(d['mean'])} (n={d['n']})")
+                    continue
+                text = f"{_signed(d['mean'])} [{_signed(d['low'])}, {_signed(d['high'])}]"
+                cells.append(f"**{text}**" if d["excludes_zero"] else text)
+                detectable.append(d["detectable"])
+            cells.append(f"{min(detectable):.3f}-{max(detectable):.3f}" if detectable else "-")
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -365,7 +392,8 @@ def outputs(exp: dict, runs: dict, out: Path, page: Path | None, figures: bool) 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", help="an experiment name (lab_stratified, lab_sorl, ...) or its YAML path")
+    p.add_argument("experiment", nargs="?", help="an experiment name (lab_stratified, lab_sorl, ...) or its YAML "
+                   "path; omitted: every experiment with committed summaries")
     p.add_argument("--results", type=Path, default=RESULTS, help="run summaries root (default: the committed ones)")
     p.add_argument("--out", type=Path, default=DOCS, help="folder for <experiment>.md / .json / figures (default docs/results)")
     p.add_argument("--no-figures", action="store_true", help="tables only (no matplotlib)")
@@ -375,6 +403,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a committed file differs "
                    "from what the summaries give")
     args = p.parse_args(argv)
+    if args.experiment is None:  # the whole results page, from the committed summaries, in one command
+        if args.results != RESULTS or args.page:
+            p.error("--results / --page need an experiment")
+        names = sorted(d.name for d in RESULTS.iterdir() if d.is_dir() and (HERE / f"{d.name}.yaml").is_file())
+        flags = [f for f, on in (("--no-figures", args.no_figures), ("--check", args.check)) if on]
+        return max([main([name, "--out", str(args.out), *flags]) for name in names], default=0)
     exp = load_experiment(args.experiment)
     runs = load_runs(exp, args.results)
     if not runs:

@@ -40,9 +40,51 @@ def tables(load_script):
         sys.path.remove(str(TABLES.parent))
 
 
-@pytest.mark.parametrize("experiment", ["lab_stratified", "lab_sorl"])
+COMMITTED = sorted(d.name for d in (REPO / "benchmarks" / "evidence" / "results").iterdir() if d.is_dir())
+
+
+@pytest.mark.parametrize("experiment", COMMITTED)
 def test_committed_tables_equal_what_the_committed_summaries_give(tables, experiment, capsys):
     assert tables.main([experiment, "--check"]) == 0, capsys.readouterr().out
+
+
+def test_one_command_checks_every_experiment_with_summaries(tables, capsys):
+    assert {"lab_stratified", "lab_sorl"} <= set(COMMITTED)
+    assert tables.main(["--check"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{name}: " in out for name in COMMITTED), out
+
+
+def _summary(arm: str, seed: int, em: float) -> dict:
+    return {"arm": arm, "condition": "c", "seed": seed, "eval": {"after": {"em": em}, "before": {"em": 0.1}},
+            "per_step": {"reward/mean": [em]}}
+
+
+def test_contrasts_pair_arms_by_seed_and_the_headline_shows_them_per_metric(tables):
+    """A contrast 'a - b' is the paired difference over the seeds both arms have (hand-computed here), and a
+    headline with `metrics` has one row per metric with the contrast's column."""
+    exp = {"name": "x", "baseline": "grpo", "arms": {"grpo": {}, "ppo": {}, "so_ppo": {}},
+           "conditions": {"c": {}}, "metrics": {"primary": "em_after", "secondary": ["em_gain"], "diagnostics": ["em_before"]},
+           "contrasts": ["so_ppo - ppo"],
+           "headline": {"label": "degree", "metrics": ["em_after", "em_gain"], "columns": {"so_ppo - ppo": "SO-PPO − PPO"}}}
+    ems = {"grpo": [0.5, 0.5, 0.5], "ppo": [0.4, 0.6, 0.5], "so_ppo": [0.5, 0.8, 0.6]}  # so_ppo - ppo: 0.1, 0.2, 0.1
+    arms = {arm: {s: _summary(arm, s, em) for s, em in enumerate(v)} for arm, v in ems.items()}
+    table = tables.condition_tables(exp, "c", arms)
+    d = table["contrasts"]["so_ppo - ppo"]["em_after"]
+    assert d["n"] == 3 and d["mean"] == pytest.approx(0.4 / 3)
+    assert table["contrasts"]["so_ppo - ppo"]["em_gain"]["mean"] == pytest.approx(0.4 / 3)  # before is equal
+    del arms["so_ppo"][2]  # an unpaired seed drops out of the contrast
+    assert tables.condition_tables(exp, "c", arms)["contrasts"]["so_ppo - ppo"]["em_after"]["mean"] == pytest.approx(0.15)
+    rows = tables.headline_table(exp, [table]).splitlines()
+    assert rows[0].startswith("| degree | metric | warm start | grpo | SO-PPO − PPO |")
+    assert [r.split(" | ")[1] for r in rows[2:]] == ["em_after", "em_gain"]
+    assert "+0.133" in rows[2] and "0.500 ± 0.000" in rows[2]
+    assert rows[2].split(" | ")[2] == "0.100" and rows[3].split(" | ")[2] == ""  # the warm start once per condition
+    no_warm = tables.headline_table({**exp, "headline": {**exp["headline"], "before": None}}, [table]).splitlines()
+    assert no_warm[0].startswith("| degree | metric | grpo | SO-PPO − PPO |") and no_warm[1] == "|---|---|---|---|---|"
+    assert no_warm[2].startswith("| c | em_after | 0.500 ± 0.000 | +0.133")
+    # without `contrasts` the table has no such key, so older committed tables stay byte-identical
+    assert "contrasts" not in tables.condition_tables({**exp, "contrasts": []}, "c", arms)
 
 
 def test_the_results_page_table_is_generated_between_its_markers(tables):
