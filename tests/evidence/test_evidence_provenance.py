@@ -162,7 +162,7 @@ def test_twohop_regime_and_its_metrics(ev, tmp_path):
     groups = set()
     for spec in specs[:8]:
         cfg = load_config(exp["base_path"], spec.overrides[:-1])
-        assert cfg.data.synthetic.options["hop_mix"] == [0.0, 1.0, 0.0] and cfg.sft.wrong_hop_fraction == 0.5
+        assert cfg.data.synthetic.options["hop_mix"] == [0.0, 1.0, 0.0] and cfg.sft.wrong_hop_fraction == 0.3  # retuned by the admission check
         groups.add(cfg.rollout.group_size)
     assert groups == {4, 8}
     design = exp["metrics"]
