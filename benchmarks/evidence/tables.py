@@ -285,19 +285,10 @@ def render(exp: dict, tables: list[dict], figures: dict[str, str], counts: dict[
         for arm, row in table["per_arm"].items():
             lines.append(f"| {arm} | {len(row['seeds'])} | " + " | ".join(_interval(row[m]) for m in table["metrics"]) + " |")
         if table["paired"]:
-            lines += ["", f"| arm − {exp['baseline']} | metric | difference [95% CI] | excludes 0 | detectable (80% power) |",
-                      "|---|---|---|---|---|"]
-            for arm, by_metric in table["paired"].items():
-                for m, d in by_metric.items():
-                    ez = {True: "yes", False: "no", None: "-"}[d["excludes_zero"]]
-                    lines.append(f"| {arm} | {m} | {_diff(d)} | {ez} | {_fmt(d['detectable'])} |")
+            lines += _difference_rows(f"arm − {exp['baseline']}", table["paired"])
         if table.get("contrasts"):
-            lines += ["", "| contrast | metric | difference [95% CI] | excludes 0 | detectable (80% power) |",
-                      "|---|---|---|---|---|"]
-            for pair, by_metric in table["contrasts"].items():
-                for m, d in by_metric.items():
-                    ez = {True: "yes", False: "no", None: "-"}[d["excludes_zero"]]
-                    lines.append(f"| {pair.replace(' - ', ' − ')} | {m} | {_diff(d)} | {ez} | {_fmt(d['detectable'])} |")
+            lines += _difference_rows("contrast", {pair.replace(" - ", " − "): by_metric
+                                                   for pair, by_metric in table["contrasts"].items()})
         if cond in figures:
             lines += ["", f"![{cond}]({figures[cond]})"]
     return "\n".join(lines) + "\n"
@@ -312,14 +303,34 @@ def _plain(x: float) -> str:
     return f"{x:.3f}".replace("-", "−")
 
 
+def _difference_rows(heading: str, differences: dict[str, dict[str, dict]]) -> list[str]:
+    """A markdown table of paired differences: one row per (name, metric) of ``differences``."""
+    lines = ["", f"| {heading} | metric | difference [95% CI] | excludes 0 | detectable (80% power) |",
+             "|---|---|---|---|---|"]
+    for name, by_metric in differences.items():
+        for m, d in by_metric.items():
+            ez = {True: "yes", False: "no", None: "-"}[d["excludes_zero"]]
+            lines.append(f"| {name} | {m} | {_diff(d)} | {ez} | {_fmt(d['detectable'])} |")
+    return lines
+
+
+def _headline_cell(d: dict | None) -> str:
+    """A paired difference as the results page writes it: mean [95% CI], bold when the CI excludes 0."""
+    if d is None or d.get("mean") is None:
+        return "-"
+    if d.get("half_width") is None:
+        return f"{_signed(d['mean'])} (n={d['n']})"
+    text = f"{_signed(d['mean'])} [{_signed(d['low'])}, {_signed(d['high'])}]"
+    return f"**{text}**" if d["excludes_zero"] else text
+
+
 def headline_table(exp: dict, tables: list[dict]) -> str:
     """The results page's table of an experiment (its YAML's ``headline``): ``label`` of the row column;
     ``columns``: arm -> heading (the arm's paired difference vs the baseline) or ``"a - b"`` -> heading (a
     contrast the YAML's ``contrasts`` lists); ``metrics``: the metrics, one row each per condition (default:
     the primary only). Per row: the warm start's mean of ``before`` (a metric, default em_before; null: no such
-    column), the
-    baseline's mean ± 95% CI, each column's paired difference [95% CI] (bold when it excludes 0), and the
-    range of the design's detectable differences."""
+    column), the baseline's mean ± 95% CI, each column's paired difference [95% CI] (bold when it excludes 0),
+    and the range of the design's detectable differences."""
     head = exp.get("headline") or {}
     columns = head.get("columns") or {a: a for a in exp["arms"] if a != exp["baseline"]}
     before = head.get("before", "em_before")  # null: no warm-start column
@@ -340,19 +351,11 @@ def headline_table(exp: dict, tables: list[dict]) -> str:
             cells = [table["condition"], *([metric] if metrics else []), *([warm_cell] if before else []),
                      "-" if base_iv.get("mean") is None else _plain(base_iv["mean"]) + (
                          "" if base_iv.get("half_width") is None else f" ± {_plain(base_iv['half_width'])}")]
-            detectable = []
-            for key in columns:
-                found = table.get("contrasts", {}) if " - " in key else table["paired"]
-                d = found.get(key, {}).get(metric)
-                if d is None or d.get("mean") is None:
-                    cells.append("-")
-                    continue
-                if d.get("half_width") is None:
-                    cells.append(f"{_signed(d['mean'])} (n={d['n']})")
-                    continue
-                text = f"{_signed(d['mean'])} [{_signed(d['low'])}, {_signed(d['high'])}]"
-                cells.append(f"**{text}**" if d["excludes_zero"] else text)
-                detectable.append(d["detectable"])
+            found = [(table.get("contrasts", {}) if " - " in key else table["paired"]).get(key, {}).get(metric)
+                     for key in columns]
+            cells += [_headline_cell(d) for d in found]
+            detectable = [d["detectable"] for d in found
+                          if d and d.get("mean") is not None and d.get("half_width") is not None]
             cells.append(f"{min(detectable):.3f}-{max(detectable):.3f}" if detectable else "-")
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
