@@ -327,21 +327,22 @@ def _headline_cell(d: dict | None) -> str:
 def headline_table(exp: dict, tables: list[dict]) -> str:
     """The results page's table of an experiment (its YAML's ``headline``): ``label`` of the row column;
     ``columns``: arm -> heading (the arm's paired difference vs the baseline) or ``"a - b"`` -> heading (a
-    contrast the YAML's ``contrasts`` lists); ``metrics``: the metrics, one row each per condition (default:
+    contrast the YAML's ``contrasts`` lists; default every arm but the baseline; none: the baseline's values
+    alone); ``metrics``: the metrics, one row each per condition (default:
     the primary only). Per row: the warm start's mean of ``before`` (a metric, default em_before; null: no such
     column), the baseline's mean ± 95% CI, each column's paired difference [95% CI] (bold when it excludes 0),
     and the range of the design's detectable differences."""
     head = exp.get("headline") or {}
-    columns = head.get("columns") or {a: a for a in exp["arms"] if a != exp["baseline"]}
+    columns = head["columns"] if head.get("columns") is not None else {a: a for a in exp["arms"] if a != exp["baseline"]}
     before = head.get("before", "em_before")  # null: no warm-start column
     base = exp["baseline"]
     base_name = head.get("baseline", base)
     metrics = head.get("metrics")
-    lines = [f"| {head.get('label', 'condition')} | " + ("metric | " if metrics else "")
-             + ("warm start | " if before else "") + f"{base_name} | "
-             + " | ".join(name if " - " in key else f"{name} − {base_name}" for key, name in columns.items())
-             + " | detectable |",
-             "|---|" + ("---|" if metrics else "") + ("---|" if before else "") + "---|" * (len(columns) + 2)]
+    # Without columns (a single-arm pilot) the table is the baseline's values alone: no differences to detect.
+    headings = [head.get("label", "condition"), *(["metric"] if metrics else []), *(["warm start"] if before else []),
+                base_name, *(name if " - " in key else f"{name} − {base_name}" for key, name in columns.items()),
+                *(["detectable"] if columns else [])]
+    lines = ["| " + " | ".join(headings) + " |", "|" + "---|" * len(headings)]
     for table in tables:
         row = table["per_arm"].get(base, {})
         warm = (row.get(before) or {}).get("mean") if before else None
@@ -356,7 +357,8 @@ def headline_table(exp: dict, tables: list[dict]) -> str:
             cells += [_headline_cell(d) for d in found]
             detectable = [d["detectable"] for d in found
                           if d and d.get("mean") is not None and d.get("half_width") is not None]
-            cells.append(f"{min(detectable):.3f}-{max(detectable):.3f}" if detectable else "-")
+            if columns:
+                cells.append(f"{min(detectable):.3f}-{max(detectable):.3f}" if detectable else "-")
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

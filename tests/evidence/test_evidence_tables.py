@@ -83,6 +83,10 @@ def test_contrasts_pair_arms_by_seed_and_the_headline_shows_them_per_metric(tabl
     no_warm = tables.headline_table({**exp, "headline": {**exp["headline"], "before": None}}, [table]).splitlines()
     assert no_warm[0].startswith("| degree | metric | grpo | SO-PPO − PPO |") and no_warm[1] == "|---|---|---|---|---|"
     assert no_warm[2].startswith("| c | em_after | 0.500 ± 0.000 | +0.133")
+    # A single-arm pilot (no columns): the baseline's values, and as many headings as cells in every row.
+    alone = tables.headline_table({**exp, "headline": {"label": "candidate", "before": None, "columns": {},
+                                                       "metrics": ["em_after"]}}, [table]).splitlines()
+    assert alone == ["| candidate | metric | grpo |", "|---|---|---|", "| c | em_after | 0.500 ± 0.000 |"]
     # without `contrasts` the table has no such key, so older committed tables stay byte-identical
     assert "contrasts" not in tables.condition_tables({**exp, "contrasts": []}, "c", arms)
 
