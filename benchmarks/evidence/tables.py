@@ -294,11 +294,6 @@ def render(exp: dict, tables: list[dict], figures: dict[str, str], counts: dict[
     return "\n".join(lines) + "\n"
 
 
-def _signed(x: float) -> str:
-    """+0.014 / −0.004: the results page's typography (a true minus sign)."""
-    return f"{x:+.3f}".replace("-", "−")
-
-
 def _plain(x: float) -> str:
     return f"{x:.3f}".replace("-", "−")
 
@@ -318,10 +313,8 @@ def _headline_cell(d: dict | None) -> str:
     """A paired difference as the results page writes it: mean [95% CI], bold when the CI excludes 0."""
     if d is None or d.get("mean") is None:
         return "-"
-    if d.get("half_width") is None:
-        return f"{_signed(d['mean'])} (n={d['n']})"
-    text = f"{_signed(d['mean'])} [{_signed(d['low'])}, {_signed(d['high'])}]"
-    return f"**{text}**" if d["excludes_zero"] else text
+    text = _diff(d).replace("-", "−")  # the page's typography: a true minus sign
+    return f"**{text}**" if d.get("half_width") is not None and d["excludes_zero"] else text
 
 
 def headline_table(exp: dict, tables: list[dict]) -> str:
