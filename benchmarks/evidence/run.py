@@ -523,25 +523,37 @@ def admit(exp: dict, spec: RunSpec, out: Path) -> list[str]:
     """Run the experiment's admission check of ``spec.task``'s warm start (admission.py): ``spec`` (a baseline
     run of the task) for admission.steps RL steps with admission.prompts prompts per step, no evals, into
     <out>/<experiment>/admission/<task>; returns the violated bounds ([] = admitted). A passing record
-    (admission/<task>.json) is reused."""
+    (admission/<task>.json) is reused. A lock file (as for runs) keeps two runners sharing a sweep from checking
+    one warm start at once, which would delete the run directory the other is reading; the runner that waited
+    takes the record the other wrote."""
     adm = exp["admission"]
     folder = out / exp["name"] / "admission" / spec.task
-    record = folder.parent / f"{spec.task}.json"
-    if record.is_file() and json.loads(record.read_text()).get("admitted"):
-        return []
-    drop = ("trainer.steps=", "trainer.prompts_per_step=", "trainer.eval_every=", "eval.before_after=")
-    overrides = [o for o in spec.overrides if not o.startswith(drop)] + as_overrides(adm.get("overrides", {})) + [
-        f"trainer.steps={int(adm.get('steps', 1))}", f"trainer.prompts_per_step={int(adm.get('prompts', 64))}",
-        "trainer.eval_every=0", "eval.before_after=false"]
-    if folder.exists():
-        shutil.rmtree(folder)
-    rc = _call([*STRATARL, "train", exp["base_path"], *overrides, "--run-dir", str(folder)], folder.parent / f"{spec.task}.log")
-    row = admission_check.first_step_row(folder)
-    failures = admission_check.check(row, adm["bounds"]) if rc == 0 else [f"the admission run failed (rc={rc})"]
-    keys = {admission_check.ALIASES.get(k, k) for k in adm["bounds"]}
-    record.write_text(json.dumps({"task": spec.task, "admitted": not failures, "failures": failures,
-                                  "first_step": {k: row.get(k) for k in sorted(keys)}}, indent=1) + "\n")
-    return failures
+    record, lock = folder.parent / f"{spec.task}.json", folder.parent / f".{spec.task}.lock"
+    waiting_since = time.time()
+    while (fd := _try_lock(lock)) is None:
+        time.sleep(1)  # another runner is checking this warm start
+    try:
+        if record.is_file():
+            have = json.loads(record.read_text())
+            if have.get("admitted") or record.stat().st_mtime >= waiting_since:
+                return list(have.get("failures", []))
+        drop = ("trainer.steps=", "trainer.prompts_per_step=", "trainer.eval_every=", "eval.before_after=")
+        overrides = [o for o in spec.overrides if not o.startswith(drop)] + as_overrides(adm.get("overrides", {})) + [
+            f"trainer.steps={int(adm.get('steps', 1))}", f"trainer.prompts_per_step={int(adm.get('prompts', 64))}",
+            "trainer.eval_every=0", "eval.before_after=false"]
+        if folder.exists():
+            shutil.rmtree(folder)
+        rc = _call([*STRATARL, "train", exp["base_path"], *overrides, "--run-dir", str(folder)],
+                   folder.parent / f"{spec.task}.log")
+        row = admission_check.first_step_row(folder)
+        failures = admission_check.check(row, adm["bounds"]) if rc == 0 else [f"the admission run failed (rc={rc})"]
+        keys = {admission_check.ALIASES.get(k, k) for k in adm["bounds"]}
+        record.write_text(json.dumps({"task": spec.task, "admitted": not failures, "failures": failures,
+                                      "first_step": {k: row.get(k) for k in sorted(keys)}}, indent=1) + "\n")
+        return failures
+    finally:
+        os.close(fd)
+        lock.unlink(missing_ok=True)
 
 
 def aggregate(exp: dict, root: Path, steps: int, include_unfinished: bool) -> int:

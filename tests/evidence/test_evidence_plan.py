@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -117,6 +120,30 @@ def test_a_run_locked_by_a_live_runner_is_left_to_it(runner, tmp_path):
     fd = runner._try_lock(lock)
     assert fd is not None and lock.read_text() == str(os.getpid())
     os.close(fd)
+
+
+def test_an_admission_check_another_runner_holds_is_waited_for_and_its_record_taken(runner, tmp_path, monkeypatch):
+    exp = runner.load_experiment("lab_stratified_twohop")
+    _, (spec, *_) = runner.plan(exp, tmp_path, seeds=1, steps=2, reduced=True, extra=[])
+    folder = tmp_path / exp["name"] / "admission"
+    record, lock = folder / f"{spec.task}.json", folder / f".{spec.task}.lock"
+    folder.mkdir(parents=True)
+    record.write_text(json.dumps({"admitted": False, "failures": ["an earlier refusal"]}))
+    os.utime(record, (0, 0))  # written before this runner asked: a refusal of an older warm start
+    lock.write_text(str(os.getpid()))  # a live runner is checking this warm start now
+
+    def other_runner_finishes():
+        time.sleep(1.5)
+        record.write_text(json.dumps({"admitted": False, "failures": ["share 0.4 outside [0.5, 1.0]"]}))
+        lock.unlink()
+
+    monkeypatch.setattr(runner, "_call", lambda *a, **k: pytest.fail("a second admission run started"))
+    threading.Thread(target=other_runner_finishes).start()
+    assert runner.admit(exp, spec, tmp_path) == ["share 0.4 outside [0.5, 1.0]"]  # the other's verdict, not a rerun
+    assert not lock.exists()
+    os.utime(record, (0, 0))  # the same refusal, now older than the next request: it is checked again
+    monkeypatch.setattr(runner, "_call", lambda *a, **k: 1)
+    assert runner.admit(exp, spec, tmp_path) == ["the admission run failed (rc=1)"]
 
 
 def test_world_from_gives_each_seed_its_own_world_and_warm_start(runner, tmp_path):
