@@ -265,8 +265,7 @@ def run_warmstart(exp: dict, task: str, overrides: list[str], out: Path, *, wait
     cmd = [*STRATARL, "sft", exp["base_path"], *overrides, "trainer.num_threads=1", "--out", str(folder)]
     # The base config by name (a sweep continued from another checkout trusts the same warm start).
     wanted = {"base": Path(exp["base_path"]).name, "overrides": overrides}
-    lock = out / "warmstart" / f"{task}.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock = out / "warmstart" / f"{task}.lock"  # _try_lock creates the folder
     while True:
         if (folder / "model" / "config.json").is_file() and record.is_file():
             have = json.loads(record.read_text())
@@ -276,18 +275,12 @@ def run_warmstart(exp: dict, task: str, overrides: list[str], out: Path, *, wait
                          "or use another --out")
             print(f"[skip] warm start {task}: {folder / 'model'} exists", flush=True)
             return True
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        if (fd := _try_lock(lock)) is not None:
             break
-        except FileExistsError:
-            if _stale(lock):
-                lock.unlink(missing_ok=True)
-                continue
-            if not wait:
-                return None
-            time.sleep(1)  # another runner is training it
+        if not wait:
+            return None
+        time.sleep(1)  # another runner is training it
     try:
-        os.write(fd, str(os.getpid()).encode())
         started = time.perf_counter()
         rc = _call(cmd, out / "warmstart" / f"{task}.log")
         ok = rc == 0 and (folder / "model" / "config.json").is_file()
