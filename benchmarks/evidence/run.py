@@ -418,10 +418,23 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
             "task": spec.task, "steps": len(steps), "config_hash": config_hash,
             "overrides": [o for o in spec.overrides if not o.startswith(MACHINE_KEYS)],
             "commit": record.get("commit"), "provenance": record,
-            "train_seconds": _round(float(run_summary.get("train_seconds", 0.0))),
+            "train_seconds": _round(_train_seconds(d, run_summary)),
             "measured": time.strftime("%Y-%m-%d"), "per_step": per_step,
             "binned": {"bin_steps": BIN_STEPS, "metrics": binned}, **({"first_step": first_step} if first_step else {}),
             "eval": evals}
+
+
+def _train_seconds(run_dir: Path, run_summary: dict) -> float:
+    """Seconds a run spent on its steps and evals. summary.json times the last process only, so a run resumed
+    from a checkpoint (``start_step`` > 0) sums its logged ``time/step`` and ``time/eval`` instead, each step's
+    last row counted once (a step re-run after a resume replaced its first row)."""
+    if not run_summary.get("start_step"):
+        return float(run_summary.get("train_seconds", 0.0))
+    from stratarl.infra.metrics import read_metrics  # here, as train_rows: the runner's top level imports no stratarl
+
+    last = {(key, int(row["step"])): float(row[key]) for row in read_metrics(run_dir)
+            for key in ("time/step", "time/eval") if key in row and isinstance(row.get("step"), (int, float))}
+    return sum(last.values())
 
 
 def _run_commit(run_dir: Path) -> str | None:

@@ -115,6 +115,25 @@ def test_summary_records_the_provenance_of_the_first_start_and_the_stratum_bins(
     assert "stratum/2/reward_mean" not in run_without["binned"]["metrics"] and "first_step" not in run_without
 
 
+def test_a_resumed_run_reports_the_time_of_all_its_steps_not_only_the_last_process(ev, tmp_path):
+    run, _ = ev
+    base = tmp_path / "lab.yaml"
+    base.write_text("a: 1\n")
+    spec = _spec(run, tmp_path, base, None)
+    _fake_run(spec.run_dir)
+    metrics = spec.run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows = [{"step": 0, "time/eval": 100.0}] + [{**r, "time/step": 10.0} for r in rows]
+    # Step 12 ran, the process died before its checkpoint, and the resume re-ran it (its last row counts).
+    rows += [{**rows[-1], "time/step": 30.0}, {"step": 12, "time/eval": 50.0}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    whole = run.summarize_run(spec, {"name": "x"}, spec.config_hash())
+    assert whole["train_seconds"] == 1.0  # one process: its own clock
+    (spec.run_dir / "summary.json").write_text(json.dumps({"steps": 12, "start_step": 10, "train_seconds": 1.0}))
+    resumed = run.summarize_run(spec, {"name": "x"}, spec.config_hash())
+    assert resumed["train_seconds"] == 100.0 + 11 * 10.0 + 30.0 + 50.0
+
+
 def test_admission_check_names_each_violated_bound():
     sys.path.insert(0, str(HERE))
     try:
