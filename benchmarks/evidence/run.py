@@ -42,6 +42,7 @@ from provenance import commit as _commit  # noqa: E402  (benchmarks/evidence/pro
 from provenance import provenance  # noqa: E402
 import admission as admission_check  # noqa: E402  (benchmarks/evidence/admission.py)
 import population as populations  # noqa: E402  (benchmarks/evidence/population.py: --population K)
+import pilot as pilots  # noqa: E402  (benchmarks/evidence/pilot.py: the mechanism admission on pilot worlds)
 WARMSTART = HERE / "warmstart.yaml"
 # Committed per-run summaries (small JSON): a sweep finished in parts, on several machines, regenerates its
 # tables from these alone (benchmarks/evidence/tables.py).
@@ -51,6 +52,7 @@ MACHINE_KEYS = ("model.init_from=", "data.synthetic.cache_dir=")
 PER_STEP_KEYS = ("reward/mean", "rollout/search_calls_mean")
 BIN_STEPS = 10  # the other headline metrics are kept as means over consecutive 10-step bins
 BINNED_KEYS = ("reward/em", "rollout/valid_action_rate", "stratum/cross_var", "stratum/zero_san_frac",
+               "stratum/live_groups_frac", "offpolicy/lag", "offpolicy/is_weight_mean",
                "loss/clip_frac", "loss/clip_frac_turn", "loss/approx_kl", "optim/grad_norm", "optim/update_norm",
                "sorl/c_norm", "sorl/scale", "sorl/engaged", "sorl/delta", "sorl/effective_scale")
 # With the experiment's `summary_strata: true`: per search count k, binned (stratum_bins).
@@ -196,8 +198,12 @@ def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: 
         warm start, so the CIs over seeds cover worlds and warm starts, not only RL seeds."""
         return [] if world_from is None else [f"data.synthetic.seed={world_from + seed}"]
 
+    # ``shared_warmstart: true``: one warm start per task for every world (a warm start that never sees the task's
+    # world, as the lab's: its demonstrations come from fresh worlds), so the worlds differ only in the RL task.
+    shared = bool(exp.get("shared_warmstart", False))
+
     def key(task: str, seed: int) -> str:  # one warm start per key
-        return task if world_from is None else f"{task}-w{world_from + seed}"
+        return task if world_from is None or shared else f"{task}-w{world_from + seed}"
 
     def seeds_of(cond: str) -> int:
         own = exp["conditions"][cond].get("seeds") if condition_seeds else None
@@ -208,9 +214,9 @@ def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: 
     sft = {}
     for t in sorted(tasks):
         task_seeds = max(seeds_of(c) for c in conditions if exp["conditions"][c]["task"] == t)
-        for seed in range(task_seeds if world_from is not None else 1):
+        for seed in range(task_seeds if world_from is not None and not shared else 1):
             sft[key(t, seed)] = (common + as_overrides(exp["tasks"][t]) + [x.replace("{task}", t) for x in tail]
-                                 + world(seed))
+                                 + ([] if shared else world(seed)))
     runs = []
     for seed in range(max(seeds_of(c) for c in conditions)):
         for cond in conditions:
@@ -594,6 +600,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--population", type=int, default=1, metavar="K", help="train K runs per process as a population "
                    "(`stratarl population`; docs/lab.md), --jobs processes at a time (default 1: one process per run)")
     p.add_argument("--reduced", action="store_true", help="CI sizes: the experiment's `reduced` section")
+    p.add_argument("--pilot", action="store_true", help="run the experiment's mechanism admission on its pilot worlds "
+                   "(its `pilot` section; benchmarks/evidence/pilot.py) and write the record the sweep needs")
     p.add_argument("--out", default="runs/evidence", help="output root (default runs/evidence)")
     p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                    help="extra override for every run and warm start (repeatable)")
@@ -611,12 +619,26 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     exp = load_experiment(args.experiment)
     red = exp.get("reduced", {}) if args.reduced else {}
+    results = args.results or (Path(args.out) / "results" if args.reduced else RESULTS)
+    # Pilot records sit beside the committed summaries (pilots/), or in a --results folder of one's own.
+    pilot_root = pilots.PILOTS if results == RESULTS else results / "pilots"
+    design = exp
+    if args.pilot:
+        import tables  # here: tables.py imports this module
+        try:
+            pilot = pilots.validate(exp, tables.METRICS)
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        exp = pilots.pilot_experiment(exp, pilot)
+        args.seeds, args.arms = pilot["seeds"], pilot["arms"]
+        args.conditions = pilot.get("conditions") or args.conditions
+    elif not args.reduced and not args.aggregate_only and (why := pilots.gate(exp, pilot_root)):
+        sys.exit(f"error: {why}")
     seeds = args.seeds or red.get("seeds") or exp.get("seeds", 3)
     # A condition's own `seeds` holds unless the command line or the reduced section sets one count for all.
     condition_seeds = not (args.seeds or red.get("seeds"))
     steps = args.steps or red.get("steps") or exp.get("steps", 30)
     root = Path(args.out) / exp["name"]
-    results = args.results or (Path(args.out) / "results" if args.reduced else RESULTS)
     if args.aggregate_only:
         return aggregate(exp, root, steps, args.include_unfinished)
     sft, runs = plan(exp, Path(args.out), seeds=seeds, steps=steps, reduced=args.reduced, extra=args.extra,
@@ -679,6 +701,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{busy} runs were in progress in another runner; the last runner to finish aggregates them", flush=True)
     print(f"all runs finished in {(time.perf_counter() - started) / 60:.1f} min; {failed} failed", flush=True)
     rc = aggregate(exp, root, steps, args.include_unfinished)
+    if args.pilot and failed:
+        print(f"error: {failed} pilot runs failed, so the pilot wrote no record. Fix: see their train.log, then run "
+              f"the pilot again (finished runs are kept)", flush=True)
+        return 1
+    if args.pilot:
+        import tables
+        record = pilots.judge(design, pilot, tables.load_runs(exp, results), tables.METRICS)
+        pilot_root.mkdir(parents=True, exist_ok=True)
+        pilots.record_path(design, pilot_root).write_text(json.dumps(record, indent=1) + "\n")
+        print(pilots.describe(record), flush=True)
+        print(f"wrote {pilots.record_path(design, pilot_root)}", flush=True)
+        return 1 if failed else (0 if record["admitted"] else 2)
     return 1 if failed else rc
 
 

@@ -124,6 +124,13 @@ METRICS = {
     "share_2s_last": ("share of rollouts with 2 searches, the last 10-step bin",
                       lambda r: _share(r, 2, len(_bins(r, "rollout/search_calls_frac/2")) - 1,
                                        len(_bins(r, "rollout/search_calls_frac/2")) - 1)),
+    "live_strata_1_50": ("share of prompt groups with >= 2 live strata (mean reward in [0.05, 0.95]), steps 1-50",
+                         lambda r: _mean(_bins(r, "stratum/live_groups_frac")[:5])),
+    "live_strata_at_100": ("share of prompt groups with >= 2 live strata, steps 91-100",
+                           lambda r: _mean(_bins(r, "stratum/live_groups_frac")[9:10])),
+    "valid_action_last": ("valid-action rate of the training rollouts, the last 10-step bin",
+                          lambda r: _mean(_bins(r, "rollout/valid_action_rate")[-1:])),
+    "lag": ("policy lag of the sampled batches (RL steps), mean over training", lambda r: _binned(r, "offpolicy/lag")),
     "reward_last_fifth": ("training reward, mean over the last 20% of the RL steps (the same rollouts consumed at "
                           "every degree when the mini-batch is fixed)", lambda r: _mean(_reward(r)[-max(1, len(_reward(r)) // 5):])),
 }

@@ -49,7 +49,8 @@ from stratarl.algos.registry import (
     register_policy_loss,
 )
 from stratarl.algos.sorl import DELTA_RULES, ClipBiasNormalizer, sorl_scale
-from stratarl.algos.strata import cross_stratum_variance, shuffle_strata_within_groups, zero_san_fraction
+from stratarl.algos.strata import (cross_stratum_variance, live_strata_group_fraction, shuffle_strata_within_groups,
+                                   zero_san_fraction)
 from stratarl.algos.turns import (
     LEVELS,
     cap_strata,
@@ -116,5 +117,6 @@ __all__ = [
     "tis_weights",
     "token_step_ids",
     "zero_san_fraction",
+    "live_strata_group_fraction",
     "sorl_scale",
 ]

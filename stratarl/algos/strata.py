@@ -5,6 +5,9 @@
 - :func:`zero_san_fraction`: share of rollouts whose SAN advantage is exactly 0 (their
   stratum cell has one rollout or all-equal rewards), i.e. rollouts for which Stratified
   GRPO falls back to (1 − α) · A_GN.
+- :func:`live_strata_group_fraction`: share of prompt groups holding at least two strata whose
+  mean reward is neither ~0 nor ~1, the groups in which SAN's within-stratum contrast differs
+  from GN's (an experiment's admission check for Stratified GRPO asks for it).
 - :func:`shuffle_strata_within_groups`: the control arm. Same stratum sizes inside every
   group as the real strata, but which rollout lands in which stratum is random, so any gain
   of the real strata over it comes from the structure, not from splitting groups smaller.
@@ -74,6 +77,32 @@ def zero_san_fraction(rewards: Tensor, group_ids: Tensor, strata_ids: Tensor) ->
     high = values.new_full((n_cells,), float("-inf")).scatter_reduce(0, cell, values, reduce="amax")
     degenerate = (counts < 2) | (low == high)
     return degenerate[cell].to(values.dtype).mean()
+
+
+def live_strata_group_fraction(rewards: Tensor, group_ids: Tensor, strata_ids: Tensor, *,
+                               low: float = 0.05, high: float = 0.95) -> Tensor:
+    """Share of groups with >= 2 live strata (a 0-dim tensor; 0 for an empty batch).
+
+        live(g) = #{k : low <= mean_{B_k ∩ g} R <= high} >= 2,   share = (1/G) Σ_g live(g)
+
+    A stratum whose mean reward is ~0 or ~1 carries no within-stratum contrast: with one such stratum
+    beside a live one, SAN's advantage is GN's up to a per-stratum offset, so Stratified GRPO can only
+    move the stratum shares, not the success inside a stratum (docs/algorithms.md §1). With rewards in
+    [0, 1], a one-rollout stratum is never live (its mean is its reward). Groups are weighted equally.
+    """
+    values = _checked_rewards(rewards, group_ids, strata_ids)
+    if not 0.0 <= low <= high <= 1.0:
+        raise ValueError(f"live_strata_group_fraction: need 0 <= low <= high <= 1, got low={low}, high={high}")
+    if values.numel() == 0:
+        return values.new_zeros(())
+    group, n_groups = dense_ids(group_ids)
+    cell, n_cells = stratum_cells(group_ids, strata_ids)
+    ones = torch.ones_like(values)
+    cell_mean = _segment_sum(values, cell, n_cells) / _segment_sum(ones, cell, n_cells)
+    cell_group = torch.zeros(n_cells, dtype=torch.long).scatter(0, cell, group)
+    live = ((cell_mean >= low) & (cell_mean <= high)).to(values.dtype)
+    live_per_group = _segment_sum(live, cell_group, n_groups)
+    return (live_per_group >= 2).to(values.dtype).mean()
 
 
 def shuffle_strata_within_groups(strata_ids: Tensor, group_ids: Tensor, generator: torch.Generator) -> Tensor:

@@ -22,7 +22,8 @@ import torch
 from stratarl.algos.mismatch import mismatch_metrics
 from stratarl.algos.presets import AlgorithmSpec
 from stratarl.algos.registry import AdvantageBatch, advantage_info
-from stratarl.algos.strata import cross_stratum_variance, shuffle_strata_within_groups, zero_san_fraction
+from stratarl.algos.strata import (cross_stratum_variance, live_strata_group_fraction, shuffle_strata_within_groups,
+                                   zero_san_fraction)
 from stratarl.infra.metrics import write_transcripts
 from stratarl.infra.threads import step_threads
 from stratarl.rollout.collect import (CollectedBatch, advantage_metrics, faulty_rollouts, rollout_metrics, step_states,
@@ -79,13 +80,17 @@ def advantage_strata(cfg: Config, observed: list[int], group_ids: list[int], ste
 
 def stratum_metrics(cfg: Config, collected: CollectedBatch, strata: list[int]) -> dict[str, float]:
     """stratum/cross_var and stratum/zero_san_frac on the strata the advantage used (see
-    stratarl.algos.strata); with random strata also stratum/cross_var_observed on the real ones."""
+    stratarl.algos.strata); with random strata also stratum/cross_var_observed on the real ones.
+    stratum/live_groups_frac (groups with >= 2 strata of mean reward in [0.05, 0.95]) is always taken on the
+    observed strata: it says whether the task gives Stratified GRPO anything to act on, whatever the arm."""
     if not collected.rewards:
         return {}
     rewards, groups = torch.tensor(collected.rewards, dtype=torch.float64), torch.tensor(collected.group_ids)
     used = torch.tensor(strata)
     out = {"stratum/cross_var": float(cross_stratum_variance(rewards, groups, used)),
-           "stratum/zero_san_frac": float(zero_san_fraction(rewards, groups, used))}
+           "stratum/zero_san_frac": float(zero_san_fraction(rewards, groups, used)),
+           "stratum/live_groups_frac": float(live_strata_group_fraction(rewards, groups,
+                                                                        torch.tensor(collected.strata)))}
     if cfg.algo.stratum_key == "random":
         out["stratum/cross_var_observed"] = float(cross_stratum_variance(rewards, groups, torch.tensor(collected.strata)))
     return out

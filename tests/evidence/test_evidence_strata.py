@@ -117,3 +117,64 @@ def test_random_strata_check_inputs():
         shuffle_strata_within_groups(torch.tensor([0, 1]), torch.tensor([0]), torch.Generator())
     with pytest.raises(TypeError, match="integer"):
         shuffle_strata_within_groups(torch.tensor([0.0, 1.0]), torch.tensor([0, 0]), torch.Generator())
+
+
+# ---- live_strata_group_fraction: the Paper A admission metric (stratum/live_groups_frac) ----
+
+from stratarl.algos import live_strata_group_fraction  # noqa: E402
+
+
+def _slow_live_groups(rewards, groups, strata, low=0.05, high=0.95):
+    """Loops only: per group, count strata whose mean reward is in [low, high]; share of groups with >= 2."""
+    live_groups = 0
+    for g in sorted(set(groups)):
+        rows = [i for i in range(len(rewards)) if groups[i] == g]
+        live = 0
+        for k in sorted({strata[i] for i in rows}):
+            cell = [rewards[i] for i in rows if strata[i] == k]
+            live += low <= sum(cell) / len(cell) <= high
+        live_groups += live >= 2
+    return live_groups / len(set(groups))
+
+
+def test_live_groups_hand_derived():
+    # group 0: stratum 1 mean 0.5, stratum 2 mean 0.5 -> live; group 1: stratum 1 all 0, stratum 2 mean 0.5 -> not;
+    # group 2: one stratum, mean 0.5 -> not (one live stratum only); group 3: two one-rollout strata (0, 1) -> not.
+    rewards = torch.tensor([1., 0., 1., 0., 0., 0., 1., 0., 1., 0., 1., 0., 0., 1.])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3])
+    strata = torch.tensor([1, 1, 2, 2, 1, 1, 2, 2, 2, 2, 2, 2, 1, 2])
+    assert float(live_strata_group_fraction(rewards, groups, strata)) == pytest.approx(0.25)
+    # the bounds are inclusive and adjustable: with low = 0 the all-0 stratum of group 1 is live too
+    assert float(live_strata_group_fraction(rewards, groups, strata, low=0.0)) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_live_groups_matches_slow_loop(seed):
+    rewards, groups, strata = _random_batch(seed, groups=7, size=8)
+    fast = float(live_strata_group_fraction(rewards, groups, strata))
+    assert fast == pytest.approx(_slow_live_groups(rewards.tolist(), groups.tolist(), strata.tolist()))
+    assert float(live_strata_group_fraction(rewards, groups, strata, low=0.2, high=0.7)) == pytest.approx(
+        _slow_live_groups(rewards.tolist(), groups.tolist(), strata.tolist(), 0.2, 0.7))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_live_groups_invariances(seed):
+    rewards, groups, strata = _random_batch(seed, groups=6, size=8)
+    value = float(live_strata_group_fraction(rewards, groups, strata))
+    perm = torch.randperm(rewards.numel(), generator=torch.Generator().manual_seed(seed))
+    # order of rollouts, the ids' labels, and the reward flip r -> 1 - r (symmetric bounds) leave it unchanged
+    assert float(live_strata_group_fraction(rewards[perm], groups[perm], strata[perm])) == pytest.approx(value)
+    assert float(live_strata_group_fraction(rewards, groups * 11 + 5, strata + 40)) == pytest.approx(value)
+    assert float(live_strata_group_fraction(1 - rewards, groups, strata)) == pytest.approx(value)
+    # one stratum per group: never two live strata
+    assert float(live_strata_group_fraction(rewards, groups, torch.zeros_like(strata))) == 0.0
+
+
+def test_live_groups_edge_cases():
+    empty, ids = torch.zeros(0), torch.zeros(0, dtype=torch.long)
+    assert float(live_strata_group_fraction(empty, ids, ids)) == 0.0
+    with pytest.raises(ValueError, match="low <= high"):
+        live_strata_group_fraction(torch.ones(2), torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long),
+                                   low=0.9, high=0.1)
+    with pytest.raises(ValueError):
+        live_strata_group_fraction(torch.ones(3), torch.zeros(2, dtype=torch.long), torch.zeros(3, dtype=torch.long))

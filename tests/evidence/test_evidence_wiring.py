@@ -114,9 +114,15 @@ class _Collected:
 def test_stratum_metrics_of_a_step():
     collected = _Collected([1.0, 1.0, 0.0, 0.0], [0, 0, 0, 0], [1, 1, 0, 0])
     m = stratum_metrics(_cfg(), collected, collected.strata)
-    assert m == {"stratum/cross_var": pytest.approx(0.25), "stratum/zero_san_frac": 1.0}
+    assert m == {"stratum/cross_var": pytest.approx(0.25), "stratum/zero_san_frac": 1.0,
+                 "stratum/live_groups_frac": 0.0}
     m = stratum_metrics(_cfg("algo.stratum_key=random"), collected, [1, 0, 1, 0])
     assert m["stratum/cross_var"] == pytest.approx(0.0) and m["stratum/cross_var_observed"] == pytest.approx(0.25)
+    # live strata are read on the observed strata whatever the advantage used: two live strata in one group
+    live = _Collected([1.0, 0.0, 1.0, 0.0, 1.0, 1.0], [0] * 6, [1, 1, 2, 2, 3, 3])
+    assert stratum_metrics(_cfg(), live, live.strata)["stratum/live_groups_frac"] == 1.0
+    shuffled = stratum_metrics(_cfg("algo.stratum_key=random"), live, [1, 2, 1, 2, 3, 3])  # 0 live if used
+    assert shuffled["stratum/live_groups_frac"] == 1.0
 
 
 def _example(i, question_type):
