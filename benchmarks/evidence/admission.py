@@ -18,6 +18,8 @@ from pathlib import Path
 ALIASES = {
     "two_search_share": "rollout/search_calls_frac/2",
     "success_given_2": "stratum/2/reward_mean",
+    "no_search_share": "rollout/search_calls_frac/0",
+    "success_given_0": "stratum/0/reward_mean",
     "reward": "reward/mean",
 }
 

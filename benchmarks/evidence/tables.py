@@ -124,6 +124,10 @@ METRICS = {
     "share_2s_last": ("share of rollouts with 2 searches, the last 10-step bin",
                       lambda r: _share(r, 2, len(_bins(r, "rollout/search_calls_frac/2")) - 1,
                                        len(_bins(r, "rollout/search_calls_frac/2")) - 1)),
+    "escaped": ("1 when the policy escaped the guessing shortcut: held-out EM >= 0.6 (above any one-country guess) "
+                "with >= 1.5 searches per question, else 0 (its mean is the share of worlds that escaped)",
+                lambda r: None if _eval(r, "after", "em") is None or _eval(r, "after", "searches") is None
+                else float(_eval(r, "after", "em") >= 0.6 and _eval(r, "after", "searches") >= 1.5)),
     "live_strata_1_50": ("share of prompt groups with >= 2 live strata (mean reward in [0.05, 0.95]), steps 1-50",
                          lambda r: _mean(_bins(r, "stratum/live_groups_frac")[:5])),
     "live_strata_at_100": ("share of prompt groups with >= 2 live strata, steps 91-100",
