@@ -152,7 +152,7 @@ def test_the_runner_refuses_a_sweep_before_its_pilot_then_runs_the_pilot_and_wri
     summaries = sorted(p.relative_to(results).as_posix() for p in results.glob("*/*/*.json"))
     assert summaries == ["offpolicy_small-pilot/lag32/grpo-s0.json"]
     summary = json.loads((results / summaries[0]).read_text())
-    assert "data.synthetic.seed=4101" in summary["overrides"]  # the pilot world, not the sweep's 5001
+    assert "data.synthetic.seed=4101" in summary["overrides"]  # the pilot world, not the sweep's 5101
     record = json.loads((results / "pilots" / "offpolicy_small.json").read_text())
     assert record["worlds"] == [4101] and record["checks"]["lag32/headroom"]["passed"]
     assert not record["checks"]["lag32/clipping"]["passed"] and not record["admitted"]

@@ -184,3 +184,19 @@ def test_a_condition_may_run_more_seeds_with_their_own_worlds(runner, tmp_path):
     exp["conditions"]["d16"]["seeds"] = 0
     with pytest.raises(SystemExit, match="seeds"):
         runner.plan(exp, tmp_path, seeds=3, steps=512, reduced=False, extra=[], condition_seeds=True)
+
+
+def test_shared_warmstart_trains_one_warm_start_for_every_world(runner, tmp_path):
+    """lab_offpolicy_lag: each seed on its own world (world_from), one warm start for all (it never sees a task
+    world), so the worlds differ only in the RL task."""
+    exp = runner.load_experiment("lab_offpolicy_lag")
+    sft, specs = runner.plan(exp, tmp_path, seeds=3, steps=5, reduced=False, extra=[], arms=["grpo"])
+    assert list(sft) == ["lab"] and not any(o.startswith("data.synthetic.seed=") for o in sft["lab"])
+    assert [s.task for s in specs] == ["lab"] * 3
+    assert [next(o for o in s.overrides if o.startswith("data.synthetic.seed=")) for s in specs] == [
+        "data.synthetic.seed=5101", "data.synthetic.seed=5102", "data.synthetic.seed=5103"]
+    assert {s.overrides[-1] for s in specs} == {f"model.init_from={tmp_path / 'warmstart' / 'lab' / 'model'}"}
+    # without it, one warm start per world (v3's lab_stratified_twohop)
+    exp.pop("shared_warmstart")
+    sft, specs = runner.plan(exp, tmp_path, seeds=2, steps=5, reduced=False, extra=[], arms=["grpo"])
+    assert list(sft) == ["lab-w5101", "lab-w5102"] and [s.task for s in specs] == ["lab-w5101", "lab-w5102"]
