@@ -17,7 +17,12 @@ index, for each arm. The knowledge bases are generated before any timing. Printe
    excluded) over wall x cores x the one-thread matmul peak measured here; and the executed share, from the
    executed / useful ratio of ``--count-steps`` steps counted by ``torch.utils.flop_counter``'s formulas in
    process (solo: the step; population: every member's step and the batched calls);
-3. a verdict against the 2.5x target.
+3. a verdict against the 2.5x target;
+4. same results: each population mode's held-out greedy EM after training against the solo run of the same world,
+   arm and seed, paired over the sweep's runs (mean difference with its 95% t-interval, the largest |difference|,
+   and how many runs' metrics.jsonl are bit-identical to the solo run's outside ``time/`` and ``perf/``). The
+   stated tolerance: the alone mode must be bit-identical; the stacked mode's interval must lie within
+   +-EM_TOLERANCE (rounding differences flip sampled tokens, so its trajectories drift; docs/lab.md).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import bench_lab  # noqa: E402  (benchmarks/bench_lab.py: the matmul peak, the FLOP model and counter formulas)
 
 TARGET_RATIO = 2.5
+EM_TOLERANCE = 0.03  # the stacked mode's paired held-out EM difference to solo must lie inside +-0.03 (95% CI)
 MODES = ("solo", "alone", "stacked")
 STRATARL = [sys.executable, "-m", "stratarl.cli"]
 
@@ -274,10 +280,53 @@ def main(argv: list[str] | None = None) -> int:
                          "step_s": wall * args.jobs / max(steps, 1), "useful_share": share,
                          "executed_per_useful": ratio, "executed_share": share * ratio, "steps": steps}
         print(f"{mode}: {wall:.0f} s", flush=True)
+    if "solo" in results:
+        for mode in (m for m in results if m != "solo"):
+            results[mode]["same_results"] = same_results(out, runs, mode)
     report(args, results, len(runs))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "peak": peak, "results": results}, indent=1) + "\n")
     return 0
+
+
+def _em_after(run_dir: Path) -> float | None:
+    try:
+        return float(json.loads((run_dir / "summary.json").read_text())["eval_after"]["em"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _training_rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without the wall-clock keys (time/, perf/): what must be equal for runs to be the same run."""
+    rows = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows.append({k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))})
+    return rows
+
+
+def same_results(out: Path, runs: list[dict], mode: str) -> dict:
+    """Paired held-out EM of ``mode``'s members against the solo runs (see the module docstring, item 4)."""
+    from stratarl.evaluation.stats import mean_ci
+
+    diffs, identical = [], 0
+    for run in runs:
+        solo, member = out / "solo" / run["name"], out / mode / run["name"]
+        a, b = _em_after(solo), _em_after(member)
+        if a is None or b is None:
+            continue
+        diffs.append(b - a)
+        try:
+            identical += _training_rows(solo) == _training_rows(member)
+        except (OSError, ValueError):
+            pass
+    ci = mean_ci(diffs)
+    within = ci.low is not None and -EM_TOLERANCE <= ci.low and ci.high <= EM_TOLERANCE
+    ok = identical == len(runs) if mode == "alone" else (len(diffs) == len(runs) and within)
+    return {"n": len(diffs), "mean": ci.mean, "low": ci.low, "high": ci.high,
+            "max_abs": max((abs(d) for d in diffs), default=None), "identical": identical, "ok": ok,
+            "solo_em": [_em_after(out / "solo" / r["name"]) for r in runs],
+            "member_em": [_em_after(out / mode / r["name"]) for r in runs]}
 
 
 def report(args, results: dict, runs: int) -> None:
@@ -299,6 +348,19 @@ def report(args, results: dict, runs: int) -> None:
         print(f"VERDICT {verdict}: {best} populations give {gain:.2f}x the runs per core-hour of the solo runner "
               f"(target >= {TARGET_RATIO}x); {statistics.fmean(r['steps'] for r in results.values()):.0f} RL steps "
               "per mode")
+    for mode, r in results.items():
+        same = r.get("same_results")
+        if not same:
+            continue
+        if same["n"] == 0:
+            print(f"SAME RESULTS {mode}: no held-out EM to compare (eval.before_after=false?)")
+            continue
+        rule = ("bit-identical metrics to solo" if mode == "alone"
+                else f"95% CI of the paired EM difference within +-{EM_TOLERANCE}")
+        interval = ("" if same["low"] is None else f" [{same['low']:+.4f}, {same['high']:+.4f}]")
+        print(f"SAME RESULTS {'PASS' if same['ok'] else 'FAIL'} {mode}: held-out EM member - solo, paired over "
+              f"{same['n']} runs: {same['mean']:+.4f}{interval}, max |diff| {same['max_abs']:.3f}; "
+              f"{same['identical']}/{same['n']} runs with bit-identical metrics (rule: {rule})")
 
 
 if __name__ == "__main__":
