@@ -26,6 +26,14 @@ def describe_os_error(error: BaseException) -> str:
     return f"{what}{where}" + (f". Fix: {fix}" if fix and "Fix:" not in what else "")
 
 
+class CommandFailed(Exception):
+    """A command stops with its own exit code; the message is the error line (``error: <message>``)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def fail(message: str, code: int = 2) -> int:
     """Print ``error: <message>`` on stderr; returns the exit code."""
     print(f"error: {message}", file=sys.stderr)
@@ -39,6 +47,8 @@ def guard(fn):
         return fn()
     except ConfigError as error:
         return fail(str(error))
+    except CommandFailed as error:
+        return fail(str(error), error.code)
     except (ValueError, FileNotFoundError, RuntimeError, KeyError) as error:
         if os.environ.get("STRATARL_DEBUG"):
             raise
