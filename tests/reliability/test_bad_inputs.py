@@ -105,6 +105,8 @@ def more_cases(tmp_path_factory, tiny_cfg):
          f"error: config file {root / 'syntax.yaml'} is not valid YAML at line 3, column 1: expected ',' or ']', "
          "but got '<stream end>' (while parsing a flow sequence that starts at line 2, column 10). Fix: correct "
          "the YAML syntax there"),
+        ("a YAML syntax error in a population spec", ["population", str(root / "syntax.yaml")],
+         f"error: population spec {root / 'syntax.yaml'} is not valid YAML at line 3, column 1"),
         ("an integer gold answer", ["data", "inspect", str(root / "int.jsonl")],
          f"error: {root / 'int.jsonl'}: row 0: field 'golden_answers': the gold answer 42 is a number, not text. "
          'Fix: write gold answers as strings, e.g. ["42"]'),
