@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from stratarl.cache import cache_root
+from stratarl.config_errors import ConfigError
 from stratarl.publish import staged_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -119,6 +120,7 @@ def resolve_model_path(name_or_path: str = DEFAULT_MODEL) -> str:
         return str(target)
     local = Path(name_or_path).expanduser()
     if local.is_dir():
+        _refuse_pickle_weights(local)
         return str(local.resolve())
     if name_or_path.startswith((".", "/", "~")) or local.exists():
         raise FileNotFoundError(
@@ -126,6 +128,22 @@ def resolve_model_path(name_or_path: str = DEFAULT_MODEL) -> str:
             f"bundled models: {sorted(_BUNDLED)}; anything else is read as a Hugging Face hub id)"
         )
     return name_or_path
+
+
+_PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.bin", "model.pt", "model.pth")
+
+
+def _refuse_pickle_weights(folder: Path) -> None:
+    """Only safetensors weights are loaded: a pickle file can run code when it is read."""
+    if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
+        return
+    pickles = sorted(name for name in _PICKLE_WEIGHTS if (folder / name).is_file())
+    if pickles:
+        raise ConfigError(
+            f"model folder {folder}: holds only pickle weights ({', '.join(pickles)}) and stratarl loads only "
+            f"safetensors (a pickle can run code when read). Fix: if you trust the file, convert it once with "
+            f"transformers: `AutoModelForCausalLM.from_pretrained(FOLDER, use_safetensors=False)"
+            f".save_pretrained(FOLDER, safe_serialization=True)`")
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
@@ -143,7 +161,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.
     bf16 matmuls are ~10x slower on typical laptop/server CPUs)."""
     from transformers import AutoModelForCausalLM  # start-up cost (seconds): only when a model loads
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=dtype)
+    # use_safetensors: never fall back to a pickle (pytorch_model.bin), from a folder or the hub.
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=dtype, use_safetensors=True)
     _clear_quantization(model)
     return model.to(device)
 

@@ -114,7 +114,12 @@ def load_experiment(name: str) -> dict:
     if not path.is_file():
         known = sorted(p.stem for p in HERE.glob("*.yaml") if p.stem not in ("base", "warmstart"))
         sys.exit(f"error: no experiment {name!r} ({path}). Fix: use one of {', '.join(known)}")
-    exp = yaml.safe_load(path.read_text())
+    try:
+        exp = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        from stratarl.config_errors import yaml_syntax_error
+
+        sys.exit(f"error: experiment file {yaml_syntax_error(path, error)}")
     exp["name"] = path.stem
     exp["base_path"] = str((path.parent / exp.get("base", "base.yaml")).resolve())
     # The warm-start fragment layered over the base (v1 experiments: warmstart.yaml); null: the base's own sft.

@@ -19,11 +19,32 @@ def describe_os_error(error: BaseException) -> str:
     if isinstance(error, UnicodeDecodeError):
         return f"a file is not UTF-8 text ({error.reason} at byte {error.start}); pass a text file"
     what = error.strerror or str(error)
+    # Where the system's words ("File exists", "Not a directory") do not say what happened, say it.
+    said = {errno.EEXIST: "already exists and is in the way of a folder or file to be created here",
+            errno.ENOTDIR: "a part of this path is a file, not a folder",
+            errno.ENOENT: "no such file or folder"}.get(error.errno)
+    if said and error.filename and "Fix:" not in what:
+        what = f"{error.filename}: {said}"
     fix = {errno.ENOSPC: "free disk space", errno.EACCES: "choose a folder you can write to",
-           errno.EROFS: "choose a writable folder", errno.ENOTDIR: "a part of the path is a file: choose another path",
-           errno.EEXIST: "a file is in the way: choose another path", errno.EISDIR: "pass a file, not a folder"}.get(error.errno)
+           errno.EROFS: "choose a writable folder", errno.ENOTDIR: "choose another path",
+           errno.EEXIST: "choose another path, or move it away", errno.ENOENT: "check the path",
+           errno.EISDIR: "pass a file, not a folder"}.get(error.errno)
     where = f": {error.filename}" if error.filename and str(error.filename) not in what else ""
     return f"{what}{where}" + (f". Fix: {fix}" if fix and "Fix:" not in what else "")
+
+
+def error_line(error: BaseException) -> str:
+    """What a command prints for an error it expects: an OSError described by `describe_os_error` (no raw
+    ``[Errno N]``), anything else as its message."""
+    return describe_os_error(error) if isinstance(error, OSError) else str(error)
+
+
+class CommandFailed(Exception):
+    """A command stops with its own exit code; the message is the error line (``error: <message>``)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def fail(message: str, code: int = 2) -> int:
@@ -39,9 +60,13 @@ def guard(fn):
         return fn()
     except ConfigError as error:
         return fail(str(error))
+    except CommandFailed as error:
+        return fail(str(error), error.code)
     except (ValueError, FileNotFoundError, RuntimeError, KeyError) as error:
         if os.environ.get("STRATARL_DEBUG"):
             raise
+        if isinstance(error, OSError) and error.errno is not None:  # the system's FileNotFoundError, not ours
+            return fail(describe_os_error(error), 1)
         return fail(f"{type(error).__name__}: {error}", 1)
     except OSError as error:  # disk full, read-only or unwritable run directory, a path under a file
         if os.environ.get("STRATARL_DEBUG"):

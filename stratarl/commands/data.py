@@ -108,7 +108,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from stratarl.data.search_r1 import DatasetFormatError, examples_from_rows, read_rows
+    from stratarl.data.search_r1 import DatasetFormatError, examples_from_rows, read_rows, require_rows
 
     path = Path(args.file)
     if not path.is_file():
@@ -116,7 +116,9 @@ def _inspect(args: argparse.Namespace) -> int:
     if path.suffix == ".jsonl" and _is_corpus(path):
         return _inspect_corpus(path, args.rows)
     try:
-        examples = examples_from_rows(read_rows(path), origin=str(path))
+        rows = read_rows(path)
+        require_rows(rows, str(path))  # as `data convert` and training do
+        examples = examples_from_rows(rows, origin=str(path))
     except DatasetFormatError as error:
         return fail(str(error))
     print(f"{path}: {len(examples)} questions")

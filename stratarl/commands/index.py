@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from stratarl.commands import error_line
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("index", help="build and inspect retrieval indexes (BM25, dense)")
@@ -107,7 +109,7 @@ def run_build(args: argparse.Namespace) -> int:
             )
             retriever.save(args.out)
     except (CorpusError, FileNotFoundError, ValueError, ModuleNotFoundError, OSError) as error:
-        return _fail(str(error))
+        return _fail(error_line(error))
     elapsed = time.perf_counter() - start
     print(f"built {args.kind} index of {num_passages} passages in {elapsed:.1f} s -> {args.out}")
     print(f"serve it with: stratarl serve --index {args.out}")
@@ -120,7 +122,7 @@ def run_info(args: argparse.Namespace) -> int:
     try:
         meta = read_index_meta(args.index)
     except (FileNotFoundError, ValueError) as error:
-        return _fail(str(error))
+        return _fail(error_line(error))
     print(json.dumps(meta, indent=2))
     return 0
 
@@ -134,7 +136,7 @@ def run_search(args: argparse.Namespace) -> int:
         retriever = build_retriever(args.index)
         results = retriever.search(args.queries, args.topk)
     except (CorpusError, FileNotFoundError, ValueError, ModuleNotFoundError, OSError) as error:
-        return _fail(str(error))
+        return _fail(error_line(error))
     if args.json:
         print(json.dumps(format_retrieve_response(results, return_scores=True), ensure_ascii=False))
         return 0

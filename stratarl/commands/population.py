@@ -36,11 +36,14 @@ def load_spec(path: str | Path) -> dict:
     """The spec as {"runs": [...], ...} (a bare list is the runs)."""
     import yaml  # start-up cost: only this command reads YAML here
 
-    data = yaml.safe_load(Path(path).read_text())
+    from stratarl.config_errors import ConfigError, yaml_syntax_error
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"population spec {yaml_syntax_error(path, error)}") from None
     spec = {"runs": data} if isinstance(data, list) else dict(data or {})
     if not isinstance(spec.get("runs"), list) or not spec["runs"]:
-        from stratarl.config_errors import ConfigError
-
         raise ConfigError(f"{path}: no runs. Fix: give a list of runs, each with run_dir and config (or resume: true)")
     return spec
 

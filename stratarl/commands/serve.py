@@ -6,6 +6,8 @@ import argparse
 import sys
 from dataclasses import asdict
 
+from stratarl.commands import error_line
+
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -114,7 +116,7 @@ def run_serve(args: argparse.Namespace) -> int:
         spec = _retriever_spec(args)
         retriever = build_retriever(spec) if args.workers == 1 or args.corpus is not None else None
     except (CorpusError, FileNotFoundError, ValueError, ModuleNotFoundError, OSError) as error:
-        print(f"stratarl serve: error: {error}", file=sys.stderr)
+        print(f"stratarl serve: error: {error_line(error)}", file=sys.stderr)
         return 2
     if args.host not in LOOPBACK_HOSTS:
         print(

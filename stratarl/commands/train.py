@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from stratarl.commands import guard
+from stratarl.commands import CommandFailed, guard
 
 CONFIG_HELP = "dotted overrides, e.g. algo.name=grpo trainer.steps=20 rollout.group_size=4"
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -46,18 +46,23 @@ PROBE_TIMEOUT_S = 10.0
 
 def check_retriever(cfg, args) -> None:
     """Before any warm start, rollout or evaluation: one probe search to a remote retriever
-    (`probe_retriever`, at most the spec's timeout_s or 10 s); `RetrievalError` naming the URL if it
-    fails. Local retrievers and ``--no-retriever-check`` skip it."""
+    (`probe_retriever`, at most the spec's timeout_s or 10 s); if it fails, one error line naming the URL and
+    exit code 3, as when retrieval failures stop a run. Local retrievers and ``--no-retriever-check`` skip it."""
     from stratarl.retrieval.factory import remote_url
 
     url = remote_url(cfg.retrieval.spec)
     if url is None or getattr(args, "no_retriever_check", False):
         return
+    from stratarl.retrieval.base import RetrievalError
     from stratarl.retrieval.remote import probe_retriever
+    from stratarl.trainer.stops import RETRIEVAL_STOP_CODE
 
     spec = cfg.retrieval.spec
     timeout = spec.get("timeout_s", PROBE_TIMEOUT_S) if isinstance(spec, dict) else PROBE_TIMEOUT_S
-    probe_retriever(url, timeout_s=min(float(timeout), PROBE_TIMEOUT_S))
+    try:
+        probe_retriever(url, timeout_s=min(float(timeout), PROBE_TIMEOUT_S))
+    except RetrievalError as error:  # the exit code of a run that retrieval failures stopped
+        raise CommandFailed(str(error), RETRIEVAL_STOP_CODE) from None
     print(f"retriever {url} answered a probe search", flush=True)
 
 

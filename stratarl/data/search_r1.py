@@ -64,19 +64,28 @@ def extract_question(prompt: str | Sequence[dict]) -> str:
 # --------------------------------------------------------------------------- reading rows
 
 
-def _as_answers(value: Any) -> list[str] | None:
+def _as_answers(value: Any, where: str = "", field: str = "golden_answers") -> list[str] | None:
     """Gold answers from any of the shapes seen in the wild: a string, a list, or
-    a ``{"target": ...}`` dict (Search-R1's ground_truth)."""
+    a ``{"target": ...}`` dict (Search-R1's ground_truth). Answers are text: a number is refused
+    (``42`` and ``"42.0"`` would be scored differently), naming ``where`` and ``field``."""
     if value is None:
         return None
     if isinstance(value, dict):
-        return _as_answers(value.get("target"))
+        return _as_answers(value.get("target"), where, f"{field}.target")
     if isinstance(value, str):
         return [value]
-    if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
-        items = value.tolist() if hasattr(value, "tolist") else value
-        return [str(item) for item in items if item is not None]
-    return [str(value)]
+    items = value.tolist() if hasattr(value, "tolist") else value
+    if not isinstance(items, (list, tuple)):
+        items = [items]
+    for item in items:
+        if item is not None and not isinstance(item, str):
+            number = isinstance(item, (int, float)) and not isinstance(item, bool)
+            shown = str(item) if number else repr(item)[:40]
+            kind = "number" if number else type(item).__name__
+            raise DatasetFormatError(
+                f"{where}: field '{field}': the gold answer {shown} is a {kind}, not text. Fix: "
+                f"write gold answers as strings, e.g. [\"{shown}\"]")
+    return [item for item in items if item is not None]
 
 
 def _nested(row: dict, outer: str, inner: str) -> Any:
@@ -158,14 +167,14 @@ def example_from_row(row: dict, *, row_index: int, origin: str, id_: str | None 
     # Search-R1's reward reads reward_model.ground_truth.target, so it comes first. Empty answers
     # are kept: Search-R1 scores a prediction that normalises to "" against them (EM 1 for "the").
     answers = None
-    for value in (
-        _nested(row, "reward_model", "ground_truth"),
-        _nested(row, "reward_spec", "ground_truth"),
-        row.get("golden_answers"),
-        row.get("answers"),
-        row.get("answer"),
+    for field, value in (
+        ("reward_model.ground_truth", _nested(row, "reward_model", "ground_truth")),
+        ("reward_spec.ground_truth", _nested(row, "reward_spec", "ground_truth")),
+        ("golden_answers", row.get("golden_answers")),
+        ("answers", row.get("answers")),
+        ("answer", row.get("answer")),
     ):
-        answers = [a.strip() for a in _as_answers(value) or []]
+        answers = [a.strip() for a in _as_answers(value, where, field) or []]
         if answers:
             break
     if not answers:
@@ -289,6 +298,12 @@ def _load_hub(name: str, split: str | None) -> list[dict]:
     return list(datasets.load_dataset(name, split=split or "train"))
 
 
+def require_rows(rows: Sequence[dict], origin: str) -> None:
+    """Refuse a question file with no rows (every command that reads one: convert, inspect, training)."""
+    if not rows:
+        raise DatasetFormatError(f"{origin}: contains no rows. Fix: pass a question file with at least one row")
+
+
 def load_examples(path_or_name: str | Path, *, split: str | None = None, limit: int | None = None) -> list[Example]:
     """Load questions as Examples from a file, a folder, or a hub dataset name.
 
@@ -314,8 +329,7 @@ def load_examples(path_or_name: str | Path, *, split: str | None = None, limit: 
         rows, origin = read_rows(path), str(path)
     else:
         rows, origin = _load_hub(str(path_or_name), split), str(path_or_name)
-    if not rows:
-        raise DatasetFormatError(f"{origin}: contains no rows")
+    require_rows(rows, origin)
     examples = examples_from_rows(rows, origin=origin)
     if filter_split is not None:
         kept = [e for e in examples if e.metadata.get("split") == filter_split]

@@ -371,7 +371,8 @@ def _load_weights(module: torch.nn.Module, file: Path, path: Path) -> None:
             raise ValueError(mismatch_message(path, mismatches))
         missing, unexpected = load_model(module, str(file), strict=False)
     except (SafetensorError, OSError) as error:  # a corrupt header (a folder without a manifest)
-        raise CheckpointError(f"{file} cannot be read ({' '.join(str(error).split())[:200]})") from None
+        why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)  # no "[Errno 2]"
+        raise CheckpointError(f"{file} cannot be read ({' '.join(why.split())[:200]})") from None
     if missing or unexpected:
         names = sorted(missing)[:3] if missing else sorted(unexpected)[:3]
         what = f"{len(missing)} tensor(s) the model has are missing there" if missing else \

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass
 
 from stratarl.retrieval.base import Passage
@@ -33,11 +34,23 @@ class ServerLimits:
     of a single request (16384 = 4096 queries at topk 4)."""
 
     def __post_init__(self) -> None:
+        # Messages name the `stratarl serve` flag users type (`_flag`).
+        defaults = ServerLimits.__dataclass_fields__
         for name, value in asdict(self).items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ServerLimits.{name} must be a positive integer, got {value!r}")
+                flag = _flag(name)
+                raise ValueError(f"{flag} {value!r}: must be a positive integer. Fix: pass e.g. "
+                                 f"{flag} {defaults[name].default}")
         if self.default_topk > self.max_topk:
-            raise ValueError(f"default_topk ({self.default_topk}) must be <= max_topk ({self.max_topk})")
+            raise ValueError(f"--topk {self.default_topk} is more than --max-topk {self.max_topk}. Fix: lower --topk "
+                             f"or raise --max-topk")
+
+
+def _flag(field: str) -> str:
+    """The `stratarl serve` flag that sets a `ServerLimits` field (max_body_bytes has none: its own name)."""
+    if field == "max_body_bytes":
+        return field
+    return "--topk" if field == "default_topk" else "--" + field.replace("_", "-")
 
 
 class RequestError(Exception):
@@ -73,8 +86,11 @@ def decode_retrieve_request(body: bytes, limits: ServerLimits) -> tuple[list[str
         payload = json.loads(body)
     except RecursionError:
         raise RequestError(400, "request body is nested too deeply") from None
-    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, an integer of > 4300 digits
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise RequestError(400, f"request body is not valid JSON: {str(error)[:200]}") from None
+    except ValueError:  # an integer of more digits than Python converts (its message advises a server setting)
+        raise RequestError(400, f"request body has an integer of more than {sys.get_int_max_str_digits()} digits; "
+                                "send small integers (e.g. \"topk\": 3)") from None
     return parse_retrieve_request(payload, limits)
 
 

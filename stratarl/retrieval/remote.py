@@ -188,6 +188,7 @@ def probe_retriever(url: str, timeout_s: float = 10.0) -> None:
     import httpx  # 0.2 s to import: only when a probe is sent, so `import stratarl.retrieval` stays light
 
     why = None
+    fix = "start the server (`stratarl serve --index DIR`) or correct retrieval.spec"
     try:
         response = httpx.post(url, json={"queries": ["stratarl probe"], "topk": 1, "return_scores": True},
                               timeout=timeout_s)
@@ -196,14 +197,24 @@ def probe_retriever(url: str, timeout_s: float = 10.0) -> None:
     except httpx.TransportError as error:
         why = transport_error(error)
     else:
-        if response.status_code >= 400:
-            why = f"HTTP {response.status_code}: {' '.join(response.text.split())[:200]}"
+        body = " ".join(response.text.split())[:200]
+        if response.status_code >= 500:
+            why = f"the server answered HTTP {response.status_code}: {body}"
+            fix = "the server is running but failing: see its log"
+        elif response.status_code >= 400:
+            why = f"HTTP {response.status_code}: {body}"
+            fix = "correct retrieval.spec (the URL of a /retrieve server)"
         else:
+            fix = "correct retrieval.spec (the URL of a stratarl or Search-R1 /retrieve server)"
             try:
-                parse_retrieve_response(response.json(), 1, where="the reply")
-            except (ValueError, RetrievalError) as error:
-                why = f"{str(error)[:200]}"
+                payload = response.json()
+            except ValueError:
+                why = f"the reply is not JSON: {body[:80]!r}"
+            else:
+                try:
+                    parse_retrieve_response(payload, 1, where="the reply")
+                except (ValueError, RetrievalError) as error:
+                    why = f"{str(error)[:200]}"
     if why is not None:
-        raise RetrievalError(f"retrieval.spec: the probe search to {url} failed ({why}). Fix: start the server "
-                             "(`stratarl serve --index DIR`) or correct retrieval.spec; --no-retriever-check "
-                             "skips this check")
+        raise RetrievalError(f"retrieval.spec: the probe search to {url} failed ({why}). Fix: {fix}; "
+                             "--no-retriever-check skips this check")

@@ -26,7 +26,7 @@ import yaml
 
 from stratarl.algos.presets import AlgorithmSpec
 from stratarl.algos.registry import advantage_info
-from stratarl.config_errors import ConfigError
+from stratarl.config_errors import ConfigError, yaml_syntax_error
 from stratarl.config_errors import fail as _fail
 from stratarl.config_tree import apply_overrides, build, parse_override
 from stratarl.infra.precision import DevicePolicy
@@ -179,7 +179,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         except _DuplicateKey as e:
             raise ConfigError(f"config file {str(path)!r}: {e}") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
+            raise ConfigError(f"config file {yaml_syntax_error(path, e)}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(path)!r} must be a mapping of sections. Fix: start it with e.g. `trainer:`.")
     try:

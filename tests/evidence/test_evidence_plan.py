@@ -85,6 +85,16 @@ def test_unknown_experiment_names_the_known_ones(runner):
         runner.load_experiment("nope")
 
 
+def test_an_experiment_file_with_a_yaml_syntax_error_is_one_line_naming_it(runner, tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("conditions:\n  a: {task: x\n")
+    with pytest.raises(SystemExit) as info:
+        runner.load_experiment(str(path))
+    assert str(info.value) == (f"error: experiment file {path} is not valid YAML at line 3, column 1: expected ',' or "
+                               "'}', but got '<stream end>' (while parsing a flow mapping that starts at line 2, "
+                               "column 6). Fix: correct the YAML syntax there")
+
+
 def test_finished_requires_all_steps(runner, tmp_path):
     assert not runner.finished(tmp_path, 3)
     (tmp_path / "summary.json").write_text('{"steps": 2, "interrupted": false}')

@@ -174,13 +174,52 @@ def test_a_hanging_server_costs_the_budget_per_step_then_stops_the_cli_with_exit
 
 
 def test_the_cli_probes_a_remote_retriever_before_any_work(hanging_server, dead_url, tmp_path, base_overrides):
+    # Exit code 3, as when retrieval failures stop a run during training.
     for url, why in ((dead_url, "ConnectError"), (hanging_server.url, "no answer within 0.5 s")):
         run_dir = tmp_path / why.split()[0]
         code, err = run_cli(["train", str(TINY), *base_overrides, remote_spec(url, timeout_s=0.5),
                              "--run-dir", str(run_dir)])
         error = [line for line in err.splitlines() if "error:" in line]
-        assert code == 1 and len(error) == 1 and url in error[0] and why in error[0], err
+        assert code == 3 and len(error) == 1 and url in error[0] and why in error[0], err
         assert "--no-retriever-check" in error[0] and error[0].count("Fix:") == 1
+        assert "Fix: start the server" in error[0]
         assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "sft").exists()
     code, err = run_cli(["eval", str(TINY), *base_overrides, remote_spec(dead_url, timeout_s=0.5)])
-    assert code == 1 and dead_url in err and "probe search" in err
+    assert code == 3 and dead_url in err and "probe search" in err
+
+
+def test_the_probe_says_what_a_failing_or_wrong_server_answered(flaky_server, tmp_path, base_overrides):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    flaky_server.failing = True
+    code, err = run_cli(["train", str(TINY), *base_overrides, remote_spec(flaky_server.url), "--run-dir",
+                         str(tmp_path / "a")])
+    assert code == 3 and err.splitlines()[-1] == (
+        f"error: retrieval.spec: the probe search to {flaky_server.url} failed (the server answered HTTP 500: "
+        '{"error": "outage"}). Fix: the server is running but failing: see its log; --no-retriever-check skips '
+        "this check")
+
+    class Html(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            payload = b"<html>not a retriever</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Html)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/retrieve"
+    try:
+        code, err = run_cli(["train", str(TINY), *base_overrides, remote_spec(url), "--run-dir", str(tmp_path / "b")])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 3 and err.splitlines()[-1] == (
+        f"error: retrieval.spec: the probe search to {url} failed (the reply is not JSON: '<html>not a retriever"
+        "</html>'). Fix: correct retrieval.spec (the URL of a stratarl or Search-R1 /retrieve server); "
+        "--no-retriever-check skips this check")
