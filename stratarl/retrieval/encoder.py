@@ -101,7 +101,9 @@ class TextEncoder:
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model)
-        self.model = AutoModel.from_pretrained(settings.model, dtype=torch.float32).to(self.device).eval()
+        # safetensors only: a pickle (pytorch_model.bin) can run code when read, so it is never a fallback
+        self.model = AutoModel.from_pretrained(settings.model, dtype=torch.float32,
+                                               use_safetensors=True).to(self.device).eval()
 
     @torch.inference_mode()
     def encode(self, texts: list[str]) -> torch.Tensor:
