@@ -386,3 +386,94 @@ def test_golds_are_read_as_the_reward_reads_them(tmp_path):
 def test_em_reward_equals_compute_score_em(response, golds, tok):
     prompt = tok.decode(search_r1_prompt_ids(tok, [{"role": "user", "content": search_r1_make_prefix("q?")}]))
     assert em_reward(response, golds) == search_r1_compute_score_em(prompt + response, {"target": golds})
+
+
+# --------------------------------------------------------------------------- crossing stop tags
+
+# Search-R1's rollout passes no stop strings to vLLM: a turn generates to EOS or its token budget, then
+# _postprocess_responses cuts the text after the first </search> anywhere in it, else after the first
+# </answer>. stratarl's generator stops at the first stop string to complete. The two turns differ only
+# when </answer> completes before a later </search>: Search-R1 keeps the text up to that </search>,
+# stratarl the text up to </answer>. Each case: what the model would write in one turn, unstopped ->
+# (Search-R1's action, stratarl's action); an action is (kind, content), kind None / "invalid" for neither.
+CROSSING = {
+    "(a) answer, then a search": (
+        "<answer>x</answer> then <search>q</search>", ("answer", "x"), ("answer", "x")),
+    "(a2) answer, another answer, then a search": (
+        "<answer>x</answer> <answer>y</answer> <search>q</search>", ("answer", "x"), ("answer", "x")),
+    "(b) answer nested inside an open search": (
+        "<search>q <answer>x</answer> </search>", ("search", "q <answer>x</answer>"), ("answer", "x")),
+    "(c) search nested inside an open answer": (
+        "<answer>x <search>q</search> </answer>", ("search", "q"), ("search", "q")),
+    "(d) mismatched close, no later </search>": ("<search>q</answer> more", (None, ""), ("invalid", "")),
+    "(d2) mismatched close, a later </search>": (
+        "<search>q</answer> more</search>", ("search", "q</answer> more"), ("invalid", "")),
+    "(e) a stray </answer>, then a search": (
+        "<think>done</answer></think> <search>q</search>", ("search", "q"), ("invalid", "")),
+    "(f) a stray </answer>, an answer, then a search": (
+        "x</answer> <answer>y</answer> <search>q</search>", ("answer", "y"), ("invalid", "")),
+    "(g) a stray </answer>, a stray </search>": ("x</answer> y</search>", (None, ""), ("invalid", "")),
+    "(h) answer closed by </search>": ("<answer>x</search> y</answer>", (None, ""), ("invalid", "")),
+    "(i) search first, then an answer: no crossing": (
+        "<search>q</search> <answer>x</answer>", ("search", "q"), ("search", "q")),
+}
+
+
+def stratarl_turn(tok, generation: str) -> str:
+    """The text of stratarl's turn: the tokens up to the one that completes a stop string (StopMatcher)."""
+    from stratarl.rollout.parsing import STOP_STRINGS
+    from stratarl.rollout.stopping import StopMatcher
+
+    ids = list(tok(generation, add_special_tokens=False)["input_ids"])
+    matcher = StopMatcher(tok, STOP_STRINGS)
+    end = next((k for k in range(1, len(ids) + 1) if matcher.check(ids[:k]) is not None), len(ids))
+    return tok.decode(ids[:end], skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("name", list(CROSSING))
+def test_crossing_stop_tags(name, tok):
+    from stratarl.rollout.parsing import find_stop, parse_action
+
+    generation, reference_action, stratarl_action = CROSSING[name]
+    reference_text = search_r1_postprocess_response(generation)
+    assert search_r1_postprocess_prediction(reference_text) == reference_action
+    text = stratarl_turn(tok, generation)
+    # The turn ends with the token that completes its first stop string (text after the stop inside that
+    # token stays: "<think>done</answer></" in case (e)).
+    stop = find_stop(generation)
+    assert generation.startswith(text) and text.startswith(generation[:stop[0]] if stop else generation)
+    action = parse_action(text)
+    assert (action.kind, action.content) == stratarl_action
+    # The turns differ exactly when </answer> completes before a later </search>.
+    crossing = "</search>" in generation and generation.find("</answer>") != -1 and \
+        generation.find("</answer>") + len("</answer>") <= generation.find("</search>")
+    assert (text != reference_text) == crossing
+
+
+def test_crossing_stop_tags_can_end_a_rollout_a_turn_earlier_with_another_reward(tok, tmp_path):
+    # Case (b) in a turn that may search: stratarl answers x and ends; Search-R1 searches for
+    # "q <answer>x</answer>" and answers y in the next turn.
+    path, row = _example_file(tmp_path, "what is it", ["y"])
+    generations = ["<search>q <answer>x</answer> </search>", "<answer>y</answer>"]
+    reference = search_r1_rollout(generations, server, max_turns=2)
+    reference_prompt = search_r1_prompt_ids(tok, row["prompt"])
+    reference_reward = search_r1_compute_score_em(tok.decode(reference_prompt) + reference["response"],
+                                                  row["reward_model"]["ground_truth"])
+    (example,) = load_examples(path)
+    (prompt,) = encode_prompts(tok, [example])
+    model = ScriptedModel(tok, {tuple(prompt): [stratarl_turn(tok, g) for g in generations]})
+    (rollout,) = RolloutEngine(model, ServerRetriever(), tok, RolloutConfig(max_turns=2, topk=3)).run([prompt])
+
+    assert (reference["turns"], reference["queries"], reference_reward) == (2, ["q <answer>x</answer>"], 1)
+    assert (len(rollout.turns), rollout.queries, rollout.answer, rollout.end_reason) == (1, [], "x", "answer")
+    assert em_reward(rollout.response_text, example.golden_answers) == 0
+
+
+def test_crossing_stop_tags_can_change_the_reward_of_the_same_action(tok):
+    # Case (a2): both answer x and end the rollout, but Search-R1's turn holds a second answer, and its
+    # reward reads the last <answer> of prompt + response.
+    generation = CROSSING["(a2) answer, another answer, then a search"][0]
+    prompt = tok.decode(search_r1_prompt_ids(tok, [{"role": "user", "content": search_r1_make_prefix("q?")}]))
+    reference_response = search_r1_postprocess_response(generation)
+    assert search_r1_compute_score_em(prompt + reference_response, {"target": ["y"]}) == 1
+    assert em_reward(stratarl_turn(tok, generation), ["y"]) == 0
