@@ -450,23 +450,38 @@ def test_crossing_stop_tags(name, tok):
     assert (text != reference_text) == crossing
 
 
-def test_crossing_stop_tags_can_end_a_rollout_a_turn_earlier_with_another_reward(tok, tmp_path):
-    # Case (b) in a turn that may search: stratarl answers x and ends; Search-R1 searches for
-    # "q <answer>x</answer>" and answers y in the next turn.
-    path, row = _example_file(tmp_path, "what is it", ["y"])
-    generations = ["<search>q <answer>x</answer> </search>", "<answer>y</answer>"]
-    reference = search_r1_rollout(generations, server, max_turns=2)
+def _crossing_rollouts(tok, tmp_path, generations, golds, max_turns):
+    """(Search-R1's rollout and reward, stratarl's rollout and reward) for one question's unstopped turns."""
+    path, row = _example_file(tmp_path, "what is it", golds)
+    reference = search_r1_rollout(generations, server, max_turns)
     reference_prompt = search_r1_prompt_ids(tok, row["prompt"])
     reference_reward = search_r1_compute_score_em(tok.decode(reference_prompt) + reference["response"],
                                                   row["reward_model"]["ground_truth"])
     (example,) = load_examples(path)
     (prompt,) = encode_prompts(tok, [example])
     model = ScriptedModel(tok, {tuple(prompt): [stratarl_turn(tok, g) for g in generations]})
-    (rollout,) = RolloutEngine(model, ServerRetriever(), tok, RolloutConfig(max_turns=2, topk=3)).run([prompt])
+    config = RolloutConfig(max_turns=max_turns, topk=3)
+    (rollout,) = RolloutEngine(model, ServerRetriever(), tok, config).run([prompt])
+    return reference, reference_reward, rollout, em_reward(rollout.response_text, example.golden_answers)
 
+
+def test_crossing_stop_tags_can_end_a_rollout_a_turn_earlier_with_another_reward(tok, tmp_path):
+    # Case (b) in a turn that may search: stratarl answers x and ends; Search-R1 searches for
+    # "q <answer>x</answer>" and answers y in the next turn.
+    generations = ["<search>q <answer>x</answer> </search>", "<answer>y</answer>"]
+    reference, reference_reward, rollout, reward = _crossing_rollouts(tok, tmp_path, generations, ["y"], 2)
     assert (reference["turns"], reference["queries"], reference_reward) == (2, ["q <answer>x</answer>"], 1)
-    assert (len(rollout.turns), rollout.queries, rollout.answer, rollout.end_reason) == (1, [], "x", "answer")
-    assert em_reward(rollout.response_text, example.golden_answers) == 0
+    assert (len(rollout.turns), rollout.queries, rollout.answer, rollout.end_reason, reward) == \
+        (1, [], "x", "answer", 0)
+
+
+def test_crossing_stop_tags_in_the_final_turn_score_the_same(tok, tmp_path):
+    # Case (b) in the final turn: Search-R1 runs no search and ends; its reward reads the last <answer>,
+    # the x inside the query. stratarl answers x.
+    generations = ["<search>q <answer>x</answer> </search>"]
+    reference, reference_reward, rollout, reward = _crossing_rollouts(tok, tmp_path, generations, ["x"], 0)
+    assert (reference["turns"], reference["queries"], reference_reward) == (1, [], 1)
+    assert (len(rollout.turns), rollout.answer, rollout.end_reason, reward) == (1, "x", "answer", 1)
 
 
 def test_crossing_stop_tags_can_change_the_reward_of_the_same_action(tok):
@@ -477,3 +492,11 @@ def test_crossing_stop_tags_can_change_the_reward_of_the_same_action(tok):
     reference_response = search_r1_postprocess_response(generation)
     assert search_r1_compute_score_em(prompt + reference_response, {"target": ["y"]}) == 1
     assert em_reward(stratarl_turn(tok, generation), ["y"]) == 0
+
+
+def test_crossing_stop_tags_can_end_search_r1s_rollout_a_turn_earlier(tok, tmp_path):
+    # Case (f): Search-R1 answers y and ends; stratarl's turn "x</answer>" is invalid and it goes on.
+    generations = ["x</answer> <answer>y</answer> <search>q</search>", "<answer>z</answer>"]
+    reference, reference_reward, rollout, reward = _crossing_rollouts(tok, tmp_path, generations, ["y"], 2)
+    assert (reference["turns"], reference["observations"], reference_reward) == (1, [], 1)
+    assert (len(rollout.turns), rollout.invalid_actions, rollout.answer, reward) == (2, 1, "z", 0)

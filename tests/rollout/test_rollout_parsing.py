@@ -47,7 +47,9 @@ class TestParseAction:
         assert parse_action("<search>a <search>b</search> c</search>") == Action("search", "a <search>b")
 
     def test_tags_inside_the_answer_are_kept(self):
-        # The leftmost opening tag wins: a search inside an answer is part of the answer.
+        # The leftmost opening tag wins: a search inside an answer is part of the answer. (parse_action
+        # alone: in a rollout the </search> ends the turn first, and the turn is that search, as in
+        # Search-R1; tests/compat/test_search_r1_transcripts.py, test_crossing_stop_tags, case (c).)
         assert parse_action("<answer>use <search>x</search> here</answer>") == Action(
             "answer", "use <search>x</search> here")
         assert parse_action("<answer>the <b>bold</b> one</answer>") == Action("answer", "the <b>bold</b> one")
