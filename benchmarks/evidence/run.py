@@ -431,15 +431,30 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
             "overrides": [o for o in spec.overrides if not o.startswith(MACHINE_KEYS)],
             "commit": record.get("commit"), "provenance": record,
             "train_seconds": _round(_train_seconds(d, run_summary)),
+            **({"population": _population_size(d)} if _population_size(d) > 1 else {}),
             "measured": time.strftime("%Y-%m-%d"), "per_step": per_step,
             "binned": {"bin_steps": BIN_STEPS, "metrics": binned}, **({"first_step": first_step} if first_step else {}),
             "eval": evals}
 
 
+def _population_size(run_dir: Path) -> int:
+    """How many runs trained together in the run's population (arm.json ``population``; 1 for a solo run)."""
+    try:
+        return max(1, int(json.loads((run_dir / "arm.json").read_text()).get("population", 1)))
+    except (OSError, json.JSONDecodeError, TypeError, ValueError):
+        return 1
+
+
 def _train_seconds(run_dir: Path, run_summary: dict) -> float:
     """Seconds a run spent on its steps and evals. summary.json times the last process only, so a run resumed
     from a checkpoint (``start_step`` > 0) sums its logged ``time/step`` and ``time/eval`` instead, each step's
-    last row counted once (a step re-run after a resume replaced its first row)."""
+    last row counted once (a step re-run after a resume replaced its first row). A population member's clock
+    also runs while the other members compute (they take turns on one thread), so its time is divided by the
+    population's size: the member's share of the population's wall time."""
+    return _own_seconds(run_dir, run_summary) / _population_size(run_dir)
+
+
+def _own_seconds(run_dir: Path, run_summary: dict) -> float:
     if not run_summary.get("start_step"):
         return float(run_summary.get("train_seconds", 0.0))
     from stratarl.infra.metrics import read_metrics  # here, as train_rows: the runner's top level imports no stratarl

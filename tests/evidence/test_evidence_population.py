@@ -30,7 +30,10 @@ def test_a_reduced_experiment_runs_as_one_population(tmp_path):
         assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
         assert json.loads((run_dir / "arm.json").read_text())["arm"] == arm
         assert "step 2/2" in (run_dir / "train.log").read_text()
-        assert (tmp_path / "runs" / "results" / "stratified" / "guessable" / f"{arm}-s0.json").is_file()
+        summary = json.loads((tmp_path / "runs" / "results" / "stratified" / "guessable" / f"{arm}-s0.json").read_text())
+        # a member's clock runs while the other member computes: its time is its share of the population's wall
+        own = json.loads((run_dir / "summary.json").read_text())["train_seconds"]
+        assert summary["population"] == 2 and summary["train_seconds"] == pytest.approx(own / 2, rel=1e-3)
     assert set(json.loads((root / "aggregate" / "aggregate.json").read_text())["conditions"]["guessable"]["arms"]) == \
         {"grpo", "stratified"}
     rerun = subprocess.run([sys.executable, str(RUNNER), *common, "--population", "2"], capture_output=True, text=True,
