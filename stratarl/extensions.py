@@ -1,10 +1,13 @@
-"""Users' own parts: modules that register estimators, losses or normalisers, loaded before the config.
+"""Users' own parts: modules that register estimators, losses, normalisers, retrievers or dataset formats,
+loaded before the config.
 
 A module named on the command line (``stratarl train cfg.yaml --import my_parts.py algo.advantage=rloo``;
 ``--import`` may appear anywhere on the line and be repeated) or in the ``STRATARL_IMPORT`` environment
 variable (entries separated by ``os.pathsep``, as veRL's ``VERL_USE_EXTERNAL_MODULES``) is imported before
 the config is read, so whatever it registers with ``stratarl.algos.register_advantage`` /
-``register_policy_loss`` / ``register_grad_normalizer`` is a valid name in ``algo.*``. An entry is a path to
+``register_policy_loss`` / ``register_grad_normalizer`` is a valid name in ``algo.*``, a retriever kind
+registered with ``stratarl.retrieval.register_retriever`` a valid ``retrieval.spec``, and a format registered
+with ``stratarl.data.register_dataset_format`` reads the question files it matches. An entry is a path to
 a ``.py`` file or a dotted module name on ``sys.path``. Each file is loaded once per process.
 """
 
