@@ -149,3 +149,26 @@ def test_data_inspect_and_convert_read_a_users_format_with_import(tmp_path, triv
                                       "(a format of your own: register_dataset_format in a module loaded with --import)")
     chosen = _run("data", "convert", trivia_file, tmp_path / "t.jsonl", "--format", "trivia", f"--import={plugin}")
     assert chosen.returncode == 0, chosen.stderr
+
+
+def test_the_readme_retriever_and_format_are_right_and_register_by_name(monkeypatch, tmp_path):
+    """README's "A retriever or a dataset format of your own" snippet, run as written."""
+    import re
+    from pathlib import Path
+
+    from stratarl.retrieval import build_retriever, factory
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "my_task.py" in block]
+    monkeypatch.setattr(formats, "_FORMATS", dict(formats._FORMATS))
+    monkeypatch.setattr(factory, "_RETRIEVERS", dict(factory._RETRIEVERS))
+    exec(compile(code, "README.md", "exec"), {})
+    notes = tmp_path / "notes.txt"
+    notes.write_text("Hamlet was written by Shakespeare\nParis is the capital of France\n")
+    retriever = build_retriever({"kind": "notes", "path": str(notes)})
+    hits = retriever.search(["who wrote hamlet", "capital of france", "nothing"], 1)
+    assert [[p.text for p in h] for h in hits] == [["Hamlet was written by Shakespeare"],
+                                                   ["Paris is the capital of France"], []]
+    examples = examples_from_rows(TRIVIA_ROWS, origin="trivia.jsonl")
+    assert [e.golden_answers for e in examples] == [("Shakespeare", "William Shakespeare"), ("Paris",)]
+    assert {e.metadata["format"] for e in examples} == {"trivia"}

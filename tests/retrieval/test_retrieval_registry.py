@@ -157,6 +157,9 @@ def test_a_users_kind_answers_stratarl_index_search_with_import(tmp_path):
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["result"] == [[{"document": {"id": "w2", "contents": '"gamma"\ngamma is a word.'},
                                                    "score": None}]]
+    text = _run("--import", plugin, "index", "search", "wordlist", "gamma rays")  # a passage without a score
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines() == ["query: gamma rays", "  Doc 1(Title: gamma) gamma is a word.  [id w2]"]
     without = _run("index", "search", "wordlist", "gamma rays")
     assert without.returncode != 0 and "Traceback" not in without.stderr
     assert "'wordlist' is not a URL, an index directory or a corpus file" in without.stderr
