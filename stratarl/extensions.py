@@ -23,6 +23,7 @@ from types import ModuleType
 
 ENV_VAR = "STRATARL_IMPORT"
 FLAG = "--import"
+_LOADED: list[str] = []  # what load_extensions loaded, in order: absolute .py paths and dotted names
 
 
 class ExtensionError(ValueError):
@@ -93,6 +94,19 @@ def load_extension(entry: str) -> ModuleType:
                              "module's folder on PYTHONPATH.") from None
 
 
+def loaded_extensions() -> list[str]:
+    """The entries :func:`load_extensions` loaded in this process (the command's ``--import`` and
+    ``STRATARL_IMPORT``; ``.py`` paths made absolute), in order: a subprocess that builds a retriever (a
+    `/retrieve` server worker) loads them too, so a kind they register is known there."""
+    return list(_LOADED)
+
+
 def load_extensions(entries: Sequence[str]) -> list[ModuleType]:
-    """Import every entry in order (see :func:`load_extension`)."""
-    return [load_extension(entry) for entry in entries]
+    """Import every entry in order (see :func:`load_extension`); :func:`loaded_extensions` lists them after."""
+    modules = []
+    for entry in entries:
+        modules.append(load_extension(entry))
+        remembered = str(Path(entry).resolve()) if entry.endswith(".py") or Path(entry).is_file() else entry
+        if remembered not in _LOADED:
+            _LOADED.append(remembered)
+    return modules

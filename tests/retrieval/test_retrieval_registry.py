@@ -163,3 +163,20 @@ def test_a_users_kind_answers_stratarl_index_search_with_import(tmp_path):
     without = _run("index", "search", "wordlist", "gamma rays")
     assert without.returncode != 0 and "Traceback" not in without.stderr
     assert "'wordlist' is not a URL, an index directory or a corpus file" in without.stderr
+
+
+def test_server_workers_load_the_commands_imports_and_build_a_users_kind(tmp_path, monkeypatch):
+    from stratarl import extensions
+    from stratarl.extensions import load_extensions, loaded_extensions
+    from stratarl.retrieval.remote import RemoteRetriever
+    from stratarl.retrieval.workers import WorkerPool
+
+    plugin = tmp_path / "my_retriever.py"
+    plugin.write_text(MY_RETRIEVER)
+    monkeypatch.setattr(factory, "_RETRIEVERS", dict(factory._RETRIEVERS))
+    monkeypatch.setattr(extensions, "_LOADED", [])
+    load_extensions([str(plugin)])  # as `stratarl --import my_retriever.py ...` does
+    assert loaded_extensions() == [str(plugin.resolve())]
+    with WorkerPool({"kind": "wordlist", "tag": "p"}, workers=1, start_timeout_s=120) as pool:
+        hits = RemoteRetriever(pool.url, timeout_s=30).search(["beta"], 2)
+    assert [[p.id for p in h] for h in hits] == [["p1"]]
