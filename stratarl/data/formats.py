@@ -46,7 +46,6 @@ from typing import Any
 from stratarl.data.examples import DatasetFormatError, Example
 
 DEFAULT_FORMAT = "search_r1"
-_ROW_KEYWORDS = ("row_index", "origin", "id_")
 
 RowReader = Callable[..., Example]
 
@@ -60,13 +59,15 @@ class DatasetFormat:
     read: RowReader
     matches: Callable[[Any], bool] | None = None
     prepare: Callable[[Sequence[dict], str], dict] | None = None
+    keywords: frozenset[str] | None = None
+    """The keyword names ``read`` takes (None: any, it takes ``**keywords``)."""
 
-    def keywords(self) -> set[str] | None:
-        """The keyword names ``read`` takes (None: any, it takes ``**keywords``)."""
-        parameters = inspect.signature(self.read).parameters.values()
-        if any(p.kind is p.VAR_KEYWORD for p in parameters):
-            return None
-        return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+def _keywords(fn: Callable) -> frozenset[str] | None:
+    parameters = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 _FORMATS: dict[str, DatasetFormat] = {}
@@ -90,7 +91,7 @@ def register_dataset_format(name: str, *, matches: Callable[[Any], bool] | None 
             owner = getattr(_FORMATS[name].read, "__qualname__", repr(_FORMATS[name].read))
             raise ValueError(f"dataset format {name!r} is already registered (by {owner}); pick another name "
                              f"(registered: {', '.join(dataset_format_names())})")
-        _FORMATS[name] = DatasetFormat(name, fn, matches, prepare)
+        _FORMATS[name] = DatasetFormat(name, fn, matches, prepare, _keywords(fn))
         return fn
 
     return decorator
@@ -109,30 +110,53 @@ def get_dataset_format(name: str) -> DatasetFormat:
     return _FORMATS[name]
 
 
-def format_of_row(row: Any) -> DatasetFormat:
+def _detectors() -> list[DatasetFormat]:
+    """The formats with a ``matches``, newest registered first."""
+    return [f for f in reversed(list(_FORMATS.values())) if f.matches is not None]
+
+
+def format_of_row(row: Any, detectors: Sequence[DatasetFormat] | None = None) -> DatasetFormat:
     """The format that reads ``row``: the newest registered one whose ``matches`` accepts it, else ``search_r1``."""
-    if not isinstance(row, dict):
-        return get_dataset_format(DEFAULT_FORMAT)
-    for dataset_format in reversed(list(_FORMATS.values())):
-        if dataset_format.matches is not None and dataset_format.matches(row):
-            return dataset_format
+    if isinstance(row, dict):
+        for dataset_format in _detectors() if detectors is None else detectors:
+            if dataset_format.matches(row):
+                return dataset_format
     return get_dataset_format(DEFAULT_FORMAT)
 
 
-def read_row(dataset_format: DatasetFormat, row: Any, **keywords) -> Example:
-    """``row`` read by ``dataset_format``, given the keywords it names; its metadata gets ``format`` and ``row``
-    unless the format set them."""
-    accepted = dataset_format.keywords()
-    row_index = keywords.get("row_index")
-    if accepted is not None:
-        keywords = {key: value for key, value in keywords.items() if key in accepted}
-    example = dataset_format.read(row, **keywords)
-    if not isinstance(example, Example):
-        raise TypeError(f"dataset format {dataset_format.name!r} returned a {type(example).__name__}, not an Example")
-    example.metadata.setdefault("format", dataset_format.name)
-    if row_index is not None:
-        example.metadata.setdefault("row", row_index)
-    return example
+class _Reader:
+    """One format's reads within one file: the keywords it names, and its ``prepare`` result."""
+
+    def __init__(self, dataset_format: DatasetFormat, extra: dict) -> None:
+        named = dataset_format.keywords
+        self.format = dataset_format
+        self.extra = extra if named is None else {k: v for k, v in extra.items() if k in named}
+        self.row_index, self.origin, self.id_ = (named is None or key in named for key in ("row_index", "origin", "id_"))
+
+    def __call__(self, row: dict, row_index: int, origin: str, id_: str | None) -> Example:
+        keywords = dict(self.extra)
+        if self.row_index:
+            keywords["row_index"] = row_index
+        if self.origin:
+            keywords["origin"] = origin
+        if self.id_:
+            keywords["id_"] = id_
+        example = self.format.read(row, **keywords)
+        if not isinstance(example, Example):
+            raise TypeError(f"dataset format {self.format.name!r} returned a {type(example).__name__}, not an Example")
+        metadata = example.metadata
+        if "format" not in metadata:
+            metadata["format"] = self.format.name
+        if "row" not in metadata:
+            metadata["row"] = row_index
+        return example
+
+
+def read_row(dataset_format: DatasetFormat, row: dict, *, row_index: int, origin: str, id_: str | None = None,
+             **extra) -> Example:
+    """``row`` read by ``dataset_format``, given those of the keywords it names; its metadata gets ``format`` and
+    ``row`` unless the format set them."""
+    return _Reader(dataset_format, extra)(row, row_index, origin, id_)
 
 
 def examples_from_rows(rows: Sequence[Any], *, origin: str, format: str | None = None) -> list[Example]:
@@ -154,17 +178,17 @@ def examples_from_rows(rows: Sequence[Any], *, origin: str, format: str | None =
             "multi-source files); using '<data_source>-<row>' ids instead",
             stacklevel=3,
         )
-    formats = [chosen or format_of_row(row) for row in rows]
-    context: dict[str, dict] = {}
+    detectors = _detectors()
+    formats = [chosen or format_of_row(row, detectors) for row in rows]
+    readers: dict[str, _Reader] = {}
     for dataset_format in {f.name: f for f in formats}.values():
+        extra = {}
         if dataset_format.prepare is not None:
             own_rows = [row for row, f in zip(rows, formats) if f.name == dataset_format.name]
-            context[dataset_format.name] = dict(dataset_format.prepare(own_rows, origin))
-    examples = []
-    for i, (row, dataset_format) in enumerate(zip(rows, formats)):
-        examples.append(read_row(dataset_format, row, row_index=i, origin=origin,
-                                 id_=str(file_ids[i]) if use_file_ids else None,
-                                 **context.get(dataset_format.name, {})))
+            extra = dict(dataset_format.prepare(own_rows, origin))
+        readers[dataset_format.name] = _Reader(dataset_format, extra)
+    examples = [readers[dataset_format.name](row, i, origin, str(file_ids[i]) if use_file_ids else None)
+                for i, (row, dataset_format) in enumerate(zip(rows, formats))]
     seen: dict[str, int] = {}
     for i, example in enumerate(examples):
         if example.id in seen:

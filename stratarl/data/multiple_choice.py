@@ -47,12 +47,12 @@ def row_kind(row: Any) -> str | None:
 
 def is_medqa_row(row: Any) -> bool:
     """A MedQA row: ``options`` and ``answer_idx`` (and not MedMCQA's fields)."""
-    return row_kind(row) == "medqa"
+    return isinstance(row, dict) and "answer_idx" in row and row_kind(row) == "medqa"
 
 
 def is_medmcqa_row(row: Any) -> bool:
     """A MedMCQA row: ``cop`` and ``opa`` .. ``opd``."""
-    return row_kind(row) == "medmcqa"
+    return isinstance(row, dict) and "cop" in row and row_kind(row) == "medmcqa"
 
 
 def _stem(row: dict, where: str) -> str:
