@@ -152,13 +152,6 @@ class _Reader:
         return example
 
 
-def read_row(dataset_format: DatasetFormat, row: dict, *, row_index: int, origin: str, id_: str | None = None,
-             **extra) -> Example:
-    """``row`` read by ``dataset_format``, given those of the keywords it names; its metadata gets ``format`` and
-    ``row`` unless the format set them."""
-    return _Reader(dataset_format, extra)(row, row_index, origin, id_)
-
-
 def examples_from_rows(rows: Sequence[Any], *, origin: str, format: str | None = None) -> list[Example]:
     """Rows → Examples, each row read by its format (``format``: every row by that one), with unique ids.
 
