@@ -21,8 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stratarl {__version__}")
     parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
                         help="import a module (a .py path or a dotted name) that registers advantage estimators, "
-                             "policy losses or gradient normalisers before the command runs; anywhere on the "
-                             "line, repeatable; also $STRATARL_IMPORT (os.pathsep-separated)")
+                             "policy losses, gradient normalisers, retrievers or dataset formats before the command "
+                             "runs; anywhere on the line, repeatable; also $STRATARL_IMPORT (os.pathsep-separated)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     import stratarl.commands as commands
 

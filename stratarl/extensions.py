@@ -1,10 +1,13 @@
-"""Users' own parts: modules that register estimators, losses or normalisers, loaded before the config.
+"""Users' own parts: modules that register estimators, losses, normalisers, retrievers or dataset formats,
+loaded before the config.
 
 A module named on the command line (``stratarl train cfg.yaml --import my_parts.py algo.advantage=rloo``;
 ``--import`` may appear anywhere on the line and be repeated) or in the ``STRATARL_IMPORT`` environment
 variable (entries separated by ``os.pathsep``, as veRL's ``VERL_USE_EXTERNAL_MODULES``) is imported before
 the config is read, so whatever it registers with ``stratarl.algos.register_advantage`` /
-``register_policy_loss`` / ``register_grad_normalizer`` is a valid name in ``algo.*``. An entry is a path to
+``register_policy_loss`` / ``register_grad_normalizer`` is a valid name in ``algo.*``, a retriever kind
+registered with ``stratarl.retrieval.register_retriever`` a valid ``retrieval.spec``, and a format registered
+with ``stratarl.data.register_dataset_format`` reads the question files it matches. An entry is a path to
 a ``.py`` file or a dotted module name on ``sys.path``. Each file is loaded once per process.
 """
 
@@ -20,6 +23,7 @@ from types import ModuleType
 
 ENV_VAR = "STRATARL_IMPORT"
 FLAG = "--import"
+_LOADED: list[str] = []  # what load_extensions loaded, in order: absolute .py paths and dotted names
 
 
 class ExtensionError(ValueError):
@@ -90,6 +94,19 @@ def load_extension(entry: str) -> ModuleType:
                              "module's folder on PYTHONPATH.") from None
 
 
+def loaded_extensions() -> list[str]:
+    """The entries :func:`load_extensions` loaded in this process (the command's ``--import`` and
+    ``STRATARL_IMPORT``; ``.py`` paths made absolute), in order: a subprocess that builds a retriever (a
+    `/retrieve` server worker) loads them too, so a kind they register is known there."""
+    return list(_LOADED)
+
+
 def load_extensions(entries: Sequence[str]) -> list[ModuleType]:
-    """Import every entry in order (see :func:`load_extension`)."""
-    return [load_extension(entry) for entry in entries]
+    """Import every entry in order (see :func:`load_extension`); :func:`loaded_extensions` lists them after."""
+    modules = []
+    for entry in entries:
+        modules.append(load_extension(entry))
+        remembered = str(Path(entry).resolve()) if entry.endswith(".py") or Path(entry).is_file() else entry
+        if remembered not in _LOADED:
+            _LOADED.append(remembered)
+    return modules

@@ -11,6 +11,10 @@ from pathlib import Path
 from stratarl.commands import fail
 
 
+_FORMAT_HELP = ("read every row with this registered dataset format (search_r1, medqa, medmcqa, or one a module "
+                "loaded with --import registers); default: each row's format is recognised")
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("data", help="synthetic benchmark, dataset conversion and inspection")
     commands = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
@@ -40,19 +44,23 @@ def register(subparsers) -> None:
 
     convert = commands.add_parser(
         "convert",
-        help="convert a Search-R1 / veRL / SkyRL question file to Search-R1 parquet or jsonl",
-        description="Read any supported question file (parquet/jsonl/json, Search-R1, veRL or SkyRL rows) "
-        "and write Search-R1 rows; the output type follows the OUTPUT suffix (.parquet or .jsonl).",
+        help="convert a question file (Search-R1, veRL, SkyRL, MedQA, MedMCQA or a format of yours) to Search-R1 "
+             "parquet or jsonl",
+        description="Read a question file (parquet/jsonl/json; rows in any registered dataset format: Search-R1, "
+        "veRL or SkyRL, MedQA, MedMCQA, or one a module loaded with --import registers) and write Search-R1 rows; "
+        "the output type follows the OUTPUT suffix (.parquet or .jsonl).",
     )
     convert.add_argument("input", help="input file, folder (with --split) or hub dataset name")
     convert.add_argument("output", help="output .parquet or .jsonl")
     convert.add_argument("--split", default=None, help="keep rows of this split (or pick {split}.parquet in a folder)")
     convert.add_argument("--limit", type=int, default=None, help="keep the first N rows")
+    convert.add_argument("--format", default=None, metavar="NAME", help=_FORMAT_HELP)
     convert.set_defaults(func=_convert)
 
     inspect = commands.add_parser("inspect", help="counts per data_source / split / question type and a few rows")
     inspect.add_argument("file", help="a question file or a corpus .jsonl")
     inspect.add_argument("--rows", type=int, default=3, help="rows to print (default 3)")
+    inspect.add_argument("--format", default=None, metavar="NAME", help=_FORMAT_HELP)
     inspect.set_defaults(func=_inspect)
 
 
@@ -99,7 +107,7 @@ def _convert(args: argparse.Namespace) -> int:
     if Path(args.output).suffix not in (".parquet", ".jsonl"):
         return fail(f"{args.output}: the output must end in .parquet or .jsonl")
     try:
-        examples = load_examples(args.input, split=args.split, limit=args.limit)
+        examples = load_examples(args.input, split=args.split, limit=args.limit, format=args.format)
         path = write_examples(examples, args.output, split=args.split)
     except (DatasetFormatError, FileNotFoundError, ValueError) as error:
         return fail(str(error))
@@ -113,13 +121,13 @@ def _inspect(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
         return fail(f"{path}: no such file")
-    if path.suffix == ".jsonl" and _is_corpus(path):
+    if path.suffix == ".jsonl" and args.format is None and _is_corpus(path):
         return _inspect_corpus(path, args.rows)
     try:
         rows = read_rows(path)
         require_rows(rows, str(path))  # as `data convert` and training do
-        examples = examples_from_rows(rows, origin=str(path))
-    except DatasetFormatError as error:
+        examples = examples_from_rows(rows, origin=str(path), format=args.format)
+    except (DatasetFormatError, ValueError) as error:
         return fail(str(error))
     print(f"{path}: {len(examples)} questions")
     for label, key in (("data_source", None), ("split", "split"), ("format", "format"),

@@ -143,7 +143,8 @@ def run_search(args: argparse.Namespace) -> int:
     for query, hits in zip(args.queries, results):
         print(f"query: {query}")
         for rank, passage in enumerate(hits, start=1):
-            print(f"  Doc {rank}(Title: {passage.title}) {passage.text}  [score {passage.score:.4f}, id {passage.id}]")
+            score = "" if passage.score is None else f"score {passage.score:.4f}, "  # a retriever may give none
+            print(f"  Doc {rank}(Title: {passage.title}) {passage.text}  [{score}id {passage.id}]")
         if not hits:
             print("  (no passage matches)")
     return 0

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stratarl.data.examples import DatasetFormatError, Example
+from stratarl.data.formats import register_dataset_format
 
 LETTERS = "ABCDEFGHIJ"
 MEDMCQA_OPTION_FIELDS = ("opa", "opb", "opc", "opd")
@@ -42,6 +43,16 @@ def row_kind(row: Any) -> str | None:
     if "options" in row and "answer_idx" in row:
         return "medqa"
     return None
+
+
+def is_medqa_row(row: Any) -> bool:
+    """A MedQA row: ``options`` and ``answer_idx`` (and not MedMCQA's fields)."""
+    return isinstance(row, dict) and "answer_idx" in row and row_kind(row) == "medqa"
+
+
+def is_medmcqa_row(row: Any) -> bool:
+    """A MedMCQA row: ``cop`` and ``opa`` .. ``opd``."""
+    return isinstance(row, dict) and "cop" in row and row_kind(row) == "medmcqa"
 
 
 def _stem(row: dict, where: str) -> str:
@@ -77,6 +88,7 @@ def _example(kind: str, row: dict, where: str, row_index: int, id_: str | None, 
                    golden_answers=(letter, options[letter]), data_source=source, metadata=metadata)
 
 
+@register_dataset_format("medqa", matches=is_medqa_row)
 def medqa_example(row: dict, *, row_index: int, origin: str, id_: str | None = None) -> Example:
     """One MedQA row (question, options letter -> text, answer_idx) as an Example."""
     where = f"{origin}: row {row_index}"
@@ -104,6 +116,12 @@ def medmcqa_cop_base(rows: Sequence[dict], origin: str) -> int:
     return 0
 
 
+def medmcqa_prepare(rows: Sequence[dict], origin: str) -> dict:
+    """The file-level keywords of MedMCQA rows: ``cop_base`` (see :func:`medmcqa_cop_base`)."""
+    return {"cop_base": medmcqa_cop_base(rows, origin)}
+
+
+@register_dataset_format("medmcqa", matches=is_medmcqa_row, prepare=medmcqa_prepare)
 def medmcqa_example(row: dict, *, row_index: int, origin: str, cop_base: int, id_: str | None = None) -> Example:
     """One MedMCQA row (question, opa..opd, cop with ``cop_base`` 0 or 1) as an Example."""
     where = f"{origin}: row {row_index}"

@@ -1,4 +1,9 @@
-"""Search-R1 question files (and the veRL / SkyRL variants) to and from `Example`.
+"""Question files to and from `Example`: the loaders, the Search-R1 row format (and its veRL / SkyRL variants),
+and the Search-R1 writers.
+
+The loaders here (``load_examples``, ``load_example_files``, ``examples_from_rows``) read any format registered
+in :mod:`stratarl.data.formats` (``register_dataset_format``): ``search_r1`` (this module's
+:func:`search_r1_example`), ``medqa`` and ``medmcqa`` (:mod:`stratarl.data.multiple_choice`), and yours.
 
 Row shape (Search-R1, `scripts/data_process/nq_search.py`; see docs/data.md)::
 
@@ -28,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from stratarl.data.examples import DatasetFormatError, Example
-from stratarl.data.multiple_choice import medmcqa_cop_base, medmcqa_example, medqa_example, row_kind
+from stratarl.data.formats import examples_from_rows, register_dataset_format
 from stratarl.rollout.prompt import build_prompt
 
 VERL_PREFIX = "searchR1_"
@@ -136,22 +141,17 @@ def _as_messages(value: Any, where: str) -> tuple[dict[str, str], ...] | None:
     return tuple(messages)
 
 
-def example_from_row(row: dict, *, row_index: int, origin: str, id_: str | None = None,
-                     cop_base: int = 0) -> Example:
-    """One Search-R1 / veRL / SkyRL / MedQA / MedMCQA row as an Example.
+@register_dataset_format("search_r1")  # no `matches`: the default, for every row no other format claims
+def search_r1_example(row: dict, *, row_index: int, origin: str, id_: str | None = None) -> Example:
+    """One Search-R1 / veRL / SkyRL row (or a plain ``question`` + ``golden_answers`` row) as an Example:
+    the ``search_r1`` dataset format.
 
     ``origin`` (the file name) and ``row_index`` (0-based) go into error messages.
     ``id_`` overrides the id (the loader passes the file's id when it is unique).
-    ``cop_base`` is the first value of MedMCQA's ``cop`` in this file (``medmcqa_cop_base``).
     """
     where = f"{origin}: row {row_index}"
     if not isinstance(row, dict):
         raise DatasetFormatError(f"{where}: expected an object with fields, got {type(row).__name__}")
-    kind = row_kind(row)
-    if kind == "medqa":
-        return medqa_example(row, row_index=row_index, origin=origin, id_=id_)
-    if kind == "medmcqa":
-        return medmcqa_example(row, row_index=row_index, origin=origin, id_=id_, cop_base=cop_base)
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
     question = row.get("question") or extra.get("question")
     if not question and row.get("prompt") is not None:
@@ -200,24 +200,6 @@ def example_from_row(row: dict, *, row_index: int, origin: str, id_: str | None 
         metadata=metadata,
         prompt=_as_messages(row.get("prompt"), where),
     )
-
-
-def examples_from_rows(rows: Sequence[dict], *, origin: str) -> list[Example]:
-    """Rows → Examples with unique ids (see the module docstring for the id rule)."""
-    file_ids = [row.get("id") if isinstance(row, dict) else None for row in rows]
-    use_file_ids = all(i is not None and str(i) != "" for i in file_ids) and len({str(i) for i in file_ids}) == len(rows)
-    if not use_file_ids and any(i is not None for i in file_ids):
-        warnings.warn(
-            f"{origin}: the 'id' column is missing in some rows or has duplicates (common in merged "
-            "multi-source files); using '<data_source>-<row>' ids instead",
-            stacklevel=3,
-        )
-    cop_base = medmcqa_cop_base(rows, origin) if any(row_kind(row) == "medmcqa" for row in rows) else 0
-    return [
-        example_from_row(row, row_index=i, origin=origin, id_=str(file_ids[i]) if use_file_ids else None,
-                         cop_base=cop_base)
-        for i, row in enumerate(rows)
-    ]
 
 
 # --------------------------------------------------------------------------- reading files
@@ -304,7 +286,8 @@ def require_rows(rows: Sequence[dict], origin: str) -> None:
         raise DatasetFormatError(f"{origin}: contains no rows. Fix: pass a question file with at least one row")
 
 
-def load_examples(path_or_name: str | Path, *, split: str | None = None, limit: int | None = None) -> list[Example]:
+def load_examples(path_or_name: str | Path, *, split: str | None = None, limit: int | None = None,
+                  format: str | None = None) -> list[Example]:
     """Load questions as Examples from a file, a folder, or a hub dataset name.
 
     - a ``.parquet`` / ``.jsonl`` / ``.json`` file: every row; with ``split``, only
@@ -313,7 +296,8 @@ def load_examples(path_or_name: str | Path, *, split: str | None = None, limit: 
     - anything else is taken as a hub dataset (``datasets.load_dataset(name, split=split or "train")``),
       which needs the optional ``datasets`` package and a network.
 
-    ``limit`` keeps the first ``limit`` examples (after the split filter).
+    ``limit`` keeps the first ``limit`` examples (after the split filter). Each row is read by its registered
+    dataset format (:mod:`stratarl.data.formats`), or every row by ``format`` when given.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
@@ -330,7 +314,7 @@ def load_examples(path_or_name: str | Path, *, split: str | None = None, limit: 
     else:
         rows, origin = _load_hub(str(path_or_name), split), str(path_or_name)
     require_rows(rows, origin)
-    examples = examples_from_rows(rows, origin=origin)
+    examples = examples_from_rows(rows, origin=origin, format=format)
     if filter_split is not None:
         kept = [e for e in examples if e.metadata.get("split") == filter_split]
         if not kept:
@@ -340,7 +324,8 @@ def load_examples(path_or_name: str | Path, *, split: str | None = None, limit: 
     return examples[:limit] if limit is not None else examples
 
 
-def load_example_files(paths: Sequence[str | Path], *, split: str | None = None, limit: int | None = None) -> list[Example]:
+def load_example_files(paths: Sequence[str | Path], *, split: str | None = None, limit: int | None = None,
+                       format: str | None = None) -> list[Example]:
     """``load_examples`` over several files, concatenated, with ids unique across them.
 
     Two files often reuse ids (NQ and HotpotQA both have ``train_0``; two files of one
@@ -348,7 +333,7 @@ def load_example_files(paths: Sequence[str | Path], *, split: str | None = None,
     stem (``nq_train/train_0``), or with the file's position if stems collide too
     (``0/train_0``), and a warning says so. ``limit`` applies per file.
     """
-    per_file = [load_examples(path, split=split, limit=limit) for path in paths]
+    per_file = [load_examples(path, split=split, limit=limit, format=format) for path in paths]
     merged = [e for examples in per_file for e in examples]
     if len({e.id for e in merged}) == len(merged):
         return merged

@@ -1,4 +1,5 @@
-"""Retrievers (BM25, dense, remote) behind one Protocol, and the `/retrieve` server.
+"""Retrievers (BM25, dense, remote, and kinds of your own: `register_retriever`) behind one Protocol, and the
+`/retrieve` server.
 
 Heavy dependencies (torch, bm25s, transformers, fastapi, httpx) load only when a retriever or
 the server is built, so importing this package is cheap.
@@ -8,7 +9,7 @@ import importlib
 
 from stratarl.retrieval.base import Passage, RetrievalError, Retriever
 from stratarl.retrieval.corpus import CorpusError, iter_corpus, load_corpus, write_corpus
-from stratarl.retrieval.factory import build_retriever
+from stratarl.retrieval.factory import build_retriever, register_retriever, retriever_names
 from stratarl.retrieval.remote import RemoteRetriever
 from stratarl.retrieval.server import ServerThread, create_app, serve
 
@@ -35,6 +36,8 @@ __all__ = [
     "create_app",
     "iter_corpus",
     "load_corpus",
+    "register_retriever",
+    "retriever_names",
     "serve",
     "write_corpus",
 ]

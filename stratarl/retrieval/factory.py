@@ -1,26 +1,79 @@
-"""``build_retriever(spec)``: one entry point from a config value to a Retriever.
+"""``build_retriever(spec)``: one entry point from a config value to a Retriever, and ``register_retriever``.
 
-The keys a spec may hold are the keyword parameters of the retriever's constructors (`spec_options`):
-``BM25Retriever.from_passages`` / ``load``, ``DenseRetriever.from_passages`` / ``load``, ``RemoteRetriever``.
+Every retriever kind is a registry entry: the built-ins ``bm25``, ``dense`` and ``remote`` are registered
+with :func:`register_retriever` below, exactly as a kind of your own is in a module loaded with
+``--import`` (``stratarl train cfg.yaml --import my_retriever.py retrieval.spec={kind: mine}``)::
+
+    from stratarl.retrieval import Passage, register_retriever
+
+    @register_retriever("mine")
+    class MyRetriever:
+        def __init__(self, *, path: str, boost: float = 1.0): ...
+        def search(self, queries: list[str], k: int) -> list[list[Passage]]: ...
+
+A spec's keys other than ``kind`` are the builder's keyword arguments. The keys of the built-ins are
+the keyword parameters of their constructors (`spec_options`): ``BM25Retriever.from_passages`` /
+``load``, ``DenseRetriever.from_passages`` / ``load``, ``RemoteRetriever``.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 
 from stratarl.retrieval.base import Retriever
 from stratarl.retrieval.index_files import read_index_meta
 from stratarl.retrieval.remote import RemoteRetriever, normalize_retrieve_url
 
-RETRIEVER_KINDS = ("bm25", "dense", "remote")
+RetrieverBuilder = Callable[..., Retriever]
+_RETRIEVERS: dict[str, RetrieverBuilder] = {}
 _SOURCE_KEYS = ("kind", "index", "corpus", "url")  # where the retriever comes from: not passed on as options
 _NOT_SPEC_OPTIONS = {"encoder"}  # DenseRetriever.from_passages(encoder=) takes a loaded model, not a config value
-_SPEC_HELP = (
-    'e.g. {"kind": "bm25", "index": "DIR"}, {"kind": "bm25", "corpus": "corpus.jsonl"}, '
-    '{"kind": "dense", "corpus": "corpus.jsonl", "model": "PATH"}, {"kind": "remote", "url": "http://127.0.0.1:8000/retrieve"}; '
-    'or a string: an index directory, a corpus .jsonl, or an http(s) URL'
-)
+
+
+def _spec_help() -> str:
+    return (
+        'e.g. {"kind": "bm25", "index": "DIR"}, {"kind": "bm25", "corpus": "corpus.jsonl"}, '
+        '{"kind": "dense", "corpus": "corpus.jsonl", "model": "PATH"}, {"kind": "remote", "url": "http://127.0.0.1:8000/retrieve"}; '
+        f'or a string: an index directory, a corpus .jsonl, an http(s) URL or a registered kind ({", ".join(retriever_names())})'
+    )
+
+
+def register_retriever(name: str) -> Callable[[RetrieverBuilder], RetrieverBuilder]:
+    """Decorator: register a retriever kind, so that a spec ``{"kind": name, ...}`` (or the string ``name``)
+    builds it.
+
+    The decorated builder, a class or a function, is called with the spec's keys other than ``kind`` as
+    keyword arguments and returns a retriever: anything with ``search(queries: list[str], k: int) ->
+    list[list[Passage]]``. A spec key the builder does not take is refused, naming the keys it does
+    (unless it takes ``**options``). A name registered twice is refused (ValueError).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a retriever kind is a non-empty string, got {name!r}")
+
+    def decorator(builder: RetrieverBuilder) -> RetrieverBuilder:
+        if name in _RETRIEVERS and _RETRIEVERS[name] is not builder:
+            owner = getattr(_RETRIEVERS[name], "__qualname__", repr(_RETRIEVERS[name]))
+            raise ValueError(f"retriever kind {name!r} is already registered (by {owner}); pick another name "
+                             f"(registered: {', '.join(retriever_names())})")
+        _RETRIEVERS[name] = builder
+        return builder
+
+    return decorator
+
+
+def retriever_names() -> list[str]:
+    """The registered retriever kinds, sorted (the built-ins and any a loaded module registered)."""
+    return sorted(_RETRIEVERS)
+
+
+def get_retriever_builder(kind: str) -> RetrieverBuilder:
+    """The builder registered as ``kind``; an unknown kind raises a ValueError that lists the registered ones."""
+    if kind not in _RETRIEVERS:
+        raise ValueError(f"unknown retriever kind {kind!r}; valid kinds: {', '.join(retriever_names())} "
+                         "(a kind of your own: register_retriever in a module loaded with --import)")
+    return _RETRIEVERS[kind]
 
 
 def spec_options(constructor) -> set[str]:
@@ -40,7 +93,9 @@ def _spec_from_string(spec: str) -> dict:
         return {"index": spec}
     if path.is_file():
         return {"kind": "bm25", "corpus": spec}
-    raise ValueError(f"retriever spec {spec!r} is not a URL, an index directory or a corpus file; {_SPEC_HELP}")
+    if spec in _RETRIEVERS:
+        return {"kind": spec}
+    raise ValueError(f"retriever spec {spec!r} is not a URL, an index directory or a corpus file; {_spec_help()}")
 
 
 def remote_url(spec: dict | str) -> str | None:
@@ -57,31 +112,37 @@ def build_retriever(spec: dict | str) -> Retriever:
     """Make a retriever from a spec.
 
     ``{"index": DIR}`` (kind read from the index), ``{"kind": "bm25"|"dense", "index": DIR}``,
-    ``{"kind": "bm25"|"dense", "corpus": PATH, ...build options}``, ``{"kind": "remote", "url": URL, ...}``;
-    a string is an http(s) URL, an index directory or a corpus jsonl (BM25).
+    ``{"kind": "bm25"|"dense", "corpus": PATH, ...build options}``, ``{"kind": "remote", "url": URL, ...}``,
+    ``{"kind": NAME, ...}`` for a kind registered with :func:`register_retriever`;
+    a string is an http(s) URL, an index directory, a corpus jsonl (BM25) or a registered kind's name.
     """
     if isinstance(spec, (str, Path)):
         spec = _spec_from_string(str(spec))
     if not isinstance(spec, dict):
-        raise TypeError(f"retriever spec must be a dict or a string, got {type(spec).__name__}; {_SPEC_HELP}")
+        raise TypeError(f"retriever spec must be a dict or a string, got {type(spec).__name__}; {_spec_help()}")
     spec = dict(spec)
     if "kind" not in spec and "index" in spec:
         spec["kind"] = read_index_meta(spec["index"])["kind"]
-    kind = spec.get("kind", "bm25")
-    if kind not in RETRIEVER_KINDS:
-        raise ValueError(f"unknown retriever kind {kind!r}; valid kinds: {', '.join(RETRIEVER_KINDS)}")
-    if kind == "remote":
-        _check_keys(spec, kind, {"kind"} | spec_options(RemoteRetriever))
-        if "url" not in spec:
-            raise ValueError(f"a remote retriever needs 'url'; {_SPEC_HELP}")
-        return RemoteRetriever(spec["url"], **_options(spec))
-    if kind == "bm25":
-        from stratarl.retrieval.bm25 import BM25Retriever  # imports torch: a worker pool's parent builds no retriever
+    kind = spec.pop("kind", "bm25")
+    builder = get_retriever_builder(kind)
+    _check_builder_keys(builder, kind, spec)
+    retriever = builder(**spec)
+    if not callable(getattr(retriever, "search", None)):
+        raise TypeError(f"retriever kind {kind!r} built a {type(retriever).__name__}, which has no "
+                        "search(queries, k) method; a builder returns a retriever")
+    return retriever
 
-        return _index_retriever(BM25Retriever, kind, spec)
-    from stratarl.retrieval.dense import DenseRetriever  # imports torch: only for a dense spec
 
-    return _index_retriever(DenseRetriever, kind, spec)
+def _check_builder_keys(builder: RetrieverBuilder, kind: str, spec: dict) -> None:
+    """Refuse keys a builder does not take, and missing required ones, before calling it (one line each)."""
+    parameters = inspect.signature(builder).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return  # it takes **options and checks them itself (the built-ins do)
+    named = [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    _check_keys(spec, kind, {"kind"} | {p.name for p in named})
+    missing = [p.name for p in named if p.default is p.empty and p.name not in spec]
+    if missing:
+        raise ValueError(f"a {kind} retriever needs key(s) {missing}; spec keys given: {sorted(spec)}")
 
 
 def _check_keys(spec: dict, kind: str, valid: set[str]) -> None:
@@ -92,6 +153,32 @@ def _check_keys(spec: dict, kind: str, valid: set[str]) -> None:
 
 def _options(spec: dict) -> dict:
     return {key: value for key, value in spec.items() if key not in _SOURCE_KEYS}
+
+
+@register_retriever("remote")
+def _remote(**spec) -> RemoteRetriever:
+    """A ``/retrieve`` server: ``url`` and the keyword parameters of :class:`RemoteRetriever` (an http(s) URL
+    string is this kind too)."""
+    _check_keys(spec, "remote", {"kind"} | spec_options(RemoteRetriever))
+    if "url" not in spec:
+        raise ValueError(f"a remote retriever needs 'url'; {_spec_help()}")
+    return RemoteRetriever(spec["url"], **_options(spec))
+
+
+@register_retriever("bm25")
+def _bm25(**spec):
+    """BM25: ``index`` (a built index) or ``corpus`` (built now), with their keyword options."""
+    from stratarl.retrieval.bm25 import BM25Retriever  # imports torch: a worker pool's parent builds no retriever
+
+    return _index_retriever(BM25Retriever, "bm25", spec)
+
+
+@register_retriever("dense")
+def _dense(**spec):
+    """Dense (an encoder and a faiss index): ``index`` (a built index) or ``corpus`` (built now), with options."""
+    from stratarl.retrieval.dense import DenseRetriever  # imports torch: only for a dense spec
+
+    return _index_retriever(DenseRetriever, "dense", spec)
 
 
 _BUILD_ONLY_ERRORS = {  # keys a spec that loads a built index may not hold: {keys}, and {load_keys} it may
@@ -105,7 +192,7 @@ def _index_retriever(retriever_class, kind: str, spec: dict):
     build_keys, load_keys = spec_options(retriever_class.from_passages), spec_options(retriever_class.load)
     _check_keys(spec, kind, {"kind", "index", "corpus"} | build_keys | load_keys)
     if ("index" in spec) == ("corpus" in spec):
-        raise ValueError(f"a {kind} retriever needs exactly one of 'index' (a built index) or 'corpus' (build now); {_SPEC_HELP}")
+        raise ValueError(f"a {kind} retriever needs exactly one of 'index' (a built index) or 'corpus' (build now); {_spec_help()}")
     options = _options(spec)
     if "index" in spec:
         build_only = sorted(set(options) - load_keys)

@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from stratarl.extensions import load_extensions, loaded_extensions
 from stratarl.retrieval.factory import build_retriever
 from stratarl.retrieval.index_files import read_index_meta
 from stratarl.retrieval.protocol import ServerLimits
@@ -78,6 +79,7 @@ def _worker_main(config: dict) -> int:
             sock = socket.socket(fileno=config["fd"])
         else:
             sock = _listening_socket(config["host"], config["port"], reuse_port=True)
+        load_extensions(config.get("imports", []))  # the parent's --import modules: a kind of the user's own
         retriever = build_retriever(config["spec"])
         app = create_app(retriever, **config["limits"], **config["server_options"])
         uvicorn_config = uvicorn.Config(app, log_level=config["log_level"], lifespan="on", timeout_graceful_shutdown=5,
@@ -161,7 +163,8 @@ class WorkerPool:
         self._status_fd = read_fd
         base = {"spec": self.spec, "limits": asdict(self.limits), "log_level": self.log_level,
                 "threads": self.threads_per_worker, "parent_pid": os.getpid(), "status_fd": write_fd,
-                "server_options": self.server_options, "request_timeout_s": self.request_timeout_s}
+                "server_options": self.server_options, "request_timeout_s": self.request_timeout_s,
+                "imports": loaded_extensions()}
         base.update({"host": self.host, "port": self.port} if reuse_port else {"fd": self._sock.fileno()})
         pass_fds = (write_fd,) if reuse_port else (write_fd, self._sock.fileno())
         try:

@@ -99,7 +99,8 @@ class DataConfig:
     source: Literal["synthetic", "files"] = "synthetic"
     """`synthetic`: the generated knowledge-base task; `files`: Search-R1 parquet/jsonl in `train_files` / `test_files`."""
     train_files: list[str] = field(default_factory=list)
-    """Training question files (Search-R1 parquet or jsonl)."""
+    """Training question files (parquet, jsonl or json; rows in a registered dataset format: Search-R1 and its
+    veRL / SkyRL variants, MedQA, MedMCQA, or one a `--import`ed module registers)."""
     test_files: list[str] = field(default_factory=list)
     """Held-out question files, used by eval."""
     corpus: str | None = None
@@ -128,7 +129,7 @@ class DataConfig:
 @dataclass
 class RetrievalConfig:
     spec: Any = "bm25"
-    """What `stratarl.retrieval.build_retriever` gets: `bm25` (index built and cached from the corpus), an index folder, a URL of a `/retrieve` server, or a dict."""
+    """What `stratarl.retrieval.build_retriever` gets: `bm25` (index built and cached from the corpus), an index folder, a URL of a `/retrieve` server, or a dict (`{kind: NAME, ...}`: bm25, dense, remote, or a kind a `--import`ed module registers with `register_retriever`)."""
     topk: int = 3
     """Passages per search (Search-R1: 3)."""
     step_budget_s: float | None = 120.0

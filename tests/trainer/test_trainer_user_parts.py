@@ -156,3 +156,59 @@ def test_train_help_lists_every_preset():
     for name in PRESETS:
         assert name in flat, name
     assert "--import MODULE" in out.stdout
+
+
+MY_DATA = '''
+"""A dataset format and a retriever of the user's own, in one file."""
+import json
+import os
+
+from stratarl.data import Example, register_dataset_format
+from stratarl.retrieval import Passage, register_retriever
+
+
+@register_dataset_format("trivia", matches=lambda row: "Q" in row and "A" in row)
+def trivia(row, *, row_index, id_=None):
+    return Example(id=id_ or f"trivia-{row_index}", question=row["Q"], golden_answers=(row["A"],), data_source="trivia")
+
+
+@register_retriever("notes")
+class Notes:
+    def __init__(self, *, path: str):
+        self.notes = [line.strip() for line in open(path) if line.strip()]
+        with open(os.environ["NOTES_RECORD"], "a") as f:
+            f.write(json.dumps({"built": path}) + "\\n")
+
+    def search(self, queries, k):
+        with open(os.environ["NOTES_RECORD"], "a") as f:
+            f.write(json.dumps(queries) + "\\n")
+        return [[Passage(str(i), f'"note"\\n{note}') for i, note in enumerate(self.notes)][:k] for _ in queries]
+'''
+
+
+@pytest.mark.slow
+def test_a_users_dataset_format_and_retriever_train_from_the_command_line(tmp_path, tiny_overrides, reward_path):
+    plugin = tmp_path / "my_data.py"
+    plugin.write_text(MY_DATA)
+    questions = tmp_path / "trivia.jsonl"
+    questions.write_text("".join(json.dumps({"Q": f"What is item {i}?", "A": f"thing{i}"}) + "\n" for i in range(6)))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("item 0 is thing0\nitem 1 is thing1\n")
+    record = tmp_path / "searches.jsonl"
+    record.touch()
+    env = {**os.environ, "NOTES_RECORD": str(record),
+           "PYTHONPATH": os.pathsep.join([str(reward_path), os.environ.get("PYTHONPATH", "")])}
+    env.pop("STRATARL_IMPORT", None)
+    run_dir = tmp_path / "run"
+    out = _run("train", TINY, *tiny_overrides, "--import", plugin, "data.source=files",
+               f"data.train_files=[{questions}]", f"data.test_files=[{questions}]",
+               f"retrieval.spec={{kind: notes, path: {notes}}}", "trainer.steps=1", "rollout.max_turns=1",
+               "--run-dir", run_dir, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    transcripts = [json.loads(line) for p in sorted((run_dir / "transcripts").glob("*.jsonl"))
+                   for line in p.read_text().splitlines()]
+    assert transcripts and all("What is item" in json.dumps(t) for t in transcripts)  # the user's format's questions
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert calls[0] == {"built": str(notes)}  # the user's retriever, built from retrieval.spec
+    assert all(isinstance(call, list) for call in calls[1:])  # any search went to it (a random policy may not search)
+    assert "kind: notes" in (run_dir / "config.yaml").read_text()
