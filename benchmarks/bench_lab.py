@@ -190,8 +190,14 @@ def build(args) -> tuple:
                  f"trainer.steps={args.warmup + args.steps + 1}", "eval.before_after=false"]
     if args.algo:
         overrides.append(f"algo.name={args.algo}")
-    if args.init_from:
-        overrides.append(f"model.init_from={args.init_from}")
+    init_from = args.init_from
+    if not init_from and load_config(args.config, list(args.overrides)).sft.enabled:
+        # The lab's step is the warm-started policy's (it searches, reads and answers); a from-scratch policy
+        # never searches and scores 0, so its step would measure other work.
+        from stratarl.trainer.warmstart import cached_warm_start
+        init_from = str(cached_warm_start(load_config(args.config, list(args.overrides)))[0])
+    if init_from:
+        overrides += [f"model.init_from={init_from}", "sft.enabled=false"]
     cfg = load_config(args.config, overrides + list(args.overrides))
     set_threads(cfg.trainer.num_threads)
     run = build_run(cfg, Path(tmp) / "run")
@@ -348,7 +354,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(REPO / "configs" / "lab.yaml"))
-    parser.add_argument("--init-from", default=None, help="model.init_from (e.g. a `stratarl sft` output's model/)")
+    parser.add_argument("--init-from", default=None, help="model.init_from (e.g. a `stratarl sft` output's model/; "
+                        "default: the config's cached warm start when its sft section is enabled, built if missing)")
     parser.add_argument("--steps", type=int, default=20, help="timed RL steps")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (trainer.num_threads)")
