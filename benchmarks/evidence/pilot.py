@@ -127,6 +127,17 @@ def judge(exp: dict, pilot: dict, runs: dict, metrics: dict) -> dict:
             "admitted": all(r["passed"] for r in results.values()), "checks": results}
 
 
+def keep_history(record: dict, previous: dict | None) -> dict:
+    """``record`` with the records of earlier designs kept under ``earlier`` (oldest first): a design amended after
+    a pilot that did not admit it keeps that pilot's verdict on file. A re-judged same design replaces its own."""
+    if previous is None:
+        return record
+    earlier = list(previous.get("earlier", []))
+    if previous.get("design_hash") != record["design_hash"]:
+        earlier.append({k: v for k, v in previous.items() if k != "earlier"})
+    return {**record, "earlier": earlier} if earlier else record
+
+
 def pilot_experiment(exp: dict, pilot: dict) -> dict:
     """The pilot as an experiment of its own: the same design on the pilot worlds, under ``<name>-pilot``."""
     return {**exp, "name": f"{exp['name']}-pilot", "world_from": pilot["world_from"], "seeds": pilot["seeds"],

@@ -729,7 +729,9 @@ def main(argv: list[str] | None = None) -> int:
         import tables
         record = pilots.judge(design, pilot, tables.load_runs(exp, results), tables.METRICS)
         pilot_root.mkdir(parents=True, exist_ok=True)
-        pilots.record_path(design, pilot_root).write_text(json.dumps(record, indent=1) + "\n")
+        path = pilots.record_path(design, pilot_root)
+        record = pilots.keep_history(record, json.loads(path.read_text()) if path.is_file() else None)
+        path.write_text(json.dumps(record, indent=1) + "\n")
         print(pilots.describe(record), flush=True)
         print(f"wrote {pilots.record_path(design, pilot_root)}", flush=True)
         return 1 if failed else (0 if record["admitted"] else 2)

@@ -158,3 +158,15 @@ def test_the_runner_refuses_a_sweep_before_its_pilot_then_runs_the_pilot_and_wri
     assert not record["checks"]["lag32/clipping"]["passed"] and not record["admitted"]
     with pytest.raises(SystemExit, match="did not admit"):
         runner.main([str(path), "--out", str(tmp_path / "runs"), "--results", str(results)])
+
+
+def test_an_amended_design_keeps_the_verdicts_of_earlier_pilots(pilot):
+    first = {"design_hash": "aaa", "admitted": False, "checks": {"c/x": {"passed": False}}}
+    rejudged = {"design_hash": "aaa", "admitted": False, "checks": {}}
+    assert pilot.keep_history(rejudged, first) == rejudged  # the same design re-judged replaces its own record
+    amended = {"design_hash": "bbb", "admitted": True, "checks": {}}
+    kept = pilot.keep_history(amended, first)
+    assert kept["earlier"] == [first] and kept["admitted"]
+    again = pilot.keep_history({"design_hash": "ccc", "admitted": True, "checks": {}}, kept)
+    assert [r["design_hash"] for r in again["earlier"]] == ["aaa", "bbb"]
+    assert pilot.keep_history(amended, None) == amended
