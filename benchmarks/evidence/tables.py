@@ -399,6 +399,17 @@ def outputs(exp: dict, runs: dict, out: Path, page: Path | None, figures: bool) 
     return texts, tables
 
 
+def experiment(name: str) -> dict:
+    """An experiment by name or path; ``<name>-pilot`` is the pilot of ``<name>`` (its design on the pilot worlds,
+    pilot.py), whose committed summaries regenerate their own tables."""
+    if name.endswith("-pilot") and not name.endswith((".yaml", ".yml")):
+        import pilot as pilots  # benchmarks/evidence/pilot.py
+
+        exp = load_experiment(name.removesuffix("-pilot"))
+        return pilots.pilot_experiment(exp, pilots.validate(exp, METRICS))
+    return load_experiment(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", nargs="?", help="an experiment name (lab_stratified, lab_sorl, ...) or its YAML "
@@ -415,10 +426,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.experiment is None:  # the whole results page, from the committed summaries, in one command
         if args.results != RESULTS or args.page:
             p.error("--results / --page need an experiment")
-        names = sorted(d.name for d in RESULTS.iterdir() if d.is_dir() and (HERE / f"{d.name}.yaml").is_file())
+        names = sorted(d.name for d in RESULTS.iterdir()
+                       if d.is_dir() and (HERE / f"{d.name.removesuffix('-pilot')}.yaml").is_file())
         flags = [f for f, on in (("--no-figures", args.no_figures), ("--check", args.check)) if on]
         return max([main([name, "--out", str(args.out), *flags]) for name in names], default=0)
-    exp = load_experiment(args.experiment)
+    exp = experiment(args.experiment)
     runs = load_runs(exp, args.results)
     if not runs:
         print(f"no run summaries for {exp['name']} under {args.results / exp['name']}", flush=True)
