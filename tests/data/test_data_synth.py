@@ -208,3 +208,29 @@ def _answer_pool_of(kb, kind):
     world = build_world(random.Random(0), num_countries=kb.config["num_countries"],
                         **{k: kb.config[k] for k in ("num_people", "num_works", "num_orgs", "num_cities")})
     return _answer_pools(world)[kind]
+
+
+def test_shared_countries_are_the_same_words_in_every_world_and_nothing_else_is():
+    from stratarl.data.synth.knowledge_base import generate_knowledge_base
+    from stratarl.data.synth.names import name_pool_words
+
+    options = dict(size=300, num_countries=3, num_train=60, num_test=10, hop_mix=(0.0, 1.0, 0.0), guessable="only",
+                   name_pool=1000)
+    a = generate_knowledge_base(seed=1, shared_countries=True, **options)
+    b = generate_knowledge_base(seed=2, shared_countries=True, **options)
+    countries = set(name_pool_words(1000)[:3])
+    # every country answer of both worlds is one of the pool's first three words: a guess learned in one world
+    # can be right in the other
+    assert {e.golden_answers[0] for e in a.train + b.train} <= countries
+    assert a.config["shared_countries"] is True
+    # the other names still differ between worlds, and no other entity takes a country's name
+    text_a, text_b = " ".join(p.text for p in a.passages), " ".join(p.text for p in b.passages)
+    assert a.passages[5].text != b.passages[5].text and text_a != text_b
+    # the default is unchanged: countries differ between worlds, and the config does not name the option
+    plain_a, plain_b = (generate_knowledge_base(seed=s, **options) for s in (1, 2))
+    assert {e.golden_answers[0] for e in plain_a.train}.isdisjoint({e.golden_answers[0] for e in plain_b.train}) or \
+        {e.golden_answers[0] for e in plain_a.train} != {e.golden_answers[0] for e in plain_b.train}
+    assert "shared_countries" not in plain_a.config
+    import pytest
+    with pytest.raises(ValueError, match="shared_countries needs name_pool"):
+        generate_knowledge_base(seed=1, shared_countries=True, **{**options, "name_pool": None})

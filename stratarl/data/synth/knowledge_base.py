@@ -47,6 +47,7 @@ def generate_knowledge_base(
     data_source: str | None = None,
     name_pool: int | None = None,
     multiple_choice: int = 0,
+    shared_countries: bool = False,
 ) -> SyntheticKB:
     """Generate a fictional world, its corpus and train/test questions.
 
@@ -61,6 +62,9 @@ def generate_knowledge_base(
     meets no unknown word in another and can only answer by reading (docs/lab.md).
     ``multiple_choice`` (0: off) makes every question an N-option multiple-choice question
     (see ``stratarl.data.synth``); ``data_source`` defaults to "synthkb", or "synthetic_mc" with options.
+    ``shared_countries`` (with ``name_pool``) gives every world the same country names (the pool's first
+    ``num_countries`` words): a country guessed from other worlds can then be right in this one, which makes
+    the guessable families a real shortcut for a warm start trained on other worlds.
     """
     data_source = data_source or ("synthetic_mc" if multiple_choice else "synthkb")
     if num_countries < 2:
@@ -72,7 +76,7 @@ def generate_knowledge_base(
     num_test = num_test if num_test is not None else min(2_000, max(50, total // 20))
     rng = random.Random(seed)
     pool = name_pool_words(name_pool) if name_pool is not None else None
-    world = build_world(rng, num_countries=num_countries, name_pool=pool, **counts)
+    world = build_world(rng, num_countries=num_countries, name_pool=pool, shared_countries=shared_countries, **counts)
     passages = render_passages(world, rng, num_distractors=max(0, total - sum(counts.values()) - num_countries))
     pairs = sample_questions(world, rng, num_train + num_test, hop_mix=hop_mix, guessable=guessable)
     questions = _questions(world, {"test": pairs[:num_test], "train": pairs[num_test:]}, data_source)
@@ -83,6 +87,7 @@ def generate_knowledge_base(
         "num_train": num_train, "num_test": num_test, "hop_mix": list(hop_mix), "guessable": guessable,
         "data_source": data_source, **({"name_pool": name_pool} if name_pool is not None else {}),
         **({"multiple_choice": multiple_choice} if multiple_choice else {}),
+        **({"shared_countries": True} if shared_countries else {}),
     }
     return SyntheticKB(passages=passages, train=questions["train"], test=questions["test"], config=config,
                        stats=_stats(world, passages, questions))

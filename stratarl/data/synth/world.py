@@ -43,17 +43,27 @@ class World:
 
 def build_world(
     rng: random.Random, *, num_countries: int, num_cities: int, num_orgs: int, num_people: int, num_works: int,
-    name_pool: list[str] | None = None,
+    name_pool: list[str] | None = None, shared_countries: bool = False,
 ) -> World:
     """Draw every entity and relation. Publishers exist for every work kind.
 
     With ``name_pool`` every name word is drawn (without replacement) from that list instead of
-    being invented, so worlds of different seeds share one vocabulary but not one fact."""
+    being invented, so worlds of different seeds share one vocabulary but not one fact. With
+    ``shared_countries`` the countries are the pool's first ``num_countries`` words in every world
+    (the other names are drawn from the rest), so a country answer learned in one world is a
+    plausible guess in another: the closed answer set is the same everywhere."""
     num_surnames = max(2, num_people // 3)  # ~3 people per surname: shared-word distractors
     num_first = max(4, num_people // 4)
     num_stems = max(2, (num_orgs * 2) // 3)  # some stems are shared by two organisations
     counts = (num_countries, num_cities, num_surnames, num_first, num_stems, num_works)
-    words = iter(draw_name_words(rng, sum(counts), name_pool))
+    if shared_countries:
+        if name_pool is None:
+            raise ValueError("shared_countries needs name_pool (the countries are the pool's first words). "
+                             "Fix: set name_pool, e.g. 1000")
+        fixed = list(name_pool[:num_countries])
+        words = iter(fixed + draw_name_words(rng, sum(counts) - num_countries, list(name_pool[num_countries:])))
+    else:
+        words = iter(draw_name_words(rng, sum(counts), name_pool))
     countries, cities, surnames, firsts, stems, title_words = (list(islice(words, n)) for n in counts)
     city_country = [i % num_countries if i < num_countries else rng.randrange(num_countries) for i in range(num_cities)]
     org_kind, org_names = _organisations(rng, num_orgs, stems)
