@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -25,6 +28,19 @@ def _load_script(path, name: str):
 def load_script():
     """``load_script(path, name)``: a benchmark script imported from its file (benchmarks/ is no package)."""
     return _load_script
+
+
+def _stratarl_cli(*args, cwd=None) -> subprocess.CompletedProcess:
+    """``stratarl ARGS`` in a subprocess, without the caller's $STRATARL_IMPORT (a test names its --import)."""
+    env = {key: value for key, value in os.environ.items() if key != "STRATARL_IMPORT"}
+    return subprocess.run([sys.executable, "-m", "stratarl.cli", *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def stratarl_cli():
+    """``stratarl_cli(*args, cwd=None)``: the CLI run in a subprocess (CompletedProcess, text output)."""
+    return _stratarl_cli
 
 
 @pytest.fixture(scope="session")

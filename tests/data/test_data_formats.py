@@ -5,9 +5,6 @@ dataset format of your own)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -47,12 +44,6 @@ def trivia_file(tmp_path):
     path = tmp_path / "trivia.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in TRIVIA_ROWS))
     return path
-
-
-def _run(*args, cwd=None):
-    env = {key: value for key, value in os.environ.items() if key != "STRATARL_IMPORT"}
-    return subprocess.run([sys.executable, "-m", "stratarl.cli", *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=300)
 
 
 def test_the_built_in_formats_are_registry_entries():
@@ -124,30 +115,31 @@ def test_unknown_and_duplicate_formats_are_one_line_errors_that_list_the_registe
     load_extension(str(users_format))  # the same file again (e.g. --import twice): loaded once, no error
 
 
-def test_data_inspect_and_convert_read_a_users_format_with_import(tmp_path, trivia_file):
+def test_data_inspect_and_convert_read_a_users_format_with_import(tmp_path, trivia_file, stratarl_cli):
     plugin = tmp_path / "my_format.py"
     plugin.write_text(MY_FORMAT)
-    inspect = _run("data", "inspect", trivia_file, "--import", plugin)
+    inspect = stratarl_cli("data", "inspect", trivia_file, "--import", plugin)
     assert inspect.returncode == 0, inspect.stderr
     assert "2 questions" in inspect.stdout and "by format: trivia=2" in inspect.stdout
     assert "question='Who wrote Hamlet?' answers=['Shakespeare', 'William Shakespeare']" in inspect.stdout
 
     out = tmp_path / "trivia.parquet"
-    convert = _run("--import", plugin, "data", "convert", trivia_file, out)
+    convert = stratarl_cli("--import", plugin, "data", "convert", trivia_file, out)
     assert convert.returncode == 0, convert.stderr
     converted = load_examples(out)  # Search-R1 rows now: read without the user's module
     assert [(e.id, e.golden_answers, e.metadata["format"]) for e in converted] == [
         ("trivia-0", ("Shakespeare", "William Shakespeare"), "search_r1"), ("trivia-1", ("Paris",), "search_r1")]
 
     # Without the module the rows are read as Search-R1 rows, which they are not: one line naming the row.
-    without = _run("data", "inspect", trivia_file)
+    without = stratarl_cli("data", "inspect", trivia_file)
     assert without.returncode == 2 and "Traceback" not in without.stderr
     assert "row 0: no question" in without.stderr
-    unknown = _run("data", "inspect", trivia_file, "--format", "trivia")
+    unknown = stratarl_cli("data", "inspect", trivia_file, "--format", "trivia")
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
     assert unknown.stderr.strip() == ("error: unknown dataset format 'trivia'; registered: medmcqa, medqa, search_r1 "
                                       "(a format of your own: register_dataset_format in a module loaded with --import)")
-    chosen = _run("data", "convert", trivia_file, tmp_path / "t.jsonl", "--format", "trivia", f"--import={plugin}")
+    chosen = stratarl_cli("data", "convert", trivia_file, tmp_path / "t.jsonl", "--format", "trivia",
+                          f"--import={plugin}")
     assert chosen.returncode == 0, chosen.stderr
 
 

@@ -5,9 +5,6 @@ a retriever of your own)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -49,12 +46,6 @@ def users_kind(tmp_path, monkeypatch):
     monkeypatch.setattr(factory, "_RETRIEVERS", dict(factory._RETRIEVERS))
     load_extension(str(plugin))
     return plugin
-
-
-def _run(*args, cwd=None):
-    env = {key: value for key, value in os.environ.items() if key != "STRATARL_IMPORT"}
-    return subprocess.run([sys.executable, "-m", "stratarl.cli", *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=300)
 
 
 def test_the_built_in_kinds_are_registry_entries():
@@ -150,17 +141,17 @@ def test_unknown_and_duplicate_kinds_are_one_line_errors_that_list_the_registere
         build_retriever("wordlits")
 
 
-def test_a_users_kind_answers_stratarl_index_search_with_import(tmp_path):
+def test_a_users_kind_answers_stratarl_index_search_with_import(tmp_path, stratarl_cli):
     plugin = tmp_path / "my_retriever.py"
     plugin.write_text(MY_RETRIEVER)
-    out = _run("index", "search", "wordlist", "gamma rays", "--json", "--import", plugin)
+    out = stratarl_cli("index", "search", "wordlist", "gamma rays", "--json", "--import", plugin)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["result"] == [[{"document": {"id": "w2", "contents": '"gamma"\ngamma is a word.'},
                                                    "score": None}]]
-    text = _run("--import", plugin, "index", "search", "wordlist", "gamma rays")  # a passage without a score
+    text = stratarl_cli("--import", plugin, "index", "search", "wordlist", "gamma rays")  # a passage without a score
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines() == ["query: gamma rays", "  Doc 1(Title: gamma) gamma is a word.  [id w2]"]
-    without = _run("index", "search", "wordlist", "gamma rays")
+    without = stratarl_cli("index", "search", "wordlist", "gamma rays")
     assert without.returncode != 0 and "Traceback" not in without.stderr
     assert "'wordlist' is not a URL, an index directory or a corpus file" in without.stderr
 
