@@ -423,6 +423,9 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
         except (OSError, json.JSONDecodeError, AttributeError):
             continue
     run_summary = json.loads((d / "summary.json").read_text())
+    # A population member's clock also runs while the other members compute (they take turns on one thread), so
+    # its train_seconds is its share of the population's wall time.
+    population = _population_size(d)
     started = _started(d)
     # A run older than the provenance record: what can still be read now, marked as such.
     record = started or {**provenance(spec, _env()), "commit": _run_commit(d), "dirty": None, "recorded": "at summary"}
@@ -430,8 +433,8 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
             "task": spec.task, "steps": len(steps), "config_hash": config_hash,
             "overrides": [o for o in spec.overrides if not o.startswith(MACHINE_KEYS)],
             "commit": record.get("commit"), "provenance": record,
-            "train_seconds": _round(_train_seconds(d, run_summary)),
-            **({"population": _population_size(d)} if _population_size(d) > 1 else {}),
+            "train_seconds": _round(_train_seconds(d, run_summary) / population),
+            **({"population": population} if population > 1 else {}),
             "measured": time.strftime("%Y-%m-%d"), "per_step": per_step,
             "binned": {"bin_steps": BIN_STEPS, "metrics": binned}, **({"first_step": first_step} if first_step else {}),
             "eval": evals}
@@ -448,13 +451,7 @@ def _population_size(run_dir: Path) -> int:
 def _train_seconds(run_dir: Path, run_summary: dict) -> float:
     """Seconds a run spent on its steps and evals. summary.json times the last process only, so a run resumed
     from a checkpoint (``start_step`` > 0) sums its logged ``time/step`` and ``time/eval`` instead, each step's
-    last row counted once (a step re-run after a resume replaced its first row). A population member's clock
-    also runs while the other members compute (they take turns on one thread), so its time is divided by the
-    population's size: the member's share of the population's wall time."""
-    return _own_seconds(run_dir, run_summary) / _population_size(run_dir)
-
-
-def _own_seconds(run_dir: Path, run_summary: dict) -> float:
+    last row counted once (a step re-run after a resume replaced its first row)."""
     if not run_summary.get("start_step"):
         return float(run_summary.get("train_seconds", 0.0))
     from stratarl.infra.metrics import read_metrics  # here, as train_rows: the runner's top level imports no stratarl
