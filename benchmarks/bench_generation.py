@@ -48,8 +48,10 @@ import torch
 from stratarl.models import load_model_and_tokenizer
 from stratarl.rollout import KVCacheGenerator, SamplingParams, encode_prompt
 
-FILLER = ("Doc 1(Title: \"Paris\") Paris is the capital and most populous city of France, on the Seine. "
-          "Doc 2(Title: \"Lyon\") Lyon is the third-largest city of France, at the confluence of rivers. ")
+FILLER = (
+    'Doc 1(Title: "Paris") Paris is the capital and most populous city of France, on the Seine. '
+    'Doc 2(Title: "Lyon") Lyon is the third-largest city of France, at the confluence of rivers. '
+)
 MIN_DECODE_SECONDS = 1e-3  # shorter decode phases are below what a clock around a Python loop resolves
 clock = time.perf_counter  # wall clock; ``--clock cpu`` swaps in this process's CPU time
 
@@ -99,8 +101,9 @@ def decode_rate(batch: int, new_tokens: int, decode_seconds: float | None) -> fl
     return batch * (new_tokens - 1) / decode_seconds
 
 
-def step_limit(config, weight_bytes: int, params: int, batch: int, context: float, bandwidth: float,
-               flops: float) -> tuple[float, str]:
+def step_limit(
+    config, weight_bytes: int, params: int, batch: int, context: float, bandwidth: float, flops: float
+) -> tuple[float, str]:
     """Lower bound on one decode step's seconds at ``batch`` rows and ``context`` cached tokens:
     every weight and the rows' K/V are read once (memory), and the matmul FLOPs are done
     (compute). Returns (seconds, which bound binds)."""
@@ -137,9 +140,15 @@ def hf_generate(model, tokenizer, prompts, new_tokens):
     first = _FirstCall()
     start = clock()
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, min_new_tokens=new_tokens,
-                             max_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id,
-                             stopping_criteria=StoppingCriteriaList([first]))
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            min_new_tokens=new_tokens,
+            max_new_tokens=new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            stopping_criteria=StoppingCriteriaList([first]),
+        )
     end = clock()
     return out, end - start, (end - first.at) if first.at is not None else None
 
@@ -187,14 +196,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs per measurement")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--no-drop-check", action="store_true", help="skip the drop-vs-mask comparison")
-    parser.add_argument("--grouped", type=int, nargs="*", default=[32],
-                        help="also these batch sizes as GRPO groups: batch / group-size prompts, each sampled group-size times")
+    parser.add_argument(
+        "--grouped",
+        type=int,
+        nargs="*",
+        default=[32],
+        help="also these batch sizes as GRPO groups: batch / group-size prompts, each sampled group-size times",
+    )
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                        help="wall: elapsed time; cpu: this process's CPU time, which on a machine shared with other "
-                             "jobs leaves out the time spent waiting for a core (needs --threads 1)")
-    parser.add_argument("--generic", action="store_true",
-                        help="also time our loop on the model's own forward (fast=False)")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall: elapsed time; cpu: this process's CPU time, which on a machine shared with other "
+        "jobs leaves out the time spent waiting for a core (needs --threads 1)",
+    )
+    parser.add_argument(
+        "--generic", action="store_true", help="also time our loop on the model's own forward (fast=False)"
+    )
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
@@ -210,12 +229,16 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bandwidth, flops = measure_bandwidth(), measure_flops()
-    print(f"threads={torch.get_num_threads()} params={params / 1e6:.1f}M weights={weight_bytes / 2**20:.0f} MiB "
-          f"read bandwidth={bandwidth / 1e9:.1f} GB/s matmul={flops / 1e9:.1f} GFLOP/s "
-          f"(best of {args.repeats} runs each, HF and ours alternating; {args.clock} clock)")
-    print(f"{'batch':>5} {'prompts':>7} {'HF tok/s':>9} {'ours tok/s':>10} {'ours/HF':>7} {'same ids':>8} "
-          f"{'HF dec tok/s':>12} {'our dec tok/s':>13} {'dec ours/HF':>11} {'limit tok/s':>11} {'bound':>7} {'of limit':>8}"
-          + (f" {'generic tok/s':>13}" if args.generic else ""))
+    print(
+        f"threads={torch.get_num_threads()} params={params / 1e6:.1f}M weights={weight_bytes / 2**20:.0f} MiB "
+        f"read bandwidth={bandwidth / 1e9:.1f} GB/s matmul={flops / 1e9:.1f} GFLOP/s "
+        f"(best of {args.repeats} runs each, HF and ours alternating; {args.clock} clock)"
+    )
+    print(
+        f"{'batch':>5} {'prompts':>7} {'HF tok/s':>9} {'ours tok/s':>10} {'ours/HF':>7} {'same ids':>8} "
+        f"{'HF dec tok/s':>12} {'our dec tok/s':>13} {'dec ours/HF':>11} {'limit tok/s':>11} {'bound':>7} {'of limit':>8}"
+        + (f" {'generic tok/s':>13}" if args.generic else "")
+    )
     cases = [(batch, batch) for batch in args.batch_sizes]
     cases += [(batch, batch // args.group_size) for batch in args.grouped if batch % args.group_size == 0]
     ratios: list[tuple[int, int, float, float | None, float | None]] = []
@@ -236,8 +259,10 @@ def main() -> None:
         hf_decode = min((d for d in hf_decodes if d is not None), default=None)
         our_decode = min((d for d in our_decodes if d is not None), default=None)
         width = max(len(p) for p in prompts)
-        same = sum(same_until_eos(o.token_ids, hf_out[row, width:].tolist(), tokenizer.eos_token_id)
-                   for row, o in enumerate(ours_out))
+        same = sum(
+            same_until_eos(o.token_ids, hf_out[row, width:].tolist(), tokenizer.eos_token_id)
+            for row, o in enumerate(ours_out)
+        )
         same_total, rows_total = same_total + same, rows_total + batch
         context = sum(len(p) for p in prompts) / batch + args.new_tokens / 2
         limit_step, bound = step_limit(model.config, weight_bytes, params, batch, context, bandwidth, flops)
@@ -248,40 +273,55 @@ def main() -> None:
         dec_ratio = our_rate / hf_rate if our_rate is not None and hf_rate is not None else None
         # Our whole call if its decode phase ran at the limit (prefill and weight packing as measured):
         # the most any decode speed-up can give end to end.
-        ceiling = (hf_time / (ours_time - our_decode + (args.new_tokens - 1) * limit_step)
-                   if our_decode is not None else None)
+        ceiling = (
+            hf_time / (ours_time - our_decode + (args.new_tokens - 1) * limit_step) if our_decode is not None else None
+        )
         ratios.append((batch, num_prompts, hf_time / ours_time, dec_ratio, ceiling))
         tokens = batch * args.new_tokens
-        line = (f"{batch:>5} {num_prompts:>7} {tokens / hf_time:>9.1f} {tokens / ours_time:>10.1f} {hf_time / ours_time:>6.2f}x "
-                f"{same:>4}/{batch:<3} {fmt(hf_rate, 12, limit_rate)} {fmt(our_rate, 13, limit_rate)} "
-                f"{fmt(dec_ratio, 10)}{'x' if dec_ratio is not None else ' '} {limit_rate:>11.1f} {bound:>7} "
-                + (f"{our_rate / limit_rate:>7.0%}" if our_rate is not None else f"{'n/a':>8}"))
+        line = (
+            f"{batch:>5} {num_prompts:>7} {tokens / hf_time:>9.1f} {tokens / ours_time:>10.1f} {hf_time / ours_time:>6.2f}x "
+            f"{same:>4}/{batch:<3} {fmt(hf_rate, 12, limit_rate)} {fmt(our_rate, 13, limit_rate)} "
+            f"{fmt(dec_ratio, 10)}{'x' if dec_ratio is not None else ' '} {limit_rate:>11.1f} {bound:>7} "
+            + (f"{our_rate / limit_rate:>7.0%}" if our_rate is not None else f"{'n/a':>8}")
+        )
         if args.generic:
-            generic_time = best_time(lambda: ours_generate(model, tokenizer, prompts, args.new_tokens, fast=False), args.repeats)
+            generic_time = best_time(
+                lambda: ours_generate(model, tokenizer, prompts, args.new_tokens, fast=False), args.repeats
+            )
             line += f" {tokens / generic_time:>13.1f}"
         print(line, flush=True)
     if args.new_tokens < 2:
         print("decode columns n/a: --new-tokens < 2 leaves no decode phase")
     if any_over:
         print("! a decode rate above the limit is a timing error (too few tokens or repeats?), not a result")
+
     def summary(column: int) -> str:
-        return ", ".join(f"batch {r[0]}{f' ({r[1]} prompts)' if r[1] != r[0] else ''} "
-                         + (f"{r[column]:.2f}x" if r[column] is not None else "n/a") for r in ratios)
+        return ", ".join(
+            f"batch {r[0]}{f' ({r[1]} prompts)' if r[1] != r[0] else ''} "
+            + (f"{r[column]:.2f}x" if r[column] is not None else "n/a")
+            for r in ratios
+        )
 
     print(f"ours / HF end to end: {summary(2)}")
     print(f"ours / HF decode phase: {summary(3)}")
     print(f"ours / HF end to end if our decode ran at the limit (prefill and packing as measured): {summary(4)}")
-    print(f"greedy ids equal to HF generate: {same_total}/{rows_total} rows "
-          f"({'all equal' if same_total == rows_total else 'MISMATCH'})")
+    print(
+        f"greedy ids equal to HF generate: {same_total}/{rows_total} rows "
+        f"({'all equal' if same_total == rows_total else 'MISMATCH'})"
+    )
 
     if not args.no_drop_check:
         batch = 8
         prompts = make_prompts(tokenizer, batch, args.prompt_tokens)
         limits = [args.new_tokens // (1 + row) for row in range(batch)]  # rows finish early, at different steps
         kept = best_time(lambda: ours_generate(model, tokenizer, prompts, args.new_tokens, False, limits), args.repeats)
-        dropped = best_time(lambda: ours_generate(model, tokenizer, prompts, args.new_tokens, True, limits), args.repeats)
-        print(f"finished rows, batch {batch}, row budgets {limits}: keep {kept:.2f} s, drop {dropped:.2f} s "
-              f"(drop is {kept / dropped:.2f}x)")
+        dropped = best_time(
+            lambda: ours_generate(model, tokenizer, prompts, args.new_tokens, True, limits), args.repeats
+        )
+        print(
+            f"finished rows, batch {batch}, row budgets {limits}: keep {kept:.2f} s, drop {dropped:.2f} s "
+            f"(drop is {kept / dropped:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -51,14 +51,27 @@ TARGET_STEPS_PER_S = 1.1
 PHASES = ("generation", "retrieval", "logprobs", "update")
 # Files whose HEAD versions make the "before" tree of --compare-head: the step's code path that the
 # speed work changed (files other work changes stay as they are in the tree).
-STEP_FILES = ("stratarl/trainer/step.py", "stratarl/trainer/run.py", "stratarl/trainer/update.py",
-              "stratarl/trainer/batch.py", "stratarl/trainer/logprobs.py", "stratarl/trainer/prefix.py",
-              "stratarl/rollout/collect.py", "stratarl/rollout/engine.py", "stratarl/rollout/backends.py",
-              "stratarl/rollout/generation.py", "stratarl/rollout/generator.py", "stratarl/rollout/stopping.py",
-              "stratarl/rollout/sampling.py", "stratarl/rollout/kv_cache_generator.py",
-              "stratarl/rollout/prefix_cache.py", "stratarl/rollout/hf_generator.py",
-              "stratarl/rollout/fast_forward.py", "stratarl/rollout/fast_decode_support.py",
-              "stratarl/rollout/decoder_weights.py")
+STEP_FILES = (
+    "stratarl/trainer/step.py",
+    "stratarl/trainer/run.py",
+    "stratarl/trainer/update.py",
+    "stratarl/trainer/batch.py",
+    "stratarl/trainer/logprobs.py",
+    "stratarl/trainer/prefix.py",
+    "stratarl/rollout/collect.py",
+    "stratarl/rollout/engine.py",
+    "stratarl/rollout/backends.py",
+    "stratarl/rollout/generation.py",
+    "stratarl/rollout/generator.py",
+    "stratarl/rollout/stopping.py",
+    "stratarl/rollout/sampling.py",
+    "stratarl/rollout/kv_cache_generator.py",
+    "stratarl/rollout/prefix_cache.py",
+    "stratarl/rollout/hf_generator.py",
+    "stratarl/rollout/fast_forward.py",
+    "stratarl/rollout/fast_decode_support.py",
+    "stratarl/rollout/decoder_weights.py",
+)
 
 
 # --------------------------------------------------------------------------- matmul rate
@@ -181,13 +194,18 @@ def counted_step(run, step_fn) -> tuple[float, dict]:
 
 
 def build(args) -> tuple:
+    from stratarl.infra.threads import set_threads
     from stratarl.trainer.config import load_config
     from stratarl.trainer.run import build_run
-    from stratarl.infra.threads import set_threads
 
     tmp = tempfile.mkdtemp(prefix="bench_lab_")
-    overrides = [f"trainer.num_threads={args.threads}", f"trainer.output_dir={tmp}", "logging.tensorboard=false",
-                 f"trainer.steps={args.warmup + args.steps + 1}", "eval.before_after=false"]
+    overrides = [
+        f"trainer.num_threads={args.threads}",
+        f"trainer.output_dir={tmp}",
+        "logging.tensorboard=false",
+        f"trainer.steps={args.warmup + args.steps + 1}",
+        "eval.before_after=false",
+    ]
     if args.algo:
         overrides.append(f"algo.name={args.algo}")
     init_from = args.init_from
@@ -195,6 +213,7 @@ def build(args) -> tuple:
         # The lab's step is the warm-started policy's (it searches, reads and answers); a from-scratch policy
         # never searches and scores 0, so its step would measure other work.
         from stratarl.trainer.warmstart import cached_warm_start
+
         init_from = str(cached_warm_start(load_config(args.config, list(args.overrides)))[0])
     if init_from:
         overrides += [f"model.init_from={init_from}", "sft.enabled=false"]
@@ -248,18 +267,28 @@ def run_bench(args) -> dict:
     per_step = wall / args.steps
     phases["other"] = per_step - sum(phases.values())
     return {
-        "algo": cfg.algo.name, "threads": torch.get_num_threads(), "steps": args.steps,
+        "algo": cfg.algo.name,
+        "threads": torch.get_num_threads(),
+        "steps": args.steps,
         "step_threads": mean("perf/threads") or torch.get_num_threads(),  # what the step ran on (HEAD: no key)
         "wall_s": wall,
-        "step_s": per_step, "steps_per_s": args.steps / wall, "phases": phases,
+        "step_s": per_step,
+        "steps_per_s": args.steps / wall,
+        "phases": phases,
         "useful_flops": {p: statistics.fmean(w[p] for w in work) for p in ("generation", "logprobs", "update")},
         "executed_per_useful": executed / counted_useful if counted_useful else float("nan"),
         "executed_flops_counted_step": executed,
-        "reward": mean("reward/mean"), "answered": mean("rollout/answered_rate"),
-        "searches": mean("rollout/search_calls_mean"), "response_len": mean("rollout/response_length_mean"),
-        "observation_len": mean("rollout/observation_length_mean"), "prompt_len": mean("rollout/prompt_length_mean"),
-        "policy_tokens": mean("perf/update_policy_tokens"), "params": sum(p.numel() for p in run.model.parameters()),
-        "hidden": fm.hidden, "vocab": fm.vocab, "load": os.getloadavg()[0],
+        "reward": mean("reward/mean"),
+        "answered": mean("rollout/answered_rate"),
+        "searches": mean("rollout/search_calls_mean"),
+        "response_len": mean("rollout/response_length_mean"),
+        "observation_len": mean("rollout/observation_length_mean"),
+        "prompt_len": mean("rollout/prompt_length_mean"),
+        "policy_tokens": mean("perf/update_policy_tokens"),
+        "params": sum(p.numel() for p in run.model.parameters()),
+        "hidden": fm.hidden,
+        "vocab": fm.vocab,
+        "load": os.getloadavg()[0],
     }
 
 
@@ -267,29 +296,42 @@ def report(result: dict, peak: float, head_rate: float, head_shape: tuple[int, i
     """Human-readable lines of one result; the last one is the verdict."""
     lines = []
     r, ph = result, result["phases"]
-    lines.append(f"policy: {r['params'] / 1e6:.2f} M params (hidden {r['hidden']}, vocab {r['vocab']}); algo {r['algo']}; "
-                 f"trainer.num_threads {r['threads']}, the step ran on {r['step_threads']:.0f}; load average {r['load']:.2f}")
-    lines.append(f"rollouts: prompt {r['prompt_len']:.0f} tok, policy {r['response_len']:.1f} tok, observations "
-                 f"{r['observation_len']:.1f} tok, {r['searches']:.2f} searches, answered {r['answered']:.2f}, "
-                 f"reward {r['reward']:.3f}")
-    lines.append(f"step: {r['step_s'] * 1000:.0f} ms = " + ", ".join(f"{k} {v * 1000:.0f} ms ({v / r['step_s']:.0%})"
-                                                                  for k, v in ph.items()))
+    lines.append(
+        f"policy: {r['params'] / 1e6:.2f} M params (hidden {r['hidden']}, vocab {r['vocab']}); algo {r['algo']}; "
+        f"trainer.num_threads {r['threads']}, the step ran on {r['step_threads']:.0f}; load average {r['load']:.2f}"
+    )
+    lines.append(
+        f"rollouts: prompt {r['prompt_len']:.0f} tok, policy {r['response_len']:.1f} tok, observations "
+        f"{r['observation_len']:.1f} tok, {r['searches']:.2f} searches, answered {r['answered']:.2f}, "
+        f"reward {r['reward']:.3f}"
+    )
+    lines.append(
+        f"step: {r['step_s'] * 1000:.0f} ms = "
+        + ", ".join(f"{k} {v * 1000:.0f} ms ({v / r['step_s']:.0%})" for k, v in ph.items())
+    )
     useful = sum(r["useful_flops"].values())
     at_peak = useful / peak
-    lines.append(f"useful work: {useful / 1e9:.2f} GFLOP/step (" + ", ".join(
-        f"{k} {v / 1e9:.2f}" for k, v in r["useful_flops"].items()) + f"); at the peak {peak / 1e9:.0f} GFLOP/s: "
+    lines.append(
+        f"useful work: {useful / 1e9:.2f} GFLOP/step ("
+        + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in r["useful_flops"].items())
+        + f"); at the peak {peak / 1e9:.0f} GFLOP/s: "
         f"{at_peak * 1000:.1f} ms/step, at the LM-head GEMM rate {head_rate / 1e9:.0f} GFLOP/s "
-        f"({head_shape[0]}x{head_shape[1]} @ {head_shape[1]}x{head_shape[2]}): {useful / head_rate * 1000:.1f} ms/step")
+        f"({head_shape[0]}x{head_shape[1]} @ {head_shape[1]}x{head_shape[2]}): {useful / head_rate * 1000:.1f} ms/step"
+    )
     achieved = useful / r["step_s"]
     executed_rate = achieved * r["executed_per_useful"]
-    lines.append(f"achieved: useful {achieved / 1e9:.2f} GFLOP/s = {achieved / peak:.2%} of peak; executed "
-                 f"(flop_counter, one step: {r['executed_per_useful']:.2f}x the useful work) ~{executed_rate / 1e9:.2f} "
-                 f"GFLOP/s = {executed_rate / peak:.2%} of peak"
-                 + ("  <-- ABOVE 100 %: a measurement bug" if executed_rate > peak or achieved > peak else ""))
+    lines.append(
+        f"achieved: useful {achieved / 1e9:.2f} GFLOP/s = {achieved / peak:.2%} of peak; executed "
+        f"(flop_counter, one step: {r['executed_per_useful']:.2f}x the useful work) ~{executed_rate / 1e9:.2f} "
+        f"GFLOP/s = {executed_rate / peak:.2%} of peak"
+        + ("  <-- ABOVE 100 %: a measurement bug" if executed_rate > peak or achieved > peak else "")
+    )
     verdict = "PASS" if r["steps_per_s"] >= TARGET_STEPS_PER_S else "FAIL"
-    lines.append(f"VERDICT {verdict}: {r['steps_per_s']:.2f} steps/s ({r['step_s'] * 1000:.0f} ms/step) vs target "
-                 f">= {TARGET_STEPS_PER_S} steps/s; 1,000 steps would take {1000 * r['step_s'] / 60:.1f} min "
-                 f"({r['algo']}, {r['step_threads']:.0f} thread(s), load {r['load']:.2f})")
+    lines.append(
+        f"VERDICT {verdict}: {r['steps_per_s']:.2f} steps/s ({r['step_s'] * 1000:.0f} ms/step) vs target "
+        f">= {TARGET_STEPS_PER_S} steps/s; 1,000 steps would take {1000 * r['step_s'] / 60:.1f} min "
+        f"({r['algo']}, {r['step_threads']:.0f} thread(s), load {r['load']:.2f})"
+    )
     return lines
 
 
@@ -312,14 +354,27 @@ def head_tree(dest: Path) -> Path:
     """A copy of this tree's ``stratarl`` package with ``STEP_FILES`` as in git HEAD (read-only git use)."""
     shutil.copytree(REPO / "stratarl", dest / "stratarl", ignore=shutil.ignore_patterns("__pycache__"))
     for name in STEP_FILES:
-        text = subprocess.run(["git", "show", f"HEAD:{name}"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+        text = subprocess.run(
+            ["git", "show", f"HEAD:{name}"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
         (dest / name).write_text(text)
     return dest
 
 
 def child(args, pythonpath: Path) -> dict:
-    command = [sys.executable, str(Path(__file__).resolve()), "--json", "--config", args.config, "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--json",
+        "--config",
+        args.config,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--threads",
+        str(args.threads),
+    ]
     if args.init_from:
         command += ["--init-from", args.init_from]
     if args.algo:
@@ -339,8 +394,11 @@ def compare_head(args) -> None:
             for label, path in (("before (HEAD)", before_tree), ("after (tree)", REPO)):
                 result = child(args, path)
                 results[label].append(result)
-                print(f"round {round_index + 1} {label}: {result['steps_per_s']:.2f} steps/s, "
-                      f"{result['step_s'] * 1000:.0f} ms/step (load {result['load']:.2f})", flush=True)
+                print(
+                    f"round {round_index + 1} {label}: {result['steps_per_s']:.2f} steps/s, "
+                    f"{result['step_s'] * 1000:.0f} ms/step (load {result['load']:.2f})",
+                    flush=True,
+                )
     for label, rows in results.items():
         best = min(rows, key=lambda r: r["step_s"])
         print(f"\n== {label}: best of {len(rows)} rounds")
@@ -351,11 +409,16 @@ def compare_head(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", default=str(REPO / "configs" / "lab.yaml"))
-    parser.add_argument("--init-from", default=None, help="model.init_from (e.g. a `stratarl sft` output's model/; "
-                        "default: the config's cached warm start when its sft section is enabled, built if missing)")
+    parser.add_argument(
+        "--init-from",
+        default=None,
+        help="model.init_from (e.g. a `stratarl sft` output's model/; "
+        "default: the config's cached warm start when its sft section is enabled, built if missing)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="timed RL steps")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (trainer.num_threads)")
@@ -373,8 +436,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(result))
         return
     peak, head_rate, shape = measure_rates(result)
-    print(f"matmul fp32, {result['step_threads']:.0f} thread(s): peak {peak / 1e9:.0f} GFLOP/s (best of 1024^3, 2048^3); "
-          f"LM-head shape {shape[0]}x{shape[1]} @ {shape[1]}x{shape[2]}: {head_rate / 1e9:.0f} GFLOP/s")
+    print(
+        f"matmul fp32, {result['step_threads']:.0f} thread(s): peak {peak / 1e9:.0f} GFLOP/s (best of 1024^3, 2048^3); "
+        f"LM-head shape {shape[0]}x{shape[1]} @ {shape[1]}x{shape[2]}: {head_rate / 1e9:.0f} GFLOP/s"
+    )
     print("\n".join(report(result, peak, head_rate, shape)))
 
 

@@ -10,6 +10,7 @@ the warm start never saw), the warm start's greedy single-hop EM on the task wor
 GRPO's held-out gain with its paired 95% CI. Exits non-zero when a target is missed: single-hop EM >= 0.6 on
 every world, a gain >= +0.15 whose CI excludes 0 on at least 9 of 10.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,23 +47,37 @@ def collect(seed: int, run_dir: Path, log: Path) -> dict:
     from stratarl.evaluation.headline import run_headline
 
     text = log.read_text(errors="replace")
-    probes = [{"step": int(m[0]), "single_hop_em": float(m[1]), "questions": int(m[2]), "passed": m[3] == "passed"}
-              for m in PROBE.findall(text)]
+    probes = [
+        {"step": int(m[0]), "single_hop_em": float(m[1]), "questions": int(m[2]), "passed": m[3] == "passed"}
+        for m in PROBE.findall(text)
+    ]
     if WARM_START_FAILED in text:  # no RL ran: a miss on both targets
         return {"seed": seed, "probes": probes, "warm_start_failed": True}
     head = run_headline(run_dir) if (run_dir / "eval").is_dir() else {"gain": None, "missing": "no eval folder"}
     if head["gain"] is None:
-        raise RuntimeError(f"{log}: the demo of world {seed} has no before/after gain ({head['missing']}); "
-                           "read the log's end for the error")
+        raise RuntimeError(
+            f"{log}: the demo of world {seed} has no before/after gain ({head['missing']}); "
+            "read the log's end for the error"
+        )
     before = json.loads((run_dir / "eval" / "before.json").read_text())["per_type"]
     after = json.loads((run_dir / "eval" / "after.json").read_text())["per_type"]
     gain = head["gain"]["em"]
     warm = WARM.search(text)
-    return {"seed": seed, "probes": probes, "warm_start_s": int(warm[1]) if warm else None,
-            "single_hop_em_before": before["single_hop"]["em"], "two_hop_em_before": before["multi_hop_2"]["em"],
-            "single_hop_em_after": after["single_hop"]["em"], "two_hop_em_after": after["multi_hop_2"]["em"],
-            "em_before": head["before"]["em"]["mean"], "em_after": head["after"]["em"]["mean"], "gain": gain["mean"],
-            "gain_ci": [gain["low"], gain["high"]], "up": gain["up"], "down": gain["down"]}
+    return {
+        "seed": seed,
+        "probes": probes,
+        "warm_start_s": int(warm[1]) if warm else None,
+        "single_hop_em_before": before["single_hop"]["em"],
+        "two_hop_em_before": before["multi_hop_2"]["em"],
+        "single_hop_em_after": after["single_hop"]["em"],
+        "two_hop_em_after": after["multi_hop_2"]["em"],
+        "em_before": head["before"]["em"]["mean"],
+        "em_after": head["after"]["em"]["mean"],
+        "gain": gain["mean"],
+        "gain_ci": [gain["low"], gain["high"]],
+        "up": gain["up"],
+        "down": gain["down"],
+    }
 
 
 def main() -> int:
@@ -80,34 +95,57 @@ def main() -> int:
     todo = [s for s in parse_seeds(args.seeds) if s not in rows]
     for i in range(0, len(todo), args.parallel):
         procs = []
-        for seed in todo[i:i + args.parallel]:
+        for seed in todo[i : i + args.parallel]:
             run_dir, log = runs / f"demo-{seed}", runs / f"demo-{seed}.log"
             if not (run_dir / "summary.json").is_file() and not warm_start_failed(log):
-                cmd = [str(Path(sys.executable).parent / "stratarl"), "demo", "--run-dir", str(run_dir),
-                       f"data.synthetic.seed={seed}", *args.overrides]
+                cmd = [
+                    str(Path(sys.executable).parent / "stratarl"),
+                    "demo",
+                    "--run-dir",
+                    str(run_dir),
+                    f"data.synthetic.seed={seed}",
+                    *args.overrides,
+                ]
                 procs.append(subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO))
         for p in procs:
             p.wait()
-        for seed in todo[i:i + args.parallel]:
+        for seed in todo[i : i + args.parallel]:
             rows[seed] = collect(seed, runs / f"demo-{seed}", runs / f"demo-{seed}.log")
-            out.write_text(json.dumps({"config": "configs/demo.yaml", "overrides": args.overrides,
-                                       "worlds": [rows[s] for s in sorted(rows)]}, indent=1) + "\n")
-    print("| world | warm start | probe: single-hop EM (step) | task world single-hop EM | EM before -> after | gain [95% CI] | up / down |")
+            out.write_text(
+                json.dumps(
+                    {
+                        "config": "configs/demo.yaml",
+                        "overrides": args.overrides,
+                        "worlds": [rows[s] for s in sorted(rows)],
+                    },
+                    indent=1,
+                )
+                + "\n"
+            )
+    print(
+        "| world | warm start | probe: single-hop EM (step) | task world single-hop EM | EM before -> after | gain [95% CI] | up / down |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in (rows[s] for s in sorted(rows)):
         probe = r["probes"][-1] if r["probes"] else None
         probe_text = f"{probe['single_hop_em']:.3f} ({probe['step']})" if probe else "-"
         if r.get("warm_start_failed"):
-            print(f"| {r['seed']} | failed: probe below sft.probe_min_em to the step limit | {probe_text} | - | - | - | - |")
+            print(
+                f"| {r['seed']} | failed: probe below sft.probe_min_em to the step limit | {probe_text} | - | - | - | - |"
+            )
             continue
-        print(f"| {r['seed']} | {r['warm_start_s']} s | {probe_text} | {r['single_hop_em_before']:.3f} | "
-              f"{r['em_before']:.3f} -> {r['em_after']:.3f} | {r['gain']:+.3f} [{r['gain_ci'][0]:+.2f}, {r['gain_ci'][1]:+.2f}] "
-              f"| {r['up']} / {r['down']} |")
+        print(
+            f"| {r['seed']} | {r['warm_start_s']} s | {probe_text} | {r['single_hop_em_before']:.3f} | "
+            f"{r['em_before']:.3f} -> {r['em_after']:.3f} | {r['gain']:+.3f} [{r['gain_ci'][0]:+.2f}, {r['gain_ci'][1]:+.2f}] "
+            f"| {r['up']} / {r['down']} |"
+        )
     done = [rows[s] for s in sorted(rows)]
     reading = sum(r.get("single_hop_em_before", 0.0) >= 0.6 for r in done)
     learned = sum(r.get("gain", 0.0) >= 0.15 and r["gain_ci"][0] > 0 for r in done if "gain" in r)
-    print(f"single-hop EM >= 0.6 after the warm start: {reading} of {len(done)} worlds (target: all); "
-          f"gain >= +0.15 with CI excluding 0: {learned} of {len(done)} (target: >= 90%)")
+    print(
+        f"single-hop EM >= 0.6 after the warm start: {reading} of {len(done)} worlds (target: all); "
+        f"gain >= +0.15 with CI excluding 0: {learned} of {len(done)} (target: >= 90%)"
+    )
     ok = reading == len(done) and learned >= 0.9 * len(done)
     if not ok:
         print("error: a target is missed (above); read the failing worlds' logs in", runs)

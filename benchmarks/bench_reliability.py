@@ -46,17 +46,30 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from fault_injection import (bad_input_cases, clear_error, compare_runs, count_calls, random_targets, run_cli,
-                                 run_killed)
+    from fault_injection import (
+        bad_input_cases,
+        clear_error,
+        compare_runs,
+        count_calls,
+        random_targets,
+        run_cli,
+        run_killed,
+    )
 
     from stratarl.trainer.config import load_config, save_config
     from stratarl.trainer.rl import train
 
     work = Path(tempfile.mkdtemp(prefix="stratarl-reliability-"))
     (work / "reward.py").write_text(REWARD)
-    overrides = [f"data.synthetic.cache_dir={work / 'kb'}", f"algo.reward={work / 'reward.py'}:length_parity_reward",
-                 f"trainer.steps={STEPS}", "trainer.save_every=1", "logging.tensorboard=false",
-                 "logging.num_transcripts=0", "data.synthetic.options.num_train=8"]
+    overrides = [
+        f"data.synthetic.cache_dir={work / 'kb'}",
+        f"algo.reward={work / 'reward.py'}:length_parity_reward",
+        f"trainer.steps={STEPS}",
+        "trainer.save_every=1",
+        "logging.tensorboard=false",
+        "logging.num_transcripts=0",
+        "data.synthetic.options.num_train=8",
+    ]
     cfg = load_config(ROOT / "configs" / "tiny.yaml", overrides)
     straight = work / "straight"
     train(cfg, straight)
@@ -70,7 +83,7 @@ def main() -> None:
         killed, completed = run_killed(cfg, run_dir, target)
         try:
             summary = train(cfg, run_dir, resume=True, start_over=not completed)
-        except Exception as error:  # noqa: BLE001 - counted as a kill not survived
+        except Exception as error:
             failures.append(f"{target}: resume failed: {error}")
             continue
         if summary["start_step"] >= max(completed, default=0):
@@ -116,9 +129,11 @@ def main() -> None:
 def _snapshot(run) -> dict:
     import copy
 
-    return {"model": {k: v.detach().clone() for k, v in run.model.state_dict().items()},
-            "optimizer": copy.deepcopy(run.learner.optimizer.state_dict()),
-            "scheduler": copy.deepcopy(run.learner.scheduler.state_dict())}
+    return {
+        "model": {k: v.detach().clone() for k, v in run.model.state_dict().items()},
+        "optimizer": copy.deepcopy(run.learner.optimizer.state_dict()),
+        "scheduler": copy.deepcopy(run.learner.scheduler.state_dict()),
+    }
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -154,23 +169,30 @@ def retrieval_fault_figures(cfg, work: Path, failures: list[str]) -> list[str]:
             before[run.step + 1] = _snapshot(run)
             return rl_step(run)
 
-        outage = load_config(ROOT / "configs" / "tiny.yaml", [*fault_overrides(work), remote_spec(flaky.url, max_retries=0),
-                                                              "trainer.steps=4", "trainer.save_every=0"])
+        outage = load_config(
+            ROOT / "configs" / "tiny.yaml",
+            [*fault_overrides(work), remote_spec(flaky.url, max_retries=0), "trainer.steps=4", "trainer.save_every=0"],
+        )
         train(outage, work / "outage", parts=parts, step=spy)
         rows = [json.loads(x) for x in (work / "outage" / "metrics.jsonl").read_text().splitlines()]
         skipped = [int(r.get("update/skipped", 0)) for r in rows if "reward/mean" in r]
         untouched = _same(before[2], before[4]) and not _same(before[1], before[2])
         if skipped != [0, 1, 1, 0] or not untouched:
             failures.append(f"outage: skipped {skipped}, weights and optimizer untouched: {untouched}")
-        lines.append(f"outage steps without an update: {sum(skipped[1:3])} / 2 (weights + optimizer unchanged: "
-                     f"{'yes' if untouched else 'NO'}; healthy steps updated: {2 - skipped[0] - skipped[3]} / 2)")
+        lines.append(
+            f"outage steps without an update: {sum(skipped[1:3])} / 2 (weights + optimizer unchanged: "
+            f"{'yes' if untouched else 'NO'}; healthy steps updated: {2 - skipped[0] - skipped[3]} / 2)"
+        )
 
         base = [*fault_overrides(work), remote_spec(flaky.url, max_retries=0), "trainer.steps=3"]
         flaky.failing = False
         train(load_config(ROOT / "configs" / "tiny.yaml", base), work / "no_outage", parts=parts)
         flaky.failing = True
-        stopped = train(load_config(ROOT / "configs" / "tiny.yaml", [*base, "retrieval.max_failed_steps=1"]),
-                        work / "after_outage", parts=parts)
+        stopped = train(
+            load_config(ROOT / "configs" / "tiny.yaml", [*base, "retrieval.max_failed_steps=1"]),
+            work / "after_outage",
+            parts=parts,
+        )
         flaky.failing = False
         train(load_config(ROOT / "configs" / "tiny.yaml", base), work / "after_outage", resume=True, parts=parts)
         problems = compare_runs(work / "no_outage", work / "after_outage", 3)
@@ -180,18 +202,35 @@ def retrieval_fault_figures(cfg, work: Path, failures: list[str]) -> list[str]:
         lines.append(f"resumes after an outage bit-exact: {int(exact)} / 1")
 
         budget, margin = 0.5, 1.0
-        hang = load_config(ROOT / "configs" / "tiny.yaml", [*fault_overrides(work), remote_spec(hanging.url), "trainer.steps=5",
-                                                            "retrieval.max_failed_steps=2", f"retrieval.step_budget_s={budget}"])
+        hang = load_config(
+            ROOT / "configs" / "tiny.yaml",
+            [
+                *fault_overrides(work),
+                remote_spec(hanging.url),
+                "trainer.steps=5",
+                "retrieval.max_failed_steps=2",
+                f"retrieval.step_budget_s={budget}",
+            ],
+        )
         summary = train(hang, work / "hang", parts=parts)
         rows = [json.loads(x) for x in (work / "hang" / "metrics.jsonl").read_text().splitlines()]
         worst = max(r["time/retrieval"] for r in rows)
         message = summary.get("retrieval_failure", "")
-        ok = (summary["exit_code"] == 3 and worst <= budget + margin and hanging.url in message
-              and "s spent in searches" in message and summary.get("checkpoint_step") == 0)
+        ok = (
+            summary["exit_code"] == 3
+            and worst <= budget + margin
+            and hanging.url in message
+            and "s spent in searches" in message
+            and summary.get("checkpoint_step") == 0
+        )
         if not ok:
-            failures.append(f"hanging server: exit {summary['exit_code']}, worst step {worst:.2f} s, message {message!r}")
-        lines.append(f"hanging server: worst step {worst:.2f} s in searches (budget {budget} s + margin {margin} s), "
-                     f"stopped after {summary['steps']} steps with exit {summary['exit_code']}")
+            failures.append(
+                f"hanging server: exit {summary['exit_code']}, worst step {worst:.2f} s, message {message!r}"
+            )
+        lines.append(
+            f"hanging server: worst step {worst:.2f} s in searches (budget {budget} s + margin {margin} s), "
+            f"stopped after {summary['steps']} steps with exit {summary['exit_code']}"
+        )
     finally:
         flaky.close()
         hanging.close()
@@ -229,8 +268,10 @@ def slow_client_figures(failures: list[str], clients: int = 100, timeout_s: floa
                 time.sleep(0.05)
 
         threading.Thread(target=trickle, daemon=True).start()
-        served = sum(httpx.post(f"{running.url}/retrieve", json={"queries": ["a"], "topk": 1}, timeout=30).status_code
-                     == 200 for _ in range(5))
+        served = sum(
+            httpx.post(f"{running.url}/retrieve", json={"queries": ["a"], "topk": 1}, timeout=30).status_code == 200
+            for _ in range(5)
+        )
         closed = 0
         for sock in slow:
             sock.settimeout(30)
@@ -242,15 +283,24 @@ def slow_client_figures(failures: list[str], clients: int = 100, timeout_s: floa
         stop.set()
     if closed != clients or served != 5:
         failures.append(f"slow clients: {closed} / {clients} closed, {served} / 5 normal requests served")
-    return [f"slow clients closed: {closed} / {clients} (--request-timeout {timeout_s} s); "
-            f"normal requests served meanwhile: {served} / 5"]
+    return [
+        f"slow clients closed: {closed} / {clients} (--request-timeout {timeout_s} s); "
+        f"normal requests served meanwhile: {served} / 5"
+    ]
 
 
 def fault_overrides(work: Path) -> list[str]:
     """The tiny run of the retrieval-fault checks (a checkpoint every step, 8 questions, groups of 2)."""
-    return [f"data.synthetic.cache_dir={work / 'kb'}", f"algo.reward={work / 'reward.py'}:length_parity_reward",
-            "trainer.save_every=1", "logging.tensorboard=false", "logging.num_transcripts=0",
-            "data.synthetic.options.num_train=8", "rollout.group_size=2", "trainer.epochs=1"]
+    return [
+        f"data.synthetic.cache_dir={work / 'kb'}",
+        f"algo.reward={work / 'reward.py'}:length_parity_reward",
+        "trainer.save_every=1",
+        "logging.tensorboard=false",
+        "logging.num_transcripts=0",
+        "data.synthetic.options.num_train=8",
+        "rollout.group_size=2",
+        "trainer.epochs=1",
+    ]
 
 
 if __name__ == "__main__":

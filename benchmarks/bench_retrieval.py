@@ -85,7 +85,9 @@ def bench_bm25(passages, queries, num_queries: int, out_dir: Path) -> dict:
 
     def native_build():
         model = bm25s.BM25()
-        model.index(bm25s.tokenize([p.contents for p in passages], stemmer=stemmer, show_progress=False), show_progress=False)
+        model.index(
+            bm25s.tokenize([p.contents for p in passages], stemmer=stemmer, show_progress=False), show_progress=False
+        )
         return model
 
     native, native_build_s = timed(native_build)
@@ -116,8 +118,20 @@ def free_port() -> int:
 
 def start_server(index_dir: Path, max_batch_queries: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    command = [sys.executable, "-m", "stratarl.cli", "serve", "--index", str(index_dir), "--port", str(port),
-               "--log-level", "warning", "--max-batch-queries", str(max_batch_queries)]
+    command = [
+        sys.executable,
+        "-m",
+        "stratarl.cli",
+        "serve",
+        "--index",
+        str(index_dir),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--max-batch-queries",
+        str(max_batch_queries),
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return process, wait_until_healthy(process, f"http://127.0.0.1:{port}", timeout_s=120, what="server")
 
@@ -233,10 +247,15 @@ def server_designs(workers: int) -> list[tuple[str, dict]]:
 
 def start_design(index_dir: Path, options: dict) -> tuple[subprocess.Popen, str]:
     options = {**options, "index": str(index_dir), "port": free_port()}
-    process = subprocess.Popen([sys.executable, "-c", _SERVER_SNIPPET, json.dumps(options)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    return process, wait_until_healthy(process, f"http://127.0.0.1:{options['port']}", timeout_s=300,
-                                       what=f"server {options}")
+    process = subprocess.Popen(
+        [sys.executable, "-c", _SERVER_SNIPPET, json.dumps(options)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return process, wait_until_healthy(
+        process, f"http://127.0.0.1:{options['port']}", timeout_s=300, what=f"server {options}"
+    )
 
 
 def process_tree_sched_s(pid: int) -> tuple[float, float] | None:
@@ -272,9 +291,23 @@ def drive_external(url: str, pid: int, queries_file: Path, clients: int, num_req
     the seconds its threads were runnable but waited for a CPU (taken by other processes, the client included)."""
     client = Path(__file__).with_name("load_client.py")
     before = process_tree_sched_s(pid)
-    done = subprocess.run([sys.executable, str(client), url, str(queries_file), "--clients", str(clients),
-                           "--requests", str(num_requests), "--per-request", str(per_request)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(client),
+            url,
+            str(queries_file),
+            "--clients",
+            str(clients),
+            "--requests",
+            str(num_requests),
+            "--per-request",
+            str(per_request),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     after = process_tree_sched_s(pid)
     if done.returncode != 0:
         raise RuntimeError(f"load client failed: {done.stderr[-2000:]}")
@@ -284,8 +317,15 @@ def drive_external(url: str, pid: int, queries_file: Path, clients: int, num_req
     return row
 
 
-def bench_designs(index_dir: Path, queries: list[str], num_requests: int, per_request: int,
-                  workers: int, client_counts=(1, 32, 128), repeats: int = 2) -> list[dict]:
+def bench_designs(
+    index_dir: Path,
+    queries: list[str],
+    num_requests: int,
+    per_request: int,
+    workers: int,
+    client_counts=(1, 32, 128),
+    repeats: int = 2,
+) -> list[dict]:
     """Every design of `server_designs` side by side, driven in alternation at each client count, best of
     ``repeats`` runs each (so load from other processes on the machine hits all alike). At c clients
     each run sends max(``num_requests``, 4c) requests."""
@@ -318,31 +358,43 @@ def bench_designs(index_dir: Path, queries: list[str], num_requests: int, per_re
 def report_designs(rows: list[dict], args, workers: int) -> None:
     parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    print(f"\n/retrieve server designs: requests of {args.per_request} queries (k=3, scores), max({args.requests}, "
-          f"4 x clients) requests per run, best of 2; clients: one asyncio process (benchmarks/load_client.py, "
-          f"keep-alive sockets), on the same {os.cpu_count()} CPUs; fast path on uvicorn's {parser} + {loop}")
-    print("  cores: CPU seconds per wall second of the run; server wait: its threads' seconds runnable but not on a CPU"
-          " (the machine was busy), per wall second; CPU ms/req: CPU per request served")
-    print("  server                                clients  queries/s   p50 ms   p99 ms  errors   cores: client server"
-          "  server wait   CPU ms/req: client server")
+    print(
+        f"\n/retrieve server designs: requests of {args.per_request} queries (k=3, scores), max({args.requests}, "
+        f"4 x clients) requests per run, best of 2; clients: one asyncio process (benchmarks/load_client.py, "
+        f"keep-alive sockets), on the same {os.cpu_count()} CPUs; fast path on uvicorn's {parser} + {loop}"
+    )
+    print(
+        "  cores: CPU seconds per wall second of the run; server wait: its threads' seconds runnable but not on a CPU"
+        " (the machine was busy), per wall second; CPU ms/req: CPU per request served"
+    )
+    print(
+        "  server                                clients  queries/s   p50 ms   p99 ms  errors   cores: client server"
+        "  server wait   CPU ms/req: client server"
+    )
     for row in rows:
         server, wait = row["server_cpu_s"], row["server_cpu_wait_s"]
         server_cores = "     -" if server is None else f"{server / row['wall_s']:6.2f}"
         server_wait = "           -" if wait is None else f"{wait / row['wall_s']:12.2f}"
         server_ms = "     -" if server is None else f"{1000 * server / row['requests']:6.2f}"
-        print(f"  {row['server']:<37} {row['clients']:7d} {row['qps']:10.0f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} "
-              f"{row['errors']:7d} {row['client_cpu_s'] / row['wall_s']:14.2f} {server_cores} {server_wait} "
-              f"{1000 * row['client_cpu_s'] / row['requests']:19.2f} {server_ms}")
+        print(
+            f"  {row['server']:<37} {row['clients']:7d} {row['qps']:10.0f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} "
+            f"{row['errors']:7d} {row['client_cpu_s'] / row['wall_s']:14.2f} {server_cores} {server_wait} "
+            f"{1000 * row['client_cpu_s'] / row['requests']:19.2f} {server_ms}"
+        )
     by = {(r["server"], r["clients"]): r["qps"] for r in rows}
     labels = list(dict.fromkeys(r["server"] for r in rows))
     print("  'no search' designs answer every query with the same k passages: the HTTP / JSON layer's own cost")
     print("  scaling (queries/s at 32 and 128 clients / at 1 client):")
     for label in labels:
-        print(f"    {label:<37} 32: {by[(label, 32)] / by[(label, 1)]:4.1f}x   128: {by[(label, 128)] / by[(label, 1)]:4.1f}x"
-              f"   vs via FastAPI at 32: {by[(label, 32)] / by[(labels[0], 32)]:4.1f}x")
+        print(
+            f"    {label:<37} 32: {by[(label, 32)] / by[(label, 1)]:4.1f}x   128: {by[(label, 128)] / by[(label, 1)]:4.1f}x"
+            f"   vs via FastAPI at 32: {by[(label, 32)] / by[(labels[0], 32)]:4.1f}x"
+        )
     cpus = os.cpu_count() or 1
-    print(f"  CPU-bound ceiling at 32 clients if nothing else ran here = {cpus} CPUs / (client + server CPU per request), "
-          "at most one core per server process; vs measured:")
+    print(
+        f"  CPU-bound ceiling at 32 clients if nothing else ran here = {cpus} CPUs / (client + server CPU per request), "
+        "at most one core per server process; vs measured:"
+    )
     for label in labels:
         row = next(r for r in rows if r["server"] == label and r["clients"] == 32)
         if not row["server_cpu_s"]:
@@ -351,8 +403,10 @@ def report_designs(rows: list[dict], args, workers: int) -> None:
             ceiling = cpus * row["requests"] * args.per_request / (row["client_cpu_s"] + row["server_cpu_s"])
             workers_here = int(label.split()[0]) if label[0].isdigit() else 1
             bound = min(ceiling, workers_here * row["requests"] * args.per_request / row["server_cpu_s"])
-            print(f"    {label:<37} ceiling {bound:7.0f} q/s (server limited to {workers_here} core(s)), "
-                  f"measured {row['qps']:7.0f} q/s ({row['qps'] / bound:.0%})")
+            print(
+                f"    {label:<37} ceiling {bound:7.0f} q/s (server limited to {workers_here} core(s)), "
+                f"measured {row['qps']:7.0f} q/s ({row['qps'] / bound:.0%})"
+            )
 
 
 def bench_contention(index_dir: Path, queries: list[str], num_requests: int, large_workers: int = 4) -> dict:
@@ -386,9 +440,13 @@ def bench_contention(index_dir: Path, queries: list[str], num_requests: int, lar
         stop.set()
         for t in threads:
             t.join(timeout=300)
-        return {"alone": alone, "with_large": contended, "large_requests": len(large_latencies),
-                "large_errors": len(large_errors),
-                "large_p50_s": statistics.median(large_latencies) if large_latencies else None}
+        return {
+            "alone": alone,
+            "with_large": contended,
+            "large_requests": len(large_latencies),
+            "large_errors": len(large_errors),
+            "large_p50_s": statistics.median(large_latencies) if large_latencies else None,
+        }
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -401,17 +459,25 @@ def bench_dense(passages, queries, num_passages: int) -> dict:
     retriever, build_s = timed(DenseRetriever.from_passages, subset, cache_dir=False)
     sample = queries[:512]
     _, search_s = timed(retriever.search, sample, 3)
-    return {"passages": len(subset), "encode_passages_per_s": len(subset) / build_s, "batched_qps": len(sample) / search_s}
+    return {
+        "passages": len(subset),
+        "encode_passages_per_s": len(subset) / build_s,
+        "batched_qps": len(sample) / search_s,
+    }
 
 
 def report_contention(row: dict, results: dict) -> None:
     results["contention"] = row
     a, c = row["alone"], row["with_large"]
-    print(f"\nsmall requests (1 query, 4 clients) alone vs while 4 clients send 4,096-query x k 4 requests "
-          f"({row['large_requests']} large requests served, median {row['large_p50_s'] or 0:.2f} s, {row['large_errors']} errors)")
+    print(
+        f"\nsmall requests (1 query, 4 clients) alone vs while 4 clients send 4,096-query x k 4 requests "
+        f"({row['large_requests']} large requests served, median {row['large_p50_s'] or 0:.2f} s, {row['large_errors']} errors)"
+    )
     print(f"  alone        p50 {a['p50_ms']:8.1f} ms  p99 {a['p99_ms']:8.1f} ms  errors {a['errors']}")
-    print(f"  with large   p50 {c['p50_ms']:8.1f} ms  p99 {c['p99_ms']:8.1f} ms  errors {c['errors']}  "
-          f"(p99 {c['p99_ms'] / a['p99_ms']:.1f}x alone)")
+    print(
+        f"  with large   p50 {c['p50_ms']:8.1f} ms  p99 {c['p99_ms']:8.1f} ms  errors {c['errors']}  "
+        f"(p99 {c['p99_ms'] / a['p99_ms']:.1f}x alone)"
+    )
 
 
 def main() -> None:
@@ -421,13 +487,20 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2000, help="queries for the search throughput runs")
     parser.add_argument("--requests", type=int, default=400, help="HTTP requests per server run")
     parser.add_argument("--per-request", type=int, default=1, help="queries per HTTP request")
-    parser.add_argument("--workers", type=int, default=0, help="worker processes of the multi-worker designs "
-                        "(default: the number of CPUs)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="worker processes of the multi-worker designs (default: the number of CPUs)",
+    )
     parser.add_argument("--server-only", action="store_true", help="only the server designs (builds the index)")
     parser.add_argument("--dense-passages", type=int, default=0, help="also time dense retrieval on this many passages")
     parser.add_argument("--json", default=None, help="also write the numbers to this file")
-    parser.add_argument("--contention", action="store_true", help="also: p99 of small requests while 4 clients "
-                        "send the largest requests the server's default limits allow")
+    parser.add_argument(
+        "--contention",
+        action="store_true",
+        help="also: p99 of small requests while 4 clients send the largest requests the server's default limits allow",
+    )
     parser.add_argument("--contention-only", action="store_true", help="only the contention run (builds the index)")
     args = parser.parse_args()
 
@@ -456,8 +529,12 @@ def main() -> None:
         retriever = bm25.pop("retriever")
         results["bm25"] = bm25
         print("\nBM25 (k=3)                      stratarl     bm25s     ratio")
-        print(f"  build (s)                    {bm25['build_s']:9.2f} {bm25['bm25s_build_s']:9.2f}   {bm25['bm25s_build_s'] / bm25['build_s']:5.1f}x faster")
-        print(f"  batched search (queries/s)   {bm25['batched_qps']:9.0f} {bm25['bm25s_batched_qps']:9.0f}   {bm25['batched_qps'] / bm25['bm25s_batched_qps']:5.1f}x")
+        print(
+            f"  build (s)                    {bm25['build_s']:9.2f} {bm25['bm25s_build_s']:9.2f}   {bm25['bm25s_build_s'] / bm25['build_s']:5.1f}x faster"
+        )
+        print(
+            f"  batched search (queries/s)   {bm25['batched_qps']:9.0f} {bm25['bm25s_batched_qps']:9.0f}   {bm25['batched_qps'] / bm25['bm25s_batched_qps']:5.1f}x"
+        )
         print(f"  one query per call (q/s)     {bm25['single_qps']:9.0f}")
         print(f"  save {bm25['save_s']:.2f} s, load {bm25['load_s']:.2f} s")
         if test_examples:
@@ -465,7 +542,9 @@ def main() -> None:
 
             recall = hop_recall(test_examples[:1000], retriever, ks=(1, 3))["all"]
             results["hop_recall"] = recall
-            print(f"  hop recall on {recall['hops']} synthetic test hops: top1 {recall['top1']:.3f}, top3 {recall['top3']:.3f}")
+            print(
+                f"  hop recall on {recall['hops']} synthetic test hops: top1 {recall['top1']:.3f}, top3 {recall['top3']:.3f}"
+            )
 
         workers = args.workers or os.cpu_count() or 2
         rows = bench_designs(index_dir, queries, args.requests, args.per_request, workers)
@@ -477,8 +556,10 @@ def main() -> None:
     if args.dense_passages:
         dense = bench_dense(passages, queries, args.dense_passages)
         results["dense"] = dense
-        print(f"\ndense (all-MiniLM-L6-v2, CPU): {dense['passages']} passages encoded at {dense['encode_passages_per_s']:.0f}/s; "
-              f"search {dense['batched_qps']:.0f} queries/s (batched, encoding included)")
+        print(
+            f"\ndense (all-MiniLM-L6-v2, CPU): {dense['passages']} passages encoded at {dense['encode_passages_per_s']:.0f}/s; "
+            f"search {dense['batched_qps']:.0f} queries/s (batched, encoding included)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

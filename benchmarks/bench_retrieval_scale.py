@@ -57,8 +57,36 @@ def make_vocabulary(num_types: int, seed: int) -> list[str]:
     seen = set(words)
     letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
     # English letter frequencies, so stems and suffixes look like English (the stemmer strips -s, -ing, ...).
-    freq = np.array([8.2, 1.5, 2.8, 4.3, 12.7, 2.2, 2.0, 6.1, 7.0, 0.15, 0.77, 4.0, 2.4, 6.7, 7.5, 1.9, 0.1, 6.0,
-                     6.3, 9.1, 2.8, 1.0, 2.4, 0.15, 2.0, 0.07])
+    freq = np.array(
+        [
+            8.2,
+            1.5,
+            2.8,
+            4.3,
+            12.7,
+            2.2,
+            2.0,
+            6.1,
+            7.0,
+            0.15,
+            0.77,
+            4.0,
+            2.4,
+            6.7,
+            7.5,
+            1.9,
+            0.1,
+            6.0,
+            6.3,
+            9.1,
+            2.8,
+            1.0,
+            2.4,
+            0.15,
+            2.0,
+            0.07,
+        ]
+    )
     freq /= freq.sum()
     while len(words) < num_types:
         need = num_types - len(words)
@@ -74,7 +102,9 @@ def make_vocabulary(num_types: int, seed: int) -> list[str]:
     return words[:num_types]
 
 
-def generate_corpus(path: Path, num_passages: int, *, num_types: int, zipf: float, words_per_passage: int, seed: int) -> dict:
+def generate_corpus(
+    path: Path, num_passages: int, *, num_types: int, zipf: float, words_per_passage: int, seed: int
+) -> dict:
     """Write ``num_passages`` Search-R1 lines to ``path``: title (1-3 content words) + ~100 Zipfian words."""
     rng = np.random.default_rng(seed + 1)
     vocab = make_vocabulary(num_types, seed)
@@ -100,13 +130,15 @@ def generate_corpus(path: Path, num_passages: int, *, num_types: int, zipf: floa
             src = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - lens - word_start[ids], lens)
             text = word_bytes[src].tobytes().decode("ascii")
             passage_end = np.cumsum(lens)[np.cumsum(lengths) - 1].tolist()
-            title_ids = np.searchsorted(cdf, rng.uniform(cdf[num_stop], 1.0, size=(n, 3)), side="right").clip(max=num_types - 1)
+            title_ids = np.searchsorted(cdf, rng.uniform(cdf[num_stop], 1.0, size=(n, 3)), side="right").clip(
+                max=num_types - 1
+            )
             title_words = rng.integers(1, 4, size=n).tolist()
             lines, begin = [], 0
             for i in range(n):
                 end = passage_end[i]
                 title = " ".join(vocab[t] for t in title_ids[i, : title_words[i]].tolist()).capitalize()
-                lines.append(f'{{"id": "{start + i}", "contents": "\\"{title}\\"\\n{text[begin:end - 1]}"}}\n')
+                lines.append(f'{{"id": "{start + i}", "contents": "\\"{title}\\"\\n{text[begin : end - 1]}"}}\n')
                 begin = end
             out.write("".join(lines))
     return {"passages": num_passages, "tokens": tokens, "word_types": num_types, "zipf": zipf}
@@ -175,7 +207,9 @@ def child_main(mode: str, args: list[str], min_free_gib: float) -> dict:
     if mode == "generate":
         path, n, types, zipf, words, seed = args
         t0 = time.perf_counter()
-        info = generate_corpus(Path(path), int(n), num_types=int(types), zipf=float(zipf), words_per_passage=int(words), seed=int(seed))
+        info = generate_corpus(
+            Path(path), int(n), num_types=int(types), zipf=float(zipf), words_per_passage=int(words), seed=int(seed)
+        )
         return {**info, "seconds": time.perf_counter() - t0, "corpus_gib": Path(path).stat().st_size / 2**30}
     if mode == "build":
         from stratarl.retrieval.bm25_build import build_bm25_index
@@ -184,16 +218,29 @@ def child_main(mode: str, args: list[str], min_free_gib: float) -> dict:
         t0, c0 = time.perf_counter(), cpu_s()
         build_bm25_index(corpus, out)
         seconds = time.perf_counter() - t0
-        return {"seconds": seconds, "cpu_s": cpu_s() - c0, "peak_rss_gib": rss_gib()["peak"], "peak_anon_gib": PEAK_ANON_GIB[0], "index_gib": dir_size_gib(Path(out)),
-                "matrix_gib": sum((Path(out) / f).stat().st_size for f in ("data.csc.index.npy", "indices.csc.index.npy",
-                                                                          "indptr.csc.index.npy")) / 2**30}
+        return {
+            "seconds": seconds,
+            "cpu_s": cpu_s() - c0,
+            "peak_rss_gib": rss_gib()["peak"],
+            "peak_anon_gib": PEAK_ANON_GIB[0],
+            "index_gib": dir_size_gib(Path(out)),
+            "matrix_gib": sum(
+                (Path(out) / f).stat().st_size
+                for f in ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy")
+            )
+            / 2**30,
+        }
     if mode == "build_in_memory":
         from stratarl.retrieval.bm25 import BM25Retriever
 
         corpus, out = args
         t0 = time.perf_counter()
         BM25Retriever.from_corpus(corpus).save(out)
-        return {"seconds": time.perf_counter() - t0, "peak_rss_gib": rss_gib()["peak"], "peak_anon_gib": PEAK_ANON_GIB[0]}
+        return {
+            "seconds": time.perf_counter() - t0,
+            "peak_rss_gib": rss_gib()["peak"],
+            "peak_anon_gib": PEAK_ANON_GIB[0],
+        }
     if mode == "serve":
         from stratarl.retrieval.bm25 import BM25Retriever
 
@@ -217,10 +264,18 @@ def child_main(mode: str, args: list[str], min_free_gib: float) -> dict:
             retriever.search(queries[start : start + 64], 3)
         batched_qps, batched_cpu_qps = len(queries) / (time.perf_counter() - t0), len(queries) / (cpu_s() - c0)
         after = rss_gib()
-        return {"load_s": load_s, "anon_after_load_gib": after_load["anon"], "file_after_load_gib": after_load["file"],
-                "anon_after_queries_gib": after["anon"], "file_after_queries_gib": after["file"], "peak_gib": after["peak"],
-                "single_qps": single_qps, "batched_qps": batched_qps,
-                "single_qps_per_cpu_s": single_cpu_qps, "batched_qps_per_cpu_s": batched_cpu_qps}
+        return {
+            "load_s": load_s,
+            "anon_after_load_gib": after_load["anon"],
+            "file_after_load_gib": after_load["file"],
+            "anon_after_queries_gib": after["anon"],
+            "file_after_queries_gib": after["file"],
+            "peak_gib": after["peak"],
+            "single_qps": single_qps,
+            "batched_qps": batched_qps,
+            "single_qps_per_cpu_s": single_cpu_qps,
+            "batched_qps_per_cpu_s": batched_cpu_qps,
+        }
     if mode == "encode":
         import torch
 
@@ -254,7 +309,9 @@ def synthetic_embeddings(n: int, dim: int, clusters: int, seed: int) -> np.ndarr
     out = np.empty((n, dim), dtype=np.float32)
     for start in range(0, n, 100_000):
         stop = min(n, start + 100_000)
-        block = centres[assignment[start:stop]] + rng.standard_normal((stop - start, dim)).astype(np.float32) / math.sqrt(dim)
+        block = centres[assignment[start:stop]] + rng.standard_normal((stop - start, dim)).astype(
+            np.float32
+        ) / math.sqrt(dim)
         out[start:stop] = block / np.linalg.norm(block, axis=1, keepdims=True)
     return out
 
@@ -289,8 +346,14 @@ def dense_child(n: str, num_queries: str, seed: str, configs: str, threads: str)
         best = (s, i)
     exact_s = time.perf_counter() - t0
     exact = best[1].numpy()
-    results = {"passages": n, "queries": num_queries, "generate_s": gen_s, "exact_qps": num_queries / exact_s,
-               "exact_memory_gib": emb.nbytes / 2**30, "indexes": []}
+    results = {
+        "passages": n,
+        "queries": num_queries,
+        "generate_s": gen_s,
+        "exact_qps": num_queries / exact_s,
+        "exact_memory_gib": emb.nbytes / 2**30,
+        "indexes": [],
+    }
     built = {}  # configs that differ only in nprobe / ef_search share one index
     for config in json.loads(configs):
         settings = DenseIndexSettings(**config)
@@ -305,8 +368,16 @@ def dense_child(n: str, num_queries: str, seed: str, configs: str, threads: str)
         qps = num_queries / (time.perf_counter() - t0)
         recall = float(np.mean([len(set(a) & set(b)) / 3 for a, b in zip(found.tolist(), exact.tolist())]))
         size = faiss.serialize_index(index).nbytes / 2**30
-        results["indexes"].append({**config, "build_s": build_s, "qps": qps, "recall_at_3": recall, "index_gib": size,
-                                   "bytes_per_vector": size * 2**30 / n})
+        results["indexes"].append(
+            {
+                **config,
+                "build_s": build_s,
+                "qps": qps,
+                "recall_at_3": recall,
+                "index_gib": size,
+                "bytes_per_vector": size * 2**30 / n,
+            }
+        )
     return results
 
 
@@ -328,16 +399,32 @@ def run_bm25(args: argparse.Namespace, work: Path) -> list[dict]:
     for n in args.bm25_sizes:
         corpus, index = work / f"corpus-{n}.jsonl", work / f"bm25-{n}"
         print(f"[bm25 {n:,}] generating corpus ...", flush=True)
-        gen = child("generate", str(corpus), str(n), str(args.word_types), str(args.zipf), str(args.words), str(args.seed),
-                    min_free_gib=args.min_free_gib)
-        print(f"[bm25 {n:,}] generated {gen['tokens']:,} words in {gen['seconds']:.0f} s ({gen['corpus_gib']:.2f} GiB); building ...", flush=True)
+        gen = child(
+            "generate",
+            str(corpus),
+            str(n),
+            str(args.word_types),
+            str(args.zipf),
+            str(args.words),
+            str(args.seed),
+            min_free_gib=args.min_free_gib,
+        )
+        print(
+            f"[bm25 {n:,}] generated {gen['tokens']:,} words in {gen['seconds']:.0f} s ({gen['corpus_gib']:.2f} GiB); building ...",
+            flush=True,
+        )
         build = child("build", str(corpus), str(index), min_free_gib=args.min_free_gib)
         row = {"passages": n, "gen": gen, "build": build}
         if n <= args.compare_in_memory_up_to:
-            row["in_memory"] = child("build_in_memory", str(corpus), str(work / f"bm25-mem-{n}"), min_free_gib=args.min_free_gib)
+            row["in_memory"] = child(
+                "build_in_memory", str(corpus), str(work / f"bm25-mem-{n}"), min_free_gib=args.min_free_gib
+            )
             row["in_memory"].update(streamed_seconds=build["seconds"], streamed_peak_rss_gib=build["peak_rss_gib"])
             shutil.rmtree(work / f"bm25-mem-{n}", ignore_errors=True)
-        print(f"[bm25 {n:,}] built in {build['seconds']:.0f} s, peak RSS {build['peak_rss_gib']:.2f} GiB; serving ...", flush=True)
+        print(
+            f"[bm25 {n:,}] built in {build['seconds']:.0f} s, peak RSS {build['peak_rss_gib']:.2f} GiB; serving ...",
+            flush=True,
+        )
         row["serve"] = child("serve", str(index), str(args.queries), str(args.seed), min_free_gib=args.min_free_gib)
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -349,24 +436,33 @@ def run_bm25(args: argparse.Namespace, work: Path) -> list[dict]:
 
 def report_bm25(rows: list[dict]) -> None:
     print("\n## BM25 (build_bm25_index; served with load(mmap=True, mmap_corpus=True))")
-    print("| passages | corpus GiB | build s wall (CPU) | build peak anon RSS GiB (VmHWM) | index GiB (matrix) | load s |"
-          " anon RSS load / after q GiB | mapped RSS after q GiB | q/s single wall (per CPU-s) | q/s batched 64 wall (per CPU-s) |")
+    print(
+        "| passages | corpus GiB | build s wall (CPU) | build peak anon RSS GiB (VmHWM) | index GiB (matrix) | load s |"
+        " anon RSS load / after q GiB | mapped RSS after q GiB | q/s single wall (per CPU-s) | q/s batched 64 wall (per CPU-s) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         b, s = r["build"], r["serve"]
         anon = f"{b['peak_anon_gib']:.2f}" if "peak_anon_gib" in b else "-"
         cpu = f"{b['cpu_s']:.0f}" if "cpu_s" in b else "-"
-        per_cpu = {key: f"{s[key + '_per_cpu_s']:.1f}" if key + "_per_cpu_s" in s else "-" for key in ("single_qps", "batched_qps")}
-        print(f"| {r['passages']:,} | {r['gen']['corpus_gib']:.2f} | {b['seconds']:.0f} ({cpu}) | {anon} ({b['peak_rss_gib']:.2f}) | "
-              f"{b['index_gib']:.2f} ({b['matrix_gib']:.2f}) | {s['load_s']:.1f} | {s['anon_after_load_gib']:.2f} / "
-              f"{s['anon_after_queries_gib']:.2f} | {s['file_after_queries_gib']:.2f} | {s['single_qps']:.1f} ({per_cpu['single_qps']}) | "
-              f"{s['batched_qps']:.1f} ({per_cpu['batched_qps']}) |")
+        per_cpu = {
+            key: f"{s[key + '_per_cpu_s']:.1f}" if key + "_per_cpu_s" in s else "-"
+            for key in ("single_qps", "batched_qps")
+        }
+        print(
+            f"| {r['passages']:,} | {r['gen']['corpus_gib']:.2f} | {b['seconds']:.0f} ({cpu}) | {anon} ({b['peak_rss_gib']:.2f}) | "
+            f"{b['index_gib']:.2f} ({b['matrix_gib']:.2f}) | {s['load_s']:.1f} | {s['anon_after_load_gib']:.2f} / "
+            f"{s['anon_after_queries_gib']:.2f} | {s['file_after_queries_gib']:.2f} | {s['single_qps']:.1f} ({per_cpu['single_qps']}) | "
+            f"{s['batched_qps']:.1f} ({per_cpu['batched_qps']}) |"
+        )
     for r in rows:
         if "in_memory" in r:
             m = r["in_memory"]
-            print(f"in-memory build (BM25Retriever.from_corpus + save) at {r['passages']:,}: {m['seconds']:.0f} s, "
-                  f"peak RSS {m['peak_rss_gib']:.2f} GiB; streamed build_bm25_index in the same run: "
-                  f"{m.get('streamed_seconds', r['build']['seconds']):.0f} s, {m.get('streamed_peak_rss_gib', r['build']['peak_rss_gib']):.2f} GiB")
+            print(
+                f"in-memory build (BM25Retriever.from_corpus + save) at {r['passages']:,}: {m['seconds']:.0f} s, "
+                f"peak RSS {m['peak_rss_gib']:.2f} GiB; streamed build_bm25_index in the same run: "
+                f"{m.get('streamed_seconds', r['build']['seconds']):.0f} s, {m.get('streamed_peak_rss_gib', r['build']['peak_rss_gib']):.2f} GiB"
+            )
     if len(rows) < 2:
         return
     # Below one build chunk (250k passages) memory grows with the chunk, and the vocabulary saturates (Heaps'
@@ -378,7 +474,11 @@ def report_bm25(rows: list[dict]) -> None:
     for label, values, kind in (
         ("index on disk GiB", [r["build"]["index_gib"] for r in rows], "linear"),
         ("score matrix GiB (mapped when serving)", [r["build"]["matrix_gib"] for r in rows], "linear"),
-        ("build peak RSS GiB (VmHWM, counts written index pages)", [r["build"]["peak_rss_gib"] for r in rows], "linear"),
+        (
+            "build peak RSS GiB (VmHWM, counts written index pages)",
+            [r["build"]["peak_rss_gib"] for r in rows],
+            "linear",
+        ),
         ("build peak anon RSS GiB", [r["build"].get("peak_anon_gib") for r in rows], "linear"),
         ("serving anon RSS after queries GiB", [r["serve"]["anon_after_queries_gib"] for r in rows], "linear"),
         ("build seconds (wall)", [r["build"]["seconds"] for r in rows], "power"),
@@ -407,11 +507,15 @@ def report_bm25(rows: list[dict]) -> None:
     serve = projected["serving anon RSS after queries GiB"]
     build = projected["build peak anon RSS GiB"]
     mapped = projected["score matrix GiB (mapped when serving)"]
-    print(f"  serving: {serve:.1f} GiB owned + up to {mapped:.1f} GiB of mapped index pages (cached by the OS, "
-          f"dropped under pressure): {'fits' if serve + mapped < BUDGET_GB else 'owned memory fits; the page cache will thrash' if serve < BUDGET_GB else 'does NOT fit'} in {BUDGET_GB:.0f} GB")
+    print(
+        f"  serving: {serve:.1f} GiB owned + up to {mapped:.1f} GiB of mapped index pages (cached by the OS, "
+        f"dropped under pressure): {'fits' if serve + mapped < BUDGET_GB else 'owned memory fits; the page cache will thrash' if serve < BUDGET_GB else 'does NOT fit'} in {BUDGET_GB:.0f} GB"
+    )
     hours = projected.get("build CPU seconds", projected["build seconds (wall)"]) / 3600
-    print(f"  build: peak {build:.1f} GiB: {'fits' if build < BUDGET_GB else 'does NOT fit'} in {BUDGET_GB:.0f} GB; "
-          f"about {hours:.1f} h of one core (the build is single-threaded)")
+    print(
+        f"  build: peak {build:.1f} GiB: {'fits' if build < BUDGET_GB else 'does NOT fit'} in {BUDGET_GB:.0f} GB; "
+        f"about {hours:.1f} h of one core (the build is single-threaded)"
+    )
 
 
 def run_dense(args: argparse.Namespace) -> dict:
@@ -422,34 +526,61 @@ def run_dense(args: argparse.Namespace) -> dict:
         {"kind": "ivf", "nlist": args.nlist, "nprobe": 64, "codes": "pq", "pq_m": 48},
     ]
     print(f"[dense {args.dense_passages:,}] synthetic embeddings, exact vs IVF ...", flush=True)
-    out = child("dense", str(args.dense_passages), str(args.dense_queries), str(args.seed), json.dumps(configs),
-                str(args.threads), min_free_gib=args.min_free_gib)
+    out = child(
+        "dense",
+        str(args.dense_passages),
+        str(args.dense_queries),
+        str(args.seed),
+        json.dumps(configs),
+        str(args.threads),
+        min_free_gib=args.min_free_gib,
+    )
     if args.hnsw_passages:
         print(f"[dense {args.hnsw_passages:,}] HNSW ...", flush=True)
-        hnsw = child("dense", str(args.hnsw_passages), str(args.dense_queries), str(args.seed),
-                     json.dumps([{"kind": "hnsw", "hnsw_m": 32, "ef_search": 64}, {"kind": "hnsw", "hnsw_m": 32, "ef_search": 128}]),
-                     str(args.threads), min_free_gib=args.min_free_gib)
+        hnsw = child(
+            "dense",
+            str(args.hnsw_passages),
+            str(args.dense_queries),
+            str(args.seed),
+            json.dumps(
+                [{"kind": "hnsw", "hnsw_m": 32, "ef_search": 64}, {"kind": "hnsw", "hnsw_m": 32, "ef_search": 128}]
+            ),
+            str(args.threads),
+            min_free_gib=args.min_free_gib,
+        )
         out["hnsw"] = hnsw
     return out
 
 
 def report_dense(out: dict, encode: dict | None) -> None:
     print("\n## Dense, SYNTHETIC embeddings (clustered Gaussian mixture, 384-d, normalised; queries near passages)")
-    print(f"exact (torch matmul + topk): {out['exact_qps']:.0f} q/s over {out['passages']:,} passages, "
-          f"{out['exact_memory_gib']:.2f} GiB of float32 embeddings")
-    print("| passages | index | params | build s | recall@3 vs exact | q/s (batch of queries) | index GiB | bytes/vector | 21M projected GiB |")
+    print(
+        f"exact (torch matmul + topk): {out['exact_qps']:.0f} q/s over {out['passages']:,} passages, "
+        f"{out['exact_memory_gib']:.2f} GiB of float32 embeddings"
+    )
+    print(
+        "| passages | index | params | build s | recall@3 vs exact | q/s (batch of queries) | index GiB | bytes/vector | 21M projected GiB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for block in [out] + ([out["hnsw"]] if "hnsw" in out else []):
         for r in block["indexes"]:
-            params = ", ".join(f"{k}={v}" for k, v in r.items() if k in ("nlist", "nprobe", "codes", "pq_m", "hnsw_m", "ef_search"))
-            print(f"| {block['passages']:,} | {r['kind']} | {params} | {r['build_s']:.0f} | {r['recall_at_3']:.3f} | {r['qps']:.0f} | "
-                  f"{r['index_gib']:.2f} | {r['bytes_per_vector']:.0f} | {r['bytes_per_vector'] * WIKI_PASSAGES / 2**30:.1f} |")
-    print(f"exact float32 at 21M: {WIKI_PASSAGES * 384 * 4 / 2**30:.1f} GiB (does NOT fit in {BUDGET_GB:.0f} GB); "
-          f"float16: {WIKI_PASSAGES * 384 * 2 / 2**30:.1f} GiB")
+            params = ", ".join(
+                f"{k}={v}" for k, v in r.items() if k in ("nlist", "nprobe", "codes", "pq_m", "hnsw_m", "ef_search")
+            )
+            print(
+                f"| {block['passages']:,} | {r['kind']} | {params} | {r['build_s']:.0f} | {r['recall_at_3']:.3f} | {r['qps']:.0f} | "
+                f"{r['index_gib']:.2f} | {r['bytes_per_vector']:.0f} | {r['bytes_per_vector'] * WIKI_PASSAGES / 2**30:.1f} |"
+            )
+    print(
+        f"exact float32 at 21M: {WIKI_PASSAGES * 384 * 4 / 2**30:.1f} GiB (does NOT fit in {BUDGET_GB:.0f} GB); "
+        f"float16: {WIKI_PASSAGES * 384 * 2 / 2**30:.1f} GiB"
+    )
     if encode:
         rate = encode["passages_per_s"]
-        print(f"real MiniLM encoder (CPU, this machine): {rate:.1f} passages/s over {encode['passages']} passages -> "
-              f"{WIKI_PASSAGES / rate / 3600:.0f} h for 21M passages (use a GPU: stratarl index build --kind dense --device cuda)")
+        print(
+            f"real MiniLM encoder (CPU, this machine): {rate:.1f} passages/s over {encode['passages']} passages -> "
+            f"{WIKI_PASSAGES / rate / 3600:.0f} h for 21M passages (use a GPU: stratarl index build --kind dense --device cuda)"
+        )
 
 
 def main() -> None:
@@ -459,13 +590,21 @@ def main() -> None:
     parser.add_argument("--zipf", type=float, default=1.07)
     parser.add_argument("--words", type=int, default=100, help="mean words per passage")
     parser.add_argument("--queries", type=int, default=256)
-    parser.add_argument("--compare-in-memory-up-to", type=int, default=300_000,
-                        help="also time the in-memory build (from_corpus + save) up to this size")
+    parser.add_argument(
+        "--compare-in-memory-up-to",
+        type=int,
+        default=300_000,
+        help="also time the in-memory build (from_corpus + save) up to this size",
+    )
     parser.add_argument("--dense-passages", type=int, default=1_000_000)
     parser.add_argument("--dense-queries", type=int, default=1000)
     parser.add_argument("--nlist", type=int, default=1024)
-    parser.add_argument("--hnsw-passages", type=int, default=100_000, help="HNSW builds slowly on few cores; 0 skips it")
-    parser.add_argument("--encoder-passages", type=int, default=256, help="real MiniLM speed on this many passages; 0 skips")
+    parser.add_argument(
+        "--hnsw-passages", type=int, default=100_000, help="HNSW builds slowly on few cores; 0 skips it"
+    )
+    parser.add_argument(
+        "--encoder-passages", type=int, default=256, help="real MiniLM speed on this many passages; 0 skips"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-bm25", action="store_true")
     parser.add_argument("--skip-dense", action="store_true")
@@ -473,8 +612,12 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/scale-bench")
     parser.add_argument("--keep", action="store_true", help="keep the generated corpora and indexes")
     parser.add_argument("--min-free-gib", type=float, default=4.0)
-    parser.add_argument("--report-json", nargs="+", metavar="LOG",
-                        help="only print the BM25 report from the row lines of earlier runs' output (last row per size wins)")
+    parser.add_argument(
+        "--report-json",
+        nargs="+",
+        metavar="LOG",
+        help="only print the BM25 report from the row lines of earlier runs' output (last row per size wins)",
+    )
     parser.add_argument("--_child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._child:
@@ -498,7 +641,15 @@ def main() -> None:
     encode = None
     if not args.skip_dense and args.encoder_passages:
         corpus = work / "corpus-encode.jsonl"
-        child("generate", str(corpus), str(args.encoder_passages), "200000", str(args.zipf), str(args.words), str(args.seed))
+        child(
+            "generate",
+            str(corpus),
+            str(args.encoder_passages),
+            "200000",
+            str(args.zipf),
+            str(args.words),
+            str(args.seed),
+        )
         encode = child("encode", str(corpus), str(args.encoder_passages), min_free_gib=args.min_free_gib)
         corpus.unlink(missing_ok=True)
     if rows:

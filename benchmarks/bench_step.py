@@ -72,8 +72,14 @@ def build_arms(config: str, overrides: list[str], tmp: Path, warm_start: bool) -
     from stratarl.trainer.run import build_run
     from stratarl.trainer.warmstart import warm_start_cache_dir
 
-    base = ["eval.before_after=false", "logging.progress=false", "logging.tensorboard=false",
-            "logging.num_transcripts=0", f"trainer.output_dir={tmp}", f"trainer.num_threads={torch.get_num_threads()}"]
+    base = [
+        "eval.before_after=false",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "logging.num_transcripts=0",
+        f"trainer.output_dir={tmp}",
+        f"trainer.num_threads={torch.get_num_threads()}",
+    ]
     init = None
     for settings in ARMS.values():  # the fp32 warm start first (the baseline's), else the bf16 one
         probe = load_config(config, base + overrides + settings)
@@ -120,9 +126,13 @@ def timed_steps(runs: dict, steps: int) -> tuple[dict, dict, list]:
     def keeping(arm, original):
         def update(learner, batch, cfg, generator, **kwargs):
             # The batch, the weights that sampled it (before this update changes them), and its prefix.
-            kept[arm] = {"batch": copy.deepcopy(batch), "weights": copy.deepcopy(learner.model.state_dict()),
-                         "prefix": kwargs.get("prefix")}
+            kept[arm] = {
+                "batch": copy.deepcopy(batch),
+                "weights": copy.deepcopy(learner.model.state_dict()),
+                "prefix": kwargs.get("prefix"),
+            }
             return original(learner, batch, cfg, generator, **kwargs)
+
         return update
 
     for arm, run in runs.items():  # the run's update, wrapped to keep each step's batch
@@ -139,10 +149,13 @@ def timed_steps(runs: dict, steps: int) -> tuple[dict, dict, list]:
                     restore()
             run.step += 1
             rows[arm].append(metrics)
-            print(f"  step {step + 1} {arm}: " + " ".join(f"{p} {metrics.get(f'time/{p}', 0.0):.1f}s" for p in PHASES)
-                  + f", reward {metrics.get('reward/mean', 0.0):.2f}, searches {metrics.get('rollout/search_calls_mean', 0.0):.2f}"
-                  + f", prefix {'from the rollouts' if metrics.get('perf/prefix_from_rollouts') else 'computed'}",
-                  flush=True)
+            print(
+                f"  step {step + 1} {arm}: "
+                + " ".join(f"{p} {metrics.get(f'time/{p}', 0.0):.1f}s" for p in PHASES)
+                + f", reward {metrics.get('reward/mean', 0.0):.2f}, searches {metrics.get('rollout/search_calls_mean', 0.0):.2f}"
+                + f", prefix {'from the rollouts' if metrics.get('perf/prefix_from_rollouts') else 'computed'}",
+                flush=True,
+            )
     return rows, kept, first_ratios
 
 
@@ -182,13 +195,17 @@ def numerics(runs: dict, kept: dict) -> dict:
         p = int(batch.prompt_lengths[row])
         n = int(batch.response_lengths[row])
         prompts.append(batch.input_ids[row, :p].tolist())
-        responses.append(batch.input_ids[row, p:p + n].tolist())
+        responses.append(batch.input_ids[row, p : p + n].tolist())
     generator = KVCacheGenerator(model, tokenizer, seed=0, dtype=torch.bfloat16)
     outputs = generator.generate(prompts, SamplingParams(max_new_tokens=24, temperature=cfg16.rollout.temperature))
     from stratarl.trainer.batch import collate_sequences
 
-    own = collate_sequences(prompts, [o.token_ids for o in outputs], [[1] * len(o.token_ids) for o in outputs],
-                            pad_id=tokenizer.pad_token_id)
+    own = collate_sequences(
+        prompts,
+        [o.token_ids for o in outputs],
+        [[1] * len(o.token_ids) for o in outputs],
+        pad_id=tokenizer.pad_token_id,
+    )
     own = score_batch(learner, own, cfg16, prefix=batch_prefix(learner, own, cfg16))
     errors = [abs(float(own.old_logprobs[r, t]) - lp) for r, o in enumerate(outputs) for t, lp in enumerate(o.logprobs)]
     out["bf16_sampling_vs_bf16_scoring_max"] = max(errors) if errors else 0.0
@@ -199,8 +216,11 @@ def numerics(runs: dict, kept: dict) -> dict:
         model.load_state_dict(own16["weights"])
         tokens16 = own16["batch"].tokens()
         scored = {}
-        for name, cfg, prefix in (("fp32", cfg32, None), ("computed", cfg16, batch_prefix(learner, tokens16, cfg16)),
-                                  ("captured", cfg16, own16["prefix"])):
+        for name, cfg, prefix in (
+            ("fp32", cfg32, None),
+            ("computed", cfg16, batch_prefix(learner, tokens16, cfg16)),
+            ("captured", cfg16, own16["prefix"]),
+        ):
             scored[name] = score_batch(learner, tokens16, cfg, prefix=prefix).old_logprobs
         m = own16["batch"].response_mask.bool()
         for name in ("computed", "captured"):
@@ -231,9 +251,11 @@ def main() -> int:
     set_threads(args.threads)
     units = cpu_bf16_matmul()
     gemm = gemm_ratio()
-    print(f"CPU bf16 matmul units: {units or 'none (bf16 is emulated)'}; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; GEMM at SmolLM2's MLP shape: fp32 {gemm['fp32_gflops']:.0f} GFLOP/s, "
-          f"bf16 {gemm['bf16_gflops']:.0f} GFLOP/s ({gemm['ratio']:.2f}x)")
+    print(
+        f"CPU bf16 matmul units: {units or 'none (bf16 is emulated)'}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; GEMM at SmolLM2's MLP shape: fp32 {gemm['fp32_gflops']:.0f} GFLOP/s, "
+        f"bf16 {gemm['bf16_gflops']:.0f} GFLOP/s ({gemm['ratio']:.2f}x)"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         runs, init = build_arms(args.config, args.overrides, Path(tmp), not args.no_warm_start)
         print(f"policy: {init or 'the base model (no cached warm start)'}")
@@ -242,22 +264,42 @@ def main() -> int:
         wall = time.perf_counter() - started
         checks = numerics(runs, kept)
     counted = {arm: r[1:] for arm, r in rows.items()}
-    summary: dict = {"cpu_bf16_matmul": units, "gemm": gemm, "threads": torch.get_num_threads(), "policy": init,
-                     "steps_counted": len(counted["fp32"]), "wall_s": wall, "arms": {}}
+    summary: dict = {
+        "cpu_bf16_matmul": units,
+        "gemm": gemm,
+        "threads": torch.get_num_threads(),
+        "policy": init,
+        "steps_counted": len(counted["fp32"]),
+        "wall_s": wall,
+        "arms": {},
+    }
     print(f"\nmedians over steps 2..{len(rows['fp32'])} ({len(counted['fp32'])} per arm):")
     print(f"{'arm':6s} " + " ".join(f"{p:>13s}" for p in PHASES) + f" {'rollouts/s':>11s} {'reward':>7s}")
     for arm, r in counted.items():
         phases = {p: median(r, f"time/{p}") for p in PHASES}
         rollouts = median(r, "rollout/num")
         per_s = rollouts / phases["step"] if phases["step"] else 0.0
-        summary["arms"][arm] = {**phases, "rollouts_per_s": per_s, "reward_mean": median(r, "reward/mean"),
-                                "search_calls_mean": median(r, "rollout/search_calls_mean"),
-                                "generation_tokens_per_s": median(r, "perf/generation_tokens_per_s"),
-                                "update_tokens_per_s": median(r, "perf/update_tokens_per_s"),
-                                **{k.split("/")[1]: median(r, k) for k in ("rollout/prompt_length_mean",
-                                   "rollout/response_length_mean", "rollout/observation_length_mean")}}
-        print(f"{arm:6s} " + " ".join(f"{phases[p]:12.2f}s" for p in PHASES)
-              + f" {per_s:11.3f} {summary['arms'][arm]['reward_mean']:7.2f}")
+        summary["arms"][arm] = {
+            **phases,
+            "rollouts_per_s": per_s,
+            "reward_mean": median(r, "reward/mean"),
+            "search_calls_mean": median(r, "rollout/search_calls_mean"),
+            "generation_tokens_per_s": median(r, "perf/generation_tokens_per_s"),
+            "update_tokens_per_s": median(r, "perf/update_tokens_per_s"),
+            **{
+                k.split("/")[1]: median(r, k)
+                for k in (
+                    "rollout/prompt_length_mean",
+                    "rollout/response_length_mean",
+                    "rollout/observation_length_mean",
+                )
+            },
+        }
+        print(
+            f"{arm:6s} "
+            + " ".join(f"{phases[p]:12.2f}s" for p in PHASES)
+            + f" {per_s:11.3f} {summary['arms'][arm]['reward_mean']:7.2f}"
+        )
     a, b = summary["arms"]["fp32"], summary["arms"]["bf16"]
     ratio = a["step"] / b["step"] if b["step"] else 0.0
     summary["step_speedup"] = ratio
@@ -265,24 +307,32 @@ def main() -> int:
     scoring_update_fp32 = a["frozen_prefix"] + a["logprobs"] + a["update"]
     scoring_update_bf16 = b["frozen_prefix"] + b["logprobs"] + b["update"]
     summary["scoring_plus_update_speedup"] = scoring_update_fp32 / scoring_update_bf16 if scoring_update_bf16 else 0.0
-    print(f"step: fp32 {a['step']:.2f}s, bf16 {b['step']:.2f}s -> {ratio:.2f}x (target >= 2x); generation "
-          f"{summary['phase_speedup'].get('generation', 0):.2f}x, prefix + scoring + update "
-          f"{summary['scoring_plus_update_speedup']:.2f}x")
+    print(
+        f"step: fp32 {a['step']:.2f}s, bf16 {b['step']:.2f}s -> {ratio:.2f}x (target >= 2x); generation "
+        f"{summary['phase_speedup'].get('generation', 0):.2f}x, prefix + scoring + update "
+        f"{summary['scoring_plus_update_speedup']:.2f}x"
+    )
     if min(a["reward_mean"], b["reward_mean"]) == 0.0 and max(a["reward_mean"], b["reward_mean"]) == 0.0:
         print("WARNING: every reward was 0 in both arms: the update did no policy-gradient work")
     summary["numerics"] = {**checks, "first_bf16_step_max_log_ratio": max(first_ratios) if first_ratios else None}
     n = summary["numerics"]
-    print(f"numerics on {n['policy_tokens']} policy tokens: bf16 scoring vs fp32 scoring max |dlogp| "
-          f"{n['bf16_vs_fp32_scoring_max']:.4f} (mean {n['bf16_vs_fp32_scoring_mean']:.5f}); fp32 sampling vs fp32 "
-          f"scoring {n['fp32_sampling_vs_fp32_scoring_max']:.2e}; bf16 sampling vs bf16 scoring "
-          f"{n['bf16_sampling_vs_bf16_scoring_max']:.4f}; first bf16 step max |log ratio| "
-          f"{n['first_bf16_step_max_log_ratio']:.2e} (target < 1e-3)")
+    print(
+        f"numerics on {n['policy_tokens']} policy tokens: bf16 scoring vs fp32 scoring max |dlogp| "
+        f"{n['bf16_vs_fp32_scoring_max']:.4f} (mean {n['bf16_vs_fp32_scoring_mean']:.5f}); fp32 sampling vs fp32 "
+        f"scoring {n['fp32_sampling_vs_fp32_scoring_max']:.2e}; bf16 sampling vs bf16 scoring "
+        f"{n['bf16_sampling_vs_bf16_scoring_max']:.4f}; first bf16 step max |log ratio| "
+        f"{n['first_bf16_step_max_log_ratio']:.2e} (target < 1e-3)"
+    )
     if "bf16_captured_prefix_vs_fp32_scoring_max" in n:
-        print(f"the bf16 arm's last batch scored through the prefix its decoder captured vs fp32 scoring: max |dlogp| "
-              f"{n['bf16_captured_prefix_vs_fp32_scoring_max']:.4f} (mean {n['bf16_captured_prefix_vs_fp32_scoring_mean']:.5f}); "
-              f"through a computed bf16 prefix {n['bf16_computed_prefix_vs_fp32_scoring_max']:.4f} "
-              f"(mean {n['bf16_computed_prefix_vs_fp32_scoring_mean']:.5f})")
-    shares = {arm: sum(float(m.get("perf/prefix_from_rollouts", 0.0)) for m in r) / max(1, len(r)) for arm, r in rows.items()}
+        print(
+            f"the bf16 arm's last batch scored through the prefix its decoder captured vs fp32 scoring: max |dlogp| "
+            f"{n['bf16_captured_prefix_vs_fp32_scoring_max']:.4f} (mean {n['bf16_captured_prefix_vs_fp32_scoring_mean']:.5f}); "
+            f"through a computed bf16 prefix {n['bf16_computed_prefix_vs_fp32_scoring_max']:.4f} "
+            f"(mean {n['bf16_computed_prefix_vs_fp32_scoring_mean']:.5f})"
+        )
+    shares = {
+        arm: sum(float(m.get("perf/prefix_from_rollouts", 0.0)) for m in r) / max(1, len(r)) for arm, r in rows.items()
+    }
     summary["prefix_from_rollouts_share"] = shares
     print("steps whose prefix came from the rollouts: " + ", ".join(f"{arm} {v:.0%}" for arm, v in shares.items()))
     if args.json:

@@ -64,10 +64,23 @@ def sweep_runs(args, init_from: str) -> list[dict]:
     runs = []
     for index, world in enumerate(parse_worlds(args.worlds)):
         for arm in args.arms:
-            runs.append({"name": f"{arm}-w{world}", "overrides": [
-                f"model.init_from={init_from}", "sft.enabled=false", f"data.synthetic.seed={world}",
-                f"algo.name={arm}", f"trainer.seed={index}", f"trainer.steps={args.steps}", "trainer.num_threads=1",
-                "logging.progress=false", "logging.tensorboard=false", *args.set]})
+            runs.append(
+                {
+                    "name": f"{arm}-w{world}",
+                    "overrides": [
+                        f"model.init_from={init_from}",
+                        "sft.enabled=false",
+                        f"data.synthetic.seed={world}",
+                        f"algo.name={arm}",
+                        f"trainer.seed={index}",
+                        f"trainer.steps={args.steps}",
+                        "trainer.num_threads=1",
+                        "logging.progress=false",
+                        "logging.tensorboard=false",
+                        *args.set,
+                    ],
+                }
+            )
     return runs
 
 
@@ -77,12 +90,18 @@ def env() -> dict:
 
 def run_solo(args, runs: list[dict], out: Path) -> float:
     """Today's runner: one `stratarl train` process per run, ``--jobs`` at a time; returns the wall seconds."""
+
     def one(run: dict) -> int:
         run_dir = out / run["name"]
         run_dir.mkdir(parents=True, exist_ok=True)
         with open(run_dir / "train.log", "w") as log:
-            return subprocess.call([*STRATARL, "train", args.config, *run["overrides"], "--run-dir", str(run_dir)],
-                                   stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=REPO)
+            return subprocess.call(
+                [*STRATARL, "train", args.config, *run["overrides"], "--run-dir", str(run_dir)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env(),
+                cwd=REPO,
+            )
 
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -95,14 +114,27 @@ def run_solo(args, runs: list[dict], out: Path) -> float:
 def run_populations(args, runs: list[dict], out: Path, stack: bool) -> float:
     """The same runs as populations of ``--population`` members, ``--jobs`` processes at a time."""
     size = args.population or -(-len(runs) // args.jobs)
-    groups = [runs[i:i + size] for i in range(0, len(runs), size)]
+    groups = [runs[i : i + size] for i in range(0, len(runs), size)]
 
     def one(index: int) -> int:
         spec = out / f"population-{index}.json"
         out.mkdir(parents=True, exist_ok=True)
-        spec.write_text(json.dumps({"stack": stack, "runs": [
-            {"name": r["name"], "config": args.config, "overrides": r["overrides"], "run_dir": str(out / r["name"])}
-            for r in groups[index]]}))
+        spec.write_text(
+            json.dumps(
+                {
+                    "stack": stack,
+                    "runs": [
+                        {
+                            "name": r["name"],
+                            "config": args.config,
+                            "overrides": r["overrides"],
+                            "run_dir": str(out / r["name"]),
+                        }
+                        for r in groups[index]
+                    ],
+                }
+            )
+        )
         with open(out / f"population-{index}.log", "w") as log:
             command = [*STRATARL, "population", str(spec), "--summary", str(out / f"population-{index}.out.json")]
             return subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=REPO)
@@ -167,8 +199,9 @@ class FlopCounter:
             self.registry[torch.ops.mkldnn._linear_pointwise] = bench_lab._linear_flops
         if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
             self.registry[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = bench_lab._cpu_attention_flops
-            self.registry[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward] = \
+            self.registry[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward] = (
                 bench_lab._cpu_attention_backward_flops
+            )
         self.total = 0.0
 
     def mode(self):
@@ -184,6 +217,7 @@ class FlopCounter:
                 if formula is not None:
                     counter.total += int(formula(*args, **kwargs, out_val=out))
                 return out
+
         return Mode()
 
 
@@ -198,8 +232,12 @@ def executed_per_useful(args, runs: list[dict], out: Path, fm, stack: bool | Non
     counter = FlopCounter()
     size = args.population or -(-len(runs) // args.jobs)
     chosen = runs[:1] if stack is None else runs[:size]
-    extra = [f"trainer.steps={args.count_steps}", "eval.before_after=false", "trainer.eval_every=0",
-             "trainer.save_every=0"]
+    extra = [
+        f"trainer.steps={args.count_steps}",
+        "eval.before_after=false",
+        "trainer.eval_every=0",
+        "trainer.save_every=0",
+    ]
     members = [Member(r["name"], load_config(args.config, r["overrides"] + extra), out / r["name"]) for r in chosen]
 
     def counted(run):
@@ -209,11 +247,13 @@ def executed_per_useful(args, runs: list[dict], out: Path, fm, stack: bool | Non
     if stack is None:
         train(members[0].cfg, members[0].run_dir, step=counted)
     else:
+
         def pipeline(cfg, run_dir, *, resume, start_over, parts):
             return train(cfg, run_dir, resume=resume, start_over=start_over, parts=parts, step=counted)
 
-        report = run_population(members, pipeline=pipeline, stack=stack, logs=True,
-                                instrument=lambda kind: counter.mode())
+        report = run_population(
+            members, pipeline=pipeline, stack=stack, logs=True, instrument=lambda kind: counter.mode()
+        )
         if not all(r.ok for r in report.members):
             raise RuntimeError(f"the counted population failed: {[r.error for r in report.members]}")
     useful, _ = useful_flops([m.run_dir for m in members], fm)
@@ -232,14 +272,19 @@ def prepare(args) -> tuple[str, bench_lab.FlopModel]:
 
     init_from = args.init_from or str(cached_warm_start(load_config(args.config))[0])
     for world in parse_worlds(args.worlds):
-        load_task(load_config(args.config, [f"model.init_from={init_from}", "sft.enabled=false",
-                                             f"data.synthetic.seed={world}", *args.set]))
+        load_task(
+            load_config(
+                args.config,
+                [f"model.init_from={init_from}", "sft.enabled=false", f"data.synthetic.seed={world}", *args.set],
+            )
+        )
     return init_from, bench_lab.FlopModel(load_model(init_from))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", default=str(REPO / "configs" / "lab.yaml"))
     parser.add_argument("--init-from", help="the warm start (default: the config's cached warm start)")
     parser.add_argument("--steps", type=int, default=300, help="RL steps per run")
@@ -247,9 +292,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", nargs="+", default=["grpo", "stratified_grpo"], help="algo.name of each arm")
     parser.add_argument("--jobs", type=int, default=2, help="processes at a time (cores used), both modes")
     parser.add_argument("--population", type=int, default=None, help="runs per population (default runs / jobs)")
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
-                        help="solo: one process per run; alone: populations whose calls run alone (the default of "
-                             "`stratarl population`); stacked: populations with stacked calls (--stack)")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(MODES),
+        choices=MODES,
+        help="solo: one process per run; alone: populations whose calls run alone (the default of "
+        "`stratarl population`); stacked: populations with stacked calls (--stack)",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
     parser.add_argument("--count-steps", type=int, default=2, help="steps counted for the executed FLOPs (0: none)")
     parser.add_argument("--out", help="keep the runs here (default: a temporary folder)")
@@ -260,8 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = sweep_runs(args, init_from)
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_sweep_"))
     peak = max(bench_lab.gemm_rate(1024, 1024, 1024, 1.0), bench_lab.gemm_rate(2048, 2048, 2048, 1.0))
-    print(f"sweep: {len(runs)} runs ({args.worlds} x {', '.join(args.arms)}), {args.steps} steps each, {args.jobs} "
-          f"processes at a time; one-thread matmul peak {peak / 1e9:.0f} GFLOP/s; runs in {out}", flush=True)
+    print(
+        f"sweep: {len(runs)} runs ({args.worlds} x {', '.join(args.arms)}), {args.steps} steps each, {args.jobs} "
+        f"processes at a time; one-thread matmul peak {peak / 1e9:.0f} GFLOP/s; runs in {out}",
+        flush=True,
+    )
     results = {}
     for mode in args.modes:
         folder = out / mode
@@ -273,12 +326,19 @@ def main(argv: list[str] | None = None) -> int:
         ratio = float("nan")
         if args.count_steps:
             with open(out / f"count-{mode}.log", "w") as log, contextlib.redirect_stdout(log):
-                ratio = executed_per_useful(args, runs, out / f"count-{mode}", fm,
-                                            None if mode == "solo" else mode == "stacked")
+                ratio = executed_per_useful(
+                    args, runs, out / f"count-{mode}", fm, None if mode == "solo" else mode == "stacked"
+                )
         share = useful / (wall * args.jobs * peak)
-        results[mode] = {"wall_s": wall, "runs_per_core_hour": len(runs) / (wall * args.jobs / 3600),
-                         "step_s": wall * args.jobs / max(steps, 1), "useful_share": share,
-                         "executed_per_useful": ratio, "executed_share": share * ratio, "steps": steps}
+        results[mode] = {
+            "wall_s": wall,
+            "runs_per_core_hour": len(runs) / (wall * args.jobs / 3600),
+            "step_s": wall * args.jobs / max(steps, 1),
+            "useful_share": share,
+            "executed_per_useful": ratio,
+            "executed_share": share * ratio,
+            "steps": steps,
+        }
         print(f"{mode}: {wall:.0f} s", flush=True)
     if "solo" in results:
         for mode in (m for m in results if m != "solo"):
@@ -321,12 +381,19 @@ def same_results(out: Path, runs: list[dict], mode: str) -> dict:
         except (OSError, ValueError):
             pass
     ci = mean_ci(diffs)
-    within = ci.low is not None and -EM_TOLERANCE <= ci.low and ci.high <= EM_TOLERANCE
+    within = ci.low is not None and ci.low >= -EM_TOLERANCE and ci.high <= EM_TOLERANCE
     ok = identical == len(runs) if mode == "alone" else (len(diffs) == len(runs) and within)
-    return {"n": len(diffs), "mean": ci.mean, "low": ci.low, "high": ci.high,
-            "max_abs": max((abs(d) for d in diffs), default=None), "identical": identical, "ok": ok,
-            "solo_em": [_em_after(out / "solo" / r["name"]) for r in runs],
-            "member_em": [_em_after(out / mode / r["name"]) for r in runs]}
+    return {
+        "n": len(diffs),
+        "mean": ci.mean,
+        "low": ci.low,
+        "high": ci.high,
+        "max_abs": max((abs(d) for d in diffs), default=None),
+        "identical": identical,
+        "ok": ok,
+        "solo_em": [_em_after(out / "solo" / r["name"]) for r in runs],
+        "member_em": [_em_after(out / mode / r["name"]) for r in runs],
+    }
 
 
 def report(args, results: dict, runs: int) -> None:
@@ -334,20 +401,29 @@ def report(args, results: dict, runs: int) -> None:
     print(f"\n{'mode':<34}{'wall':>8}{'runs/core-h':>13}{'vs solo':>9}{'s/step':>8}{'useful':>9}{'executed':>10}")
     for mode, r in results.items():
         size = args.population or -(-runs // args.jobs)
-        label = {"solo": f"solo (--jobs {args.jobs})", "stacked": f"populations of {size}, stacked",
-                 "alone": f"populations of {size}, calls alone"}[mode]
+        label = {
+            "solo": f"solo (--jobs {args.jobs})",
+            "stacked": f"populations of {size}, stacked",
+            "alone": f"populations of {size}, calls alone",
+        }[mode]
         vs = f"{r['runs_per_core_hour'] / base:.2f}x" if base else "-"
-        print(f"{label:<34}{r['wall_s']:>7.0f}s{r['runs_per_core_hour']:>13.1f}{vs:>9}{r['step_s']:>8.3f}"
-              f"{r['useful_share']:>9.1%}{r['executed_share']:>10.1%}")
-    print("(useful / executed: share of the one-thread matmul peak x cores; s/step: core-seconds per RL step, "
-          "start-up and evals included)")
+        print(
+            f"{label:<34}{r['wall_s']:>7.0f}s{r['runs_per_core_hour']:>13.1f}{vs:>9}{r['step_s']:>8.3f}"
+            f"{r['useful_share']:>9.1%}{r['executed_share']:>10.1%}"
+        )
+    print(
+        "(useful / executed: share of the one-thread matmul peak x cores; s/step: core-seconds per RL step, "
+        "start-up and evals included)"
+    )
     if base and len(results) > 1:
         best = max((m for m in results if m != "solo"), key=lambda m: results[m]["runs_per_core_hour"])
         gain = results[best]["runs_per_core_hour"] / base
         verdict = "PASS" if gain >= TARGET_RATIO else "FAIL"
-        print(f"VERDICT {verdict}: {best} populations give {gain:.2f}x the runs per core-hour of the solo runner "
-              f"(target >= {TARGET_RATIO}x); {statistics.fmean(r['steps'] for r in results.values()):.0f} RL steps "
-              "per mode")
+        print(
+            f"VERDICT {verdict}: {best} populations give {gain:.2f}x the runs per core-hour of the solo runner "
+            f"(target >= {TARGET_RATIO}x); {statistics.fmean(r['steps'] for r in results.values()):.0f} RL steps "
+            "per mode"
+        )
     for mode, r in results.items():
         same = r.get("same_results")
         if not same:
@@ -355,12 +431,17 @@ def report(args, results: dict, runs: int) -> None:
         if same["n"] == 0:
             print(f"SAME RESULTS {mode}: no held-out EM to compare (eval.before_after=false?)")
             continue
-        rule = ("bit-identical metrics to solo" if mode == "alone"
-                else f"95% CI of the paired EM difference within +-{EM_TOLERANCE}")
-        interval = ("" if same["low"] is None else f" [{same['low']:+.4f}, {same['high']:+.4f}]")
-        print(f"SAME RESULTS {'PASS' if same['ok'] else 'FAIL'} {mode}: held-out EM member - solo, paired over "
-              f"{same['n']} runs: {same['mean']:+.4f}{interval}, max |diff| {same['max_abs']:.3f}; "
-              f"{same['identical']}/{same['n']} runs with bit-identical metrics (rule: {rule})")
+        rule = (
+            "bit-identical metrics to solo"
+            if mode == "alone"
+            else f"95% CI of the paired EM difference within +-{EM_TOLERANCE}"
+        )
+        interval = "" if same["low"] is None else f" [{same['low']:+.4f}, {same['high']:+.4f}]"
+        print(
+            f"SAME RESULTS {'PASS' if same['ok'] else 'FAIL'} {mode}: held-out EM member - solo, paired over "
+            f"{same['n']} runs: {same['mean']:+.4f}{interval}, max |diff| {same['max_abs']:.3f}; "
+            f"{same['identical']}/{same['n']} runs with bit-identical metrics (rule: {rule})"
+        )
 
 
 if __name__ == "__main__":

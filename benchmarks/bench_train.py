@@ -60,7 +60,7 @@ def matmul_flops(seconds_per_shape: float = 1.5) -> float:
 
 
 def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2  # Linux: KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
 
 
 def utilisation(flops_per_s: float, peak: float) -> str:
@@ -75,8 +75,8 @@ def utilisation(flops_per_s: float, peak: float) -> str:
 def update_microbench(cfg, rows: int, prompt_len: int, response_len: int, repeats: int) -> dict:
     """Forward + backward (all weights trainable) through the trainer's log-prob path; the rows share
     one prompt, as a GRPO group does, so the prompt runs once (``response_logprobs``)."""
-    from stratarl.trainer.batch import collate_sequences
     from stratarl.infra.flops import matmul_params, nominal_flops, record_decoder_calls
+    from stratarl.trainer.batch import collate_sequences
     from stratarl.trainer.logprobs import response_logprobs
     from stratarl.trainer.setup import load_policy
 
@@ -84,26 +84,41 @@ def update_microbench(cfg, rows: int, prompt_len: int, response_len: int, repeat
     model, tok = load_policy(model_cfg)
     params = matmul_params(model)
     g = torch.Generator().manual_seed(0)
-    batch = collate_sequences([torch.randint(100, 40000, (prompt_len,), generator=g).tolist()] * rows,
-                              [torch.randint(100, 40000, (response_len,), generator=g).tolist()] * rows,
-                              [[1] * response_len] * rows, tok.pad_token_id)
+    batch = collate_sequences(
+        [torch.randint(100, 40000, (prompt_len,), generator=g).tolist()] * rows,
+        [torch.randint(100, 40000, (response_len,), generator=g).tolist()] * rows,
+        [[1] * response_len] * rows,
+        tok.pad_token_id,
+    )
     tokens = int(batch.attention_mask.sum())
     times, executed = [], 0.0
     model.train()
     for i in range(repeats + 1):
         t = time.perf_counter()
         with record_decoder_calls(model) as record:
-            out = response_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
-                                    batch.response_mask, chunk_tokens=cfg.trainer.logprob_chunk_tokens)
+            out = response_logprobs(
+                model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.prompt_lengths,
+                batch.response_mask,
+                chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+            )
             (-(out["logprobs"]).sum() / batch.num_policy_tokens).backward()
         model.zero_grad(set_to_none=True)
         if i:  # the first pass warms up allocator and kernels
             times.append(time.perf_counter() - t)
         executed = record.total()
     best = min(times)
-    return {"params": params, "tokens": tokens, "seconds": best, "tokens_per_s": tokens / best,
-            "nominal_flops": nominal_flops(params, tokens), "executed_flops": executed,
-            "executed_flops_per_s": executed / best}
+    return {
+        "params": params,
+        "tokens": tokens,
+        "seconds": best,
+        "tokens_per_s": tokens / best,
+        "nominal_flops": nominal_flops(params, tokens),
+        "executed_flops": executed,
+        "executed_flops_per_s": executed / best,
+    }
 
 
 def loop_bench(config: str, steps: int, overrides: list[str], keep_batch: bool = False, per_step: bool = False) -> dict:
@@ -133,27 +148,51 @@ def loop_bench(config: str, steps: int, overrides: list[str], keep_batch: bool =
         return out
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(config, ["sft.enabled=false", "eval.before_after=false", f"trainer.steps={steps}",
-                                   f"trainer.num_threads={torch.get_num_threads()}",  # the same threads as the baseline
-                                   "logging.progress=false", "logging.tensorboard=false", "logging.num_transcripts=0",
-                                   f"trainer.output_dir={tmp}", *overrides])
+        cfg = load_config(
+            config,
+            [
+                "sft.enabled=false",
+                "eval.before_after=false",
+                f"trainer.steps={steps}",
+                f"trainer.num_threads={torch.get_num_threads()}",  # the same threads as the baseline
+                "logging.progress=false",
+                "logging.tensorboard=false",
+                "logging.num_transcripts=0",
+                f"trainer.output_dir={tmp}",
+                *overrides,
+            ],
+        )
         set_threads(cfg.trainer.num_threads)
         started = time.perf_counter()
         train(cfg, Path(tmp) / "bench", parts=RunParts(update=counted_update))
         wall = time.perf_counter() - started
         rows = read_metrics(Path(tmp) / "bench")
     measured = rows[1:] if len(rows) > 1 else rows
-    keys = ["time/generation", "time/retrieval", "time/logprobs", "time/update", "time/step",
-            "perf/update_tokens_per_s", "perf/generation_tokens_per_s", "rollout/response_length_mean",
-            "rollout/observation_length_mean", "rollout/prompt_length_mean", "rollout/num", "perf/update_policy_tokens",
-            "rollout/reward_mean", "optim/grad_norm"]
+    keys = [
+        "time/generation",
+        "time/retrieval",
+        "time/logprobs",
+        "time/update",
+        "time/step",
+        "perf/update_tokens_per_s",
+        "perf/generation_tokens_per_s",
+        "rollout/response_length_mean",
+        "rollout/observation_length_mean",
+        "rollout/prompt_length_mean",
+        "rollout/num",
+        "perf/update_policy_tokens",
+        "rollout/reward_mean",
+        "optim/grad_norm",
+    ]
     mean = {k: sum(r.get(k, 0.0) or 0.0 for r in measured) / len(measured) for k in keys}
     steps_executed = executed[1:] if len(executed) > 1 else executed
     mean["update_executed_flops"] = sum(steps_executed) / max(1, len(steps_executed))
     mean["wall_seconds"] = wall
     if per_step:
-        mean["per_step"] = {k: [float(r.get(k, 0.0) or 0.0) for r in rows if "time/step" in r]
-                            for k in ("reward/mean", "optim/grad_norm")}
+        mean["per_step"] = {
+            k: [float(r.get(k, 0.0) or 0.0) for r in rows if "time/step" in r]
+            for k in ("reward/mean", "optim/grad_norm")
+        }
     mean["trainable_layers"] = cfg.model.trainable_layers
     if keep_batch:
         mean["batch"], mean["cfg"] = kept.get("batch"), cfg
@@ -203,10 +242,17 @@ def update_comparison(cfg, batch, repeats: int = 2) -> dict:
         grads[impl] = [p.grad.clone() for p in learner.policy_parameters() if p.grad is not None]
     diff = max(float((a - b).abs().max()) for a, b in zip(grads["reference"], grads["fast"]))
     scale = max(float(a.abs().max()) for a in grads["reference"])
-    return {"reference_s": min(times["reference"]), "fast_s": min(times["fast"]), "times": times,
-            "speedup": min(times["reference"]) / min(times["fast"]), "executed_flops": flops,
-            "max_grad_diff": diff, "max_grad": scale, "fast_path": unsupported_reason(model) or "used",
-            "advantages_replaced": replaced}
+    return {
+        "reference_s": min(times["reference"]),
+        "fast_s": min(times["fast"]),
+        "times": times,
+        "speedup": min(times["reference"]) / min(times["fast"]),
+        "executed_flops": flops,
+        "max_grad_diff": diff,
+        "max_grad": scale,
+        "fast_path": unsupported_reason(model) or "used",
+        "advantages_replaced": replaced,
+    }
 
 
 SEARCH_CREDIT = 0.1
@@ -238,14 +284,17 @@ def real_work_error(name: str, rewards: list[float], grad_norms: list[float]) ->
     """Why ``name``'s arm did no real work (None if it did): every reward 0 (no advantage, no gradient),
     or every gradient norm 0 (or none logged)."""
     if not rewards or all(r == 0 for r in rewards):
-        return f"{name}: every reward was 0 (rewards {rewards}): the policy gradient is 0, the step times compare nothing"
+        return (
+            f"{name}: every reward was 0 (rewards {rewards}): the policy gradient is 0, the step times compare nothing"
+        )
     if not grad_norms or all(g == 0 for g in grad_norms):
         return f"{name}: gradient norm 0 in every step ({grad_norms}): the optimizer did no work"
     return None
 
 
-def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, lr: float = 1e-6,
-                   overrides: list[str] | None = None) -> dict:
+def trl_comparison(
+    steps: int, prompts: int, group_size: int, max_tokens: int, lr: float = 1e-6, overrides: list[str] | None = None
+) -> dict:
     """Single-turn GRPO, same model / prompts / group size / max new tokens / one update per batch / reward
     (``format_f1_reward``), in TRL's GRPOTrainer and in stratarl's loop (max_turns 0: one turn, all weights
     trainable, no KL). Step time = mean wall time of steps 2..N (the first warms up). Also returns each arm's
@@ -258,7 +307,6 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
     from stratarl.rollout.prompt import build_prompt
     from stratarl.trainer.config import load_config
     from stratarl.trainer.setup import load_policy, load_task
-
     from stratarl.trainer.warmstart import warm_start_cache_dir
 
     overrides = list(overrides or [])  # e.g. data.synthetic.seed=7: the task (and so the warm start) of that world
@@ -269,7 +317,7 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
     # base model. It writes the protocol's tags, so format credit varies within a group.
     folder = warm_start_cache_dir(load_config(str(REPO / "configs" / "smollm2.yaml"), overrides)) / "model"
     init = str(folder) if (folder / "config.json").is_file() else None
-    examples = task.train[:prompts * steps]
+    examples = task.train[: prompts * steps]
     answers = {build_prompt(e.question): e.golden_answers for e in examples}
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": build_prompt(e.question)}]} for e in examples])
 
@@ -299,17 +347,32 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
             return _ours()
 
     def _ours() -> dict:
-        return loop_bench(str(REPO / "configs" / "smollm2.yaml"), steps,
-                          [*overrides, "algo.name=grpo", "rollout.max_turns=0", f"rollout.max_tokens_per_turn={max_tokens}",
-                           f"rollout.group_size={group_size}", f"trainer.prompts_per_step={prompts}", "trainer.epochs=1",
-                           "trainer.mini_batches=1", "algo.kl_coef=0", "model.trainable_layers=0", f"optim.lr={lr}",
-                           "rollout.temperature=1.0", "algo.reward=bench_train:format_f1_reward",
-                           # One update per batch: pi_old is the sampler's own log-probs, as TRL's
-                           # num_iterations=1 uses the detached current log-probs: no extra forward pass.
-                           "optim.warmup_steps=0", "algo.old_logprobs=rollout",
-                           "trainer.precision=fp32",  # TRL's arm runs fp32 (bf16=False) on a CPU
-                           *([f"model.init_from={init}"] if init else [])],
-                          per_step=True)
+        return loop_bench(
+            str(REPO / "configs" / "smollm2.yaml"),
+            steps,
+            [
+                *overrides,
+                "algo.name=grpo",
+                "rollout.max_turns=0",
+                f"rollout.max_tokens_per_turn={max_tokens}",
+                f"rollout.group_size={group_size}",
+                f"trainer.prompts_per_step={prompts}",
+                "trainer.epochs=1",
+                "trainer.mini_batches=1",
+                "algo.kl_coef=0",
+                "model.trainable_layers=0",
+                f"optim.lr={lr}",
+                "rollout.temperature=1.0",
+                "algo.reward=bench_train:format_f1_reward",
+                # One update per batch: pi_old is the sampler's own log-probs, as TRL's
+                # num_iterations=1 uses the detached current log-probs: no extra forward pass.
+                "optim.warmup_steps=0",
+                "algo.old_logprobs=rollout",
+                "trainer.precision=fp32",  # TRL's arm runs fp32 (bf16=False) on a CPU
+                *([f"model.init_from={init}"] if init else []),
+            ],
+            per_step=True,
+        )
 
     # Ours before and after TRL: on a shared machine the load drifts; the mean of the two
     # brackets TRL's run in time.
@@ -317,13 +380,35 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
     model, tokenizer = load_policy(cfg.model.__class__(name=cfg.model.name, init_from=init))
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as tmp:
-        args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=prompts * group_size, num_generations=group_size,
-                          max_completion_length=max_tokens, beta=0.0, num_iterations=1, learning_rate=lr,
-                          temperature=1.0, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
-                          save_strategy="no", max_steps=steps, loss_type="dapo", scale_rewards="group",
-                          gradient_accumulation_steps=1, seed=0, dataloader_num_workers=0)
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=[timer])
+        args = GRPOConfig(
+            output_dir=tmp,
+            per_device_train_batch_size=prompts * group_size,
+            num_generations=group_size,
+            max_completion_length=max_tokens,
+            beta=0.0,
+            num_iterations=1,
+            learning_rate=lr,
+            temperature=1.0,
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            logging_steps=1,
+            save_strategy="no",
+            max_steps=steps,
+            loss_type="dapo",
+            scale_rewards="group",
+            gradient_accumulation_steps=1,
+            seed=0,
+            dataloader_num_workers=0,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[timer],
+        )
         trainer.train()
         history = trainer.state.log_history
     lengths = [h["completions/mean_length"] for h in history if "completions/mean_length" in h]
@@ -334,18 +419,35 @@ def trl_comparison(steps: int, prompts: int, group_size: int, max_tokens: int, l
     step = (ours_before["time/step"] + ours_after["time/step"]) / 2
     our_rewards = ours_before["per_step"]["reward/mean"] + ours_after["per_step"]["reward/mean"]
     our_grad_norms = ours_before["per_step"]["optim/grad_norm"] + ours_after["per_step"]["optim/grad_norm"]
-    errors = [e for e in (real_work_error("TRL", trl_rewards, trl_grad_norms),
-                          real_work_error("stratarl", our_rewards, our_grad_norms)) if e]
-    return {"trl_step_s": trl_step, "trl_steps": timer.times, "trl_completion_len": lengths,
-            "trl_rewards": trl_rewards, "trl_grad_norms": trl_grad_norms,
-            "stratarl_rewards": our_rewards, "stratarl_grad_norms": our_grad_norms,
-            "stratarl_step_s": step, "stratarl_steps_before_after": [ours_before["time/step"], ours_after["time/step"]],
-            "stratarl_phases": {k: (ours_before[k] + ours_after[k]) / 2 for k in
-                                ("time/generation", "time/logprobs", "time/update")},
-            "stratarl_completion_len": (ours_before["rollout/response_length_mean"]
-                                        + ours_after["rollout/response_length_mean"]) / 2,
-            "policy": init or cfg.model.name,
-            "error": "; ".join(errors) or None, "ratio": None if errors else step / trl_step}
+    errors = [
+        e
+        for e in (
+            real_work_error("TRL", trl_rewards, trl_grad_norms),
+            real_work_error("stratarl", our_rewards, our_grad_norms),
+        )
+        if e
+    ]
+    return {
+        "trl_step_s": trl_step,
+        "trl_steps": timer.times,
+        "trl_completion_len": lengths,
+        "trl_rewards": trl_rewards,
+        "trl_grad_norms": trl_grad_norms,
+        "stratarl_rewards": our_rewards,
+        "stratarl_grad_norms": our_grad_norms,
+        "stratarl_step_s": step,
+        "stratarl_steps_before_after": [ours_before["time/step"], ours_after["time/step"]],
+        "stratarl_phases": {
+            k: (ours_before[k] + ours_after[k]) / 2 for k in ("time/generation", "time/logprobs", "time/update")
+        },
+        "stratarl_completion_len": (
+            ours_before["rollout/response_length_mean"] + ours_after["rollout/response_length_mean"]
+        )
+        / 2,
+        "policy": init or cfg.model.name,
+        "error": "; ".join(errors) or None,
+        "ratio": None if errors else step / trl_step,
+    }
 
 
 def main() -> int:
@@ -370,18 +472,26 @@ def main() -> int:
     print(f"[baseline] fp32 matmul: {peak / 1e9:.1f} GFLOP/s")
     results: dict = {"matmul_flops": peak}
     if args.trl or args.trl_only:
-        cmp = trl_comparison(steps=max(2, args.steps), prompts=2, group_size=4, max_tokens=MAX_NEW_TOKENS, overrides=args.overrides)
+        cmp = trl_comparison(
+            steps=max(2, args.steps), prompts=2, group_size=4, max_tokens=MAX_NEW_TOKENS, overrides=args.overrides
+        )
         results["trl"] = cmp
         mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
-        print(f"[vs TRL] single-turn GRPO on configs/smollm2.yaml's task, 2 prompts x 4, <= {MAX_NEW_TOKENS} new tokens (both stop at EOS or </answer> only), 1 update/batch, "
-              f"reward: answer F1 + format credit, 0.1 for a completed search (format_f1_reward); policy {cmp['policy']}")
-        print(f"    TRL GRPOTrainer {cmp['trl_step_s']:.1f} s/step, mean reward {mean(cmp['trl_rewards']):.3f}, "
-              f"mean grad norm {mean(cmp['trl_grad_norms']):.3g} (completions {cmp['trl_completion_len']})")
-        print(f"    stratarl {cmp['stratarl_step_s']:.1f} s/step (before / after TRL: "
-              f"{', '.join(f'{t:.1f}' for t in cmp['stratarl_steps_before_after'])}; phases "
-              f"{', '.join(f'{k[5:]} {v:.1f}' for k, v in cmp['stratarl_phases'].items())}; completions "
-              f"{cmp['stratarl_completion_len']:.1f} tokens), mean reward {mean(cmp['stratarl_rewards']):.3f}, "
-              f"mean grad norm {mean(cmp['stratarl_grad_norms']):.3g}")
+        print(
+            f"[vs TRL] single-turn GRPO on configs/smollm2.yaml's task, 2 prompts x 4, <= {MAX_NEW_TOKENS} new tokens (both stop at EOS or </answer> only), 1 update/batch, "
+            f"reward: answer F1 + format credit, 0.1 for a completed search (format_f1_reward); policy {cmp['policy']}"
+        )
+        print(
+            f"    TRL GRPOTrainer {cmp['trl_step_s']:.1f} s/step, mean reward {mean(cmp['trl_rewards']):.3f}, "
+            f"mean grad norm {mean(cmp['trl_grad_norms']):.3g} (completions {cmp['trl_completion_len']})"
+        )
+        print(
+            f"    stratarl {cmp['stratarl_step_s']:.1f} s/step (before / after TRL: "
+            f"{', '.join(f'{t:.1f}' for t in cmp['stratarl_steps_before_after'])}; phases "
+            f"{', '.join(f'{k[5:]} {v:.1f}' for k, v in cmp['stratarl_phases'].items())}; completions "
+            f"{cmp['stratarl_completion_len']:.1f} tokens), mean reward {mean(cmp['stratarl_rewards']):.3f}, "
+            f"mean grad norm {mean(cmp['stratarl_grad_norms']):.3g}"
+        )
         if cmp["error"]:
             print(f"    error: no ratio reported: {cmp['error']}. Fix: a task or reward the policy partly solves")
         else:
@@ -393,10 +503,12 @@ def main() -> int:
     if not args.skip_micro:
         micro = update_microbench(cfg, rows=4, prompt_len=192, response_len=160, repeats=1)
         results["update_micro"] = micro
-        print(f"[update micro] {micro['params'] / 1e6:.0f}M matmul params, {micro['tokens']} tokens (4 rows sharing "
-              f"one prompt) fwd+bwd in {micro['seconds']:.2f}s: {micro['tokens_per_s']:.0f} tok/s; nominal 6ND "
-              f"{micro['nominal_flops'] / 1e9:.0f} GFLOP, executed {micro['executed_flops'] / 1e9:.0f} GFLOP = "
-              f"{micro['executed_flops_per_s'] / 1e9:.1f} GFLOP/s, {utilisation(micro['executed_flops_per_s'], peak)}")
+        print(
+            f"[update micro] {micro['params'] / 1e6:.0f}M matmul params, {micro['tokens']} tokens (4 rows sharing "
+            f"one prompt) fwd+bwd in {micro['seconds']:.2f}s: {micro['tokens_per_s']:.0f} tok/s; nominal 6ND "
+            f"{micro['nominal_flops'] / 1e9:.0f} GFLOP, executed {micro['executed_flops'] / 1e9:.0f} GFLOP = "
+            f"{micro['executed_flops_per_s'] / 1e9:.1f} GFLOP/s, {utilisation(micro['executed_flops_per_s'], peak)}"
+        )
     loop = loop_bench(args.config, args.steps, args.overrides, keep_batch=not args.skip_compare)
     from stratarl.infra.flops import matmul_params, nominal_flops
     from stratarl.trainer.setup import load_policy
@@ -414,25 +526,35 @@ def main() -> int:
     print(f"[loop] {args.steps} steps of {Path(args.config).name}, means over steps 2..{args.steps}:")
     for k in ("time/generation", "time/retrieval", "time/logprobs", "time/update", "time/step"):
         print(f"    {k:<28}{loop[k]:8.2f} s")
-    print(f"    rollouts/step {loop['rollout/num']:.0f}, prompt {loop['rollout/prompt_length_mean']:.0f} + policy "
-          f"{loop['rollout/response_length_mean']:.0f} + observation {loop['rollout/observation_length_mean']:.0f} tokens")
+    print(
+        f"    rollouts/step {loop['rollout/num']:.0f}, prompt {loop['rollout/prompt_length_mean']:.0f} + policy "
+        f"{loop['rollout/response_length_mean']:.0f} + observation {loop['rollout/observation_length_mean']:.0f} tokens"
+    )
     executed = loop["update_executed_flops"]
-    print(f"    update: {loop['perf/update_tokens_per_s']:.0f} tok/s (every row's prompt counted); nominal 6ND "
-          f"{nominal / 1e9:.0f} GFLOP (shown, not the work done), executed {executed / 1e9:.0f} GFLOP (prompts once, "
-          f"last {trainable}/{layers} layers train) = {executed / max(update_s, 1e-9) / 1e9:.1f} GFLOP/s, "
-          f"{utilisation(executed / max(update_s, 1e-9), peak)}")
+    print(
+        f"    update: {loop['perf/update_tokens_per_s']:.0f} tok/s (every row's prompt counted); nominal 6ND "
+        f"{nominal / 1e9:.0f} GFLOP (shown, not the work done), executed {executed / 1e9:.0f} GFLOP (prompts once, "
+        f"last {trainable}/{layers} layers train) = {executed / max(update_s, 1e-9) / 1e9:.1f} GFLOP/s, "
+        f"{utilisation(executed / max(update_s, 1e-9), peak)}"
+    )
     print(f"    generation: {loop['perf/generation_tokens_per_s']:.0f} policy tok/s")
     if batch is not None:
         cmp = update_comparison(loop_cfg, batch, repeats=args.compare_repeats)
         results["update_compare"] = cmp
         peak_share = {k: utilisation(v / cmp[f"{k}_s"], peak) for k, v in cmp["executed_flops"].items()}
-        print(f"[update: reference vs fast] the last loop step's {batch.size} rollouts, same policy, "
-              f"{loop_cfg.trainer.epochs} epoch(s) x {loop_cfg.trainer.mini_batches} mini-batch(es): reference "
-              f"{cmp['reference_s']:.2f} s ({cmp['executed_flops']['reference'] / 1e9:.0f} GFLOP, {peak_share['reference']}), "
-              f"fast {cmp['fast_s']:.2f} s ({cmp['executed_flops']['fast'] / 1e9:.0f} GFLOP, {peak_share['fast']}; "
-              f"frozen prefix: {cmp['fast_path']}): speedup {cmp['speedup']:.2f}x (target >= 2); max |grad diff| "
-              f"{cmp['max_grad_diff']:.2e} (largest |grad| {cmp['max_grad']:.2e})"
-              + ("; the loop's advantages were all 0, replaced by seeded N(0, 1) per row" if cmp["advantages_replaced"] else ""))
+        print(
+            f"[update: reference vs fast] the last loop step's {batch.size} rollouts, same policy, "
+            f"{loop_cfg.trainer.epochs} epoch(s) x {loop_cfg.trainer.mini_batches} mini-batch(es): reference "
+            f"{cmp['reference_s']:.2f} s ({cmp['executed_flops']['reference'] / 1e9:.0f} GFLOP, {peak_share['reference']}), "
+            f"fast {cmp['fast_s']:.2f} s ({cmp['executed_flops']['fast'] / 1e9:.0f} GFLOP, {peak_share['fast']}; "
+            f"frozen prefix: {cmp['fast_path']}): speedup {cmp['speedup']:.2f}x (target >= 2); max |grad diff| "
+            f"{cmp['max_grad_diff']:.2e} (largest |grad| {cmp['max_grad']:.2e})"
+            + (
+                "; the loop's advantages were all 0, replaced by seeded N(0, 1) per row"
+                if cmp["advantages_replaced"]
+                else ""
+            )
+        )
         if cmp["max_grad"] == 0:
             print("    error: every gradient is 0: the comparison checked nothing")
     print(f"[memory] peak RSS {results['peak_rss_gb']:.2f} GB (target <= 8)")

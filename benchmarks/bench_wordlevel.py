@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from stratarl.models import build_tiny_model, load_tokenizer
 from stratarl.data.synth import generate_knowledge_base
 from stratarl.data.wordlevel import build_word_model, unknown_words, word_tokenizer_for_kb
+from stratarl.models import build_tiny_model, load_tokenizer
 from stratarl.rollout.parsing import information_observation
 from stratarl.rollout.prompt import encode_prompt
 
@@ -34,8 +34,11 @@ def trajectories(kb, count: int) -> list[tuple[str, str]]:
     for i, example in enumerate(kb.train[:count]):
         response = ""
         for j, hop in enumerate(example.metadata["hops"]):
-            hits = [by_id[hop["passage_id"]], kb.passages[(i * 7 + j) % len(kb.passages)],
-                    kb.passages[(i * 13 + j + 1) % len(kb.passages)]]
+            hits = [
+                by_id[hop["passage_id"]],
+                kb.passages[(i * 7 + j) % len(kb.passages)],
+                kb.passages[(i * 13 + j + 1) % len(kb.passages)],
+            ]
             response += f"<think> I need to look this up. </think>\n<search> {hop['query']} </search>"
             response += information_observation(hits)
         response += f"<think> I have the answer. </think>\n<answer> {example.golden_answers[0]} </answer>"
@@ -44,8 +47,10 @@ def trajectories(kb, count: int) -> list[tuple[str, str]]:
 
 
 def batch_ids(tokenizer, pairs) -> torch.Tensor:
-    rows = [encode_prompt(tokenizer, q) + tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            for q, r in pairs]
+    rows = [
+        encode_prompt(tokenizer, q) + tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        for q, r in pairs
+    ]
     width = max(len(r) for r in rows)
     return torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
 
@@ -78,8 +83,10 @@ def main() -> None:
         tok = word_tokenizer_for_kb(kb)
         built = time.perf_counter() - start
         lower = len(word_tokenizer_for_kb(kb, lowercase=True))
-        print(f"  {size:6s} {len(kb.passages):6d} passages: {len(tok):6d} tokens ({lower} lower-cased), "
-              f"built in {built:.1f} s")
+        print(
+            f"  {size:6s} {len(kb.passages):6d} passages: {len(tok):6d} tokens ({lower} lower-cased), "
+            f"built in {built:.1f} s"
+        )
 
     kb = generate_knowledge_base(seed=0, size="small")
     word, smol = word_tokenizer_for_kb(kb), load_tokenizer()

@@ -17,6 +17,7 @@ The warm start itself is the library's (stratarl.trainer.warmstart.warm_start, t
 rule); this script only wraps its reading stage and its step callback to measure in between, so probes
 before ``sft.steps`` are extra measurements that do not end the warm start.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,14 +46,21 @@ def reading_accuracy(cfg, model, tokenizer, *, num_examples: int = 150) -> float
     examples = []
     for i in range(2):
         kb, retriever = _world(cfg, CHECK_WORLDS + i, hop_mix=(1.0, 0.0, 0.0))
-        examples += render_reading_examples(kb.train, tokenizer, retriever, {p.id: p.contents for p in kb.passages},
-                                            topk=cfg.retrieval.topk, max_obs_tokens=cfg.rollout.max_obs_tokens, rng=rng)
+        examples += render_reading_examples(
+            kb.train,
+            tokenizer,
+            retriever,
+            {p.id: p.contents for p in kb.passages},
+            topk=cfg.retrieval.topk,
+            max_obs_tokens=cfg.rollout.max_obs_tokens,
+            rng=rng,
+        )
     right = total = 0
     model.eval()
     with torch.no_grad():
         for d in examples[:num_examples]:
             logits = model(input_ids=torch.tensor([d.prompt_ids + d.response_ids])).logits[0]
-            predicted = logits[len(d.prompt_ids) - 1:-1].argmax(-1).tolist()
+            predicted = logits[len(d.prompt_ids) - 1 : -1].argmax(-1).tolist()
             ok, inside = True, False
             for t, m in enumerate(d.response_mask + [0]):  # a run of target tokens is one answer
                 if m:
@@ -82,8 +90,9 @@ def main(argv=None) -> int:
         return summary
 
     measured: dict = {}
-    questions = probe_questions(cfg, cfg.sft.probe_questions,
-                                seed=world_seed(cfg.data.synthetic.seed, PROBE_WORLD_OFFSET))
+    questions = probe_questions(
+        cfg, cfg.sft.probe_questions, seed=world_seed(cfg.data.synthetic.seed, PROBE_WORLD_OFFSET)
+    )
     run_sft = warmstart.run_sft
 
     def measured_run_sft(model, demos, pad_id, **kw):

@@ -55,22 +55,51 @@ if str(REPO) not in sys.path:
 SECTIONS = ("lab", "generation", "update")
 SIZES = {
     # SmolLM2-135M's architecture (HuggingFaceTB/SmolLM2-135M config.json).
-    "full": dict(model=dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                            num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192),
-                 batches=(8, 64, 256), prompt_tokens=128, new_tokens=128,
-                 update=dict(rows=16, prompt=256, response=768, steps=5, micro_batch_tokens=8192),
-                 lab_steps=30, gemm=8192),
-    "tiny": dict(model=dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256),
-                 batches=(2, 4), prompt_tokens=8, new_tokens=8,
-                 update=dict(rows=4, prompt=16, response=32, steps=2, micro_batch_tokens=1024),
-                 lab_steps=2, gemm=256),
+    "full": dict(
+        model=dict(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            max_position_embeddings=8192,
+        ),
+        batches=(8, 64, 256),
+        prompt_tokens=128,
+        new_tokens=128,
+        update=dict(rows=16, prompt=256, response=768, steps=5, micro_batch_tokens=8192),
+        lab_steps=30,
+        gemm=8192,
+    ),
+    "tiny": dict(
+        model=dict(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        ),
+        batches=(2, 4),
+        prompt_tokens=8,
+        new_tokens=8,
+        update=dict(rows=4, prompt=16, response=32, steps=2, micro_batch_tokens=1024),
+        lab_steps=2,
+        gemm=256,
+    ),
 }
 # The lab at the reduced size of tests/trainer/test_trainer_lab_e2e.py (seconds on a CPU).
 LAB_TINY = [
-    "model.tiny_hidden_size=32", "model.tiny_intermediate_size=64", "model.tiny_num_heads=2",
+    "model.tiny_hidden_size=32",
+    "model.tiny_intermediate_size=64",
+    "model.tiny_num_heads=2",
     "data.synthetic.options={size: 150, num_train: 40, num_test: 8, hop_mix: [0.3, 0.7, 0.0], guessable: none, "
-    "name_pool: 300}", "data.max_eval_examples=8", "eval.batch_size=8", "trainer.prompts_per_step=2",
+    "name_pool: 300}",
+    "data.max_eval_examples=8",
+    "eval.batch_size=8",
+    "trainer.prompts_per_step=2",
     "rollout.group_size=2",
 ]
 
@@ -89,7 +118,10 @@ def _peak_memory(device: torch.device) -> dict:
     if device.type == "cuda":
         return {"max_memory_allocated_bytes": int(torch.cuda.max_memory_allocated(device))}
     # ru_maxrss is in KiB on Linux: the whole process's peak, not one section's.
-    return {"max_memory_allocated_bytes": None, "peak_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+    return {
+        "max_memory_allocated_bytes": None,
+        "peak_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,
+    }
 
 
 # --------------------------------------------------------------------------- retrieval without bm25s
@@ -168,9 +200,12 @@ def task_in_memory(cfg, work: Path):
     kb = generate_knowledge_base(seed=cfg.data.synthetic.seed, **options)
     corpus = write_corpus(kb.passages, work / "corpus.jsonl")
     pool = options.get("name_pool")
-    return TaskData(train=[dataclasses.replace(e, prompt=None) for e in kb.train],
-                    test=[dataclasses.replace(e, prompt=None) for e in kb.test], corpus_path=Path(corpus),
-                    vocabulary_texts=[" ".join(name_pool_words(int(pool)))] if pool else [])
+    return TaskData(
+        train=[dataclasses.replace(e, prompt=None) for e in kb.train],
+        test=[dataclasses.replace(e, prompt=None) for e in kb.test],
+        corpus_path=Path(corpus),
+        vocabulary_texts=[" ".join(name_pool_words(int(pool)))] if pool else [],
+    )
 
 
 # --------------------------------------------------------------------------- lab
@@ -190,9 +225,15 @@ def lab_section(args, device: torch.device, work: Path) -> dict:
     retriever = args.retriever
     if retriever == "auto":
         retriever = "bm25" if _bm25_available() else "builtin"
-    overrides = [f"trainer.device={device}", f"trainer.precision={args.precision}", "logging.progress=false",
-                 "logging.tensorboard=false", "logging.num_transcripts=0", "sft.enabled=false",
-                 f"trainer.output_dir={work}"]
+    overrides = [
+        f"trainer.device={device}",
+        f"trainer.precision={args.precision}",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "logging.num_transcripts=0",
+        "sft.enabled=false",
+        f"trainer.output_dir={work}",
+    ]
     if args.size == "tiny":
         overrides = LAB_TINY + overrides
     cfg = load_config(REPO / "configs" / "lab.yaml", overrides)
@@ -203,8 +244,11 @@ def lab_section(args, device: torch.device, work: Path) -> dict:
     with ExitStack() as fallbacks:
         if retriever == "builtin":
             # build_run indexes the corpus with BM25Retriever (bm25s); this run uses the builtin one instead.
-            fallbacks.enter_context(mock.patch.object(run_module, "build_task_retriever",
-                                                      lambda cfg, task: BuiltinBM25(load_corpus(task.corpus_path))))
+            fallbacks.enter_context(
+                mock.patch.object(
+                    run_module, "build_task_retriever", lambda cfg, task: BuiltinBM25(load_corpus(task.corpus_path))
+                )
+            )
         if task_source != "parquet cache":
             # load_task caches the generated task as parquet (pyarrow); generate it in memory instead.
             fallbacks.enter_context(mock.patch.object(run_module, "load_task", lambda cfg: task_in_memory(cfg, work)))
@@ -219,17 +263,30 @@ def lab_section(args, device: torch.device, work: Path) -> dict:
     seconds = time.perf_counter() - start
     examples = limit_per_source(run.task.test, cfg.data.max_eval_examples)
     with run.retriever.unbudgeted():
-        result = evaluate(run.model, run.tokenizer, run.retriever, examples, eval_settings(cfg), num_transcripts=0,
-                          progress=False)
+        result = evaluate(
+            run.model, run.tokenizer, run.retriever, examples, eval_settings(cfg), num_transcripts=0, progress=False
+        )
     em = overall(result).get("em", float("nan"))
-    reference = (f"python benchmarks/gpu_check.py --device cpu --size {args.size} --sections lab --lab-steps {steps} "
-                 f"--retriever {retriever} --precision fp32" + (f" --init-from {args.init_from}" if args.init_from else ""))
-    return {"config": "configs/lab.yaml", "overrides": overrides, "timed_steps": steps, "warmup_steps": 1,
-            "steps_per_s": steps / seconds, "seconds": seconds, "retriever": retriever, "task": task_source,
-            "init_from": args.init_from, "eval_questions": len(examples), "eval_em": float(em),
-            "last_step_reward_mean": float(last.get("reward/mean", float("nan"))),
-            "last_step_clip_frac_first_step": float(last.get("loss/clip_frac_first_step", float("nan"))),
-            "cpu_reference_command": reference}
+    reference = (
+        f"python benchmarks/gpu_check.py --device cpu --size {args.size} --sections lab --lab-steps {steps} "
+        f"--retriever {retriever} --precision fp32" + (f" --init-from {args.init_from}" if args.init_from else "")
+    )
+    return {
+        "config": "configs/lab.yaml",
+        "overrides": overrides,
+        "timed_steps": steps,
+        "warmup_steps": 1,
+        "steps_per_s": steps / seconds,
+        "seconds": seconds,
+        "retriever": retriever,
+        "task": task_source,
+        "init_from": args.init_from,
+        "eval_questions": len(examples),
+        "eval_em": float(em),
+        "last_step_reward_mean": float(last.get("reward/mean", float("nan"))),
+        "last_step_clip_frac_first_step": float(last.get("loss/clip_frac_first_step", float("nan"))),
+        "cpu_reference_command": reference,
+    }
 
 
 # --------------------------------------------------------------------------- generation
@@ -255,8 +312,14 @@ def build_smollm2_like(size: str, device: torch.device, seed: int = 0):
 
     dims = SIZES[size]["model"]
     vocab = dims["vocab_size"]
-    config = LlamaConfig(**dims, tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=vocab - 1,
-                         attn_implementation="sdpa")
+    config = LlamaConfig(
+        **dims,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=vocab - 1,
+        attn_implementation="sdpa",
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
@@ -298,8 +361,15 @@ def generation_section(args, device: torch.device, policy) -> dict:
 
         def hf():
             with torch.inference_mode(), policy.autocast():
-                return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                                      do_sample=False, pad_token_id=0, eos_token_id=tokenizer.eos_token_id)
+                return model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    do_sample=False,
+                    pad_token_id=0,
+                    eos_token_id=tokenizer.eos_token_id,
+                )
 
         def ours_call(generator=ours):
             with torch.inference_mode():
@@ -309,8 +379,11 @@ def generation_section(args, device: torch.device, policy) -> dict:
         for name, fn in (("ours", ours_call), ("hf", hf)):
             fn()  # warm-up at this batch size
             seconds, out = _time(fn, device)
-            tokens = (sum(len(r.token_ids) for r in out) if name == "ours"
-                      else int(out.shape[0] * (out.shape[1] - ids.shape[1])))
+            tokens = (
+                sum(len(r.token_ids) for r in out)
+                if name == "ours"
+                else int(out.shape[0] * (out.shape[1] - ids.shape[1]))
+            )
             row[f"{name}_tokens"] = tokens
             row[f"{name}_tok_per_s"] = tokens / seconds
         row["ours_over_hf"] = row["ours_tok_per_s"] / row["hf_tok_per_s"]
@@ -323,10 +396,16 @@ def generation_section(args, device: torch.device, policy) -> dict:
             except Exception as error:  # report, do not stop the check
                 row["fast_decoder_error"] = f"{type(error).__name__}: {str(error)[:200]}"
         rows.append(row)
-    return {"model": {**spec["model"], "tie_word_embeddings": True, "weights": "random"},
-            "prompt_tokens": spec["prompt_tokens"], "new_tokens": new, "greedy": True, "ours_path": path,
-            "hf": "model.generate(do_sample=False, min_new_tokens=max_new_tokens): tokens only; ours also returns "
-                  "each token's log-prob", "rows": rows}
+    return {
+        "model": {**spec["model"], "tie_word_embeddings": True, "weights": "random"},
+        "prompt_tokens": spec["prompt_tokens"],
+        "new_tokens": new,
+        "greedy": True,
+        "ours_path": path,
+        "hf": "model.generate(do_sample=False, min_new_tokens=max_new_tokens): tokens only; ours also returns "
+        "each token's log-prob",
+        "rows": rows,
+    }
 
 
 # --------------------------------------------------------------------------- update
@@ -344,7 +423,7 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, seconds: float
         for _ in range(reps):
             a @ b
         _sync(device)
-        best = max(best, reps * 2 * n ** 3 / (time.perf_counter() - start))
+        best = max(best, reps * 2 * n**3 / (time.perf_counter() - start))
     return best
 
 
@@ -358,8 +437,13 @@ def model_flops(model, decoder_tokens: int, head_tokens: int) -> tuple[float, di
     frozen = sum(p.numel() for p in decoder.parameters() if id(p) not in skip and not p.requires_grad)
     head_factor = 6 if head.requires_grad else 2
     flops = 6.0 * trainable * decoder_tokens + 2.0 * frozen * decoder_tokens + head_factor * head.numel() * head_tokens
-    return flops, {"trainable_decoder_params": trainable, "frozen_decoder_params": frozen,
-                   "lm_head_params": head.numel(), "decoder_tokens": decoder_tokens, "head_tokens": head_tokens}
+    return flops, {
+        "trainable_decoder_params": trainable,
+        "frozen_decoder_params": frozen,
+        "lm_head_params": head.numel(),
+        "decoder_tokens": decoder_tokens,
+        "head_tokens": head_tokens,
+    }
 
 
 def update_section(args, device: torch.device, policy) -> dict:
@@ -370,10 +454,19 @@ def update_section(args, device: torch.device, policy) -> dict:
     spec = SIZES[args.size]["update"]
     model, _ = build_smollm2_like(args.size, device, seed=1)
     model.config.use_cache = False
-    cfg = config_from_dict({}, [f"trainer.device={device}", f"trainer.precision={policy.precision}", "algo.name=grpo",
-                               "algo.kl_coef=0", f"trainer.micro_batch_tokens={spec['micro_batch_tokens']}",
-                               "trainer.logprob_chunk_tokens=4096", "trainer.prompts_per_step=1",
-                               f"rollout.group_size={spec['rows']}"])
+    cfg = config_from_dict(
+        {},
+        [
+            f"trainer.device={device}",
+            f"trainer.precision={policy.precision}",
+            "algo.name=grpo",
+            "algo.kl_coef=0",
+            f"trainer.micro_batch_tokens={spec['micro_batch_tokens']}",
+            "trainer.logprob_chunk_tokens=4096",
+            "trainer.prompts_per_step=1",
+            f"rollout.group_size={spec['rows']}",
+        ],
+    )
     learner = build_learner(model, cfg, total_optimizer_steps=spec["steps"] + 1)
     g = torch.Generator().manual_seed(2)
     vocab = model.config.vocab_size
@@ -396,60 +489,97 @@ def update_section(args, device: torch.device, policy) -> dict:
     dtype = torch.bfloat16 if policy.precision == "bf16" else torch.float32
     peak = matmul_peak(device, dtype, SIZES[args.size]["gemm"])
     mfu = flops / seconds / peak
-    return {"rows": spec["rows"], "prompt_tokens": spec["prompt"], "response_tokens": spec["response"],
-            "seconds_per_step": seconds, "tokens_per_s": decoder_tokens / seconds, "model_flops_per_step": flops,
-            "flop_counts": counts, "achieved_flops_per_s": flops / seconds,
-            "peak_matmul_flops_per_s": peak, "peak_dtype": str(dtype).removeprefix("torch."),
-            "mfu": mfu, "mfu_valid": bool(0 < mfu <= 1),
-            "formula": "6 x trainable decoder params x tokens + 2 x frozen decoder params x tokens + "
-                       "6 x vocab x hidden x policy tokens (attention scores and head recomputation not counted)"}
+    return {
+        "rows": spec["rows"],
+        "prompt_tokens": spec["prompt"],
+        "response_tokens": spec["response"],
+        "seconds_per_step": seconds,
+        "tokens_per_s": decoder_tokens / seconds,
+        "model_flops_per_step": flops,
+        "flop_counts": counts,
+        "achieved_flops_per_s": flops / seconds,
+        "peak_matmul_flops_per_s": peak,
+        "peak_dtype": str(dtype).removeprefix("torch."),
+        "mfu": mfu,
+        "mfu_valid": bool(0 < mfu <= 1),
+        "formula": "6 x trainable decoder params x tokens + 2 x frozen decoder params x tokens + "
+        "6 x vocab x hidden x policy tokens (attention scores and head recomputation not counted)",
+    }
 
 
 # --------------------------------------------------------------------------- main
 
 
 def _print(results: dict) -> None:
-    print(f"device {results['device']} ({results['device_name']}), precision {results['precision']}, "
-          f"torch {results['torch']}, transformers {results['transformers']}, size {results['size']}")
+    print(
+        f"device {results['device']} ({results['device_name']}), precision {results['precision']}, "
+        f"torch {results['torch']}, transformers {results['transformers']}, size {results['size']}"
+    )
     lab = results.get("lab")
     if lab:
-        print(f"[lab] configs/lab.yaml, {lab['timed_steps']} timed RL steps (+{lab['warmup_steps']} warm-up), "
-              f"retriever {lab['retriever']}, task {lab['task']}, init_from {lab['init_from'] or 'none (random weights)'}")
-        print(f"[lab] {lab['steps_per_s']:.3f} RL steps/s; held-out EM {lab['eval_em']:.3f} on "
-              f"{lab['eval_questions']} questions")
+        print(
+            f"[lab] configs/lab.yaml, {lab['timed_steps']} timed RL steps (+{lab['warmup_steps']} warm-up), "
+            f"retriever {lab['retriever']}, task {lab['task']}, init_from {lab['init_from'] or 'none (random weights)'}"
+        )
+        print(
+            f"[lab] {lab['steps_per_s']:.3f} RL steps/s; held-out EM {lab['eval_em']:.3f} on "
+            f"{lab['eval_questions']} questions"
+        )
         print(f"[lab] CPU reference: {lab['cpu_reference_command']}")
     gen = results.get("generation")
     if gen:
-        print(f"[generation] {gen['model']['num_hidden_layers']}-layer random Llama, prompt {gen['prompt_tokens']}, "
-              f"{gen['new_tokens']} new tokens greedy; ours = {gen['ours_path']}")
+        print(
+            f"[generation] {gen['model']['num_hidden_layers']}-layer random Llama, prompt {gen['prompt_tokens']}, "
+            f"{gen['new_tokens']} new tokens greedy; ours = {gen['ours_path']}"
+        )
         for row in gen["rows"]:
-            extra = (f", fast decoder {row['fast_decoder_tok_per_s']:.0f}" if "fast_decoder_tok_per_s" in row
-                     else f", fast decoder failed: {row['fast_decoder_error']}" if "fast_decoder_error" in row else "")
-            print(f"[generation] batch {row['batch']:>4}: ours {row['ours_tok_per_s']:.0f} tok/s, HF generate "
-                  f"{row['hf_tok_per_s']:.0f} tok/s, ratio {row['ours_over_hf']:.2f}x{extra}")
+            extra = (
+                f", fast decoder {row['fast_decoder_tok_per_s']:.0f}"
+                if "fast_decoder_tok_per_s" in row
+                else f", fast decoder failed: {row['fast_decoder_error']}"
+                if "fast_decoder_error" in row
+                else ""
+            )
+            print(
+                f"[generation] batch {row['batch']:>4}: ours {row['ours_tok_per_s']:.0f} tok/s, HF generate "
+                f"{row['hf_tok_per_s']:.0f} tok/s, ratio {row['ours_over_hf']:.2f}x{extra}"
+            )
     up = results.get("update")
     if up:
-        print(f"[update] {up['rows']} rows x ({up['prompt_tokens']} prompt + {up['response_tokens']} response) tokens: "
-              f"{up['seconds_per_step'] * 1e3:.1f} ms/step, {up['tokens_per_s']:.0f} tokens/s")
-        print(f"[update] MFU {100 * up['mfu']:.3g}% = {up['achieved_flops_per_s'] / 1e12:.3f} TFLOP/s of a measured "
-              f"{up['peak_dtype']} matmul peak {up['peak_matmul_flops_per_s'] / 1e12:.3f} TFLOP/s"
-              + ("" if up["mfu_valid"] else "  <- outside (0, 100%]: a measurement bug"))
+        print(
+            f"[update] {up['rows']} rows x ({up['prompt_tokens']} prompt + {up['response_tokens']} response) tokens: "
+            f"{up['seconds_per_step'] * 1e3:.1f} ms/step, {up['tokens_per_s']:.0f} tokens/s"
+        )
+        print(
+            f"[update] MFU {100 * up['mfu']:.3g}% = {up['achieved_flops_per_s'] / 1e12:.3f} TFLOP/s of a measured "
+            f"{up['peak_dtype']} matmul peak {up['peak_matmul_flops_per_s'] / 1e12:.3f} TFLOP/s"
+            + ("" if up["mfu_valid"] else "  <- outside (0, 100%]: a measurement bug")
+        )
         print(f"[update] FLOPs: {up['formula']}")
     for name, mem in results["memory"].items():
         value = mem.get("max_memory_allocated_bytes")
-        text = f"{value / 2**30:.2f} GiB max allocated" if value is not None else \
-            f"n/a on cpu (process peak RSS {mem['peak_rss_bytes'] / 2**30:.2f} GiB)"
+        text = (
+            f"{value / 2**30:.2f} GiB max allocated"
+            if value is not None
+            else f"n/a on cpu (process peak RSS {mem['peak_rss_bytes'] / 2**30:.2f} GiB)"
+        )
         print(f"[memory] {name}: {text}")
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--size", choices=tuple(SIZES), default="full")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    parser.add_argument(
+        "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}"
+    )
     parser.add_argument("--lab-steps", type=int, default=0, help="timed RL steps of the lab (default: 30 full, 2 tiny)")
-    parser.add_argument("--init-from", default=None, help="the lab's warm-start model folder (`stratarl sft configs/lab.yaml`)")
+    parser.add_argument(
+        "--init-from", default=None, help="the lab's warm-start model folder (`stratarl sft configs/lab.yaml`)"
+    )
     parser.add_argument("--retriever", choices=("auto", "bm25", "builtin"), default="auto")
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
@@ -460,7 +590,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA GPU is visible to this torch build; use --device cpu")
     if args.retriever == "bm25" and not _bm25_available():
-        parser.error("--retriever bm25 needs bm25s and PyStemmer (pip install bm25s PyStemmer); or use --retriever builtin")
+        parser.error(
+            "--retriever bm25 needs bm25s and PyStemmer (pip install bm25s PyStemmer); or use --retriever builtin"
+        )
     import transformers
 
     from stratarl.infra.precision import DevicePolicy
@@ -469,9 +601,15 @@ def main(argv: list[str] | None = None) -> dict:
     policy = DevicePolicy.create(device, args.precision)
     args.precision = policy.precision
     torch.manual_seed(0)
-    results: dict = {"device": str(device), "size": args.size, "precision": policy.precision,
-                     "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                     "torch": torch.__version__, "transformers": transformers.__version__, "memory": {}}
+    results: dict = {
+        "device": str(device),
+        "size": args.size,
+        "precision": policy.precision,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "memory": {},
+    }
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as work:
         for name in SECTIONS:
             if name not in sections:

@@ -23,8 +23,10 @@ async def _one_client(host: str, port: int, bodies, latencies: list, errors: lis
     reader, writer = await asyncio.open_connection(host, port)
     try:
         for body, expected in bodies:
-            head = (f"POST /retrieve HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            head = (
+                f"POST /retrieve HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
             start = time.perf_counter()
             writer.write(head + body)
             status_line = await reader.readline()
@@ -59,8 +61,9 @@ async def run(url: str, queries: list[str], clients: int, requests: int, per_req
     latencies: list[float] = []
     errors: list[int] = []
     cpu0, start = time.process_time(), time.perf_counter()
-    outcomes = await asyncio.gather(*(_one_client(host, port, share, latencies, errors) for share in shares if share),
-                                    return_exceptions=True)
+    outcomes = await asyncio.gather(
+        *(_one_client(host, port, share, latencies, errors) for share in shares if share), return_exceptions=True
+    )
     failures = [f"{type(o).__name__}: {o}" for o in outcomes if isinstance(o, BaseException)]
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
     latencies.sort()

@@ -46,30 +46,51 @@ REPO = Path(__file__).resolve().parents[1]
 LABS = {"word": REPO / "configs" / "lab.yaml", "smollm2": REPO / "configs" / "smollm2.yaml"}
 MEASURE_ONLY = ["algo.normalizer=sorl", "algo.sorl_delta_rule=running_pg", "algo.sorl_delta=1e12"]
 TARGET_CLIP, TARGET_ENGAGED = 0.05, 0.20
-SMOLLM2_SMALL = ["trainer.prompts_per_step=2", "rollout.group_size=4", "data.max_eval_examples=50",
-                 "eval.batch_size=50"]
+SMOLLM2_SMALL = [
+    "trainer.prompts_per_step=2",
+    "rollout.group_size=4",
+    "data.max_eval_examples=50",
+    "eval.batch_size=50",
+]
 
 
-def run_setting(lab: str, lag: int, precision: str, steps: int, out: Path, extra: list[str],
-                warm_start: Path) -> Path:
+def run_setting(lab: str, lag: int, precision: str, steps: int, out: Path, extra: list[str], warm_start: Path) -> Path:
     """Train one setting from ``warm_start`` (skipped when its summary exists); returns its run directory."""
     run_dir = out / lab / f"k{lag}-{precision}"
     if (run_dir / "summary.json").exists():
         return run_dir
-    overrides = [f"trainer.steps={steps}", f"trainer.policy_lag={lag}", f"rollout.precision={precision}",
-                 "algo.old_logprobs=rollout", "trainer.eval_every=0", "trainer.save_every=0",
-                 "logging.progress=false", "logging.num_transcripts=0", *MEASURE_ONLY,
-                 # the lab's own cached warm start, built once by main(): a run's overrides (a smaller eval) would
-                 # otherwise change the warm start's cache key and build another one in every run
-                 f"model.init_from={warm_start}"]
+    overrides = [
+        f"trainer.steps={steps}",
+        f"trainer.policy_lag={lag}",
+        f"rollout.precision={precision}",
+        "algo.old_logprobs=rollout",
+        "trainer.eval_every=0",
+        "trainer.save_every=0",
+        "logging.progress=false",
+        "logging.num_transcripts=0",
+        *MEASURE_ONLY,
+        # the lab's own cached warm start, built once by main(): a run's overrides (a smaller eval) would
+        # otherwise change the warm start's cache key and build another one in every run
+        f"model.init_from={warm_start}",
+    ]
     if lab == "smollm2":
         overrides += SMOLLM2_SMALL
-    command = [sys.executable, "-m", "stratarl.cli", "train", str(LABS[lab]), *overrides, *extra,
-               "--run-dir", str(run_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "stratarl.cli",
+        "train",
+        str(LABS[lab]),
+        *overrides,
+        *extra,
+        "--run-dir",
+        str(run_dir),
+    ]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
-        done = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        done = subprocess.run(
+            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
     if done.returncode != 0:
         raise SystemExit(f"setting {lab} k={lag} {precision} failed (exit {done.returncode}); see {log.name}")
     return run_dir
@@ -117,7 +138,7 @@ def summarize(run_dir: Path) -> dict:
         "lag_mean": _mean(steps, "offpolicy/lag"),
         "em_before": (summary.get("eval_before") or {}).get("em"),
         "em_after": (summary.get("eval_after") or {}).get("em"),
-        "reward_last_fifth": statistics.fmean([r["reward/mean"] for r in steps[-max(1, len(steps) // 5):]]),
+        "reward_last_fifth": statistics.fmean([r["reward/mean"] for r in steps[-max(1, len(steps) // 5) :]]),
     }
 
 
@@ -126,18 +147,25 @@ def _cell(value, fmt: str) -> str:
 
 
 def table(results: list[tuple[str, int, str, dict]]) -> str:
-    head = ("| lab | k | sampler | clip share | ratio p99 (max) | mismatch t1 / t2 / t3 | k3 KL | ‖C‖ mean (max) "
-            "| engaged δ=1 | engaged scale-free | EM after | target |")
+    head = (
+        "| lab | k | sampler | clip share | ratio p99 (max) | mismatch t1 / t2 / t3 | k3 KL | ‖C‖ mean (max) "
+        "| engaged δ=1 | engaged scale-free | EM after | target |"
+    )
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for lab, lag, precision, r in results:
-        reached = r["clip_share"] is not None and r["clip_share"] >= TARGET_CLIP and max(
-            r["engaged_threshold"], r["engaged_scale_free"]) >= TARGET_ENGAGED
+        reached = (
+            r["clip_share"] is not None
+            and r["clip_share"] >= TARGET_CLIP
+            and max(r["engaged_threshold"], r["engaged_scale_free"]) >= TARGET_ENGAGED
+        )
         mismatch = " / ".join(_cell(r[f"mismatch_turn{k}"], ".1e") for k in (1, 2, 3))
-        lines.append(f"| {lab} | {lag} | {precision} | {_cell(r['clip_share'], '.2%')} | "
-                     f"{_cell(r['ratio_p99'], '.3f')} ({_cell(r['ratio_p99_max'], '.3f')}) | {mismatch} | "
-                     f"{_cell(r['kl_k3'], '.2e')} | {_cell(r['c_norm'], '.3g')} ({_cell(r['c_norm_max'], '.3g')}) | "
-                     f"{r['engaged_threshold']:.0%} | {r['engaged_scale_free']:.0%} | {_cell(r['em_after'], '.3f')} | "
-                     f"{'yes' if reached else 'no'} |")
+        lines.append(
+            f"| {lab} | {lag} | {precision} | {_cell(r['clip_share'], '.2%')} | "
+            f"{_cell(r['ratio_p99'], '.3f')} ({_cell(r['ratio_p99_max'], '.3f')}) | {mismatch} | "
+            f"{_cell(r['kl_k3'], '.2e')} | {_cell(r['c_norm'], '.3g')} ({_cell(r['c_norm_max'], '.3g')}) | "
+            f"{r['engaged_threshold']:.0%} | {r['engaged_scale_free']:.0%} | {_cell(r['em_after'], '.3f')} | "
+            f"{'yes' if reached else 'no'} |"
+        )
     return "\n".join(lines)
 
 
@@ -160,19 +188,30 @@ def main(argv: list[str] | None = None) -> int:
     def one(setting):
         lab, lag, precision = setting
         steps = args.steps or (150 if lab == "word" else 6)
-        return lab, lag, precision, summarize(run_setting(lab, lag, precision, steps, args.out, args.overrides,
-                                                         warm[lab]))
+        return (
+            lab,
+            lag,
+            precision,
+            summarize(run_setting(lab, lag, precision, steps, args.out, args.overrides, warm[lab])),
+        )
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(pool.map(one, settings))
     print(table(results))
-    reached = [f"{lab} k={k} {p}" for lab, k, p, r in results
-               if (r["clip_share"] or 0) >= TARGET_CLIP and max(r["engaged_threshold"], r["engaged_scale_free"]) >= TARGET_ENGAGED]
-    print(f"\ntarget (clip share >= {TARGET_CLIP:.0%} and a normaliser reading engaged on >= {TARGET_ENGAGED:.0%} of "
-          f"steps): {', '.join(reached) if reached else 'reached by no setting'}")
+    reached = [
+        f"{lab} k={k} {p}"
+        for lab, k, p, r in results
+        if (r["clip_share"] or 0) >= TARGET_CLIP
+        and max(r["engaged_threshold"], r["engaged_scale_free"]) >= TARGET_ENGAGED
+    ]
+    print(
+        f"\ntarget (clip share >= {TARGET_CLIP:.0%} and a normaliser reading engaged on >= {TARGET_ENGAGED:.0%} of "
+        f"steps): {', '.join(reached) if reached else 'reached by no setting'}"
+    )
     if args.json is not None:
-        args.json.write_text(json.dumps([{"lab": lab, "lag": k, "precision": p, **r} for lab, k, p, r in results],
-                                        indent=1) + "\n")
+        args.json.write_text(
+            json.dumps([{"lab": lab, "lag": k, "precision": p, **r} for lab, k, p, r in results], indent=1) + "\n"
+        )
     return 0
 
 

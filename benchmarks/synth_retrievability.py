@@ -17,10 +17,10 @@ import dataclasses
 import tempfile
 import time
 
+import stratarl.rollout.prompt  # noqa: F401  imported up front (pulls in torch) so "write" times the write alone
 from stratarl.data.retrievability import format_recall_table, hop_recall
 from stratarl.data.synth import generate_knowledge_base, write_synthetic_kb
 from stratarl.retrieval.bm25 import BM25Retriever
-import stratarl.rollout.prompt  # noqa: F401  imported up front (pulls in torch) so "write" times the write alone
 
 
 def whole_question_queries(examples):
@@ -45,10 +45,14 @@ def main() -> None:
         start = time.perf_counter()
         write_synthetic_kb(kb, tmp)
         written = time.perf_counter() - start
-    print(f"size={args.size} seed={args.seed}: {len(kb.passages)} passages, {len(kb.train)} train / "
-          f"{len(kb.test)} test questions")
-    print(f"generate {generated:.2f}s, write {written:.2f}s "
-          f"({len(kb.passages) / max(generated, 1e-9):,.0f} passages/s generated)")
+    print(
+        f"size={args.size} seed={args.seed}: {len(kb.passages)} passages, {len(kb.train)} train / "
+        f"{len(kb.test)} test questions"
+    )
+    print(
+        f"generate {generated:.2f}s, write {written:.2f}s "
+        f"({len(kb.passages) / max(generated, 1e-9):,.0f} passages/s generated)"
+    )
 
     start = time.perf_counter()
     retriever = BM25Retriever.from_passages(kb.passages)
@@ -64,8 +68,10 @@ def main() -> None:
     print("\nBaseline, whole question as the query:")
     print(format_recall_table(baseline))
     worst = min(row["top3"] for row in table.values())
-    print(f"\nworst group top-3 recall with hop queries: {worst:.3f} (target >= 0.90); "
-          f"all-hops top-3 ratio hop-query / whole-question = {table['all']['top3'] / baseline['all']['top3']:.2f}x")
+    print(
+        f"\nworst group top-3 recall with hop queries: {worst:.3f} (target >= 0.90); "
+        f"all-hops top-3 ratio hop-query / whole-question = {table['all']['top3'] / baseline['all']['top3']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -18,13 +18,22 @@ import torch
 from stratarl.models import load_model_and_tokenizer
 from stratarl.retrieval.base import Passage
 from stratarl.rewards import em_reward
-from stratarl.rollout import KVCacheGenerator, RolloutConfig, RolloutEngine, encode_prompt, rollout_metrics, transcript_text
+from stratarl.rollout import (
+    KVCacheGenerator,
+    RolloutConfig,
+    RolloutEngine,
+    encode_prompt,
+    rollout_metrics,
+    transcript_text,
+)
 
 CORPUS = [
     Passage("0", '"Paris"\nParis is the capital and largest city of France.'),
     Passage("1", '"Mount Everest"\nMount Everest is Earth\'s highest mountain above sea level, in the Himalayas.'),
     Passage("2", '"Python (programming language)"\nPython was created by Guido van Rossum and first released in 1991.'),
-    Passage("3", '"Amazon River"\nThe Amazon River in South America is the largest river by discharge volume of water.'),
+    Passage(
+        "3", '"Amazon River"\nThe Amazon River in South America is the largest river by discharge volume of water.'
+    ),
     Passage("4", '"Marie Curie"\nMarie Curie was the first woman to win a Nobel Prize, in physics in 1903.'),
 ]
 QUESTIONS = [
@@ -71,8 +80,9 @@ def main() -> None:
         generator=KVCacheGenerator(model, tokenizer, seed=args.seed),
         retriever=WordOverlapRetriever(CORPUS),
         tokenizer=tokenizer,
-        config=RolloutConfig(max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn,
-                             greedy=not args.sample),
+        config=RolloutConfig(
+            max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn, greedy=not args.sample
+        ),
     )
     batch = [(q, golds) for q, golds in QUESTIONS for _ in range(args.group_size)]
     start = time.perf_counter()
@@ -85,8 +95,10 @@ def main() -> None:
     print(transcript_text(rollouts[shown], tokenizer, reward=rewards[shown]))
     print(f"\n--- batch of {len(rollouts)} rollouts in {seconds:.1f} s ---")
     for (question, _), rollout, reward in zip(batch, rollouts, rewards):
-        print(f"{question[:45]:45s} searches={rollout.num_searches} end={rollout.end_reason:10s} "
-              f"answer={rollout.answer!r} reward={reward}")
+        print(
+            f"{question[:45]:45s} searches={rollout.num_searches} end={rollout.end_reason:10s} "
+            f"answer={rollout.answer!r} reward={reward}"
+        )
     for key, value in rollout_metrics(rollouts).items():
         print(f"{key:40s} {value:.3f}")
 

@@ -19,10 +19,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train LLM search agents with Stratified GRPO and SORL.",
     )
     parser.add_argument("--version", action="version", version=f"stratarl {__version__}")
-    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
-                        help="import a module (a .py path or a dotted name) that registers advantage estimators, "
-                             "policy losses, gradient normalisers, retrievers or dataset formats before the command "
-                             "runs; anywhere on the line, repeatable; also $STRATARL_IMPORT (os.pathsep-separated)")
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        metavar="MODULE",
+        default=[],
+        help="import a module (a .py path or a dotted name) that registers advantage estimators, "
+        "policy losses, gradient normalisers, retrievers or dataset formats before the command "
+        "runs; anywhere on the line, repeatable; also $STRATARL_IMPORT (os.pathsep-separated)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     import stratarl.commands as commands
 
@@ -44,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args, extra = parser.parse_known_args(argv)
     # `train CONFIG --run-dir DIR key=value`: argparse leaves overrides that follow an option unparsed.
-    if extra and isinstance(getattr(args, "overrides", None), list) and all(
-            "=" in e and not e.startswith("-") for e in extra):
+    if (
+        extra
+        and isinstance(getattr(args, "overrides", None), list)
+        and all("=" in e and not e.startswith("-") for e in extra)
+    ):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -69,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
 def interrupted_line(command: str) -> str:
     """What `stratarl COMMAND` prints when interrupted at once (exit 130)."""
     if command in ("train", "demo"):
-        return (f"stratarl {command}: aborted without saving this step; `stratarl train --resume RUN_DIR` "
-                "continues from the newest checkpoint")
+        return (
+            f"stratarl {command}: aborted without saving this step; `stratarl train --resume RUN_DIR` "
+            "continues from the newest checkpoint"
+        )
     return f"stratarl {command}: interrupted"
 
 

@@ -85,7 +85,9 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             _fail(path, value, "expected a number", "write e.g. 0.5 or 1e-6")
         if not math.isfinite(value):
-            _fail(path, value, "must be a finite number (inf and nan would train a NaN model)", "write e.g. 0.5 or 1e-6")
+            _fail(
+                path, value, "must be a finite number (inf and nan would train a NaN model)", "write e.g. 0.5 or 1e-6"
+            )
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -99,7 +101,9 @@ def _unknown_key(cls: type, key: str, path: str) -> None:
     close = difflib.get_close_matches(key, valid, n=1)
     hint = f"did you mean `{path + '.' if path else ''}{close[0]}`? " if close else ""
     where = f"`{path}`" if path else "the top level"
-    raise ConfigError(f"unknown config key `{path + '.' if path else ''}{key}` in {where}. Fix: {hint}valid keys: {', '.join(valid)}.")
+    raise ConfigError(
+        f"unknown config key `{path + '.' if path else ''}{key}` in {where}. Fix: {hint}valid keys: {', '.join(valid)}."
+    )
 
 
 def build(cls: type, data: dict, path: str = "") -> Any:

@@ -40,12 +40,14 @@ def split_import_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         arg = args[i]
         if arg == FLAG:
             if i + 1 >= len(args):
-                raise ExtensionError(f"{FLAG} needs a value. Fix: write `{FLAG} my_parts.py` or `{FLAG} my_package.parts`.")
+                raise ExtensionError(
+                    f"{FLAG} needs a value. Fix: write `{FLAG} my_parts.py` or `{FLAG} my_package.parts`."
+                )
             modules.append(args[i + 1])
             i += 2
             continue
         if arg.startswith(FLAG + "="):
-            modules.append(arg[len(FLAG) + 1:])
+            modules.append(arg[len(FLAG) + 1 :])
         else:
             rest.append(arg)
         i += 1
@@ -68,7 +70,9 @@ def _load_file(path: Path) -> ModuleType:
         name = f"stratarl_import_{path.stem}_{abs(hash(str(path))):x}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ExtensionError(f"{FLAG} {path}: not a loadable Python file. Fix: pass a .py file or a dotted module name.")
+        raise ExtensionError(
+            f"{FLAG} {path}: not a loadable Python file. Fix: pass a .py file or a dotted module name."
+        )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
@@ -84,14 +88,18 @@ def load_extension(entry: str) -> ModuleType:
     path = Path(entry)
     if entry.endswith(".py") or path.is_file():
         if not path.is_file():
-            raise ExtensionError(f"{FLAG} {entry}: file not found. Fix: give the path of your module "
-                                 "(relative paths start at the current directory).")
+            raise ExtensionError(
+                f"{FLAG} {entry}: file not found. Fix: give the path of your module "
+                "(relative paths start at the current directory)."
+            )
         return _load_file(path)
     try:
         return importlib.import_module(entry)
     except ModuleNotFoundError as error:
-        raise ExtensionError(f"{FLAG} {entry}: no module named {error.name!r}. Fix: pass a .py path, or put the "
-                             "module's folder on PYTHONPATH.") from None
+        raise ExtensionError(
+            f"{FLAG} {entry}: no module named {error.name!r}. Fix: pass a .py path, or put the "
+            "module's folder on PYTHONPATH."
+        ) from None
 
 
 def loaded_extensions() -> list[str]:

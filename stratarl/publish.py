@@ -67,8 +67,13 @@ def _share(folder: Path) -> None:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
-def publish_dir(staged: str | Path, target: str | Path, *, keep_existing: Callable[[Path], bool] | None = None,
-                readable_by_all: bool = False) -> Path:
+def publish_dir(
+    staged: str | Path,
+    target: str | Path,
+    *,
+    keep_existing: Callable[[Path], bool] | None = None,
+    readable_by_all: bool = False,
+) -> Path:
     """Move the finished folder ``staged`` to ``target`` (the rules in the module docstring); returns ``target``.
 
     ``keep_existing(target)``: True when a target already there is complete and should be kept (then
@@ -99,8 +104,9 @@ def publish_dir(staged: str | Path, target: str | Path, *, keep_existing: Callab
 
 
 @contextmanager
-def staged_dir(target: str | Path, *, keep_existing: Callable[[Path], bool] | None = None,
-               readable_by_all: bool = False) -> Iterator[Path]:
+def staged_dir(
+    target: str | Path, *, keep_existing: Callable[[Path], bool] | None = None, readable_by_all: bool = False
+) -> Iterator[Path]:
     """``with staged_dir(target) as tmp:`` build the folder in ``tmp``; on a normal exit it is published at
     ``target`` (``publish_dir``), on an exception it is deleted and ``target`` is left as it was."""
     staged = staging_dir(target)
@@ -132,8 +138,13 @@ def replaced_copies(parent: str | Path, name_prefix: str = "") -> list[Path]:
     parent = Path(parent)
     if not parent.is_dir():
         return []
-    return [c for p in sorted(parent.glob(f"{REPLACED_PREFIX}{name_prefix}*")) if p.is_dir()
-            for c in sorted(p.iterdir()) if c.is_dir()]
+    return [
+        c
+        for p in sorted(parent.glob(f"{REPLACED_PREFIX}{name_prefix}*"))
+        if p.is_dir()
+        for c in sorted(p.iterdir())
+        if c.is_dir()
+    ]
 
 
 def recover_replaced(target: str | Path) -> Path | None:

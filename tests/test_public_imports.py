@@ -51,7 +51,9 @@ def _literal_names(tree: ast.Module, target: str) -> list[str]:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == target for t in targets) and node.value is not None:
-                return [n.value for n in ast.walk(node.value) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+                return [
+                    n.value for n in ast.walk(node.value) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                ]
     return []
 
 
@@ -102,9 +104,15 @@ def _check(module: str, name: str) -> None:
 def _all(module: str, tree: ast.Module) -> list[str]:
     if _needs_verl(module):
         return _literal_names(tree, "__all__")
-    return list(getattr(importlib.import_module(module), "__all__", [])) if _literal_names(tree, "__all__") or any(
-        isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
-        for n in tree.body) else []
+    return (
+        list(getattr(importlib.import_module(module), "__all__", []))
+        if _literal_names(tree, "__all__")
+        or any(
+            isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
+            for n in tree.body
+        )
+        else []
+    )
 
 
 ALL_NAMES = [(module, name) for module, (_, tree) in TREES.items() for name in _all(module, tree)]
@@ -113,8 +121,13 @@ for _module, (_, _tree) in TREES.items():
     for _table, _entries in _dict_tables(_tree).items():
         for _key, _value in _entries.items():
             LAZY_ENTRIES.append((_module, _table, _key, _value))
-DOCSTRING_IMPORTS = sorted({(module, line) for module, (_, tree) in TREES.items()
-                            for line in DOCSTRING_IMPORT.findall(ast.get_docstring(tree) or "")})
+DOCSTRING_IMPORTS = sorted(
+    {
+        (module, line)
+        for module, (_, tree) in TREES.items()
+        for line in DOCSTRING_IMPORT.findall(ast.get_docstring(tree) or "")
+    }
+)
 
 
 def test_the_tables_were_found():

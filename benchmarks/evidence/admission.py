@@ -53,8 +53,10 @@ def validate(admission: dict, where: str) -> None:
     """A clear error for a malformed ``admission`` section (unknown shape or low > high)."""
     bounds = admission.get("bounds")
     if not isinstance(bounds, dict) or not bounds:
-        raise ValueError(f"{where}: admission.bounds must map metric names to [low, high]. "
-                         f"Fix: e.g. bounds: {{two_search_share: [0.6, 1.0]}}")
+        raise ValueError(
+            f"{where}: admission.bounds must map metric names to [low, high]. "
+            f"Fix: e.g. bounds: {{two_search_share: [0.6, 1.0]}}"
+        )
     for name, pair in bounds.items():
         if not (isinstance(pair, list) and len(pair) == 2 and pair[0] <= pair[1]):
             raise ValueError(f"{where}: admission.bounds.{name} = {pair!r}. Fix: use [low, high] with low <= high")

@@ -35,8 +35,7 @@ PILOTS = HERE / "pilots"
 # The parts of an experiment a pilot record vouches for: changing any of them, or the settings of an arm the
 # pilot ran, needs a new pilot. Arms the pilot did not run are not vouched for by it, so they may be added or
 # set from the pilot's measurements (e.g. SORL's delta from the pilot's gradient scale) without a new one.
-DESIGN_KEYS = ("base", "warmstart", "tasks", "conditions", "common", "steps", "world_from", "shared_warmstart",
-               "pilot")
+DESIGN_KEYS = ("base", "warmstart", "tasks", "conditions", "common", "steps", "world_from", "shared_warmstart", "pilot")
 CHECK_KEYS = {"metric", "arm", "min", "max", "above", "below", "share"}
 
 
@@ -54,8 +53,9 @@ def validate(exp: dict, metrics: dict) -> dict:
     where = f"{exp['name']}.yaml: pilot"
     pilot = exp.get("pilot")
     if not isinstance(pilot, dict):
-        raise ValueError(f"{where} must be a mapping (world_from, seeds, arms, checks). Fix: see "
-                         "benchmarks/evidence/pilot.py")
+        raise ValueError(
+            f"{where} must be a mapping (world_from, seeds, arms, checks). Fix: see benchmarks/evidence/pilot.py"
+        )
     start, seeds = pilot.get("world_from"), pilot.get("seeds", 3)
     if not isinstance(start, int) or isinstance(start, bool) or start < 0:
         raise ValueError(f"{where}.world_from = {start!r}. Fix: a knowledge-base seed >= 0 that the sweep never uses")
@@ -63,28 +63,35 @@ def validate(exp: dict, metrics: dict) -> dict:
         raise ValueError(f"{where}.seeds = {seeds!r}. Fix: an integer >= 1")
     sweep_from = exp.get("world_from")
     if sweep_from is not None and sweep_from < start + seeds and start < sweep_from + int(exp.get("seeds", 1)):
-        raise ValueError(f"{where}: pilot worlds {start}..{start + seeds - 1} overlap the sweep's worlds from "
-                         f"{sweep_from}. Fix: tune on worlds the sweep never sees (move pilot.world_from)")
+        raise ValueError(
+            f"{where}: pilot worlds {start}..{start + seeds - 1} overlap the sweep's worlds from "
+            f"{sweep_from}. Fix: tune on worlds the sweep never sees (move pilot.world_from)"
+        )
     arms = pilot.get("arms", [exp["baseline"]])
     unknown = [a for a in arms if a not in exp["arms"]]
     if unknown:
         raise ValueError(f"{where}.arms names {unknown}; the experiment's arms: {sorted(exp['arms'])}")
     checks = pilot.get("checks")
     if not isinstance(checks, dict) or not checks:
-        raise ValueError(f"{where}.checks must name at least one check. Fix: e.g. "
-                         "headroom: {metric: em_after, arm: grpo, max: 0.85}")
+        raise ValueError(
+            f"{where}.checks must name at least one check. Fix: e.g. "
+            "headroom: {metric: em_after, arm: grpo, max: 0.85}"
+        )
     for name, check in checks.items():
         if not isinstance(check, dict) or set(check) - CHECK_KEYS or "metric" not in check:
             raise ValueError(f"{where}.checks.{name} = {check!r}. Fix: keys {sorted(CHECK_KEYS)}, metric required")
         if check["metric"] not in metrics:
-            raise ValueError(f"{where}.checks.{name}.metric {check['metric']!r} is unknown. Fix: one of "
-                             f"{', '.join(sorted(metrics))}")
+            raise ValueError(
+                f"{where}.checks.{name}.metric {check['metric']!r} is unknown. Fix: one of {', '.join(sorted(metrics))}"
+            )
         if check.get("arm", arms[0]) not in arms:
             raise ValueError(f"{where}.checks.{name}.arm {check.get('arm')!r} is not a pilot arm ({arms})")
         per_run = "above" in check or "below" in check
         if per_run != ("share" in check):
-            raise ValueError(f"{where}.checks.{name}: `share: [low, high]` goes with `above` or `below` (a share of "
-                             "pilot runs), `min` / `max` with the mean. Fix: use one form")
+            raise ValueError(
+                f"{where}.checks.{name}: `share: [low, high]` goes with `above` or `below` (a share of "
+                "pilot runs), `min` / `max` with the mean. Fix: use one form"
+            )
         if not per_run and "min" not in check and "max" not in check:
             raise ValueError(f"{where}.checks.{name}: give min, max, or above/below with share")
     return {**pilot, "seeds": seeds, "arms": arms}
@@ -103,12 +110,17 @@ def evaluate(check: dict, values: list[float | None]) -> dict:
             hits, bound = [v < check["below"] for v in have], f"< {check['below']}"
         share = sum(hits) / len(hits)
         low, high = check["share"]
-        return {**out, "share": round(share, 4), "passed": low <= share <= high,
-                "why": f"share of runs {bound}: {share:.3f}, wanted in [{low}, {high}]"}
+        return {
+            **out,
+            "share": round(share, 4),
+            "passed": low <= share <= high,
+            "why": f"share of runs {bound}: {share:.3f}, wanted in [{low}, {high}]",
+        }
     mean = sum(have) / len(have)
     ok = check.get("min", -math.inf) <= mean <= check.get("max", math.inf)
-    bound = " and ".join(s for s in (f">= {check['min']}" if "min" in check else "",
-                                      f"<= {check['max']}" if "max" in check else "") if s)
+    bound = " and ".join(
+        s for s in (f">= {check['min']}" if "min" in check else "", f"<= {check['max']}" if "max" in check else "") if s
+    )
     return {**out, "mean": round(mean, 4), "passed": ok, "why": f"mean {mean:.4f}, wanted {bound}"}
 
 
@@ -122,9 +134,14 @@ def judge(exp: dict, pilot: dict, runs: dict, metrics: dict) -> dict:
             seeds = runs.get(condition, {}).get(arm, {})
             values = [metrics[check["metric"]][1](seeds[s]) if s in seeds else None for s in range(pilot["seeds"])]
             results[f"{condition}/{name}"] = {"metric": check["metric"], "arm": arm, **evaluate(check, values)}
-    return {"experiment": exp["name"], "design_hash": design_hash(exp), "worlds":
-            list(range(pilot["world_from"], pilot["world_from"] + pilot["seeds"])), "conditions": conditions,
-            "admitted": all(r["passed"] for r in results.values()), "checks": results}
+    return {
+        "experiment": exp["name"],
+        "design_hash": design_hash(exp),
+        "worlds": list(range(pilot["world_from"], pilot["world_from"] + pilot["seeds"])),
+        "conditions": conditions,
+        "admitted": all(r["passed"] for r in results.values()),
+        "checks": results,
+    }
 
 
 def keep_history(record: dict, previous: dict | None) -> dict:
@@ -140,8 +157,14 @@ def keep_history(record: dict, previous: dict | None) -> dict:
 
 def pilot_experiment(exp: dict, pilot: dict) -> dict:
     """The pilot as an experiment of its own: the same design on the pilot worlds, under ``<name>-pilot``."""
-    return {**exp, "name": f"{exp['name']}-pilot", "world_from": pilot["world_from"], "seeds": pilot["seeds"],
-            "admission": exp.get("admission"), "pilot": None}
+    return {
+        **exp,
+        "name": f"{exp['name']}-pilot",
+        "world_from": pilot["world_from"],
+        "seeds": pilot["seeds"],
+        "admission": exp.get("admission"),
+        "pilot": None,
+    }
 
 
 def record_path(exp: dict, root: Path = PILOTS) -> Path:
@@ -159,20 +182,27 @@ def gate(exp: dict, root: Path = PILOTS) -> str | None:
         return f"{exp['name']} has a pilot section but no pilot record ({path}). {fix}"
     record = json.loads(path.read_text())
     if record.get("design_hash") != design_hash(exp):
-        return (f"the pilot record {path} admitted another design (hash {record.get('design_hash')}, this one "
-                f"{design_hash(exp)}): the design changed after its pilot. {fix}")
+        return (
+            f"the pilot record {path} admitted another design (hash {record.get('design_hash')}, this one "
+            f"{design_hash(exp)}): the design changed after its pilot. {fix}"
+        )
     if not record.get("admitted"):
         failed = [f"{k}: {v['why']}" for k, v in record["checks"].items() if not v["passed"]]
-        return (f"{exp['name']}'s pilot did not admit the regime ({'; '.join(failed)}). Fix: change the design "
-                "and run its pilot again; the sweep never runs in a regime where the mechanism had nothing to act on")
+        return (
+            f"{exp['name']}'s pilot did not admit the regime ({'; '.join(failed)}). Fix: change the design "
+            "and run its pilot again; the sweep never runs in a regime where the mechanism had nothing to act on"
+        )
     return None
 
 
 def describe(record: dict) -> str:
     """The record as lines for the console."""
-    lines = [f"pilot of {record['experiment']} on worlds {record['worlds']}: "
-             f"{'ADMITTED' if record['admitted'] else 'NOT ADMITTED'}"]
+    lines = [
+        f"pilot of {record['experiment']} on worlds {record['worlds']}: "
+        f"{'ADMITTED' if record['admitted'] else 'NOT ADMITTED'}"
+    ]
     for name, r in record["checks"].items():
-        lines.append(f"  [{'pass' if r['passed'] else 'FAIL'}] {name} ({r['arm']} {r['metric']}): {r['why']}; "
-                     f"runs {r['values']}")
+        lines.append(
+            f"  [{'pass' if r['passed'] else 'FAIL'}] {name} ({r['arm']} {r['metric']}): {r['why']}; runs {r['values']}"
+        )
     return "\n".join(lines)

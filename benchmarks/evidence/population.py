@@ -36,20 +36,29 @@ def _claim(runner: ModuleType, spec, exp: dict, steps: int, results: Path | None
         return "busy (another runner has it)", None
     has_checkpoint = (d / "checkpoints").is_dir() and any((d / "checkpoints").glob("step_*"))
     if has_checkpoint:
-        entry = {"name": f"{spec.condition}/{d.name}", "run_dir": str(d), "resume": True,
-                 "overrides": [f"trainer.steps={steps}"]}
+        entry = {
+            "name": f"{spec.condition}/{d.name}",
+            "run_dir": str(d),
+            "resume": True,
+            "overrides": [f"trainer.steps={steps}"],
+        }
     else:
         if d.exists():
             shutil.rmtree(d)  # a run that died before its first checkpoint: nothing to keep
-        entry = {"name": f"{spec.condition}/{d.name}", "run_dir": str(d), "config": exp["base_path"],
-                 "overrides": list(spec.overrides)}
+        entry = {
+            "name": f"{spec.condition}/{d.name}",
+            "run_dir": str(d),
+            "config": exp["base_path"],
+            "overrides": list(spec.overrides),
+        }
     d.mkdir(parents=True, exist_ok=True)
     runner.write_arm(d, spec, exp, resumed=has_checkpoint)
     return None, (fd, lock, entry, has_checkpoint)
 
 
-def _run_group(runner: ModuleType, group: list, exp: dict, steps: int, results: Path | None, index: int,
-               out: Path) -> list[str]:
+def _run_group(
+    runner: ModuleType, group: list, exp: dict, steps: int, results: Path | None, index: int, out: Path
+) -> list[str]:
     statuses, claimed = [], []
     for spec in group:
         status, claim = _claim(runner, spec, exp, steps, results)
@@ -83,11 +92,12 @@ def _run_group(runner: ModuleType, group: list, exp: dict, steps: int, results: 
     return statuses
 
 
-def run_in_populations(runner: ModuleType, specs: list, exp: dict, steps: int, results: Path | None, *, size: int,
-                       jobs: int, out: Path) -> list[str]:
+def run_in_populations(
+    runner: ModuleType, specs: list, exp: dict, steps: int, results: Path | None, *, size: int, jobs: int, out: Path
+) -> list[str]:
     """Train ``specs`` as populations of ``size`` runs, ``jobs`` populations at a time; one status per spec (as
     ``run.run_one`` returns them), in order."""
-    groups = [specs[i:i + size] for i in range(0, len(specs), size)]
+    groups = [specs[i : i + size] for i in range(0, len(specs), size)]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         done = list(pool.map(lambda g: _run_group(runner, g[1], exp, steps, results, g[0], out), enumerate(groups)))
     statuses = [s for group in done for s in group]

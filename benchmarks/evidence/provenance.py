@@ -23,8 +23,9 @@ RESULTS = HERE / "results"
 def commit() -> str | None:
     """The checkout's commit (short hash; None outside a git checkout)."""
     try:
-        out = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -54,9 +55,23 @@ def dirty() -> bool | None:
     """Whether the checkout has uncommitted changes to tracked files (the committed summaries under
     results/ aside: a sweep writes them as it goes); None outside a git checkout."""
     try:
-        out = subprocess.run(["git", "-C", str(HERE), "status", "--porcelain", "--untracked-files=no", "--", ".",
-                              f":(exclude){RESULTS.relative_to(REPO).as_posix()}"],
-                             capture_output=True, text=True, timeout=10, cwd=REPO)
+        out = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(HERE),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                f":(exclude){RESULTS.relative_to(REPO).as_posix()}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=REPO,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return bool(out.stdout.strip()) if out.returncode == 0 else None
@@ -90,11 +105,19 @@ def provenance(spec, env: dict | None = None) -> dict:
         torch_version = importlib.metadata.version("torch")  # the training interpreter's, without importing it
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
-    return {"commit": commit(), "dirty": dirty(),
-            "base_config": Path(spec.base).name,
-            "base_config_sha256": file_sha256(Path(spec.base)) if spec.base and Path(spec.base).is_file() else None,
-            "warmstart_sha256": folder_digest(Path(init_from)) if init_from else None,
-            "torch": torch_version, "python": platform.python_version(),
-            "threads": {"trainer.num_threads": override(spec.overrides, "trainer.num_threads"),
-                        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS"), "MKL_NUM_THREADS": env.get("MKL_NUM_THREADS")},
-            "cpu": cpu_model(), "cpu_count": os.cpu_count()}
+    return {
+        "commit": commit(),
+        "dirty": dirty(),
+        "base_config": Path(spec.base).name,
+        "base_config_sha256": file_sha256(Path(spec.base)) if spec.base and Path(spec.base).is_file() else None,
+        "warmstart_sha256": folder_digest(Path(init_from)) if init_from else None,
+        "torch": torch_version,
+        "python": platform.python_version(),
+        "threads": {
+            "trainer.num_threads": override(spec.overrides, "trainer.num_threads"),
+            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS"),
+            "MKL_NUM_THREADS": env.get("MKL_NUM_THREADS"),
+        },
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+    }

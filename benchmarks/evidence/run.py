@@ -38,11 +38,12 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import admission as admission_check  # noqa: E402  (benchmarks/evidence/admission.py)
+import pilot as pilots  # noqa: E402  (benchmarks/evidence/pilot.py: the mechanism admission on pilot worlds)
+import population as populations  # noqa: E402  (benchmarks/evidence/population.py: --population K)
 from provenance import commit as _commit  # noqa: E402  (benchmarks/evidence/provenance.py)
 from provenance import provenance  # noqa: E402
-import admission as admission_check  # noqa: E402  (benchmarks/evidence/admission.py)
-import population as populations  # noqa: E402  (benchmarks/evidence/population.py: --population K)
-import pilot as pilots  # noqa: E402  (benchmarks/evidence/pilot.py: the mechanism admission on pilot worlds)
+
 WARMSTART = HERE / "warmstart.yaml"
 # Committed per-run summaries (small JSON): a sweep finished in parts, on several machines, regenerates its
 # tables from these alone (benchmarks/evidence/tables.py).
@@ -51,10 +52,25 @@ RESULTS = HERE / "results"
 MACHINE_KEYS = ("model.init_from=", "data.synthetic.cache_dir=")
 PER_STEP_KEYS = ("reward/mean", "rollout/search_calls_mean")
 BIN_STEPS = 10  # the other headline metrics are kept as means over consecutive 10-step bins
-BINNED_KEYS = ("reward/em", "rollout/valid_action_rate", "stratum/cross_var", "stratum/zero_san_frac",
-               "stratum/live_groups_frac", "offpolicy/lag", "offpolicy/is_weight_mean",
-               "loss/clip_frac", "loss/clip_frac_turn", "loss/approx_kl", "optim/grad_norm", "optim/update_norm",
-               "sorl/c_norm", "sorl/scale", "sorl/engaged", "sorl/delta", "sorl/effective_scale")
+BINNED_KEYS = (
+    "reward/em",
+    "rollout/valid_action_rate",
+    "stratum/cross_var",
+    "stratum/zero_san_frac",
+    "stratum/live_groups_frac",
+    "offpolicy/lag",
+    "offpolicy/is_weight_mean",
+    "loss/clip_frac",
+    "loss/clip_frac_turn",
+    "loss/approx_kl",
+    "optim/grad_norm",
+    "optim/update_norm",
+    "sorl/c_norm",
+    "sorl/scale",
+    "sorl/engaged",
+    "sorl/delta",
+    "sorl/effective_scale",
+)
 # With the experiment's `summary_strata: true`: per search count k, binned (stratum_bins).
 STRATUM_METRIC = re.compile(r"stratum/(\d+)/(reward_mean|count)")
 SEARCH_SHARE = re.compile(r"rollout/search_calls_frac/\d+\+?")
@@ -148,8 +164,11 @@ def warmstart_overrides(path: Path | None = None) -> list[str]:
     if not isinstance(data, dict):
         sys.exit(f"error: {path} must be a mapping of config sections, got {type(data).__name__}")
     flat = flatten(data)
-    return [f"{k}={_value(v)}" for k, v in flat.items()
-            if k.startswith(WARMSTART_KEYS) and k not in ("sft.enabled", "rollout.group_size")]
+    return [
+        f"{k}={_value(v)}"
+        for k, v in flat.items()
+        if k.startswith(WARMSTART_KEYS) and k not in ("sft.enabled", "rollout.group_size")
+    ]
 
 
 def _in_condition(spec: dict, arm: str) -> bool:
@@ -176,9 +195,19 @@ def _select(kind: str, all_names: list[str], wanted: list[str] | None) -> list[s
     return [n for n in all_names if n in wanted]
 
 
-def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: list[str],
-         arms: list[str] | None = None, conditions: list[str] | None = None,
-         cache: Path | None = None, condition_seeds: bool = False) -> tuple[dict, list[RunSpec]]:
+def plan(
+    exp: dict,
+    out: Path,
+    *,
+    seeds: int,
+    steps: int,
+    reduced: bool,
+    extra: list[str],
+    arms: list[str] | None = None,
+    conditions: list[str] | None = None,
+    cache: Path | None = None,
+    condition_seeds: bool = False,
+) -> tuple[dict, list[RunSpec]]:
     """(warm start -> SFT overrides, run specs ordered seed-major so early results cover whole seeds). A warm start
     is named by its task, or with the experiment's ``world_from`` by task and world (``multihop-w3001``); a
     RunSpec's ``task`` is the name of the warm start it starts from. With ``condition_seeds`` a condition's own
@@ -187,16 +216,19 @@ def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: 
     arms = _select("arms", list(exp["arms"]), arms or red.get("arms"))
     conditions = _select("conditions", list(exp["conditions"]), conditions or red.get("conditions"))
     tail = as_overrides(red.get("overrides", {})) + list(extra)
-    common = (warmstart_overrides(exp["warmstart_path"]) if exp["warmstart_path"] is not None else []) \
-        + as_overrides(exp.get("common", {}))
+    common = (warmstart_overrides(exp["warmstart_path"]) if exp["warmstart_path"] is not None else []) + as_overrides(
+        exp.get("common", {})
+    )
     tasks = {exp["conditions"][c]["task"] for c in conditions}
     root = out / exp["name"]
     if cache is not None:  # one KB folder per task (an explicit cache_dir is the KB folder itself)
         tail += [f"data.synthetic.cache_dir={cache / '{task}'}"]
     world_from = exp.get("world_from")
     if world_from is not None and (not isinstance(world_from, int) or isinstance(world_from, bool) or world_from < 0):
-        sys.exit(f"error: {exp['name']}.yaml: world_from {world_from!r} must be a knowledge-base seed (an integer "
-                 ">= 0): seed s then runs on world world_from + s. Fix: use e.g. 3001, or drop it (one world)")
+        sys.exit(
+            f"error: {exp['name']}.yaml: world_from {world_from!r} must be a knowledge-base seed (an integer "
+            ">= 0): seed s then runs on world world_from + s. Fix: use e.g. 3001, or drop it (one world)"
+        )
 
     def world(seed: int) -> list[str]:
         """With ``world_from``: seed s trains on its own world (data.synthetic.seed = world_from + s) and its own
@@ -220,8 +252,12 @@ def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: 
     for t in sorted(tasks):
         task_seeds = max(seeds_of(c) for c in conditions if exp["conditions"][c]["task"] == t)
         for seed in range(task_seeds if world_from is not None and not shared else 1):
-            sft[key(t, seed)] = (common + as_overrides(exp["tasks"][t]) + [x.replace("{task}", t) for x in tail]
-                                 + ([] if shared else world(seed)))
+            sft[key(t, seed)] = (
+                common
+                + as_overrides(exp["tasks"][t])
+                + [x.replace("{task}", t) for x in tail]
+                + ([] if shared else world(seed))
+            )
     runs = []
     for seed in range(max(seeds_of(c) for c in conditions)):
         for cond in conditions:
@@ -233,12 +269,33 @@ def plan(exp: dict, out: Path, *, seeds: int, steps: int, reduced: bool, extra: 
                 if not _in_condition(spec, arm):
                     continue
                 task = spec["task"]
-                overrides = (common + as_overrides(exp["tasks"][task]) + as_overrides(spec.get("overrides", {}))
-                             + as_overrides(exp["arms"][arm]) + [x.replace("{task}", task) for x in tail] + world(seed)
-                             + [f"trainer.seed={seed}", f"trainer.steps={n_steps}", "trainer.num_threads=1",
-                                "sft.enabled=false", f"model.init_from={out / 'warmstart' / key(task, seed) / 'model'}"])
-                runs.append(RunSpec(cond, arm, seed, key(task, seed), root / cond / f"{arm}-s{seed}", overrides,
-                                    exp["base_path"], n_steps))
+                overrides = (
+                    common
+                    + as_overrides(exp["tasks"][task])
+                    + as_overrides(spec.get("overrides", {}))
+                    + as_overrides(exp["arms"][arm])
+                    + [x.replace("{task}", task) for x in tail]
+                    + world(seed)
+                    + [
+                        f"trainer.seed={seed}",
+                        f"trainer.steps={n_steps}",
+                        "trainer.num_threads=1",
+                        "sft.enabled=false",
+                        f"model.init_from={out / 'warmstart' / key(task, seed) / 'model'}",
+                    ]
+                )
+                runs.append(
+                    RunSpec(
+                        cond,
+                        arm,
+                        seed,
+                        key(task, seed),
+                        root / cond / f"{arm}-s{seed}",
+                        overrides,
+                        exp["base_path"],
+                        n_steps,
+                    )
+                )
     return sft, runs
 
 
@@ -282,9 +339,11 @@ def run_warmstart(exp: dict, task: str, overrides: list[str], out: Path, *, wait
         if (folder / "model" / "config.json").is_file() and record.is_file():
             have = json.loads(record.read_text())
             if {**have, "base": Path(have.get("base", "")).name} != wanted:
-                sys.exit(f"error: {folder} was trained with other settings ({record}); the runs of task {task!r} "
-                         f"would not start from the warm start they ask for. Fix: delete {folder} and {record}, "
-                         "or use another --out")
+                sys.exit(
+                    f"error: {folder} was trained with other settings ({record}); the runs of task {task!r} "
+                    f"would not start from the warm start they ask for. Fix: delete {folder} and {record}, "
+                    "or use another --out"
+                )
             print(f"[skip] warm start {task}: {folder / 'model'} exists", flush=True)
             return True
         if (fd := _try_lock(lock)) is not None:
@@ -298,8 +357,11 @@ def run_warmstart(exp: dict, task: str, overrides: list[str], out: Path, *, wait
         ok = rc == 0 and (folder / "model" / "config.json").is_file()
         if ok:
             record.write_text(json.dumps(wanted, indent=1) + "\n")
-        print(f"[{'done' if ok else 'FAIL'}] warm start {task} in {time.perf_counter() - started:.0f}s "
-              f"(log {out / 'warmstart' / f'{task}.log'})", flush=True)
+        print(
+            f"[{'done' if ok else 'FAIL'}] warm start {task} in {time.perf_counter() - started:.0f}s "
+            f"(log {out / 'warmstart' / f'{task}.log'})",
+            flush=True,
+        )
         return ok
     finally:
         os.close(fd)
@@ -357,8 +419,14 @@ def _eval_summary(result: dict) -> dict:
     def mean(key: str) -> float | None:
         return _round(sum(float(r[key]) for r in rows) / n) if n else None
 
-    return {"em": mean("em"), "f1": mean("f1"), "searches": mean("searches"), "answer_rate": mean("answered"),
-            "n": n, "em_by_type": {t: _round(m["em"]) for t, m in result.get("per_type", {}).items()}}
+    return {
+        "em": mean("em"),
+        "f1": mean("f1"),
+        "searches": mean("searches"),
+        "answer_rate": mean("answered"),
+        "n": n,
+        "em_by_type": {t: _round(m["em"]) for t, m in result.get("per_type", {}).items()},
+    }
 
 
 def stratum_bins(train: dict[int, dict], steps: list[int], group_size: int) -> dict[str, list]:
@@ -373,17 +441,22 @@ def stratum_bins(train: dict[int, dict], steps: list[int], group_size: int) -> d
     for k in strata:
         counts, rewards = [], []
         for start in range(0, len(steps), BIN_STEPS):
-            rows = [train[s] for s in steps[start:start + BIN_STEPS]]
+            rows = [train[s] for s in steps[start : start + BIN_STEPS]]
             groups = [float(r.get("rollout/num", 0.0)) / group_size for r in rows]
             n = [float(r.get(f"stratum/{k}/count", 0.0)) for r in rows]
             counts.append(_round(sum(c / g for c, g in zip(n, groups) if g) / len(rows)))
             total = sum(n)
-            rewards.append(_round(sum(c * float(r.get(f"stratum/{k}/reward_mean", 0.0)) for c, r in zip(n, rows)) / total)
-                           if total else None)
+            rewards.append(
+                _round(sum(c * float(r.get(f"stratum/{k}/reward_mean", 0.0)) for c, r in zip(n, rows)) / total)
+                if total
+                else None
+            )
         out[f"stratum/{k}/count_per_group"], out[f"stratum/{k}/reward_mean"] = counts, rewards
     for key in shares:
-        out[key] = [_round(sum(float(train[s].get(key, 0.0)) for s in steps[i:i + BIN_STEPS])
-                           / len(steps[i:i + BIN_STEPS])) for i in range(0, len(steps), BIN_STEPS)]
+        out[key] = [
+            _round(sum(float(train[s].get(key, 0.0)) for s in steps[i : i + BIN_STEPS]) / len(steps[i : i + BIN_STEPS]))
+            for i in range(0, len(steps), BIN_STEPS)
+        ]
     return out
 
 
@@ -406,7 +479,7 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
     for key in BINNED_KEYS:
         bins = []
         for start in range(0, len(steps), BIN_STEPS):
-            values = [float(train[s][key]) for s in steps[start:start + BIN_STEPS] if key in train[s]]
+            values = [float(train[s][key]) for s in steps[start : start + BIN_STEPS] if key in train[s]]
             bins.append(_round(sum(values) / len(values)) if values else None)
         if any(v is not None for v in bins):
             binned[key] = bins
@@ -414,8 +487,11 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
     if exp.get("summary_strata"):
         binned.update(stratum_bins(train, steps, _group_size(d)))
         # Step 1's rollouts are the warm start's own (sampled before any update): the regime as it started.
-        first_step = {k: _round(v) for k, v in (train[steps[0]] if steps else {}).items()
-                      if STRATUM_METRIC.fullmatch(k) or SEARCH_SHARE.fullmatch(k)}
+        first_step = {
+            k: _round(v)
+            for k, v in (train[steps[0]] if steps else {}).items()
+            if STRATUM_METRIC.fullmatch(k) or SEARCH_SHARE.fullmatch(k)
+        }
     evals = {}
     for path in sorted((d / "eval").glob("*.json")):
         try:
@@ -429,15 +505,25 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
     started = _started(d)
     # A run older than the provenance record: what can still be read now, marked as such.
     record = started or {**provenance(spec, _env()), "commit": _run_commit(d), "dirty": None, "recorded": "at summary"}
-    return {"experiment": exp["name"], "condition": spec.condition, "arm": spec.arm, "seed": spec.seed,
-            "task": spec.task, "steps": len(steps), "config_hash": config_hash,
-            "overrides": [o for o in spec.overrides if not o.startswith(MACHINE_KEYS)],
-            "commit": record.get("commit"), "provenance": record,
-            "train_seconds": _round(_train_seconds(d, run_summary) / population),
-            **({"population": population} if population > 1 else {}),
-            "measured": time.strftime("%Y-%m-%d"), "per_step": per_step,
-            "binned": {"bin_steps": BIN_STEPS, "metrics": binned}, **({"first_step": first_step} if first_step else {}),
-            "eval": evals}
+    return {
+        "experiment": exp["name"],
+        "condition": spec.condition,
+        "arm": spec.arm,
+        "seed": spec.seed,
+        "task": spec.task,
+        "steps": len(steps),
+        "config_hash": config_hash,
+        "overrides": [o for o in spec.overrides if not o.startswith(MACHINE_KEYS)],
+        "commit": record.get("commit"),
+        "provenance": record,
+        "train_seconds": _round(_train_seconds(d, run_summary) / population),
+        **({"population": population} if population > 1 else {}),
+        "measured": time.strftime("%Y-%m-%d"),
+        "per_step": per_step,
+        "binned": {"bin_steps": BIN_STEPS, "metrics": binned},
+        **({"first_step": first_step} if first_step else {}),
+        "eval": evals,
+    }
 
 
 def _population_size(run_dir: Path) -> int:
@@ -456,8 +542,12 @@ def _train_seconds(run_dir: Path, run_summary: dict) -> float:
         return float(run_summary.get("train_seconds", 0.0))
     from stratarl.infra.metrics import read_metrics  # here, as train_rows: the runner's top level imports no stratarl
 
-    last = {(key, int(row["step"])): float(row[key]) for row in read_metrics(run_dir)
-            for key in ("time/step", "time/eval") if key in row and isinstance(row.get("step"), (int, float))}
+    last = {
+        (key, int(row["step"])): float(row[key])
+        for row in read_metrics(run_dir)
+        for key in ("time/step", "time/eval")
+        if key in row and isinstance(row.get("step"), (int, float))
+    }
     return sum(last.values())
 
 
@@ -500,9 +590,16 @@ def write_arm(run_dir: Path, spec: RunSpec, exp: dict, *, resumed: bool) -> dict
     started = old.get("started") or now
     if resumed and not old.get("started"):  # begun before provenance was recorded: only its commit is known
         started = {**now, "commit": old.get("commit"), "dirty": None, "recorded": "at resume"}
-    info = {"experiment": exp["name"], "condition": spec.condition, "arm": spec.arm, "seed": spec.seed,
-            "task": spec.task, "commit": now["commit"], "started": started,
-            "resumed_at": [*old.get("resumed_at", []), now["commit"]] if resumed else []}
+    info = {
+        "experiment": exp["name"],
+        "condition": spec.condition,
+        "arm": spec.arm,
+        "seed": spec.seed,
+        "task": spec.task,
+        "commit": now["commit"],
+        "started": started,
+        "resumed_at": [*old.get("resumed_at", []), now["commit"]] if resumed else [],
+    }
     (run_dir / "arm.json").write_text(json.dumps(info) + "\n")
     return info
 
@@ -568,18 +665,37 @@ def admit(exp: dict, spec: RunSpec, out: Path) -> list[str]:
             if have.get("admitted") or record.stat().st_mtime >= waiting_since:
                 return list(have.get("failures", []))
         drop = ("trainer.steps=", "trainer.prompts_per_step=", "trainer.eval_every=", "eval.before_after=")
-        overrides = [o for o in spec.overrides if not o.startswith(drop)] + as_overrides(adm.get("overrides", {})) + [
-            f"trainer.steps={int(adm.get('steps', 1))}", f"trainer.prompts_per_step={int(adm.get('prompts', 64))}",
-            "trainer.eval_every=0", "eval.before_after=false"]
+        overrides = (
+            [o for o in spec.overrides if not o.startswith(drop)]
+            + as_overrides(adm.get("overrides", {}))
+            + [
+                f"trainer.steps={int(adm.get('steps', 1))}",
+                f"trainer.prompts_per_step={int(adm.get('prompts', 64))}",
+                "trainer.eval_every=0",
+                "eval.before_after=false",
+            ]
+        )
         if folder.exists():
             shutil.rmtree(folder)
-        rc = _call([*STRATARL, "train", exp["base_path"], *overrides, "--run-dir", str(folder)],
-                   folder.parent / f"{spec.task}.log")
+        rc = _call(
+            [*STRATARL, "train", exp["base_path"], *overrides, "--run-dir", str(folder)],
+            folder.parent / f"{spec.task}.log",
+        )
         row = admission_check.first_step_row(folder)
         failures = admission_check.check(row, adm["bounds"]) if rc == 0 else [f"the admission run failed (rc={rc})"]
         keys = {admission_check.ALIASES.get(k, k) for k in adm["bounds"]}
-        record.write_text(json.dumps({"task": spec.task, "admitted": not failures, "failures": failures,
-                                      "first_step": {k: row.get(k) for k in sorted(keys)}}, indent=1) + "\n")
+        record.write_text(
+            json.dumps(
+                {
+                    "task": spec.task,
+                    "admitted": not failures,
+                    "failures": failures,
+                    "first_step": {k: row.get(k) for k in sorted(keys)},
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         return failures
     finally:
         os.close(fd)
@@ -593,7 +709,9 @@ def aggregate(exp: dict, root: Path, steps: int, include_unfinished: bool) -> in
         spec = exp["conditions"].get(info.get("condition"))
         if spec is None or info.get("arm") not in exp["arms"] or not _in_condition(spec, info["arm"]):
             continue  # a run of an arm / condition the experiment no longer has
-        if (d / "metrics.jsonl").is_file() and (include_unfinished or finished(d, rl_steps(exp, info["condition"], steps))):
+        if (d / "metrics.jsonl").is_file() and (
+            include_unfinished or finished(d, rl_steps(exp, info["condition"], steps))
+        ):
             dirs.append(d)
     if not dirs:
         print(f"no finished runs under {root} to aggregate", flush=True)
@@ -601,8 +719,19 @@ def aggregate(exp: dict, root: Path, steps: int, include_unfinished: bool) -> in
     out = root / "aggregate" / "report.html"
     from stratarl.cli import main as stratarl_main  # the CLI in-process: saves one interpreter start
 
-    rc = stratarl_main(["report", "--aggregate", "--baseline", exp["baseline"], "--out", str(out),
-                        "--title", f"{exp['name']}: {exp.get('description', '')}", *map(str, dirs)])
+    rc = stratarl_main(
+        [
+            "report",
+            "--aggregate",
+            "--baseline",
+            exp["baseline"],
+            "--out",
+            str(out),
+            "--title",
+            f"{exp['name']}: {exp.get('description', '')}",
+            *map(str, dirs),
+        ]
+    )
     if rc == 0:
         print(f"aggregated {len(dirs)} runs: {out.parent / 'aggregate.md'}", flush=True)
     return rc
@@ -614,23 +743,50 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, help="seeds 0..N-1 (default: the experiment's)")
     p.add_argument("--steps", type=int, help="RL steps per run (default: the experiment's)")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each (default 2)")
-    p.add_argument("--population", type=int, default=1, metavar="K", help="train K runs per process as a population "
-                   "(`stratarl population`; docs/lab.md), --jobs processes at a time (default 1: one process per run)")
+    p.add_argument(
+        "--population",
+        type=int,
+        default=1,
+        metavar="K",
+        help="train K runs per process as a population "
+        "(`stratarl population`; docs/lab.md), --jobs processes at a time (default 1: one process per run)",
+    )
     p.add_argument("--reduced", action="store_true", help="CI sizes: the experiment's `reduced` section")
-    p.add_argument("--pilot", action="store_true", help="run the experiment's mechanism admission on its pilot worlds "
-                   "(its `pilot` section; benchmarks/evidence/pilot.py) and write the record the sweep needs")
+    p.add_argument(
+        "--pilot",
+        action="store_true",
+        help="run the experiment's mechanism admission on its pilot worlds "
+        "(its `pilot` section; benchmarks/evidence/pilot.py) and write the record the sweep needs",
+    )
     p.add_argument("--out", default="runs/evidence", help="output root (default runs/evidence)")
-    p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra override for every run and warm start (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra override for every run and warm start (repeatable)",
+    )
     p.add_argument("--arms", nargs="+", help="only these arms (default: all)")
     p.add_argument("--conditions", nargs="+", help="only these conditions (default: all)")
-    p.add_argument("--cache", type=Path, help="keep the generated knowledge bases under this folder "
-                   "(default: $STRATARL_CACHE/synth)")
-    p.add_argument("--results", type=Path, help="where finished runs write their summaries (default: "
-                   "benchmarks/evidence/results, committed; with --reduced: <out>/results); a run whose summary "
-                   "is there with the same config hash is not run again")
-    p.add_argument("--resummarize", action="store_true", help="rewrite the summaries of every finished run "
-                   "under --out from its run folder (e.g. after the summary format changed), then stop")
+    p.add_argument(
+        "--cache",
+        type=Path,
+        help="keep the generated knowledge bases under this folder (default: $STRATARL_CACHE/synth)",
+    )
+    p.add_argument(
+        "--results",
+        type=Path,
+        help="where finished runs write their summaries (default: "
+        "benchmarks/evidence/results, committed; with --reduced: <out>/results); a run whose summary "
+        "is there with the same config hash is not run again",
+    )
+    p.add_argument(
+        "--resummarize",
+        action="store_true",
+        help="rewrite the summaries of every finished run "
+        "under --out from its run folder (e.g. after the summary format changed), then stop",
+    )
     p.add_argument("--aggregate-only", action="store_true", help="only aggregate the runs that exist")
     p.add_argument("--include-unfinished", action="store_true", help="aggregate runs still in progress too")
     args = p.parse_args(argv)
@@ -642,6 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     design = exp
     if args.pilot:
         import tables  # here: tables.py imports this module
+
         try:
             pilot = pilots.validate(exp, tables.METRICS)
         except ValueError as e:
@@ -658,9 +815,18 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.out) / exp["name"]
     if args.aggregate_only:
         return aggregate(exp, root, steps, args.include_unfinished)
-    sft, runs = plan(exp, Path(args.out), seeds=seeds, steps=steps, reduced=args.reduced, extra=args.extra,
-                     arms=args.arms, conditions=args.conditions, cache=args.cache,
-                     condition_seeds=condition_seeds)
+    sft, runs = plan(
+        exp,
+        Path(args.out),
+        seeds=seeds,
+        steps=steps,
+        reduced=args.reduced,
+        extra=args.extra,
+        arms=args.arms,
+        conditions=args.conditions,
+        cache=args.cache,
+        condition_seeds=condition_seeds,
+    )
     if args.resummarize:
         finished_here = [r for r in runs if finished(r.run_dir, r.steps)]
         for r in finished_here:
@@ -672,9 +838,12 @@ def main(argv: list[str] | None = None) -> int:
     done = [r for r in runs if committed(r, exp, r.steps, results, r.config_hash())]
     runs = [r for r in runs if r not in done]
     sft = {t: o for t, o in sft.items() if any(r.task == t for r in runs)}
-    print(f"{exp['name']}: {total} runs ({total_seeds} seeds, {cells} arm-conditions), {steps} steps; "
-          f"{len(done)} already summarised under {results}; {len(runs)} to run after {len(sft)} warm start(s), "
-          f"{args.jobs} in parallel -> {root}", flush=True)
+    print(
+        f"{exp['name']}: {total} runs ({total_seeds} seeds, {cells} arm-conditions), {steps} steps; "
+        f"{len(done)} already summarised under {results}; {len(runs)} to run after {len(sft)} warm start(s), "
+        f"{args.jobs} in parallel -> {root}",
+        flush=True,
+    )
     for r in done:
         print(f"[skip (summary)] {r.condition}/{r.arm} seed {r.seed} ({result_path(r, exp, results)})", flush=True)
     started = time.perf_counter()
@@ -689,27 +858,43 @@ def main(argv: list[str] | None = None) -> int:
         if exp.get("admission") and todo:
             admission_check.validate(exp["admission"], f"{exp['name']}.yaml")
             for task in sorted({r.task for r in todo}):
-                first = next(r for r in todo if r.task == task and r.arm == exp["baseline"]) if any(
-                    r.task == task and r.arm == exp["baseline"] for r in todo) else next(r for r in todo if r.task == task)
+                first = (
+                    next(r for r in todo if r.task == task and r.arm == exp["baseline"])
+                    if any(r.task == task and r.arm == exp["baseline"] for r in todo)
+                    else next(r for r in todo if r.task == task)
+                )
                 failures = admit(exp, first, Path(args.out))
                 if failures:
-                    print(f"error: the warm start of task {task!r} fails {exp['name']}'s admission check: "
-                          f"{'; '.join(failures)}. Fix: retune the task's sft settings (the regime is not what the "
-                          f"design assumes); details in {Path(args.out) / exp['name'] / 'admission' / (task + '.json')}",
-                          flush=True)
+                    print(
+                        f"error: the warm start of task {task!r} fails {exp['name']}'s admission check: "
+                        f"{'; '.join(failures)}. Fix: retune the task's sft settings (the regime is not what the "
+                        f"design assumes); details in {Path(args.out) / exp['name'] / 'admission' / (task + '.json')}",
+                        flush=True,
+                    )
                     return 1
                 print(f"[admitted] warm start {task}", flush=True)
 
         def job(spec: RunSpec) -> str:
             t0 = time.perf_counter()
             status = run_one(spec, exp, steps, results)
-            print(f"[{status}] {spec.condition}/{spec.arm} seed {spec.seed} ({time.perf_counter() - t0:.0f}s; "
-                  f"{spec.run_dir})", flush=True)
+            print(
+                f"[{status}] {spec.condition}/{spec.arm} seed {spec.seed} ({time.perf_counter() - t0:.0f}s; "
+                f"{spec.run_dir})",
+                flush=True,
+            )
             return status
 
         if args.population > 1:
-            statuses = populations.run_in_populations(sys.modules[__name__], todo, exp, steps, results,
-                                                      size=args.population, jobs=args.jobs, out=Path(args.out))
+            statuses = populations.run_in_populations(
+                sys.modules[__name__],
+                todo,
+                exp,
+                steps,
+                results,
+                size=args.population,
+                jobs=args.jobs,
+                out=Path(args.out),
+            )
         else:
             statuses = list(pool.map(job, todo))
     failed = sum(s.startswith("FAIL") for s in statuses) + len(runs) - len(todo)
@@ -719,11 +904,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"all runs finished in {(time.perf_counter() - started) / 60:.1f} min; {failed} failed", flush=True)
     rc = aggregate(exp, root, steps, args.include_unfinished)
     if args.pilot and failed:
-        print(f"error: {failed} pilot runs failed, so the pilot wrote no record. Fix: see their train.log, then run "
-              f"the pilot again (finished runs are kept)", flush=True)
+        print(
+            f"error: {failed} pilot runs failed, so the pilot wrote no record. Fix: see their train.log, then run "
+            f"the pilot again (finished runs are kept)",
+            flush=True,
+        )
         return 1
     if args.pilot:
         import tables
+
         record = pilots.judge(design, pilot, tables.load_runs(exp, results), tables.METRICS)
         pilot_root.mkdir(parents=True, exist_ok=True)
         path = pilots.record_path(design, pilot_root)

@@ -78,65 +78,105 @@ def _success_given(run: dict, k: int, first: int, last: int) -> float | None:
     """Mean reward of the rollouts with k searches over the 10-step bins first..last (0-based, inclusive),
     weighted by their count (run.py's summary_strata bins); None without any such rollout."""
     rewards, counts = _bins(run, f"stratum/{k}/reward_mean"), _bins(run, f"stratum/{k}/count_per_group")
-    pairs = [(r, c) for r, c in list(zip(rewards, counts))[first:last + 1] if r is not None and c]
+    pairs = [(r, c) for r, c in list(zip(rewards, counts))[first : last + 1] if r is not None and c]
     total = sum(c for _, c in pairs)
     return sum(r * c for r, c in pairs) / total if total else None
 
 
 def _share(run: dict, k: int, first: int, last: int) -> float | None:
-    return _mean(_bins(run, f"rollout/search_calls_frac/{k}")[first:last + 1])
+    return _mean(_bins(run, f"rollout/search_calls_frac/{k}")[first : last + 1])
 
 
 # name -> (description, function of one run summary); the experiment YAML's `metrics` picks from these.
 METRICS = {
     "em_after": ("held-out greedy EM after training", lambda r: _eval(r, "after", "em")),
     "em_before": ("held-out greedy EM of the warm start", lambda r: _eval(r, "before", "em")),
-    "em_gain": ("held-out EM after - before", lambda r: None if _eval(r, "after", "em") is None
-                else _eval(r, "after", "em") - _eval(r, "before", "em")),
+    "em_gain": (
+        "held-out EM after - before",
+        lambda r: None if _eval(r, "after", "em") is None else _eval(r, "after", "em") - _eval(r, "before", "em"),
+    ),
     "searches_after": ("held-out searches per question after training", lambda r: _eval(r, "after", "searches")),
     "reward_1_100": ("training reward, mean over steps 1-100", lambda r: _mean(_reward(r)[:100])),
     "reward_all": ("training reward, mean over all steps", lambda r: _mean(_reward(r))),
     "reward_last_50": ("training reward, mean over the last 50 steps", lambda r: _mean(_reward(r)[-50:])),
     "collapsed": ("share of runs that collapsed (CollapseRule on the training reward)", _collapsed),
-    "cross_var": ("cross-stratum variance of the reward, mean over training", lambda r: _binned(r, "stratum/cross_var")),
-    "zero_san": ("share of rollouts with SAN advantage 0, mean over training",
-                 lambda r: _binned(r, "stratum/zero_san_frac")),
+    "cross_var": (
+        "cross-stratum variance of the reward, mean over training",
+        lambda r: _binned(r, "stratum/cross_var"),
+    ),
+    "zero_san": (
+        "share of rollouts with SAN advantage 0, mean over training",
+        lambda r: _binned(r, "stratum/zero_san_frac"),
+    ),
     "clip_frac": ("clipped token share, mean over training", lambda r: _binned(r, "loss/clip_frac")),
     "approx_kl": ("KL(new || behaviour), mean over training", lambda r: _binned(r, "loss/approx_kl")),
     "c_norm": ("||C||, mean over training", lambda r: _binned(r, "sorl/c_norm")),
     "engaged": ("share of optimizer steps where ||C|| > delta", lambda r: _binned(r, "sorl/engaged")),
-    "effective_scale": ("what reached the optimizer over the raw policy gradient (SORL's factor after clipping)",
-                        lambda r: _binned(r, "sorl/effective_scale")),
-    "valid_action": ("valid-action rate of the training rollouts, mean over training",
-                     lambda r: _binned(r, "rollout/valid_action_rate")),
-    "success_2s_1_100": ("training reward of rollouts with 2 searches, steps 1-100 (count-weighted)",
-                         lambda r: _success_given(r, 2, 0, 9)),
-    "success_2s_at_100": ("training reward of rollouts with 2 searches, steps 91-100", lambda r: _success_given(r, 2, 9, 9)),
+    "effective_scale": (
+        "what reached the optimizer over the raw policy gradient (SORL's factor after clipping)",
+        lambda r: _binned(r, "sorl/effective_scale"),
+    ),
+    "valid_action": (
+        "valid-action rate of the training rollouts, mean over training",
+        lambda r: _binned(r, "rollout/valid_action_rate"),
+    ),
+    "success_2s_1_100": (
+        "training reward of rollouts with 2 searches, steps 1-100 (count-weighted)",
+        lambda r: _success_given(r, 2, 0, 9),
+    ),
+    "success_2s_at_100": (
+        "training reward of rollouts with 2 searches, steps 91-100",
+        lambda r: _success_given(r, 2, 9, 9),
+    ),
     "share_2s_1_100": ("share of rollouts with 2 searches, steps 1-100", lambda r: _share(r, 2, 0, 9)),
     "share_2s_at_100": ("share of rollouts with 2 searches, steps 91-100", lambda r: _share(r, 2, 9, 9)),
-    "success_2s_all": ("training reward of rollouts with 2 searches, all steps (count-weighted)",
-                       lambda r: _success_given(r, 2, 0, len(_bins(r, "stratum/2/reward_mean")) - 1)),
-    "success_2s_last": ("training reward of rollouts with 2 searches, the last 10-step bin",
-                        lambda r: _success_given(r, 2, len(_bins(r, "stratum/2/reward_mean")) - 1,
-                                                 len(_bins(r, "stratum/2/reward_mean")) - 1)),
-    "share_2s_all": ("share of rollouts with 2 searches, all steps",
-                     lambda r: _share(r, 2, 0, len(_bins(r, "rollout/search_calls_frac/2")) - 1)),
-    "share_2s_last": ("share of rollouts with 2 searches, the last 10-step bin",
-                      lambda r: _share(r, 2, len(_bins(r, "rollout/search_calls_frac/2")) - 1,
-                                       len(_bins(r, "rollout/search_calls_frac/2")) - 1)),
-    "escaped": ("1 when the policy escaped the guessing shortcut: held-out EM >= 0.6 (above any one-country guess) "
-                "with >= 1.5 searches per question, else 0 (its mean is the share of worlds that escaped)",
-                lambda r: None if _eval(r, "after", "em") is None or _eval(r, "after", "searches") is None
-                else float(_eval(r, "after", "em") >= 0.6 and _eval(r, "after", "searches") >= 1.5)),
-    "live_strata_1_50": ("share of prompt groups with >= 2 live strata (mean reward in [0.05, 0.95]), steps 1-50",
-                         lambda r: _mean(_bins(r, "stratum/live_groups_frac")[:5])),
-    "live_strata_at_100": ("share of prompt groups with >= 2 live strata, steps 91-100",
-                           lambda r: _mean(_bins(r, "stratum/live_groups_frac")[9:10])),
-    "valid_action_last": ("valid-action rate of the training rollouts, the last 10-step bin",
-                          lambda r: _mean(_bins(r, "rollout/valid_action_rate")[-1:])),
+    "success_2s_all": (
+        "training reward of rollouts with 2 searches, all steps (count-weighted)",
+        lambda r: _success_given(r, 2, 0, len(_bins(r, "stratum/2/reward_mean")) - 1),
+    ),
+    "success_2s_last": (
+        "training reward of rollouts with 2 searches, the last 10-step bin",
+        lambda r: _success_given(
+            r, 2, len(_bins(r, "stratum/2/reward_mean")) - 1, len(_bins(r, "stratum/2/reward_mean")) - 1
+        ),
+    ),
+    "share_2s_all": (
+        "share of rollouts with 2 searches, all steps",
+        lambda r: _share(r, 2, 0, len(_bins(r, "rollout/search_calls_frac/2")) - 1),
+    ),
+    "share_2s_last": (
+        "share of rollouts with 2 searches, the last 10-step bin",
+        lambda r: _share(
+            r, 2, len(_bins(r, "rollout/search_calls_frac/2")) - 1, len(_bins(r, "rollout/search_calls_frac/2")) - 1
+        ),
+    ),
+    "escaped": (
+        "1 when the policy escaped the guessing shortcut: held-out EM >= 0.6 (above any one-country guess) "
+        "with >= 1.5 searches per question, else 0 (its mean is the share of worlds that escaped)",
+        lambda r: (
+            None
+            if _eval(r, "after", "em") is None or _eval(r, "after", "searches") is None
+            else float(_eval(r, "after", "em") >= 0.6 and _eval(r, "after", "searches") >= 1.5)
+        ),
+    ),
+    "live_strata_1_50": (
+        "share of prompt groups with >= 2 live strata (mean reward in [0.05, 0.95]), steps 1-50",
+        lambda r: _mean(_bins(r, "stratum/live_groups_frac")[:5]),
+    ),
+    "live_strata_at_100": (
+        "share of prompt groups with >= 2 live strata, steps 91-100",
+        lambda r: _mean(_bins(r, "stratum/live_groups_frac")[9:10]),
+    ),
+    "valid_action_last": (
+        "valid-action rate of the training rollouts, the last 10-step bin",
+        lambda r: _mean(_bins(r, "rollout/valid_action_rate")[-1:]),
+    ),
     "lag": ("policy lag of the sampled batches (RL steps), mean over training", lambda r: _binned(r, "offpolicy/lag")),
-    "reward_last_fifth": ("training reward, mean over the last 20% of the RL steps (the same rollouts consumed at "
-                          "every degree when the mini-batch is fixed)", lambda r: _mean(_reward(r)[-max(1, len(_reward(r)) // 5):])),
+    "reward_last_fifth": (
+        "training reward, mean over the last 20% of the RL steps (the same rollouts consumed at "
+        "every degree when the mini-batch is fixed)",
+        lambda r: _mean(_reward(r)[-max(1, len(_reward(r)) // 5) :]),
+    ),
 }
 
 
@@ -180,7 +220,7 @@ def condition_tables(exp: dict, condition: str, arms: dict[str, dict[int, dict]]
         per_arm[arm]["seeds"] = sorted(arms[arm])
         if arm != base and base in values:
             paired[arm] = {}
-            for m in names[:1 + len(design.get("secondary", []))]:
+            for m in names[: 1 + len(design.get("secondary", []))]:
                 paired[arm][m] = _paired(values[arm][m], values[base][m])
     contrasts = {}
     for a, b in (c.split(" - ") for c in exp.get("contrasts", [])):
@@ -278,14 +318,19 @@ def figure(exp: dict, condition: str, arms: dict[str, dict[int, dict]], path: Pa
 
 def render(exp: dict, tables: list[dict], figures: dict[str, str], counts: dict[str, int]) -> str:
     design = exp.get("metrics", {})
-    lines = [f"# {exp['name']}: {exp.get('description', '')}", "",
-             f"Regenerated by `python benchmarks/evidence/tables.py {exp['name']}` from the run summaries under "
-             f"`benchmarks/evidence/results/{exp['name']}/`; do not edit by hand.", "",
-             f"Primary metric: `{design.get('primary', 'em_after')}`; secondary: "
-             f"{', '.join(f'`{m}`' for m in design.get('secondary', [])) or '-'}. Mean ± 95% t-interval over seeds; "
-             f"paired differences vs `{exp['baseline']}` over the seeds both arms have, [95% CI]; *detectable* is "
-             "the smallest true difference this many seeds detect with 80% power, given the observed spread of "
-             "the differences.", ""]
+    lines = [
+        f"# {exp['name']}: {exp.get('description', '')}",
+        "",
+        f"Regenerated by `python benchmarks/evidence/tables.py {exp['name']}` from the run summaries under "
+        f"`benchmarks/evidence/results/{exp['name']}/`; do not edit by hand.",
+        "",
+        f"Primary metric: `{design.get('primary', 'em_after')}`; secondary: "
+        f"{', '.join(f'`{m}`' for m in design.get('secondary', [])) or '-'}. Mean ± 95% t-interval over seeds; "
+        f"paired differences vs `{exp['baseline']}` over the seeds both arms have, [95% CI]; *detectable* is "
+        "the smallest true difference this many seeds detect with 80% power, given the observed spread of "
+        "the differences.",
+        "",
+    ]
     for m in tables[0]["metrics"] if tables else []:
         lines.append(f"- `{m}`: {METRICS[m][0]}")
     for table in tables:
@@ -294,12 +339,15 @@ def render(exp: dict, tables: list[dict], figures: dict[str, str], counts: dict[
         lines.append("| arm | seeds | " + " | ".join(table["metrics"]) + " |")
         lines.append("|---|---|" + "---|" * len(table["metrics"]))
         for arm, row in table["per_arm"].items():
-            lines.append(f"| {arm} | {len(row['seeds'])} | " + " | ".join(_interval(row[m]) for m in table["metrics"]) + " |")
+            lines.append(
+                f"| {arm} | {len(row['seeds'])} | " + " | ".join(_interval(row[m]) for m in table["metrics"]) + " |"
+            )
         if table["paired"]:
             lines += _difference_rows(f"arm − {exp['baseline']}", table["paired"])
         if table.get("contrasts"):
-            lines += _difference_rows("contrast", {pair.replace(" - ", " − "): by_metric
-                                                   for pair, by_metric in table["contrasts"].items()})
+            lines += _difference_rows(
+                "contrast", {pair.replace(" - ", " − "): by_metric for pair, by_metric in table["contrasts"].items()}
+            )
         if cond in figures:
             lines += ["", f"![{cond}]({figures[cond]})"]
     return "\n".join(lines) + "\n"
@@ -311,8 +359,11 @@ def _plain(x: float) -> str:
 
 def _difference_rows(heading: str, differences: dict[str, dict[str, dict]]) -> list[str]:
     """A markdown table of paired differences: one row per (name, metric) of ``differences``."""
-    lines = ["", f"| {heading} | metric | difference [95% CI] | excludes 0 | detectable (80% power) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"| {heading} | metric | difference [95% CI] | excludes 0 | detectable (80% power) |",
+        "|---|---|---|---|---|",
+    ]
     for name, by_metric in differences.items():
         for m, d in by_metric.items():
             ez = {True: "yes", False: "no", None: "-"}[d["excludes_zero"]]
@@ -337,15 +388,22 @@ def headline_table(exp: dict, tables: list[dict]) -> str:
     column), the baseline's mean ± 95% CI, each column's paired difference [95% CI] (bold when it excludes 0),
     and the range of the design's detectable differences."""
     head = exp.get("headline") or {}
-    columns = head["columns"] if head.get("columns") is not None else {a: a for a in exp["arms"] if a != exp["baseline"]}
+    columns = (
+        head["columns"] if head.get("columns") is not None else {a: a for a in exp["arms"] if a != exp["baseline"]}
+    )
     before = head.get("before", "em_before")  # null: no warm-start column
     base = exp["baseline"]
     base_name = head.get("baseline", base)
     metrics = head.get("metrics")
     # Without columns (a single-arm pilot) the table is the baseline's values alone: no differences to detect.
-    headings = [head.get("label", "condition"), *(["metric"] if metrics else []), *(["warm start"] if before else []),
-                base_name, *(name if " - " in key else f"{name} − {base_name}" for key, name in columns.items()),
-                *(["detectable"] if columns else [])]
+    headings = [
+        head.get("label", "condition"),
+        *(["metric"] if metrics else []),
+        *(["warm start"] if before else []),
+        base_name,
+        *(name if " - " in key else f"{name} − {base_name}" for key, name in columns.items()),
+        *(["detectable"] if columns else []),
+    ]
     lines = ["| " + " | ".join(headings) + " |", "|" + "---|" * len(headings)]
     for table in tables:
         row = table["per_arm"].get(base, {})
@@ -353,14 +411,23 @@ def headline_table(exp: dict, tables: list[dict]) -> str:
         for k, metric in enumerate(metrics or table["metrics"][:1]):
             base_iv = row.get(metric) or {}
             warm_cell = "" if k else "-" if warm is None else _plain(warm)  # once per condition
-            cells = [table["condition"], *([metric] if metrics else []), *([warm_cell] if before else []),
-                     "-" if base_iv.get("mean") is None else _plain(base_iv["mean"]) + (
-                         "" if base_iv.get("half_width") is None else f" ± {_plain(base_iv['half_width'])}")]
-            found = [(table.get("contrasts", {}) if " - " in key else table["paired"]).get(key, {}).get(metric)
-                     for key in columns]
+            cells = [
+                table["condition"],
+                *([metric] if metrics else []),
+                *([warm_cell] if before else []),
+                "-"
+                if base_iv.get("mean") is None
+                else _plain(base_iv["mean"])
+                + ("" if base_iv.get("half_width") is None else f" ± {_plain(base_iv['half_width'])}"),
+            ]
+            found = [
+                (table.get("contrasts", {}) if " - " in key else table["paired"]).get(key, {}).get(metric)
+                for key in columns
+            ]
             cells += [_headline_cell(d) for d in found]
-            detectable = [d["detectable"] for d in found
-                          if d and d.get("mean") is not None and d.get("half_width") is not None]
+            detectable = [
+                d["detectable"] for d in found if d and d.get("mean") is not None and d.get("half_width") is not None
+            ]
             if columns:
                 cells.append(f"{min(detectable):.3f}-{max(detectable):.3f}" if detectable else "-")
             lines.append("| " + " | ".join(cells) + " |")
@@ -373,9 +440,11 @@ def replace_marked(text: str, name: str, block: str, where: str = "docs/results.
     begin, end = f"<!-- tables:{name} begin -->", f"<!-- tables:{name} end -->"
     i, j = text.find(begin), text.find(end)
     if i < 0 or j < i or text.count(begin) != 1 or text.count(end) != 1:
-        raise ValueError(f"{where}: needs exactly one {begin!r} followed by one {end!r} around the generated "
-                         f"table of {name}. Fix: add the two marker lines where the table goes")
-    return text[:i + len(begin)] + "\n" + block + text[j:]
+        raise ValueError(
+            f"{where}: needs exactly one {begin!r} followed by one {end!r} around the generated "
+            f"table of {name}. Fix: add the two marker lines where the table goes"
+        )
+    return text[: i + len(begin)] + "\n" + block + text[j:]
 
 
 def outputs(exp: dict, runs: dict, out: Path, page: Path | None, figures: bool) -> tuple[dict[Path, str], list]:
@@ -392,8 +461,10 @@ def outputs(exp: dict, runs: dict, out: Path, page: Path | None, figures: bool) 
             figure(exp, cond, runs[cond], out / name)
         if figures or (out / name).is_file():
             names[cond] = name
-    texts = {out / f"{exp['name']}.md": render(exp, tables, names, counts),
-             out / f"{exp['name']}.json": json.dumps(tables, indent=1, default=str) + "\n"}
+    texts = {
+        out / f"{exp['name']}.md": render(exp, tables, names, counts),
+        out / f"{exp['name']}.json": json.dumps(tables, indent=1, default=str) + "\n",
+    }
     if page is not None and page.is_file() and f"<!-- tables:{exp['name']} begin -->" in page.read_text():
         texts[page] = replace_marked(page.read_text(), exp["name"], headline_table(exp, tables), str(page))
     return texts, tables
@@ -412,22 +483,38 @@ def experiment(name: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", nargs="?", help="an experiment name (lab_stratified, lab_sorl, ...) or its YAML "
-                   "path; omitted: every experiment with committed summaries")
+    p.add_argument(
+        "experiment",
+        nargs="?",
+        help="an experiment name (lab_stratified, lab_sorl, ...) or its YAML "
+        "path; omitted: every experiment with committed summaries",
+    )
     p.add_argument("--results", type=Path, default=RESULTS, help="run summaries root (default: the committed ones)")
-    p.add_argument("--out", type=Path, default=DOCS, help="folder for <experiment>.md / .json / figures (default docs/results)")
+    p.add_argument(
+        "--out", type=Path, default=DOCS, help="folder for <experiment>.md / .json / figures (default docs/results)"
+    )
     p.add_argument("--no-figures", action="store_true", help="tables only (no matplotlib)")
-    p.add_argument("--page", type=Path, help="the results page whose marked table of this experiment is rewritten "
-                   "(default: docs/results.md with the committed summaries, none with --results; skipped when it "
-                   "has no markers)")
-    p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a committed file differs "
-                   "from what the summaries give")
+    p.add_argument(
+        "--page",
+        type=Path,
+        help="the results page whose marked table of this experiment is rewritten "
+        "(default: docs/results.md with the committed summaries, none with --results; skipped when it "
+        "has no markers)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 when a committed file differs from what the summaries give",
+    )
     args = p.parse_args(argv)
     if args.experiment is None:  # the whole results page, from the committed summaries, in one command
         if args.results != RESULTS or args.page:
             p.error("--results / --page need an experiment")
-        names = sorted(d.name for d in RESULTS.iterdir()
-                       if d.is_dir() and (HERE / f"{d.name.removesuffix('-pilot')}.yaml").is_file())
+        names = sorted(
+            d.name
+            for d in RESULTS.iterdir()
+            if d.is_dir() and (HERE / f"{d.name.removesuffix('-pilot')}.yaml").is_file()
+        )
         flags = [f for f, on in (("--no-figures", args.no_figures), ("--check", args.check)) if on]
         return max([main([name, "--out", str(args.out), *flags]) for name in names], default=0)
     exp = experiment(args.experiment)
@@ -435,8 +522,15 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print(f"no run summaries for {exp['name']} under {args.results / exp['name']}", flush=True)
         return 1
-    unknown = {m for m in [exp.get("metrics", {}).get("primary", "em_after"), *exp.get("metrics", {}).get("secondary", []),
-                           *exp.get("metrics", {}).get("diagnostics", [])] if m not in METRICS}
+    unknown = {
+        m
+        for m in [
+            exp.get("metrics", {}).get("primary", "em_after"),
+            *exp.get("metrics", {}).get("secondary", []),
+            *exp.get("metrics", {}).get("diagnostics", []),
+        ]
+        if m not in METRICS
+    }
     if unknown:
         sys.exit(f"error: {exp['name']}: unknown metrics {sorted(unknown)}. Fix: use some of {', '.join(METRICS)}")
     page = args.page or (RESULTS_PAGE if args.results == RESULTS else None)
@@ -444,8 +538,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = [str(path) for path, text in texts.items() if not path.is_file() or path.read_text() != text]
         if stale:
-            print(f"out of date with the summaries: {', '.join(stale)}. Fix: python benchmarks/evidence/tables.py "
-                  f"{exp['name']}", flush=True)
+            print(
+                f"out of date with the summaries: {', '.join(stale)}. Fix: python benchmarks/evidence/tables.py "
+                f"{exp['name']}",
+                flush=True,
+            )
             return 1
         print(f"{exp['name']}: {len(texts)} files match the summaries", flush=True)
         return 0

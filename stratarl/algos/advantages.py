@@ -65,12 +65,8 @@ def segment_normalize(
     counts = zeros.index_add(0, segment, torch.ones_like(values))
     mean = zeros.index_add(0, segment, values) / counts.clamp(min=1)
     centered = values - mean[segment]
-    seg_min = values.new_full((num_segments,), float("inf")).scatter_reduce(
-        0, segment, values, reduce="amin"
-    )
-    seg_max = values.new_full((num_segments,), float("-inf")).scatter_reduce(
-        0, segment, values, reduce="amax"
-    )
+    seg_min = values.new_full((num_segments,), float("inf")).scatter_reduce(0, segment, values, reduce="amin")
+    seg_max = values.new_full((num_segments,), float("-inf")).scatter_reduce(0, segment, values, reduce="amax")
     degenerate = (counts < 2) | (seg_min == seg_max)
     if scale_by_std:
         sq = zeros.index_add(0, segment, centered * centered)

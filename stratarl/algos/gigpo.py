@@ -108,8 +108,11 @@ def _cluster(states: Sequence[str], threshold: float | None) -> list[int]:
                 for index, first in enumerate(firsts):
                     matcher = SequenceMatcher(None, state, first)
                     # real_quick_ratio >= quick_ratio >= ratio: the cheap bounds skip only hopeless pairs.
-                    if (matcher.real_quick_ratio() >= threshold and matcher.quick_ratio() >= threshold
-                            and matcher.ratio() >= threshold):
+                    if (
+                        matcher.real_quick_ratio() >= threshold
+                        and matcher.quick_ratio() >= threshold
+                        and matcher.ratio() >= threshold
+                    ):
                         seen[state] = index
                         break
             if seen[state] == len(firsts):
@@ -119,8 +122,9 @@ def _cluster(states: Sequence[str], threshold: float | None) -> list[int]:
 
 
 @functools.lru_cache(maxsize=4)
-def _groups(states: tuple[tuple[str, ...], ...], groups: tuple[int, ...],
-            threshold: float | None) -> tuple[tuple[int, ...], ...]:
+def _groups(
+    states: tuple[tuple[str, ...], ...], groups: tuple[int, ...], threshold: float | None
+) -> tuple[tuple[int, ...], ...]:
     members: dict[int, list[tuple[int, int]]] = {}
     for b, (group, turns) in enumerate(zip(groups, states)):
         members.setdefault(group, []).extend((b, k) for k in range(len(turns)))
@@ -135,8 +139,12 @@ def _groups(states: tuple[tuple[str, ...], ...], groups: tuple[int, ...],
     return tuple(tuple(row) for row in ids)
 
 
-def step_groups(step_states: Sequence[Sequence[str]], group_ids: Tensor | Sequence[int], *,
-                similarity_threshold: float | None = None) -> tuple[tuple[int, ...], ...]:
+def step_groups(
+    step_states: Sequence[Sequence[str]],
+    group_ids: Tensor | Sequence[int],
+    *,
+    similarity_threshold: float | None = None,
+) -> tuple[tuple[int, ...], ...]:
     """Anchor-state group of every step: ``out[b][k]`` is the step group id (0..n−1, unique over the batch) of
     turn k of rollout b. Steps pool only inside one prompt group (equal ``group_ids``); inside it, equal state
     keys (``similarity_threshold`` None, the paper's exact match), or verl-agent's greedy clustering by
@@ -169,7 +177,7 @@ def token_step_ids(step_ids: Sequence[Sequence[int]], response_mask: Tensor) -> 
     width = max((len(ids) for ids in step_ids), default=0)
     table = torch.full((len(step_ids), max(width, 1)), -1, dtype=torch.long)
     for b, ids in enumerate(step_ids):
-        table[b, :len(ids)] = torch.tensor(list(ids), dtype=torch.long)
+        table[b, : len(ids)] = torch.tensor(list(ids), dtype=torch.long)
     table = table.to(mask.device)
     turn = turn_ids(mask)
     return torch.where(mask, table.gather(1, turn.clamp(min=0)), torch.full_like(turn, -1))
@@ -180,8 +188,17 @@ def step_group_sizes(step_ids: Sequence[Sequence[int]]) -> list[int]:
     return list(Counter(i for ids in step_ids for i in ids).values())
 
 
-def step_advantages(rewards: Tensor, group_ids: Tensor, response_mask: Tensor, step_state_ids: Tensor, *,
-                    gamma: float = 1.0, eps: float = 1e-6, std_ddof: int = 1, scale_by_std: bool = True) -> Tensor:
+def step_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    response_mask: Tensor,
+    step_state_ids: Tensor,
+    *,
+    gamma: float = 1.0,
+    eps: float = 1e-6,
+    std_ddof: int = 1,
+    scale_by_std: bool = True,
+) -> Tensor:
     """The step level A^S on policy tokens [B, T] (0 off the mask): each turn's return
     (:func:`step_returns`) normalised inside its step group, the turns of one prompt group that share an
     anchor-state id. Size-1 and all-equal step groups give 0 (``segment_normalize``).
@@ -209,8 +226,9 @@ def step_advantages(rewards: Tensor, group_ids: Tensor, response_mask: Tensor, s
         raise ValueError("step_state_ids must be >= 0 on policy tokens and constant over each turn")
     group, _ = dense_ids(group_ids.to(mask.device))
     cell, n_cells = _pairs(group[rows], states)
-    normalised = segment_normalize(returns[rows, cols], cell, n_cells, eps=eps, std_ddof=std_ddof,
-                                   scale_by_std=scale_by_std)
+    normalised = segment_normalize(
+        returns[rows, cols], cell, n_cells, eps=eps, std_ddof=std_ddof, scale_by_std=scale_by_std
+    )
     out = torch.zeros_like(returns)
     out[mask] = normalised[entry[mask]]
     return out
@@ -222,9 +240,18 @@ def _pairs(first: Tensor, second: Tensor) -> tuple[Tensor, int]:
     return inverse, int(unique.shape[0])
 
 
-def gigpo_advantages(rewards: Tensor, group_ids: Tensor, response_mask: Tensor, step_state_ids: Tensor, *,
-                     gamma: float = 1.0, step_weight: float = 1.0, eps: float = 1e-6, std_ddof: int = 1,
-                     scale_by_std: bool = True) -> Tensor:
+def gigpo_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    response_mask: Tensor,
+    step_state_ids: Tensor,
+    *,
+    gamma: float = 1.0,
+    step_weight: float = 1.0,
+    eps: float = 1e-6,
+    std_ddof: int = 1,
+    scale_by_std: bool = True,
+) -> Tensor:
     """GiGPO token advantages [B, T]: ``A^E(τ_b) + ω · A^S(b, turn of t)`` on policy tokens, 0 elsewhere
     (formulas and source in the module docstring). ``step_weight`` ω = 0 gives GRPO's
     ``broadcast_to_tokens(grpo_advantages(...))`` bit for bit; A^E and A^S share ``eps``, ``std_ddof`` and
@@ -240,8 +267,16 @@ def gigpo_advantages(rewards: Tensor, group_ids: Tensor, response_mask: Tensor, 
     check_2d("response_mask", response_mask)
     check_1d("rewards", rewards, response_mask.shape[0])
     episode = grpo_advantages(rewards, group_ids, eps=eps, std_ddof=std_ddof, scale_by_std=scale_by_std)
-    step = step_advantages(rewards, group_ids, response_mask, step_state_ids, gamma=gamma, eps=eps,
-                           std_ddof=std_ddof, scale_by_std=scale_by_std)
+    step = step_advantages(
+        rewards,
+        group_ids,
+        response_mask,
+        step_state_ids,
+        gamma=gamma,
+        eps=eps,
+        std_ddof=std_ddof,
+        scale_by_std=scale_by_std,
+    )
     mask = as_bool_mask("response_mask", response_mask)
     return torch.where(mask, episode[:, None] + step_weight * step, step.new_zeros(()))
 
@@ -257,11 +292,13 @@ def step_group_metrics(step_ids: Sequence[Sequence[int]], prefix: str = "gigpo")
     steps = [size_of[i] for ids in step_ids for i in ids]
     later = [size_of[i] for ids in step_ids for i in ids[1:]]
     by_size = Counter(min(size, 4) for size in sizes)
-    out = {f"{prefix}/step_group_size_mean": sum(sizes) / max(1, len(sizes)),
-           f"{prefix}/step_group_size_max": float(max(sizes, default=0)),
-           f"{prefix}/singleton_step_frac": sum(size == 1 for size in steps) / max(1, len(steps)),
-           f"{prefix}/later_singleton_step_frac": sum(size == 1 for size in later) / max(1, len(later)),
-           f"{prefix}/step_groups": float(len(sizes))}
+    out = {
+        f"{prefix}/step_group_size_mean": sum(sizes) / max(1, len(sizes)),
+        f"{prefix}/step_group_size_max": float(max(sizes, default=0)),
+        f"{prefix}/singleton_step_frac": sum(size == 1 for size in steps) / max(1, len(steps)),
+        f"{prefix}/later_singleton_step_frac": sum(size == 1 for size in later) / max(1, len(later)),
+        f"{prefix}/step_groups": float(len(sizes)),
+    }
     for k in range(1, 5):
         out[f"{prefix}/step_group_size_frac/{k}{'+' if k == 4 else ''}"] = by_size.get(k, 0) / max(1, len(sizes))
     return out

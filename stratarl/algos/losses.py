@@ -165,8 +165,9 @@ def clipped_policy_loss(
     mask = as_bool_mask("response_mask", response_mask)
     adv = torch.where(mask, advantages.detach().to(log_ratio.dtype), torch.zeros_like(log_ratio))
     ratio = torch.exp(log_ratio)
-    high, low, dual = _clipped_tokens(ratio, _decision_advantages(adv, mask, level), mask, clip_low, clip_high,
-                                      dual_clip)
+    high, low, dual = _clipped_tokens(
+        ratio, _decision_advantages(adv, mask, level), mask, clip_low, clip_high, dual_clip
+    )
     clipped = high | low | dual
     # The constant PPO uses on clipped tokens (its gradient is dropped there).
     bound = torch.full_like(ratio, dual_clip if dual_clip is not None else 1.0)
@@ -189,15 +190,14 @@ def _check_clip_args(level: str, clip_low: float, clip_high: float, dual_clip: f
     if level not in LEVELS:
         raise ValueError(f"unknown ratio level {level!r}; valid levels: {', '.join(LEVELS)}")
     if clip_low < 0 or clip_high < 0 or clip_low >= 1:
-        raise ValueError(
-            f"need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, clip_high={clip_high}"
-        )
+        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, clip_high={clip_high}")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (typically 3) or None, got {dual_clip!r}")
 
 
-def _clipped_tokens(ratio: Tensor, decision: Tensor, mask: Tensor, clip_low: float, clip_high: float,
-                    dual_clip: float | None) -> tuple[Tensor, Tensor, Tensor]:
+def _clipped_tokens(
+    ratio: Tensor, decision: Tensor, mask: Tensor, clip_low: float, clip_high: float, dual_clip: float | None
+) -> tuple[Tensor, Tensor, Tensor]:
     """Boolean [B, T] masks of the tokens PPO clips: (high: A > 0 and r > 1+ε_high, low: A < 0 and r < 1−ε_low,
     dual: A < 0 and r > c), A being the decision advantage of the token's unit (token, turn or rollout)."""
     high = mask & (decision > 0) & (ratio > 1.0 + clip_high)
@@ -206,8 +206,9 @@ def _clipped_tokens(ratio: Tensor, decision: Tensor, mask: Tensor, clip_low: flo
     return high, low, dual
 
 
-def _policy_loss_metrics(loss: Tensor, ratio: Tensor, mask: Tensor, high: Tensor, low: Tensor, dual: Tensor,
-                         level: str) -> dict[str, Tensor]:
+def _policy_loss_metrics(
+    loss: Tensor, ratio: Tensor, mask: Tensor, high: Tensor, low: Tensor, dual: Tensor, level: str
+) -> dict[str, Tensor]:
     """The policy loss's metrics (but ``loss/approx_kl``); see :func:`clipped_policy_loss`."""
     clipped = high | low | dual
     metrics = {
@@ -263,7 +264,7 @@ def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, response_mask: Tensor, 
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the softmax distribution at each position: logits [B, T, V] → [B, T].
 
-        H = logsumexp(z) − Σ_v softmax(z)_v z_v
+    H = logsumexp(z) − Σ_v softmax(z)_v z_v
     """
     if logits.dim() != 3:
         raise ValueError(f"logits must be 3-D [B, T, V], got shape {tuple(logits.shape)}")

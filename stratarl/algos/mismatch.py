@@ -24,8 +24,9 @@ from stratarl.algos.turns import LOG_RATIO_CLAMP, turn_ids
 QUANTILES = {"p50": 0.5, "p99": 0.99}
 
 
-def mismatch_metrics(learner_log_probs: Tensor, behaviour_log_probs: Tensor, response_mask: Tensor, *,
-                     max_turns: int = 8) -> dict[str, Tensor]:
+def mismatch_metrics(
+    learner_log_probs: Tensor, behaviour_log_probs: Tensor, response_mask: Tensor, *, max_turns: int = 8
+) -> dict[str, Tensor]:
     """The sampler/learner mismatch of a batch [B, T] (see the module docstring), detached scalar tensors:
 
     ``offpolicy/mismatch``, ``offpolicy/kl_k3``, ``offpolicy/ratio_p50``, ``offpolicy/ratio_p99``,
@@ -42,15 +43,21 @@ def mismatch_metrics(learner_log_probs: Tensor, behaviour_log_probs: Tensor, res
     mask = as_bool_mask("response_mask", response_mask)
     with torch.no_grad():
         delta = (learner_log_probs.detach().double() - behaviour_log_probs.detach().double()).clamp(
-            -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+            -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP
+        )
         k3 = torch.expm1(delta) - delta
         values = delta[mask]
         zero = delta.new_zeros(())
         if values.numel() == 0:
-            return {f"offpolicy/{k}": zero.float() for k in ("mismatch", "kl_k3", "ratio_p50", "ratio_p99", "ratio_max")}
+            return {
+                f"offpolicy/{k}": zero.float() for k in ("mismatch", "kl_k3", "ratio_p50", "ratio_p99", "ratio_max")
+            }
         ratios = torch.exp(values)
-        out = {"offpolicy/mismatch": values.abs().mean(), "offpolicy/kl_k3": k3[mask].mean(),
-               "offpolicy/ratio_max": ratios.max()}
+        out = {
+            "offpolicy/mismatch": values.abs().mean(),
+            "offpolicy/kl_k3": k3[mask].mean(),
+            "offpolicy/ratio_max": ratios.max(),
+        }
         for name, q in QUANTILES.items():
             out[f"offpolicy/ratio_{name}"] = torch.quantile(ratios, q)
         turns = turn_ids(mask)

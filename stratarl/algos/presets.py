@@ -22,9 +22,10 @@ always means the same thing whatever the preset.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 RATIO_LEVELS = ("token", "turn", "sequence")
 CRITICS = ("none", "value_head")
@@ -76,23 +77,45 @@ class AlgorithmSpec:
 # The one table of algorithms. Sources: GRPO (arXiv 2402.03300), Stratified GRPO (2510.06214),
 # PPO with GAE (1707.06347, 1506.02438), SORL's SO-PPO / SO-GRPO (2511.20718), Dr.GRPO (2503.20783),
 # GSPO (2507.18071), GiGPO (2505.10978).
-PRESETS: Mapping[str, AlgorithmSpec] = MappingProxyType({
-    "grpo": AlgorithmSpec("grpo", summary="group-normalised advantage (GN), token ratio"),
-    "stratified_grpo": AlgorithmSpec("stratified", summary="alpha * SAN + (1 - alpha) * GN over search-count strata, "
-                                                           "token ratio"),
-    "ppo": AlgorithmSpec("gae", critic="value_head", summary="value head + GAE, token ratio"),
-    "so_ppo": AlgorithmSpec("gae", ratio_level="turn", normalizer="sorl", critic="value_head",
-                            summary="value head + GAE, turn ratio, clipping-triggered normalisation"),
-    "so_grpo": AlgorithmSpec("grpo", ratio_level="turn", normalizer="sorl",
-                             summary="GN advantage, turn ratio, clipping-triggered normalisation"),
-    "drgrpo": AlgorithmSpec("drgrpo", summary="mean-only group advantage R - mean(R), token ratio "
-                                              "(the paper's constant-length aggregation: algo.loss_agg=seq-mean-token-sum-norm)"),
-    "gspo": AlgorithmSpec("grpo", ratio_level="sequence", summary="GN advantage, length-normalised sequence ratio "
-                                                                  "(the paper clips at 3e-4 / 4e-4: set algo.clip_low / clip_high)"),
-    "gigpo": AlgorithmSpec("gigpo", summary="GN episode advantage + step advantage of turns sharing an anchor state "
-                                            "(exact; algo.advantage_params.similarity_threshold pools similar ones), "
-                                            "token ratio; step discount algo.gamma (paper / verl-agent: 0.95)"),
-})
+PRESETS: Mapping[str, AlgorithmSpec] = MappingProxyType(
+    {
+        "grpo": AlgorithmSpec("grpo", summary="group-normalised advantage (GN), token ratio"),
+        "stratified_grpo": AlgorithmSpec(
+            "stratified", summary="alpha * SAN + (1 - alpha) * GN over search-count strata, token ratio"
+        ),
+        "ppo": AlgorithmSpec("gae", critic="value_head", summary="value head + GAE, token ratio"),
+        "so_ppo": AlgorithmSpec(
+            "gae",
+            ratio_level="turn",
+            normalizer="sorl",
+            critic="value_head",
+            summary="value head + GAE, turn ratio, clipping-triggered normalisation",
+        ),
+        "so_grpo": AlgorithmSpec(
+            "grpo",
+            ratio_level="turn",
+            normalizer="sorl",
+            summary="GN advantage, turn ratio, clipping-triggered normalisation",
+        ),
+        "drgrpo": AlgorithmSpec(
+            "drgrpo",
+            summary="mean-only group advantage R - mean(R), token ratio "
+            "(the paper's constant-length aggregation: algo.loss_agg=seq-mean-token-sum-norm)",
+        ),
+        "gspo": AlgorithmSpec(
+            "grpo",
+            ratio_level="sequence",
+            summary="GN advantage, length-normalised sequence ratio "
+            "(the paper clips at 3e-4 / 4e-4: set algo.clip_low / clip_high)",
+        ),
+        "gigpo": AlgorithmSpec(
+            "gigpo",
+            summary="GN episode advantage + step advantage of turns sharing an anchor state "
+            "(exact; algo.advantage_params.similarity_threshold pools similar ones), "
+            "token ratio; step discount algo.gamma (paper / verl-agent: 0.95)",
+        ),
+    }
+)
 
 
 def preset_names() -> list[str]:

@@ -135,9 +135,14 @@ def _lookup(table: dict, kind: str, name: str):
     return table[name]
 
 
-def register_advantage(name: str, *, needs_values: bool = False, group_relative: bool = False,
-                       needs_step_states: bool = False, metrics: Callable[..., dict[str, float]] | None = None
-                       ) -> Callable[[AdvantageFn], AdvantageFn]:
+def register_advantage(
+    name: str,
+    *,
+    needs_values: bool = False,
+    group_relative: bool = False,
+    needs_step_states: bool = False,
+    metrics: Callable[..., dict[str, float]] | None = None,
+) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: register ``fn(batch: AdvantageBatch, **params) -> (advantages [B,T], returns [B,T])``.
 
     ``needs_values``: the estimator reads the critic's values (a config without a critic is refused).
@@ -150,8 +155,12 @@ def register_advantage(name: str, *, needs_values: bool = False, group_relative:
 
     def decorator(fn: AdvantageFn) -> AdvantageFn:
         register(fn)
-        _ADVANTAGE_INFO[name] = AdvantageInfo(needs_values=needs_values, group_relative=group_relative,
-                                              needs_step_states=needs_step_states, metrics=metrics)
+        _ADVANTAGE_INFO[name] = AdvantageInfo(
+            needs_values=needs_values,
+            group_relative=group_relative,
+            needs_step_states=needs_step_states,
+            metrics=metrics,
+        )
         return fn
 
     return decorator
@@ -285,8 +294,10 @@ def _gae(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 1.0, whiten:
 
 def _step_groups(batch: AdvantageBatch, similarity_threshold: float | None) -> tuple[tuple[int, ...], ...]:
     if batch.step_states is None:
-        raise ValueError("advantage estimator 'gigpo' needs AdvantageBatch.step_states (each turn's anchor state, "
-                         "e.g. stratarl.rollout.collect.step_states); got None")
+        raise ValueError(
+            "advantage estimator 'gigpo' needs AdvantageBatch.step_states (each turn's anchor state, "
+            "e.g. stratarl.rollout.collect.step_states); got None"
+        )
     return step_groups(batch.step_states, batch.group_ids, similarity_threshold=similarity_threshold)
 
 
@@ -296,15 +307,32 @@ def _gigpo_metrics(batch: AdvantageBatch, *, similarity_threshold: float | None 
 
 
 @register_advantage("gigpo", group_relative=True, needs_step_states=True, metrics=_gigpo_metrics)
-def _gigpo(batch: AdvantageBatch, *, gamma: float = 1.0, step_weight: float = 1.0, eps: float = 1e-6,
-           std_ddof: int = 1, scale_by_std: bool = True, similarity_threshold: float | None = None):
+def _gigpo(
+    batch: AdvantageBatch,
+    *,
+    gamma: float = 1.0,
+    step_weight: float = 1.0,
+    eps: float = 1e-6,
+    std_ddof: int = 1,
+    scale_by_std: bool = True,
+    similarity_threshold: float | None = None,
+):
     """GiGPO (arXiv 2505.10978): A^E + ω · A^S per turn; see :mod:`stratarl.algos.gigpo`. ``gamma`` is the step
     discount (the shared knob ``algo.gamma``; verl-agent's recipes: 0.95), ``step_weight`` ω, ``scale_by_std``
     F_norm = std (True) or 1, ``similarity_threshold`` None for exact anchor states or the difflib ratio at
     which two states pool (verl-agent: 0.95 by default, 0.9 in its search recipe)."""
     ids = token_step_ids(_step_groups(batch, similarity_threshold), batch.response_mask)
-    adv = gigpo_advantages(batch.rewards, batch.group_ids, batch.response_mask, ids, gamma=gamma,
-                           step_weight=step_weight, eps=eps, std_ddof=std_ddof, scale_by_std=scale_by_std)
+    adv = gigpo_advantages(
+        batch.rewards,
+        batch.group_ids,
+        batch.response_mask,
+        ids,
+        gamma=gamma,
+        step_weight=step_weight,
+        eps=eps,
+        std_ddof=std_ddof,
+        scale_by_std=scale_by_std,
+    )
     return adv, adv
 
 
@@ -319,7 +347,8 @@ register_behaviour_correction("decoupled")(decoupled_weights)
 
 
 @register_grad_normalizer("sorl")
-def _sorl_normalizer(parameters: Iterable[Tensor], *, delta: float = 1.0, rule: str = "fixed",
-                     ema: float = 0.9) -> ClipBiasNormalizer:
+def _sorl_normalizer(
+    parameters: Iterable[Tensor], *, delta: float = 1.0, rule: str = "fixed", ema: float = 0.9
+) -> ClipBiasNormalizer:
     """SORL's clipping-triggered normalisation g / max(‖C‖, δ); see :class:`ClipBiasNormalizer`."""
     return ClipBiasNormalizer(parameters, delta=delta, rule=rule, ema=ema)

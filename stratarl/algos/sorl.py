@@ -40,8 +40,9 @@ DELTA_RULES = ("fixed", "running_pg")
 class ClipBiasNormalizer:
     """Accumulates C = ∇J_C across micro-batches and rescales the PPO gradient by 1/max(‖C‖, δ)."""
 
-    def __init__(self, parameters: Iterable[Tensor], *, delta: float = 1.0, rule: str = "fixed",
-                 ema: float = 0.9) -> None:
+    def __init__(
+        self, parameters: Iterable[Tensor], *, delta: float = 1.0, rule: str = "fixed", ema: float = 0.9
+    ) -> None:
         if delta <= 0:
             raise ValueError(f"delta must be > 0 (the default, 1, is the threshold reading), got {delta!r}")
         if rule not in DELTA_RULES:
@@ -109,23 +110,29 @@ class ClipBiasNormalizer:
             grad.mul_(scale.to(grad.dtype))
         for buffer in self.c_buffers:
             buffer.zero_()
-        return {"sorl/c_norm": c_norm, "sorl/scale": scale, "sorl/pg_grad_norm": grad_norm,
-                "sorl/delta": floor, "sorl/engaged": (c_norm > floor).to(c_norm.dtype)}
+        return {
+            "sorl/c_norm": c_norm,
+            "sorl/scale": scale,
+            "sorl/pg_grad_norm": grad_norm,
+            "sorl/delta": floor,
+            "sorl/engaged": (c_norm > floor).to(c_norm.dtype),
+        }
 
 
-def sorl_scale(c_norm: Tensor, *, delta: float, rule: str = "fixed", pg_norm_ema: float | None = None
-               ) -> tuple[Tensor, Tensor]:
+def sorl_scale(
+    c_norm: Tensor, *, delta: float, rule: str = "fixed", pg_norm_ema: float | None = None
+) -> tuple[Tensor, Tensor]:
     """The gradient factor of SORL's normalisation and the floor δ_t it used: (scale, δ_t).
 
-    ``fixed`` (the formula of Li et al., arXiv 2511.20718): δ_t = δ, scale = 1 / max(‖C‖, δ). δ = 1 reads δ as
-a threshold, a small δ as a floor (every step divided by ‖C‖); the paper's value is not confirmed.
-    ``running_pg`` (scale-free; stratarl's option): δ_t = δ · m_t with m_t the exponential moving average
-    of ‖∇J_PPO‖ over the previous optimizer steps, scale = δ_t / max(‖C‖, δ_t) = min(1, δ_t / ‖C‖). The
-    step is left alone (scale 1) until the clip-bias gradient exceeds δ times the typical policy-gradient
-    norm, then shrinks in proportion: the same trigger at any model size, loss scale or learning rate,
-    where a fixed δ = 1 is a gradient-norm threshold that small models never reach. Under AdamW a constant
-    factor changes nothing but Adam's ε term, so both rules act only through how the factor varies
-    between steps (docs/results.md, Paper B).
+        ``fixed`` (the formula of Li et al., arXiv 2511.20718): δ_t = δ, scale = 1 / max(‖C‖, δ). δ = 1 reads δ as
+    a threshold, a small δ as a floor (every step divided by ‖C‖); the paper's value is not confirmed.
+        ``running_pg`` (scale-free; stratarl's option): δ_t = δ · m_t with m_t the exponential moving average
+        of ‖∇J_PPO‖ over the previous optimizer steps, scale = δ_t / max(‖C‖, δ_t) = min(1, δ_t / ‖C‖). The
+        step is left alone (scale 1) until the clip-bias gradient exceeds δ times the typical policy-gradient
+        norm, then shrinks in proportion: the same trigger at any model size, loss scale or learning rate,
+        where a fixed δ = 1 is a gradient-norm threshold that small models never reach. Under AdamW a constant
+        factor changes nothing but Adam's ε term, so both rules act only through how the factor varies
+        between steps (docs/results.md, Paper B).
     """
     if c_norm.dim() != 0:
         raise ValueError(f"c_norm must be a scalar, got shape {tuple(c_norm.shape)}")

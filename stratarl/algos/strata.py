@@ -79,8 +79,9 @@ def zero_san_fraction(rewards: Tensor, group_ids: Tensor, strata_ids: Tensor) ->
     return degenerate[cell].to(values.dtype).mean()
 
 
-def live_strata_group_fraction(rewards: Tensor, group_ids: Tensor, strata_ids: Tensor, *,
-                               low: float = 0.05, high: float = 0.95) -> Tensor:
+def live_strata_group_fraction(
+    rewards: Tensor, group_ids: Tensor, strata_ids: Tensor, *, low: float = 0.05, high: float = 0.95
+) -> Tensor:
     """Share of groups with >= 2 live strata (a 0-dim tensor; 0 for an empty batch).
 
         live(g) = #{k : low <= mean_{B_k ∩ g} R <= high} >= 2,   share = (1/G) Σ_g live(g)

@@ -20,15 +20,22 @@ def describe_os_error(error: BaseException) -> str:
         return f"a file is not UTF-8 text ({error.reason} at byte {error.start}); pass a text file"
     what = error.strerror or str(error)
     # Where the system's words ("File exists", "Not a directory") do not say what happened, say it.
-    said = {errno.EEXIST: "already exists and is in the way of a folder or file to be created here",
-            errno.ENOTDIR: "a part of this path is a file, not a folder",
-            errno.ENOENT: "no such file or folder"}.get(error.errno)
+    said = {
+        errno.EEXIST: "already exists and is in the way of a folder or file to be created here",
+        errno.ENOTDIR: "a part of this path is a file, not a folder",
+        errno.ENOENT: "no such file or folder",
+    }.get(error.errno)
     if said and error.filename and "Fix:" not in what:
         what = f"{error.filename}: {said}"
-    fix = {errno.ENOSPC: "free disk space", errno.EACCES: "choose a folder you can write to",
-           errno.EROFS: "choose a writable folder", errno.ENOTDIR: "choose another path",
-           errno.EEXIST: "choose another path, or move it away", errno.ENOENT: "check the path",
-           errno.EISDIR: "pass a file, not a folder"}.get(error.errno)
+    fix = {
+        errno.ENOSPC: "free disk space",
+        errno.EACCES: "choose a folder you can write to",
+        errno.EROFS: "choose a writable folder",
+        errno.ENOTDIR: "choose another path",
+        errno.EEXIST: "choose another path, or move it away",
+        errno.ENOENT: "check the path",
+        errno.EISDIR: "pass a file, not a folder",
+    }.get(error.errno)
     where = f": {error.filename}" if error.filename and str(error.filename) not in what else ""
     return f"{what}{where}" + (f". Fix: {fix}" if fix and "Fix:" not in what else "")
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from stratarl.commands import fail
 
-
-_FORMAT_HELP = ("read every row with this registered dataset format (search_r1, medqa, medmcqa, or one a module "
-                "loaded with --import registers); default: each row's format is recognised")
+_FORMAT_HELP = (
+    "read every row with this registered dataset format (search_r1, medqa, medmcqa, or one a module "
+    "loaded with --import registers); default: each row's format is recognised"
+)
 
 
 def register(subparsers) -> None:
@@ -27,25 +28,42 @@ def register(subparsers) -> None:
     )
     synth.add_argument("--out", required=True, help="output folder")
     synth.add_argument("--seed", type=int, default=0)
-    synth.add_argument("--size", default="small", help="small (~500 passages), medium (~10k), large (~100k) or a number")
+    synth.add_argument(
+        "--size", default="small", help="small (~500 passages), medium (~10k), large (~100k) or a number"
+    )
     synth.add_argument("--num-train", type=int, default=None, help="train questions (default: scales with size)")
     synth.add_argument("--num-test", type=int, default=None, help="test questions (default: scales with size)")
     synth.add_argument("--num-countries", type=int, default=5, help="answer-set size of the guessable country families")
-    synth.add_argument("--guessable", choices=("any", "only", "none"), default="any",
-                       help="keep all question families, only those with a small answer set, or none of them")
-    synth.add_argument("--hop-mix", default="0.4,0.4,0.2",
-                       help="weights of single-hop, 2-hop and 3-hop questions (default 0.4,0.4,0.2)")
-    synth.add_argument("--multiple-choice", type=int, default=0, metavar="N",
-                       help="make every question an N-option multiple-choice question (wrong options of the same "
-                            "type; data source synthetic_mc); 0 (default): open answers")
-    synth.add_argument("--check-retrieval", action="store_true",
-                       help="also build a BM25 index and record each hop's top-1/top-3 recall in stats.json")
+    synth.add_argument(
+        "--guessable",
+        choices=("any", "only", "none"),
+        default="any",
+        help="keep all question families, only those with a small answer set, or none of them",
+    )
+    synth.add_argument(
+        "--hop-mix",
+        default="0.4,0.4,0.2",
+        help="weights of single-hop, 2-hop and 3-hop questions (default 0.4,0.4,0.2)",
+    )
+    synth.add_argument(
+        "--multiple-choice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="make every question an N-option multiple-choice question (wrong options of the same "
+        "type; data source synthetic_mc); 0 (default): open answers",
+    )
+    synth.add_argument(
+        "--check-retrieval",
+        action="store_true",
+        help="also build a BM25 index and record each hop's top-1/top-3 recall in stats.json",
+    )
     synth.set_defaults(func=_synth)
 
     convert = commands.add_parser(
         "convert",
         help="convert a question file (Search-R1, veRL, SkyRL, MedQA, MedMCQA or a format of yours) to Search-R1 "
-             "parquet or jsonl",
+        "parquet or jsonl",
         description="Read a question file (parquet/jsonl/json; rows in any registered dataset format: Search-R1, "
         "veRL or SkyRL, MedQA, MedMCQA, or one a module loaded with --import registers) and write Search-R1 rows; "
         "the output type follows the OUTPUT suffix (.parquet or .jsonl).",
@@ -79,8 +97,13 @@ def _synth(args: argparse.Namespace) -> int:
     try:
         start = time.perf_counter()
         kb = generate_knowledge_base(
-            seed=args.seed, size=args.size, num_train=args.num_train, num_test=args.num_test,
-            num_countries=args.num_countries, guessable=args.guessable, hop_mix=hop_mix,
+            seed=args.seed,
+            size=args.size,
+            num_train=args.num_train,
+            num_test=args.num_test,
+            num_countries=args.num_countries,
+            guessable=args.guessable,
+            hop_mix=hop_mix,
             multiple_choice=args.multiple_choice,
         )
         generated = time.perf_counter() - start
@@ -94,8 +117,10 @@ def _synth(args: argparse.Namespace) -> int:
         kb.stats["bm25_hop_recall"] = table
         print(format_recall_table(table))
     paths = write_synthetic_kb(kb, args.out)
-    print(f"generated {len(kb.passages)} passages, {len(kb.train)} train and {len(kb.test)} test questions "
-          f"in {generated:.1f}s")
+    print(
+        f"generated {len(kb.passages)} passages, {len(kb.train)} train and {len(kb.test)} test questions "
+        f"in {generated:.1f}s"
+    )
     for name, path in paths.items():
         print(f"  {name:7s} {path}")
     return 0
@@ -130,14 +155,20 @@ def _inspect(args: argparse.Namespace) -> int:
     except (DatasetFormatError, ValueError) as error:
         return fail(str(error))
     print(f"{path}: {len(examples)} questions")
-    for label, key in (("data_source", None), ("split", "split"), ("format", "format"),
-                       ("question_type", "question_type")):
+    for label, key in (
+        ("data_source", None),
+        ("split", "split"),
+        ("format", "format"),
+        ("question_type", "question_type"),
+    ):
         counts = Counter(e.data_source if key is None else e.metadata.get(key) for e in examples)
         if set(counts) != {None}:
             print(f"  by {label}: " + ", ".join(f"{name}={n}" for name, n in sorted(counts.items(), key=str)))
     for example in examples[: args.rows]:
-        print(f"- id={example.id} source={example.data_source} question={example.question!r} "
-              f"answers={list(example.golden_answers)}")
+        print(
+            f"- id={example.id} source={example.data_source} question={example.question!r} "
+            f"answers={list(example.golden_answers)}"
+        )
     return 0
 
 

@@ -19,29 +19,49 @@ def register(subparsers) -> None:
     build = commands.add_parser(
         "build",
         help="index a Search-R1 corpus jsonl into a directory",
-        description="Index a Search-R1 corpus jsonl ({\"id\", \"contents\"} per line) into DIR; "
+        description='Index a Search-R1 corpus jsonl ({"id", "contents"} per line) into DIR; '
         "serve it with `stratarl serve --index DIR`.",
     )
     build.add_argument("--corpus", required=True, help="corpus jsonl (or .jsonl.gz), one passage a line")
     build.add_argument("--out", required=True, help="index directory to write (created if needed)")
     build.add_argument("--kind", choices=("bm25", "dense"), default="bm25", help="index kind (default: bm25)")
     build.add_argument("--stemmer", default="english", help="bm25: PyStemmer language, or 'none' (default: english)")
-    build.add_argument("--model", default=None, help="dense: encoder folder or HF id (default: bundled all-MiniLM-L6-v2)")
-    build.add_argument("--prefixes", choices=("none", "e5"), default=None, help="dense: 'e5' adds 'query: '/'passage: '")
+    build.add_argument(
+        "--model", default=None, help="dense: encoder folder or HF id (default: bundled all-MiniLM-L6-v2)"
+    )
+    build.add_argument(
+        "--prefixes", choices=("none", "e5"), default=None, help="dense: 'e5' adds 'query: '/'passage: '"
+    )
     build.add_argument("--query-prefix", default=None, help="dense: text put before each query")
     build.add_argument("--passage-prefix", default=None, help="dense: text put before each passage")
-    build.add_argument("--max-length", type=int, default=None, help="dense: max tokens per text (default: model's, else 256)")
+    build.add_argument(
+        "--max-length", type=int, default=None, help="dense: max tokens per text (default: model's, else 256)"
+    )
     build.add_argument("--batch-size", type=int, default=64, help="dense: encoder batch size (default: 64)")
     build.add_argument("--device", default="cpu", help="dense: torch device for encoding (default: cpu)")
-    build.add_argument("--chunk-passages", type=int, default=250_000,
-                       help="bm25: passages tokenised at a time; memory grows with it (default: 250000)")
-    build.add_argument("--dense-index", choices=("exact", "ivf", "hnsw"), default="exact",
-                       help="dense: exact search, or an approximate faiss index for big corpora (needs faiss-cpu)")
-    build.add_argument("--codes", choices=("flat", "fp16", "sq8", "pq"), default="flat",
-                       help="dense ivf/hnsw: vector storage: float32, fp16, 8-bit (sq8), product-quantised (pq, ivf)")
+    build.add_argument(
+        "--chunk-passages",
+        type=int,
+        default=250_000,
+        help="bm25: passages tokenised at a time; memory grows with it (default: 250000)",
+    )
+    build.add_argument(
+        "--dense-index",
+        choices=("exact", "ivf", "hnsw"),
+        default="exact",
+        help="dense: exact search, or an approximate faiss index for big corpora (needs faiss-cpu)",
+    )
+    build.add_argument(
+        "--codes",
+        choices=("flat", "fp16", "sq8", "pq"),
+        default="flat",
+        help="dense ivf/hnsw: vector storage: float32, fp16, 8-bit (sq8), product-quantised (pq, ivf)",
+    )
     build.add_argument("--nlist", type=int, default=None, help="dense ivf: number of lists (default: 4*sqrt(N))")
     build.add_argument("--nprobe", type=int, default=32, help="dense ivf: lists scanned per query (default: 32)")
-    build.add_argument("--pq-m", type=int, default=48, help="dense ivf pq: bytes per vector (divides the dim; default: 48)")
+    build.add_argument(
+        "--pq-m", type=int, default=48, help="dense ivf pq: bytes per vector (divides the dim; default: 48)"
+    )
     build.add_argument("--hnsw-m", type=int, default=32, help="dense hnsw: links per vector (default: 32)")
     build.add_argument("--ef-search", type=int, default=128, help="dense hnsw: candidates per query (default: 128)")
     build.set_defaults(func=run_build)
@@ -74,9 +94,11 @@ def run_build(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     corpus, out = Path(args.corpus).resolve(), Path(args.out).resolve()
     if out == corpus or out in corpus.parents:
-        return _fail(f"--out {args.out} contains the corpus {args.corpus}: building the index there would overwrite "
-                     f"the file it reads. Fix: choose an --out that does not contain it, e.g. "
-                     f"--out {index_folder_for(Path(args.corpus))}")
+        return _fail(
+            f"--out {args.out} contains the corpus {args.corpus}: building the index there would overwrite "
+            f"the file it reads. Fix: choose an --out that does not contain it, e.g. "
+            f"--out {index_folder_for(Path(args.corpus))}"
+        )
     try:
         if args.kind == "bm25":
             from stratarl.retrieval.bm25_build import build_bm25_index
@@ -91,8 +113,14 @@ def run_build(args: argparse.Namespace) -> int:
 
             dense_index = {"kind": args.dense_index}
             if args.dense_index != "exact":
-                dense_index.update(codes=args.codes, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m,
-                                   hnsw_m=args.hnsw_m, ef_search=args.ef_search)
+                dense_index.update(
+                    codes=args.codes,
+                    nlist=args.nlist,
+                    nprobe=args.nprobe,
+                    pq_m=args.pq_m,
+                    hnsw_m=args.hnsw_m,
+                    ef_search=args.ef_search,
+                )
             passages = load_corpus(args.corpus)
             num_passages = len(passages)
             retriever = DenseRetriever.from_passages(

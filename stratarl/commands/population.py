@@ -15,18 +15,26 @@ SPEC_HELP = """a JSON or YAML file: {"runs": [RUN, ...], "stack": false, "thread
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("population", help="train several runs in one process, their generation and updates "
-                                                 "computed together (a sweep as populations; docs/lab.md)",
-                              description="Train several runs as one population: each run is what `stratarl train` "
-                                          "would train, in its own run directory, laid out as a solo run's "
-                                          "(train.log gets its output); a run that fails is reported and the "
-                                          "others go on.")
+    p = subparsers.add_parser(
+        "population",
+        help="train several runs in one process, their generation and updates "
+        "computed together (a sweep as populations; docs/lab.md)",
+        description="Train several runs as one population: each run is what `stratarl train` "
+        "would train, in its own run directory, laid out as a solo run's "
+        "(train.log gets its output); a run that fails is reported and the "
+        "others go on.",
+    )
     p.add_argument("spec", help=SPEC_HELP)
-    p.add_argument("--stack", action="store_true", help="run the members' generate / update calls as one stacked "
-                   "computation (equal to the solo runs up to float rounding; on the lab's shapes slower than the "
-                   "default, which runs each call alone and equals the solo run bit for bit)")
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads of the batched calls (default: the "
-                   "spec's, else 1)")
+    p.add_argument(
+        "--stack",
+        action="store_true",
+        help="run the members' generate / update calls as one stacked "
+        "computation (equal to the solo runs up to float rounding; on the lab's shapes slower than the "
+        "default, which runs each call alone and equals the solo run bit for bit)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="intra-op threads of the batched calls (default: the spec's, else 1)"
+    )
     p.add_argument("--summary", help="write the population's result (members, errors, seconds, batches) here as JSON")
     p.add_argument("--no-logs", action="store_true", help="print the members' output here instead of their train.log")
     p.set_defaults(func=run_population_command)
@@ -69,8 +77,15 @@ def members_of(spec: dict) -> list:
             cfg = load_config(run["config"], overrides)
         else:
             raise ConfigError(f"run {index} ({run_dir}) has neither config nor resume: true")
-        members.append(Member(str(run.get("name") or run_dir.name), cfg, run_dir, resume=resume,
-                              start_over=bool(run.get("start_over", False))))
+        members.append(
+            Member(
+                str(run.get("name") or run_dir.name),
+                cfg,
+                run_dir,
+                resume=resume,
+                start_over=bool(run.get("start_over", False)),
+            )
+        )
     return members
 
 
@@ -83,21 +98,39 @@ def run_population_command(args: argparse.Namespace) -> int:
         members = members_of(spec)
         stack = bool(spec.get("stack", False)) or args.stack
         threads = args.threads or int(spec.get("threads", 1))
-        print(f"population of {len(members)} runs ({'stacked' if stack else 'each call alone'}, {threads} "
-              f"thread(s) for the batched calls)", flush=True)
+        print(
+            f"population of {len(members)} runs ({'stacked' if stack else 'each call alone'}, {threads} "
+            f"thread(s) for the batched calls)",
+            flush=True,
+        )
         report = run_population(members, pipeline=run_pipeline, stack=stack, threads=threads, logs=not args.no_logs)
         for result in report.members:
             steps = (result.summary or {}).get("steps")
             status = f"done: {steps} steps" if result.ok else f"FAILED: {result.error}"
             print(f"  {result.name}: {status} ({result.run_dir})", flush=True)
-        print(f"population finished in {report.seconds:.0f}s: {sum(r.ok for r in report.members)} of "
-              f"{len(report.members)} runs ok", flush=True)
+        print(
+            f"population finished in {report.seconds:.0f}s: {sum(r.ok for r in report.members)} of "
+            f"{len(report.members)} runs ok",
+            flush=True,
+        )
         if args.summary:
-            out = {"seconds": report.seconds, "stack": stack, "threads": threads, "batches": report.batches,
-                   "members": [{"name": r.name, "run_dir": str(r.run_dir), "ok": r.ok, "error": r.error,
-                                "steps": (r.summary or {}).get("steps"),
-                                "exit_code": (r.summary or {}).get("exit_code")}
-                               for r in report.members]}
+            out = {
+                "seconds": report.seconds,
+                "stack": stack,
+                "threads": threads,
+                "batches": report.batches,
+                "members": [
+                    {
+                        "name": r.name,
+                        "run_dir": str(r.run_dir),
+                        "ok": r.ok,
+                        "error": r.error,
+                        "steps": (r.summary or {}).get("steps"),
+                        "exit_code": (r.summary or {}).get("exit_code"),
+                    }
+                    for r in report.members
+                ],
+            }
             Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
             Path(args.summary).write_text(json.dumps(out, indent=1) + "\n")
         return 0 if all(r.ok for r in report.members) else 1

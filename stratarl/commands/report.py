@@ -7,17 +7,23 @@ import argparse
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("report", help="HTML page (+ PNGs) of training curves, several runs overlaid; "
-                              "--aggregate: mean ± 95%% CI per arm over seeds and paired comparisons",
-                              description="Plots every metric of metrics.jsonl, one line per run, grouped by "
-                                          "namespace (reward, rollout, stratum, loss, sorl, time, ...), plus eval "
-                                          "tables. PNGs are embedded, so the HTML file stands alone. With --aggregate, "
-                                          "runs are grouped into arms (arm.json in the run directory, else algo.name) "
-                                          "and conditions; writes aggregate.json, aggregate.md, mean ± CI band plots "
-                                          "and the HTML page.")
+    p = subparsers.add_parser(
+        "report",
+        help="HTML page (+ PNGs) of training curves, several runs overlaid; "
+        "--aggregate: mean ± 95%% CI per arm over seeds and paired comparisons",
+        description="Plots every metric of metrics.jsonl, one line per run, grouped by "
+        "namespace (reward, rollout, stratum, loss, sorl, time, ...), plus eval "
+        "tables. PNGs are embedded, so the HTML file stands alone. With --aggregate, "
+        "runs are grouped into arms (arm.json in the run directory, else algo.name) "
+        "and conditions; writes aggregate.json, aggregate.md, mean ± CI band plots "
+        "and the HTML page.",
+    )
     p.add_argument("run_dirs", nargs="+", help="run directories written by `stratarl train`")
-    p.add_argument("--out", help="HTML path (default: <first run>/report/report.html; with --aggregate "
-                                 "<parent of first run>/aggregate/report.html); other outputs go next to it")
+    p.add_argument(
+        "--out",
+        help="HTML path (default: <first run>/report/report.html; with --aggregate "
+        "<parent of first run>/aggregate/report.html); other outputs go next to it",
+    )
     p.add_argument("--title", default=None)
     p.add_argument("--aggregate", action="store_true", help="statistics over seeds per arm instead of one line per run")
     p.add_argument("--baseline", help="with --aggregate: the arm every other arm is compared with (paired by seed)")
@@ -37,8 +43,13 @@ def run(args: argparse.Namespace) -> int:
             if args.final_window < 1:
                 raise ValueError(f"--final-window {args.final_window}: must be >= 1")
             out = Path(args.out) if args.out else Path(args.run_dirs[0]).parent / "aggregate" / "report.html"
-            path = write_aggregate(args.run_dirs, out, baseline=args.baseline, final_window=args.final_window,
-                                   title=args.title or "stratarl aggregate")
+            path = write_aggregate(
+                args.run_dirs,
+                out,
+                baseline=args.baseline,
+                final_window=args.final_window,
+                title=args.title or "stratarl aggregate",
+            )
             print(f"aggregate: {path.parent / 'aggregate.json'}, {path.parent / 'aggregate.md'}")
             print(f"report: {path}")
             return 0

@@ -21,21 +21,33 @@ def register(subparsers) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--index", help="index directory from `stratarl index build`")
     source.add_argument("--corpus", help="corpus jsonl: index it now (BM25 unless --kind dense) and serve it")
-    parser.add_argument("--kind", choices=("bm25", "dense"), default="bm25", help="with --corpus: index kind (default: bm25)")
+    parser.add_argument(
+        "--kind", choices=("bm25", "dense"), default="bm25", help="with --corpus: index kind (default: bm25)"
+    )
     parser.add_argument("--model", default=None, help="dense: encoder folder (overrides the one stored in the index)")
     parser.add_argument("--prefixes", choices=("none", "e5"), default=None, help="dense with --corpus: e5 prefixes")
     parser.add_argument("--device", default="cpu", help="dense: torch device (default: cpu)")
-    parser.add_argument("--mmap", action="store_true",
-                        help="with --index: memory-map the index (BM25 score arrays, a faiss index) instead of reading "
-                        "it into memory; --workers > 1 maps a BM25 index always")
-    parser.add_argument("--mmap-corpus", action="store_true",
-                        help="with --index: read passages from the index's corpus copy on disk when returned "
-                        "(8 bytes a passage in memory instead of the text); for Wikipedia-size corpora")
-    parser.add_argument("--nprobe", type=int, default=None, help="with --index, a faiss IVF index: lists searched per query")
+    parser.add_argument(
+        "--mmap",
+        action="store_true",
+        help="with --index: memory-map the index (BM25 score arrays, a faiss index) instead of reading "
+        "it into memory; --workers > 1 maps a BM25 index always",
+    )
+    parser.add_argument(
+        "--mmap-corpus",
+        action="store_true",
+        help="with --index: read passages from the index's corpus copy on disk when returned "
+        "(8 bytes a passage in memory instead of the text); for Wikipedia-size corpora",
+    )
+    parser.add_argument(
+        "--nprobe", type=int, default=None, help="with --index, a faiss IVF index: lists searched per query"
+    )
     parser.add_argument("--ef-search", type=int, default=None, help="with --index, a faiss HNSW index: search breadth")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    parser.add_argument("--topk", type=int, default=3, help="passages per query when a request has no topk (default: 3)")
+    parser.add_argument(
+        "--topk", type=int, default=3, help="passages per query when a request has no topk (default: 3)"
+    )
     parser.add_argument("--max-topk", type=int, default=100, help="largest topk a request may ask for (default: 100)")
     parser.add_argument("--max-queries", type=int, default=4096, help="most queries in one request (default: 4096)")
     parser.add_argument("--max-query-chars", type=int, default=2048, help="longest query in characters (default: 2048)")
@@ -45,8 +57,12 @@ def register(subparsers) -> None:
         default=1024,
         help="most queries merged into one retriever call across concurrent requests (default: 1024; 1 = no merging)",
     )
-    parser.add_argument("--max-hits", type=int, default=16384,
-                        help="most passages one request may ask for, queries x topk (default: 16384)")
+    parser.add_argument(
+        "--max-hits",
+        type=int,
+        default=16384,
+        help="most passages one request may ask for, queries x topk (default: 16384)",
+    )
     parser.add_argument(
         "--workers",
         type=int,
@@ -54,10 +70,15 @@ def register(subparsers) -> None:
         help="server processes sharing the port, each loading the index (BM25 memory-mapped, so its arrays "
         "are shared); about one per CPU core the server may use (default: 1)",
     )
-    parser.add_argument("--request-timeout", type=float, default=5.0, metavar="SECONDS",
-                        help="close a connection that has not sent a whole request (headers and body) within this "
-                        "many seconds of opening or of its previous answer: slow or stalled clients cannot hold "
-                        "the server's sockets (default: 5)")
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="close a connection that has not sent a whole request (headers and body) within this "
+        "many seconds of opening or of its previous answer: slow or stalled clients cannot hold "
+        "the server's sockets (default: 5)",
+    )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run_serve)
 
@@ -75,8 +96,10 @@ def _retriever_spec(args: argparse.Namespace) -> dict:
             raise ValueError(f"--nprobe / --ef-search apply to a dense faiss index; {args.index} is a BM25 index")
         return spec
     if args.mmap or args.mmap_corpus or args.nprobe is not None or args.ef_search is not None:
-        raise ValueError("--mmap, --mmap-corpus, --nprobe and --ef-search apply when loading a built index (--index DIR); "
-                         "build one with `stratarl index build`")
+        raise ValueError(
+            "--mmap, --mmap-corpus, --nprobe and --ef-search apply when loading a built index (--index DIR); "
+            "build one with `stratarl index build`"
+        )
     spec = {"kind": args.kind, "corpus": args.corpus}
     if args.kind == "dense":
         spec.update(device=args.device, prefixes=args.prefixes, **({"model": args.model} if args.model else {}))
@@ -90,12 +113,16 @@ def run_serve(args: argparse.Namespace) -> int:
     from stratarl.retrieval.server import serve
 
     if not 0 <= args.port <= 65535:
-        print(f"stratarl serve: error: --port {args.port} is not a TCP port. Fix: use a number in 1-65535, e.g. 8000",
-              file=sys.stderr)
+        print(
+            f"stratarl serve: error: --port {args.port} is not a TCP port. Fix: use a number in 1-65535, e.g. 8000",
+            file=sys.stderr,
+        )
         return 2
     if args.workers < 1:
-        print(f"stratarl serve: error: --workers {args.workers} must be at least 1 (e.g. the number of CPU cores)",
-              file=sys.stderr)
+        print(
+            f"stratarl serve: error: --workers {args.workers} must be at least 1 (e.g. the number of CPU cores)",
+            file=sys.stderr,
+        )
         return 2
     try:
         from stratarl.retrieval.slow_clients import check_request_timeout
@@ -128,8 +155,14 @@ def run_serve(args: argparse.Namespace) -> int:
         return _serve_workers(args, spec, retriever, limits)
     print(f"serving {retriever!r} at http://{args.host}:{args.port}/retrieve", flush=True)
     try:
-        serve(retriever, host=args.host, port=args.port, log_level=args.log_level, request_timeout_s=args.request_timeout,
-              **asdict(limits))
+        serve(
+            retriever,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            request_timeout_s=args.request_timeout,
+            **asdict(limits),
+        )
     except OSError as error:
         print(f"stratarl serve: error: {bind_error(error, args.host, args.port)}", file=sys.stderr)
         return 2
@@ -164,12 +197,23 @@ def _serve_workers(args: argparse.Namespace, spec: dict, retriever, limits) -> i
         label = args.index or args.corpus
 
         def announce(pool) -> None:
-            print(f"serving {label} with {args.workers} workers (pids {', '.join(map(str, pool.pids))}) "
-                  f"at http://{args.host}:{pool.port}/retrieve", flush=True)
+            print(
+                f"serving {label} with {args.workers} workers (pids {', '.join(map(str, pool.pids))}) "
+                f"at http://{args.host}:{pool.port}/retrieve",
+                flush=True,
+            )
 
         try:
-            return serve_workers(spec, workers=args.workers, host=args.host, port=args.port, log_level=args.log_level,
-                                 limits=limits, on_ready=announce, request_timeout_s=args.request_timeout)
+            return serve_workers(
+                spec,
+                workers=args.workers,
+                host=args.host,
+                port=args.port,
+                log_level=args.log_level,
+                limits=limits,
+                on_ready=announce,
+                request_timeout_s=args.request_timeout,
+            )
         except WorkerError as error:
             print(f"stratarl serve: error: {error}", file=sys.stderr)
             return 2

@@ -7,18 +7,24 @@ from pathlib import Path
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("sft", help="warm start: fine-tune on rendered demonstration trajectories",
-                              description="Render demonstrations from the synthetic task's hops (real retriever, "
-                                          "real protocol strings, observation tokens masked out of the loss), "
-                                          "fine-tune, and save OUT/model. Start RL from it with "
-                                          "`stratarl train CONFIG model.init_from=OUT/model`.")
+    p = subparsers.add_parser(
+        "sft",
+        help="warm start: fine-tune on rendered demonstration trajectories",
+        description="Render demonstrations from the synthetic task's hops (real retriever, "
+        "real protocol strings, observation tokens masked out of the loss), "
+        "fine-tune, and save OUT/model. Start RL from it with "
+        "`stratarl train CONFIG model.init_from=OUT/model`.",
+    )
     p.add_argument("config", help="YAML config (its model, data, retrieval, rollout and sft sections are used)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sft.num_demos=128 sft.lr=1e-4")
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("--out", help="output folder (gets model/, sft_metrics.jsonl, sft_summary.json)")
-    out.add_argument("--rebuild", action="store_true",
-                     help="(re)build the cached warm start that `stratarl train` uses with sft.cache=true "
-                          "(e.g. `stratarl sft configs/lab.yaml --rebuild`)")
+    out.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="(re)build the cached warm start that `stratarl train` uses with sft.cache=true "
+        "(e.g. `stratarl sft configs/lab.yaml --rebuild`)",
+    )
     p.set_defaults(func=run)
 
 
@@ -26,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from stratarl.commands import guard
 
     def body() -> int:
-        from stratarl.trainer.config import load_config
         from stratarl.infra.threads import set_threads
+        from stratarl.trainer.config import load_config
         from stratarl.trainer.warmstart import cached_warm_start, warm_start
 
         cfg = load_config(args.config, list(args.overrides))
@@ -36,14 +42,20 @@ def run(args: argparse.Namespace) -> int:
             _, summary = cached_warm_start(cfg, rebuild=True)
         else:
             summary = warm_start(cfg, Path(args.out))
-        print(f"sft: {summary['steps']} steps on {summary['num_demos']} demonstrations {summary['demo_kinds']} in "
-              f"{summary['seconds']:.0f}s; loss (first / last 3 steps) {summary['first_steps_loss']:.3f} -> {summary['last_steps_loss']:.3f}; "
-              f"model: {summary['model']}", flush=True)
+        print(
+            f"sft: {summary['steps']} steps on {summary['num_demos']} demonstrations {summary['demo_kinds']} in "
+            f"{summary['seconds']:.0f}s; loss (first / last 3 steps) {summary['first_steps_loss']:.3f} -> {summary['last_steps_loss']:.3f}; "
+            f"model: {summary['model']}",
+            flush=True,
+        )
         if summary.get("probes"):
             last = summary["probes"][-1]
-            print(f"reading probe passed at step {last['step']}: greedy single-hop EM {last['single_hop_em']:.3f} on "
-                  f"{last['num_single_hop']} questions of an unseen world; 2-hop answered after one search "
-                  f"{last['multi_hop_one_search']:.0%}", flush=True)
+            print(
+                f"reading probe passed at step {last['step']}: greedy single-hop EM {last['single_hop_em']:.3f} on "
+                f"{last['num_single_hop']} questions of an unseen world; 2-hop answered after one search "
+                f"{last['multi_hop_one_search']:.0%}",
+                flush=True,
+            )
         return 0
 
     return guard(body)

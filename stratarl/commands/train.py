@@ -13,32 +13,51 @@ REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train a search agent with RL (algo.name: grpo, stratified_grpo, ppo, so_ppo, so_grpo, "
-                                                "drgrpo, gspo, gigpo; or parts of your own with --import)",
-                              description="Train with RL. The run directory gets config.yaml, metrics.jsonl, "
-                                          "tensorboard/, transcripts/, checkpoints/, eval/ and summary.json.")
+    p = subparsers.add_parser(
+        "train",
+        help="train a search agent with RL (algo.name: grpo, stratified_grpo, ppo, so_ppo, so_grpo, "
+        "drgrpo, gspo, gigpo; or parts of your own with --import)",
+        description="Train with RL. The run directory gets config.yaml, metrics.jsonl, "
+        "tensorboard/, transcripts/, checkpoints/, eval/ and summary.json.",
+    )
     p.add_argument("config", nargs="?", help="YAML config (e.g. configs/demo.yaml); omit with --resume")
     p.add_argument("overrides", nargs="*", help=CONFIG_HELP)
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint "
-                   "(its config.yaml is used; overrides such as trainer.steps=N still apply)")
-    p.add_argument("--start-over", action="store_true", help="with --resume: when RUN_DIR holds no intact "
-                   "checkpoint (e.g. it was killed before its first one), train it again from step 0 instead of failing")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue RUN_DIR exactly from its latest checkpoint "
+        "(its config.yaml is used; overrides such as trainer.steps=N still apply)",
+    )
+    p.add_argument(
+        "--start-over",
+        action="store_true",
+        help="with --resume: when RUN_DIR holds no intact "
+        "checkpoint (e.g. it was killed before its first one), train it again from step 0 instead of failing",
+    )
     p.add_argument("--run-dir", help="write the run here instead of <trainer.output_dir>/<trainer.run_name>")
     add_retriever_check_flag(p)
     p.set_defaults(func=run_train)
 
-    d = subparsers.add_parser("demo", help="the main job: warm start + Stratified GRPO on the synthetic task, "
-                              "eval before/after and an HTML report (configs/demo.yaml)")
+    d = subparsers.add_parser(
+        "demo",
+        help="the main job: warm start + Stratified GRPO on the synthetic task, "
+        "eval before/after and an HTML report (configs/demo.yaml)",
+    )
     d.add_argument("overrides", nargs="*", help=CONFIG_HELP)
-    d.add_argument("--config", default=str(REPO_CONFIGS / "demo.yaml"), help="config to run (default: configs/demo.yaml)")
+    d.add_argument(
+        "--config", default=str(REPO_CONFIGS / "demo.yaml"), help="config to run (default: configs/demo.yaml)"
+    )
     d.add_argument("--run-dir", help="run directory (default: runs/demo-<timestamp>)")
     add_retriever_check_flag(d)
     d.set_defaults(func=run_demo)
 
 
 def add_retriever_check_flag(parser) -> None:
-    parser.add_argument("--no-retriever-check", action="store_true",
-                        help="do not send the probe search to a remote retriever (retrieval.spec a URL) before starting")
+    parser.add_argument(
+        "--no-retriever-check",
+        action="store_true",
+        help="do not send the probe search to a remote retriever (retrieval.spec a URL) before starting",
+    )
 
 
 PROBE_TIMEOUT_S = 10.0
@@ -81,11 +100,15 @@ def load_run_config(args):
         run_dir = Path(args.resume)
         overrides = ([args.config] if args.config else []) + list(args.overrides)
         if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"--resume {run_dir}: no config.yaml there. Fix: pass the run directory `stratarl train` wrote.")
+            raise ConfigError(
+                f"--resume {run_dir}: no config.yaml there. Fix: pass the run directory `stratarl train` wrote."
+            )
         return load_config(run_dir / "config.yaml", overrides), run_dir, True
     if not args.config:
-        raise ConfigError("no config given. Fix: `stratarl train configs/demo.yaml [key=value ...]` "
-                          "or `stratarl train --resume RUN_DIR`.")
+        raise ConfigError(
+            "no config given. Fix: `stratarl train configs/demo.yaml [key=value ...]` "
+            "or `stratarl train --resume RUN_DIR`."
+        )
     if "=" in args.config and not Path(args.config).exists():
         raise ConfigError(f"{args.config!r} looks like an override, not a config file. Fix: put the YAML path first.")
     cfg = load_config(args.config, list(args.overrides))
@@ -95,8 +118,8 @@ def load_run_config(args):
 def run_pipeline(cfg, run_dir: Path, *, resume: bool, start_over: bool = False, parts=None) -> dict:
     """Warm start (if ``sft.enabled`` and no ``model.init_from``), then RL; returns the RL summary. ``parts``: the
     run's collaborators (a population member's: stratarl.trainer.population)."""
-    from stratarl.trainer.rl import train
     from stratarl.infra.threads import set_threads
+    from stratarl.trainer.rl import train
 
     set_threads(cfg.trainer.num_threads)
     if not resume:  # before the warm start: a run killed during it can be resumed (--start-over)
@@ -109,13 +132,18 @@ def run_pipeline(cfg, run_dir: Path, *, resume: bool, start_over: bool = False, 
     if cfg.sft.enabled and not cfg.model.init_from:
         from stratarl.trainer.warmstart import cached_warm_start, warm_start, warm_start_cache_dir
 
-        what = (f"{cfg.sft.steps} steps x {cfg.sft.batch_size} demonstrations from fresh worlds"
-                if cfg.sft.source == "worlds" else f"{cfg.sft.num_demos} demonstrations")
+        what = (
+            f"{cfg.sft.steps} steps x {cfg.sft.batch_size} demonstrations from fresh worlds"
+            if cfg.sft.source == "worlds"
+            else f"{cfg.sft.num_demos} demonstrations"
+        )
         if cfg.sft.cache:
             model_dir = warm_start_cache_dir(cfg) / "model"
             if not (model_dir / "config.json").is_file():
-                print(f"warm start: {what} -> {model_dir} (cached; shared by runs with the same warm-start settings)",
-                      flush=True)
+                print(
+                    f"warm start: {what} -> {model_dir} (cached; shared by runs with the same warm-start settings)",
+                    flush=True,
+                )
             model_dir, summary_sft = cached_warm_start(cfg)
             if summary_sft is None:
                 print(f"warm start: reusing {model_dir} (rebuild: `stratarl sft CONFIG --rebuild`)", flush=True)
@@ -125,8 +153,11 @@ def run_pipeline(cfg, run_dir: Path, *, resume: bool, start_over: bool = False, 
                 print(f"warm start: fine-tuning on {what} -> {model_dir}", flush=True)
                 summary_sft = warm_start(cfg, run_dir / "sft")
         if summary_sft is not None:
-            print(f"warm start done in {summary_sft['seconds']:.0f}s: loss (mean of first / last 3 steps) "
-                  f"{summary_sft['first_steps_loss']:.3f} -> {summary_sft['last_steps_loss']:.3f}, demos {summary_sft['demo_kinds']}", flush=True)
+            print(
+                f"warm start done in {summary_sft['seconds']:.0f}s: loss (mean of first / last 3 steps) "
+                f"{summary_sft['first_steps_loss']:.3f} -> {summary_sft['last_steps_loss']:.3f}, demos {summary_sft['demo_kinds']}",
+                flush=True,
+            )
         init_from = str(model_dir)
     summary = train(cfg, run_dir, resume=resume, init_from=init_from, start_over=start_over, parts=parts)
     if summary_sft is not None:
@@ -147,8 +178,11 @@ def run_train(args: argparse.Namespace) -> int:
         check_retriever(cfg, args)
         summary = run_pipeline(cfg, run_dir, resume=resume, start_over=args.start_over)
         code = summary.get("exit_code", 0)
-        print(f"{'stopped' if code else 'done'}: {summary['steps']} steps in {summary['train_seconds']:.0f}s; "
-              f"checkpoint {summary['checkpoint']}", flush=True)
+        print(
+            f"{'stopped' if code else 'done'}: {summary['steps']} steps in {summary['train_seconds']:.0f}s; "
+            f"checkpoint {summary['checkpoint']}",
+            flush=True,
+        )
         return code
 
     return guard(body)
@@ -156,13 +190,17 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     def body() -> int:
+        from stratarl.evaluation.report import build_report
         from stratarl.trainer.algorithm import describe
         from stratarl.trainer.config import load_config
-        from stratarl.evaluation.report import build_report
 
         started = time.perf_counter()
         cfg = load_config(args.config, list(args.overrides))
-        run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.trainer.output_dir) / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = (
+            Path(args.run_dir)
+            if args.run_dir
+            else Path(cfg.trainer.output_dir) / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
         print(f"stratarl demo: {cfg.model.name}, synthetic KB + BM25; run directory {run_dir}", flush=True)
         print(f"algorithm {describe(cfg.algo.name, cfg.algorithm)}", flush=True)
         check_retriever(cfg, args)

@@ -73,9 +73,12 @@ def _keywords(fn: Callable) -> frozenset[str] | None:
 _FORMATS: dict[str, DatasetFormat] = {}
 
 
-def register_dataset_format(name: str, *, matches: Callable[[Any], bool] | None = None,
-                            prepare: Callable[[Sequence[dict], str], dict] | None = None
-                            ) -> Callable[[RowReader], RowReader]:
+def register_dataset_format(
+    name: str,
+    *,
+    matches: Callable[[Any], bool] | None = None,
+    prepare: Callable[[Sequence[dict], str], dict] | None = None,
+) -> Callable[[RowReader], RowReader]:
     """Decorator: register ``fn(row, *, row_index, origin, id_, ...) -> Example`` as dataset format ``name``.
 
     ``matches(row) -> bool``: the rows this format reads when no format is chosen (the newest registered
@@ -89,8 +92,10 @@ def register_dataset_format(name: str, *, matches: Callable[[Any], bool] | None 
     def decorator(fn: RowReader) -> RowReader:
         if name in _FORMATS and _FORMATS[name].read is not fn:
             owner = getattr(_FORMATS[name].read, "__qualname__", repr(_FORMATS[name].read))
-            raise ValueError(f"dataset format {name!r} is already registered (by {owner}); pick another name "
-                             f"(registered: {', '.join(dataset_format_names())})")
+            raise ValueError(
+                f"dataset format {name!r} is already registered (by {owner}); pick another name "
+                f"(registered: {', '.join(dataset_format_names())})"
+            )
         _FORMATS[name] = DatasetFormat(name, fn, matches, prepare, _keywords(fn))
         return fn
 
@@ -105,8 +110,10 @@ def dataset_format_names() -> list[str]:
 def get_dataset_format(name: str) -> DatasetFormat:
     """The format registered as ``name``; an unknown name raises a ValueError listing the registered ones."""
     if name not in _FORMATS:
-        raise ValueError(f"unknown dataset format {name!r}; registered: {', '.join(dataset_format_names())} "
-                         "(a format of your own: register_dataset_format in a module loaded with --import)")
+        raise ValueError(
+            f"unknown dataset format {name!r}; registered: {', '.join(dataset_format_names())} "
+            "(a format of your own: register_dataset_format in a module loaded with --import)"
+        )
     return _FORMATS[name]
 
 
@@ -131,7 +138,9 @@ class _Reader:
         named = dataset_format.keywords
         self.format = dataset_format
         self.extra = extra if named is None else {k: v for k, v in extra.items() if k in named}
-        self.row_index, self.origin, self.id_ = (named is None or key in named for key in ("row_index", "origin", "id_"))
+        self.row_index, self.origin, self.id_ = (
+            named is None or key in named for key in ("row_index", "origin", "id_")
+        )
 
     def __call__(self, row: dict, row_index: int, origin: str, id_: str | None) -> Example:
         keywords = dict(self.extra)
@@ -164,7 +173,9 @@ def examples_from_rows(rows: Sequence[Any], *, origin: str, format: str | None =
         if not isinstance(row, dict):
             raise DatasetFormatError(f"{origin}: row {i}: expected an object with fields, got {type(row).__name__}")
     file_ids = [row.get("id") if isinstance(row, dict) else None for row in rows]
-    use_file_ids = all(i is not None and str(i) != "" for i in file_ids) and len({str(i) for i in file_ids}) == len(rows)
+    use_file_ids = all(i is not None and str(i) != "" for i in file_ids) and len({str(i) for i in file_ids}) == len(
+        rows
+    )
     if not use_file_ids and any(i is not None for i in file_ids):
         warnings.warn(
             f"{origin}: the 'id' column is missing in some rows or has duplicates (common in merged "
@@ -180,12 +191,16 @@ def examples_from_rows(rows: Sequence[Any], *, origin: str, format: str | None =
             own_rows = [row for row, f in zip(rows, formats) if f.name == dataset_format.name]
             extra = dict(dataset_format.prepare(own_rows, origin))
         readers[dataset_format.name] = _Reader(dataset_format, extra)
-    examples = [readers[dataset_format.name](row, i, origin, str(file_ids[i]) if use_file_ids else None)
-                for i, (row, dataset_format) in enumerate(zip(rows, formats))]
+    examples = [
+        readers[dataset_format.name](row, i, origin, str(file_ids[i]) if use_file_ids else None)
+        for i, (row, dataset_format) in enumerate(zip(rows, formats))
+    ]
     seen: dict[str, int] = {}
     for i, example in enumerate(examples):
         if example.id in seen:
-            raise DatasetFormatError(f"{origin}: rows {seen[example.id]} and {i} have the same id {example.id!r} "
-                                     f"(format {formats[i].name!r}). Fix: give each row its own id")
+            raise DatasetFormatError(
+                f"{origin}: rows {seen[example.id]} and {i} have the same id {example.id!r} "
+                f"(format {formats[i].name!r}). Fix: give each row its own id"
+            )
         seen[example.id] = i
     return examples

@@ -65,27 +65,50 @@ def _stem(row: dict, where: str) -> str:
 def _medqa_options(value: Any, where: str) -> dict[str, str]:
     if isinstance(value, (list, tuple)):  # bigbio: [{"key": "A", "value": "..."}]
         if not all(isinstance(o, dict) and "key" in o and "value" in o for o in value):
-            raise DatasetFormatError(f"{where}: field 'options' = {value!r}: expected a letter -> text map "
-                                            '{"A": "...", ...} or a list of {"key": "A", "value": "..."}')
+            raise DatasetFormatError(
+                f"{where}: field 'options' = {value!r}: expected a letter -> text map "
+                '{"A": "...", ...} or a list of {"key": "A", "value": "..."}'
+            )
         value = {o["key"]: o["value"] for o in value}
     if not isinstance(value, dict) or not value:
-        raise DatasetFormatError(f"{where}: field 'options' = {value!r}: expected a letter -> text map "
-                                        '{"A": "...", "B": "...", ...}')
+        raise DatasetFormatError(
+            f'{where}: field \'options\' = {value!r}: expected a letter -> text map {{"A": "...", "B": "...", ...}}'
+        )
     options = {str(k).strip().upper(): v for k, v in value.items() if v is not None}  # parquet structs pad with None
     for letter, text in options.items():
         if letter not in LETTERS or not isinstance(text, str) or not text.strip():
-            raise DatasetFormatError(f"{where}: field 'options.{letter}' = {text!r}: expected option letters "
-                                            f"A-J with non-empty texts")
+            raise DatasetFormatError(
+                f"{where}: field 'options.{letter}' = {text!r}: expected option letters A-J with non-empty texts"
+            )
     return {k: options[k].strip() for k in sorted(options)}
 
 
-def _example(kind: str, row: dict, where: str, row_index: int, id_: str | None, stem: str,
-             options: dict[str, str], letter: str, extra: dict) -> Example:
+def _example(
+    kind: str,
+    row: dict,
+    where: str,
+    row_index: int,
+    id_: str | None,
+    stem: str,
+    options: dict[str, str],
+    letter: str,
+    extra: dict,
+) -> Example:
     source = str(row.get("data_source") or kind)
-    metadata = {"format": kind, "row": row_index, "options": options, "answer_letter": letter,
-                **{k: v for k, v in extra.items() if v is not None}}
-    return Example(id=id_ if id_ is not None else f"{source}-{row_index}", question=stem,
-                   golden_answers=(letter, options[letter]), data_source=source, metadata=metadata)
+    metadata = {
+        "format": kind,
+        "row": row_index,
+        "options": options,
+        "answer_letter": letter,
+        **{k: v for k, v in extra.items() if v is not None},
+    }
+    return Example(
+        id=id_ if id_ is not None else f"{source}-{row_index}",
+        question=stem,
+        golden_answers=(letter, options[letter]),
+        data_source=source,
+        metadata=metadata,
+    )
 
 
 @register_dataset_format("medqa", matches=is_medqa_row)
@@ -96,23 +119,29 @@ def medqa_example(row: dict, *, row_index: int, origin: str, id_: str | None = N
     options = _medqa_options(row.get("options"), where)
     letter = str(row.get("answer_idx") or "").strip().upper()
     if letter not in options:
-        raise DatasetFormatError(f"{where}: field 'answer_idx' = {row.get('answer_idx')!r}: not one of the "
-                                        f"option letters {', '.join(options)}")
-    return _example("medqa", row, where, row_index, id_, stem, options, letter,
-                    {"meta_info": row.get("meta_info")})
+        raise DatasetFormatError(
+            f"{where}: field 'answer_idx' = {row.get('answer_idx')!r}: not one of the "
+            f"option letters {', '.join(options)}"
+        )
+    return _example("medqa", row, where, row_index, id_, stem, options, letter, {"meta_info": row.get("meta_info")})
 
 
 def medmcqa_cop_base(rows: Sequence[dict], origin: str) -> int:
     """0 if the file's ``cop`` values are 0-3 (the hub's), 1 if 1-4 (the original release's)."""
     values = {row.get("cop") for row in rows if row_kind(row) == "medmcqa"}
     if 0 in values and 4 in values:
-        raise DatasetFormatError(f"{origin}: field 'cop' holds both 0 and 4: expected 0-3 (the hub's "
-                                        "MedMCQA) or 1-4 (the original release) in one file")
+        raise DatasetFormatError(
+            f"{origin}: field 'cop' holds both 0 and 4: expected 0-3 (the hub's "
+            "MedMCQA) or 1-4 (the original release) in one file"
+        )
     if 4 in values:
         return 1
     if 0 not in values and values <= {1, 2, 3}:
-        warnings.warn(f"{origin}: MedMCQA 'cop' values are all 1-3, so the file may be 0-based (the hub's 0-3) or "
-                      "1-based (the original release's 1-4); reading it 0-based", stacklevel=4)
+        warnings.warn(
+            f"{origin}: MedMCQA 'cop' values are all 1-3, so the file may be 0-based (the hub's 0-3) or "
+            "1-based (the original release's 1-4); reading it 0-based",
+            stacklevel=4,
+        )
     return 0
 
 
@@ -136,8 +165,19 @@ def medmcqa_example(row: dict, *, row_index: int, origin: str, cop_base: int, id
     index = cop - cop_base if isinstance(cop, int) and not isinstance(cop, bool) else None
     if index is None or not 0 <= index < len(MEDMCQA_OPTION_FIELDS):
         expected = "1-4 (this file is 1-based)" if cop_base else "0-3 (this file is 0-based)"
-        raise DatasetFormatError(f"{where}: field 'cop' = {cop!r}: expected the right option as {expected}; "
-                                        "MedMCQA's test split ships without answers (cop -1): evaluate on its "
-                                        "validation split")
-    return _example("medmcqa", row, where, row_index, id_, stem, options, LETTERS[index],
-                    {k: row.get(k) for k in ("subject_name", "topic_name", "choice_type")})
+        raise DatasetFormatError(
+            f"{where}: field 'cop' = {cop!r}: expected the right option as {expected}; "
+            "MedMCQA's test split ships without answers (cop -1): evaluate on its "
+            "validation split"
+        )
+    return _example(
+        "medmcqa",
+        row,
+        where,
+        row_index,
+        id_,
+        stem,
+        options,
+        LETTERS[index],
+        {k: row.get(k) for k in ("subject_name", "topic_name", "choice_type")},
+    )

@@ -32,7 +32,7 @@ def hop_recall(
     k_max = max(ks)
     found: list[int] = []  # rank (0-based) of the needed passage, or k_max when absent
     for start in range(0, len(records), batch_size):
-        batch = records[start:start + batch_size]
+        batch = records[start : start + batch_size]
         results = retriever.search([query for _, query, _ in batch], k_max)
         for (_, _, needed), hits in zip(batch, results):
             ids = [hit.id for hit in hits]

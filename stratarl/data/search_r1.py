@@ -59,7 +59,7 @@ def extract_question(prompt: str | Sequence[dict]) -> str:
     text = prompt
     position = text.rfind(_QUESTION_MARKER)
     if position >= 0:
-        text = text[position + len(_QUESTION_MARKER):]
+        text = text[position + len(_QUESTION_MARKER) :]
     special = text.find("<|")
     if special >= 0:
         text = text[:special]
@@ -89,7 +89,8 @@ def _as_answers(value: Any, where: str = "", field: str = "golden_answers") -> l
             kind = "number" if number else type(item).__name__
             raise DatasetFormatError(
                 f"{where}: field '{field}': the gold answer {shown} is a {kind}, not text. Fix: "
-                f"write gold answers as strings, e.g. [\"{shown}\"]")
+                f'write gold answers as strings, e.g. ["{shown}"]'
+            )
     return [item for item in items if item is not None]
 
 
@@ -129,14 +130,20 @@ def _as_messages(value: Any, where: str) -> tuple[dict[str, str], ...] | None:
         value = [{"role": "user", "content": value}]
     items = value.tolist() if hasattr(value, "tolist") else value
     if not isinstance(items, (list, tuple)) or not items:
-        raise DatasetFormatError(f"{where}: field 'prompt' = {value!r}: expected a list of chat messages "
-                                 '[{"role": "user", "content": "..."}] or a string')
+        raise DatasetFormatError(
+            f"{where}: field 'prompt' = {value!r}: expected a list of chat messages "
+            '[{"role": "user", "content": "..."}] or a string'
+        )
     messages = []
     for i, message in enumerate(items):
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)):
-            raise DatasetFormatError(f"{where}: field 'prompt[{i}]' = {message!r}: expected "
-                                     '{"role": "...", "content": "<text>"}')
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise DatasetFormatError(
+                f'{where}: field \'prompt[{i}]\' = {message!r}: expected {{"role": "...", "content": "<text>"}}'
+            )
         messages.append({"role": message["role"], "content": message["content"]})
     return tuple(messages)
 
@@ -183,7 +190,7 @@ def search_r1_example(row: dict, *, row_index: int, origin: str, id_: str | None
             f"reward_model.ground_truth.target (columns present: {sorted(row)})"
         )
     raw_source = str(row.get("data_source") or "unknown")
-    source = raw_source[len(VERL_PREFIX):] if raw_source.startswith(VERL_PREFIX) else raw_source
+    source = raw_source[len(VERL_PREFIX) :] if raw_source.startswith(VERL_PREFIX) else raw_source
     metadata = _parse_metadata(row.get("metadata"))
     metadata.update(format=_row_format(row), row=row_index)
     if "split" in extra:
@@ -232,7 +239,7 @@ def _read_json(path: Path) -> list[dict]:
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
-        raise DatasetFormatError(f"{path}: expected a JSON list of rows (or {{\"data\": [...]}})")
+        raise DatasetFormatError(f'{path}: expected a JSON list of rows (or {{"data": [...]}})')
     return data
 
 
@@ -286,8 +293,9 @@ def require_rows(rows: Sequence[dict], origin: str) -> None:
         raise DatasetFormatError(f"{origin}: contains no rows. Fix: pass a question file with at least one row")
 
 
-def load_examples(path_or_name: str | Path, *, split: str | None = None, limit: int | None = None,
-                  format: str | None = None) -> list[Example]:
+def load_examples(
+    path_or_name: str | Path, *, split: str | None = None, limit: int | None = None, format: str | None = None
+) -> list[Example]:
     """Load questions as Examples from a file, a folder, or a hub dataset name.
 
     - a ``.parquet`` / ``.jsonl`` / ``.json`` file: every row; with ``split``, only
@@ -324,8 +332,9 @@ def load_examples(path_or_name: str | Path, *, split: str | None = None, limit: 
     return examples[:limit] if limit is not None else examples
 
 
-def load_example_files(paths: Sequence[str | Path], *, split: str | None = None, limit: int | None = None,
-                       format: str | None = None) -> list[Example]:
+def load_example_files(
+    paths: Sequence[str | Path], *, split: str | None = None, limit: int | None = None, format: str | None = None
+) -> list[Example]:
     """``load_examples`` over several files, concatenated, with ids unique across them.
 
     Two files often reuse ids (NQ and HotpotQA both have ``train_0``; two files of one
@@ -339,9 +348,13 @@ def load_example_files(paths: Sequence[str | Path], *, split: str | None = None,
         return merged
     stems = [Path(str(path)).stem for path in paths]
     prefixes = stems if len(set(stems)) == len(stems) else [str(i) for i in range(len(paths))]
-    warnings.warn(f"example ids collide across {list(map(str, paths))}; prefixing each id with its file "
-                  f"({', '.join(prefixes)})", stacklevel=2)
-    return [dataclasses.replace(e, id=f"{prefix}/{e.id}") for prefix, examples in zip(prefixes, per_file) for e in examples]
+    warnings.warn(
+        f"example ids collide across {list(map(str, paths))}; prefixing each id with its file ({', '.join(prefixes)})",
+        stacklevel=2,
+    )
+    return [
+        dataclasses.replace(e, id=f"{prefix}/{e.id}") for prefix, examples in zip(prefixes, per_file) for e in examples
+    ]
 
 
 # --------------------------------------------------------------------------- writing
@@ -350,8 +363,12 @@ def load_example_files(paths: Sequence[str | Path], *, split: str | None = None,
 def search_r1_row(example: Example, index: int, *, split: str | None = None) -> dict:
     """An Example as a Search-R1 row (the columns nq_search.py writes, plus id /
     question / golden_answers and our metadata as a JSON string)."""
-    metadata = {k: v for k, v in example.metadata.items() if k not in ("format", "row", "split", "index", "raw_data_source")}
-    prompt = example.prompt or [{"role": "user", "content": build_prompt(example.question, options=example.metadata.get("options"))}]
+    metadata = {
+        k: v for k, v in example.metadata.items() if k not in ("format", "row", "split", "index", "raw_data_source")
+    }
+    prompt = example.prompt or [
+        {"role": "user", "content": build_prompt(example.question, options=example.metadata.get("options"))}
+    ]
     return {
         "id": example.id,
         "question": example.question,

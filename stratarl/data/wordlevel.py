@@ -55,7 +55,14 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"  # EOS
 SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, UNK_TOKEN, IM_START, IM_END)
 PROTOCOL_TAGS: tuple[str, ...] = (
-    "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>", "<think>", "</think>",
+    "<search>",
+    "</search>",
+    "<answer>",
+    "</answer>",
+    "<information>",
+    "</information>",
+    "<think>",
+    "</think>",
 )
 # One piece: optional single space + (letters | one digit | one other non-space char), or one whitespace char.
 PIECE_PATTERN = r" ?(?:[^\W\d_]+|\d|[^\w\s]|_)|\s"
@@ -170,9 +177,11 @@ def build_vocabulary(counts: Counter[str], *, min_freq: int = 1, max_vocab: int 
         for spelling in _spellings(piece):
             vocab.setdefault(spelling, len(vocab))
     if max_vocab is not None and max_vocab < len(vocab):
-        raise ValueError(f"max_vocab={max_vocab} is smaller than the fixed part of the vocabulary ({len(vocab)} "
-                         "tokens: special tokens, protocol tags, digits, punctuation); "
-                         f"use max_vocab >= {len(vocab)} or None")
+        raise ValueError(
+            f"max_vocab={max_vocab} is smaller than the fixed part of the vocabulary ({len(vocab)} "
+            "tokens: special tokens, protocol tags, digits, punctuation); "
+            f"use max_vocab >= {len(vocab)} or None"
+        )
     ranked = sorted((piece for piece, n in counts.items() if n >= min_freq), key=lambda p: (-counts[p], p))
     for piece in ranked:
         new = [s for s in _spellings(piece) if s not in vocab]
@@ -183,8 +192,9 @@ def build_vocabulary(counts: Counter[str], *, min_freq: int = 1, max_vocab: int 
     return vocab
 
 
-def build_word_tokenizer(texts: Iterable[str], *, min_freq: int = 1, max_vocab: int | None = None,
-                         lowercase: bool = False):
+def build_word_tokenizer(
+    texts: Iterable[str], *, min_freq: int = 1, max_vocab: int | None = None, lowercase: bool = False
+):
     """A word-level ``PreTrainedTokenizerFast`` whose vocabulary covers ``texts``.
 
     See the module docstring for the split, the decoder and the vocabulary rules.
@@ -248,15 +258,22 @@ def task_texts(passages: Iterable[Passage], examples: Iterable[Example]) -> Iter
             yield str(hop.get("answer", ""))
 
 
-def word_tokenizer_for_task(passages: Iterable[Passage], examples: Iterable[Example], *,
-                            extra_texts: Sequence[str] = (), min_freq: int = 1, max_vocab: int | None = None,
-                            lowercase: bool = False):
+def word_tokenizer_for_task(
+    passages: Iterable[Passage],
+    examples: Iterable[Example],
+    *,
+    extra_texts: Sequence[str] = (),
+    min_freq: int = 1,
+    max_vocab: int | None = None,
+    lowercase: bool = False,
+):
     """The word-level tokenizer of a task: vocabulary from ``task_texts`` + ``protocol_texts``
     + ``extra_texts`` (e.g. a trainer's demonstration phrases), so nothing a rollout over
     this corpus and these questions produces maps to ``[UNK]``."""
     texts = [*protocol_texts(), *extra_texts]
-    return build_word_tokenizer((*texts, *task_texts(passages, examples)), min_freq=min_freq,
-                                max_vocab=max_vocab, lowercase=lowercase)
+    return build_word_tokenizer(
+        (*texts, *task_texts(passages, examples)), min_freq=min_freq, max_vocab=max_vocab, lowercase=lowercase
+    )
 
 
 def word_tokenizer_for_kb(kb, **kwargs):
@@ -268,13 +285,24 @@ def unknown_words(tokenizer, text: str) -> list[str]:
     """The spans of ``text`` that ``tokenizer`` maps to its unknown token (empty: full coverage)."""
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     unk = tokenizer.unk_token_id
-    spans = [text[start:end] for token, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"])
-             if token == unk]
+    spans = [
+        text[start:end]
+        for token, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"])
+        if token == unk
+    ]
     return [span.lstrip(" ") or span for span in spans if span != UNK_TOKEN]
 
 
-def build_word_model(tokenizer, *, hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
-                     intermediate_size: int | None = None, max_position_embeddings: int = 4096, seed: int = 0):
+def build_word_model(
+    tokenizer,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 4096,
+    seed: int = 0,
+):
     """A randomly initialised Llama-style causal LM over ``tokenizer`` (``build_tiny_model``
     with sizes for learning the synthetic task from scratch: 4 layers of width 128,
     MLP width ``4 * hidden_size`` unless given, tied embeddings)."""
@@ -282,6 +310,12 @@ def build_word_model(tokenizer, *, hidden_size: int = 128, num_layers: int = 4, 
 
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
-    return build_tiny_model(tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-                            intermediate_size=intermediate_size or 4 * hidden_size,
-                            max_position_embeddings=max_position_embeddings, seed=seed)
+    return build_tiny_model(
+        tokenizer,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        max_position_embeddings=max_position_embeddings,
+        seed=seed,
+    )

@@ -25,15 +25,24 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-
 from stratarl.evaluation.plots import panel_grid, save_png
 from stratarl.evaluation.rundir import metric_series, run_info, train_rows
 from stratarl.evaluation.stats import CollapseRule, collapse_step, mean_ci, paired_difference, steps_ci
 
 HEADLINE = ("reward/mean", "reward/em")
-DIAGNOSTICS = ("rollout/valid_action_rate", "rollout/search_calls_mean", "loss/clip_frac", "loss/clip_frac_turn",
-               "sorl/c_norm", "sorl/scale", "optim/grad_norm", "loss/approx_kl", "loss/kl",
-               "stratum/cross_var", "stratum/zero_san_frac")
+DIAGNOSTICS = (
+    "rollout/valid_action_rate",
+    "rollout/search_calls_mean",
+    "loss/clip_frac",
+    "loss/clip_frac_turn",
+    "sorl/c_norm",
+    "sorl/scale",
+    "optim/grad_norm",
+    "loss/approx_kl",
+    "loss/kl",
+    "stratum/cross_var",
+    "stratum/zero_san_frac",
+)
 CURVES = HEADLINE + DIAGNOSTICS
 # Curves also plotted when present: per-type EM and the search-count distribution.
 CURVE_PREFIXES = ("reward/em_by_type/", "rollout/search_calls_frac/")
@@ -73,8 +82,13 @@ def _comparable(name: str) -> bool:
     return name.startswith(("final/", "auc/", "eval_after/", "eval_before/"))
 
 
-def aggregate_runs(run_dirs: list[str | Path], baseline: str | None = None, *, final_window: int = 5,
-                   rule: CollapseRule = CollapseRule()) -> dict:
+def aggregate_runs(
+    run_dirs: list[str | Path],
+    baseline: str | None = None,
+    *,
+    final_window: int = 5,
+    rule: CollapseRule = CollapseRule(),
+) -> dict:
     """Group runs by (condition, arm) and compute per-arm CIs and paired differences vs ``baseline``."""
     conditions: dict[str, dict[str, dict]] = {}
     for d in map(Path, run_dirs):
@@ -84,18 +98,24 @@ def aggregate_runs(run_dirs: list[str | Path], baseline: str | None = None, *, f
         arm = conditions.setdefault(str(info["condition"]), {}).setdefault(str(info["arm"]), {"runs": {}})
         seed = int(info["seed"])
         if seed in arm["runs"]:
-            raise ValueError(f"two runs of arm {info['arm']!r} (condition {info['condition']!r}) have seed {seed}: "
-                             f"{arm['runs'][seed]['run_dir']} and {d}. Fix: pass each run once")
+            raise ValueError(
+                f"two runs of arm {info['arm']!r} (condition {info['condition']!r}) have seed {seed}: "
+                f"{arm['runs'][seed]['run_dir']} and {d}. Fix: pass each run once"
+            )
         arm["runs"][seed] = {"run_dir": str(d), **run_scalars(d, final_window, rule)}
     result: dict = {"baseline": baseline, "final_window": final_window, "collapse_rule": asdict(rule), "conditions": {}}
     for condition, arms in sorted(conditions.items()):
         block: dict = {"arms": {}, "paired": {}}
         for name, arm in arms.items():
             runs = arm["runs"]
-            names = sorted({k for r in runs.values() for k, v in r.items() if isinstance(v, (int, float)) and k != "steps"})
+            names = sorted(
+                {k for r in runs.values() for k, v in r.items() if isinstance(v, (int, float)) and k != "steps"}
+            )
             collapsed = {s: r["collapse"] for s, r in runs.items()}
             block["arms"][name] = {
-                "n": len(runs), "seeds": sorted(runs), "runs": {str(s): r for s, r in sorted(runs.items())},
+                "n": len(runs),
+                "seeds": sorted(runs),
+                "runs": {str(s): r for s, r in sorted(runs.items())},
                 "metrics": {k: mean_ci([r[k] for r in runs.values() if k in r]).to_dict() for k in names},
                 "collapsed_runs": sum(c["step"] is not None for c in collapsed.values()),
                 "collapse_steps": {str(s): c["step"] for s, c in sorted(collapsed.items())},
@@ -107,8 +127,12 @@ def aggregate_runs(run_dirs: list[str | Path], baseline: str | None = None, *, f
                     continue
                 metrics = sorted({k for r in arm["runs"].values() for k in r if _comparable(k)})
                 block["paired"][name] = {
-                    k: paired_difference({s: r[k] for s, r in arm["runs"].items() if k in r},
-                                         {s: r[k] for s, r in base_runs.items() if k in r}) for k in metrics}
+                    k: paired_difference(
+                        {s: r[k] for s, r in arm["runs"].items() if k in r},
+                        {s: r[k] for s, r in base_runs.items() if k in r},
+                    )
+                    for k in metrics
+                }
         elif baseline is not None:
             block["baseline_missing"] = f"no arm named {baseline!r} in condition {condition!r}; arms: {sorted(arms)}"
         result["conditions"][condition] = block
@@ -135,33 +159,59 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def markdown_tables(result: dict) -> str:
     """aggregate.md: per condition, a headline table (mean ± 95% CI over seeds), the paired
     differences vs the baseline, diagnostics and collapse steps."""
-    out = ["# Aggregate over seeds", "",
-           f"Mean ± 95% Student-t CI half-width over seeds (n = seeds; no CI with one seed). final = mean of the last "
-           f"{result['final_window']} steps; auc = mean over all steps. Baseline: `{result['baseline']}`.", ""]
+    out = [
+        "# Aggregate over seeds",
+        "",
+        f"Mean ± 95% Student-t CI half-width over seeds (n = seeds; no CI with one seed). final = mean of the last "
+        f"{result['final_window']} steps; auc = mean over all steps. Baseline: `{result['baseline']}`.",
+        "",
+    ]
     for condition, block in result["conditions"].items():
         arms = block["arms"]
         out += [f"## {condition or 'all runs'}", ""]
-        headline = [k for k in ("final/reward/mean", "auc/reward/mean", "final/reward/em", "auc/reward/em",
-                                "eval_after/em") if any(k in a["metrics"] for a in arms.values())]
-        types = sorted({k for a in arms.values() for k in a["metrics"] if k.startswith(("final/reward/em_by_type/",
-                                                                                       "eval_after/em_by_type/"))})
-        rows = [[name, str(a["n"]), *(_fmt(a["metrics"].get(k)) for k in headline + types),
-                 f"{a['collapsed_runs']}/{a['n']}"] for name, a in arms.items()]
+        headline = [
+            k
+            for k in ("final/reward/mean", "auc/reward/mean", "final/reward/em", "auc/reward/em", "eval_after/em")
+            if any(k in a["metrics"] for a in arms.values())
+        ]
+        types = sorted(
+            {
+                k
+                for a in arms.values()
+                for k in a["metrics"]
+                if k.startswith(("final/reward/em_by_type/", "eval_after/em_by_type/"))
+            }
+        )
+        rows = [
+            [
+                name,
+                str(a["n"]),
+                *(_fmt(a["metrics"].get(k)) for k in headline + types),
+                f"{a['collapsed_runs']}/{a['n']}",
+            ]
+            for name, a in arms.items()
+        ]
         out += [_table(["arm", "n", *headline, *types, "collapsed"], rows), ""]
         if block.get("paired"):
             keys = sorted({k for p in block["paired"].values() for k in p})
             keys = [k for k in headline + types if k in keys]
             rows = [[name, *(_fmt(p.get(k)) for k in keys)] for name, p in block["paired"].items()]
-            out += [f"Paired difference arm − `{result['baseline']}` (same seeds), mean ± 95% CI:", "",
-                    _table(["arm", *keys], rows), ""]
+            out += [
+                f"Paired difference arm − `{result['baseline']}` (same seeds), mean ± 95% CI:",
+                "",
+                _table(["arm", *keys], rows),
+                "",
+            ]
         if block.get("baseline_missing"):
             out += [f"(no paired comparison: {block['baseline_missing']})", ""]
         diag = [k for k in DIAGNOSTICS if any(f"mean/{k}" in a["metrics"] for a in arms.values())]
         if diag:
             rows = [[name, *(_fmt(a["metrics"].get(f"mean/{k}")) for k in diag)] for name, a in arms.items()]
             out += ["Run means of the diagnostics:", "", _table(["arm", *diag], rows), ""]
-        rows = [[name, ", ".join(f"seed {s}: {v if v is not None else '-'}" for s, v in a["collapse_steps"].items())]
-                for name, a in arms.items()]
+        rows = [
+            [name, ", ".join(f"seed {s}: {v if v is not None else '-'}" for s, v in a["collapse_steps"].items())]
+            for name, a in arms.items()
+        ]
         out += ["Collapse step per run (- = no collapse):", "", _table(["arm", "collapse steps"], rows), ""]
     return "\n".join(out)
 
@@ -210,9 +260,16 @@ def _md_to_html(md: str) -> str:
 
     def flush() -> None:
         if table:
-            head, *body = [[html.escape(c.strip()) for c in r.strip("|").split("|")] for r in table if not r.startswith("|---")]
-            parts.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>"
-                         + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body) + "</table>")
+            head, *body = [
+                [html.escape(c.strip()) for c in r.strip("|").split("|")] for r in table if not r.startswith("|---")
+            ]
+            parts.append(
+                "<table><tr>"
+                + "".join(f"<th>{c}</th>" for c in head)
+                + "</tr>"
+                + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body)
+                + "</table>"
+            )
             table.clear()
 
     for line in md.splitlines():
@@ -230,8 +287,15 @@ def _md_to_html(md: str) -> str:
     return "\n".join(parts)
 
 
-def write_aggregate(run_dirs: list[str | Path], out_html: str | Path, *, baseline: str | None = None,
-                    final_window: int = 5, title: str = "stratarl aggregate", rule: CollapseRule = CollapseRule()) -> Path:
+def write_aggregate(
+    run_dirs: list[str | Path],
+    out_html: str | Path,
+    *,
+    baseline: str | None = None,
+    final_window: int = 5,
+    title: str = "stratarl aggregate",
+    rule: CollapseRule = CollapseRule(),
+) -> Path:
     """Write aggregate.json, aggregate.md, one PNG per condition and the HTML page next to ``out_html``."""
     out_html = Path(out_html)
     out = out_html.parent
@@ -246,11 +310,13 @@ def write_aggregate(run_dirs: list[str | Path], out_html: str | Path, *, baselin
         png = plot_condition(condition, block, out / f"curves_{slug}.png")
         if png is not None:
             b64 = base64.b64encode(png).decode("ascii")
-            figures.append(f'<h2>{html.escape(condition or "all runs")}: curves</h2>'
-                           f'<img alt="curves {html.escape(condition)}" src="data:image/png;base64,{b64}">')
+            figures.append(
+                f"<h2>{html.escape(condition or 'all runs')}: curves</h2>"
+                f'<img alt="curves {html.escape(condition)}" src="data:image/png;base64,{b64}">'
+            )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}} img{{max-width:100%}}
 table{{border-collapse:collapse;margin:.5em 0}} td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}</style>
-</head><body><h1>{html.escape(title)}</h1>{_md_to_html(md)}{''.join(figures)}</body></html>"""
+</head><body><h1>{html.escape(title)}</h1>{_md_to_html(md)}{"".join(figures)}</body></html>"""
     out_html.write_text(page)
     return out_html

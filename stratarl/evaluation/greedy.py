@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from stratarl.infra.metrics import write_transcripts
 from stratarl.infra.precision import DevicePolicy
@@ -60,7 +60,9 @@ def score_rollout(rollout, example: Question) -> dict[str, float]:
     }
 
 
-def aggregate(scores: Sequence[dict[str, float]], sources: Sequence[str], *, with_all: bool = True) -> dict[str, dict[str, float]]:
+def aggregate(
+    scores: Sequence[dict[str, float]], sources: Sequence[str], *, with_all: bool = True
+) -> dict[str, dict[str, float]]:
     """Per-source means (plus ``all`` when there are several sources) of per-rollout scores."""
     groups: dict[str, list[dict[str, float]]] = {}
     for s, src in zip(scores, sources):
@@ -70,23 +72,54 @@ def aggregate(scores: Sequence[dict[str, float]], sources: Sequence[str], *, wit
     out = {}
     for src, rows in groups.items():
         n = len(rows)
-        out[src] = {"em": sum(r["em"] for r in rows) / n, "subem": sum(r["subem"] for r in rows) / n,
-                    "f1": sum(r["f1"] for r in rows) / n, "searches_mean": sum(r["searches"] for r in rows) / n,
-                    "answer_rate": sum(r["answered"] for r in rows) / n, "count": n}
+        out[src] = {
+            "em": sum(r["em"] for r in rows) / n,
+            "subem": sum(r["subem"] for r in rows) / n,
+            "f1": sum(r["f1"] for r in rows) / n,
+            "searches_mean": sum(r["searches"] for r in rows) / n,
+            "answer_rate": sum(r["answered"] for r in rows) / n,
+            "count": n,
+        }
     return out
 
 
-def evaluate(model, tokenizer, retriever: Retriever, examples: Sequence[Question], settings: EvalSettings, *,
-             num_transcripts: int = 4, progress: bool = False, desc: str = "eval") -> dict:
+def evaluate(
+    model,
+    tokenizer,
+    retriever: Retriever,
+    examples: Sequence[Question],
+    settings: EvalSettings,
+    *,
+    num_transcripts: int = 4,
+    progress: bool = False,
+    desc: str = "eval",
+) -> dict:
     """Greedy rollouts (one per question), scored; see ``_evaluate``. A small policy runs on one thread
     (``stratarl.infra.threads.step_threads``)."""
     with step_threads(model):
-        return _evaluate(model, tokenizer, retriever, examples, settings, num_transcripts=num_transcripts,
-                         progress=progress, desc=desc)
+        return _evaluate(
+            model,
+            tokenizer,
+            retriever,
+            examples,
+            settings,
+            num_transcripts=num_transcripts,
+            progress=progress,
+            desc=desc,
+        )
 
 
-def _evaluate(model, tokenizer, retriever: Retriever, examples: Sequence[Question], settings: EvalSettings, *,
-              num_transcripts: int, progress: bool, desc: str) -> dict:
+def _evaluate(
+    model,
+    tokenizer,
+    retriever: Retriever,
+    examples: Sequence[Question],
+    settings: EvalSettings,
+    *,
+    num_transcripts: int,
+    progress: bool,
+    desc: str,
+) -> dict:
     """Greedy rollouts (one per question) -> {"per_source", "per_type", "per_question", "transcripts", "seconds",
     "num_examples"}.
 
@@ -99,9 +132,10 @@ def _evaluate(model, tokenizer, retriever: Retriever, examples: Sequence[Questio
     scores, sources, types, transcripts, per_question = [], [], [], [], []
     bar = _progress(len(examples), desc) if progress else None
     for i in range(0, len(examples), settings.batch_size):
-        chunk = list(examples[i:i + settings.batch_size])
-        batch = collect(generator, timed, tokenizer, chunk, settings.rollout, settings.scoring, group_size=1,
-                        greedy=True)
+        chunk = list(examples[i : i + settings.batch_size])
+        batch = collect(
+            generator, timed, tokenizer, chunk, settings.rollout, settings.scoring, group_size=1, greedy=True
+        )
         for r, e in zip(batch.rollouts, chunk):
             s = score_rollout(r, e)
             scores.append(s)
@@ -117,17 +151,25 @@ def _evaluate(model, tokenizer, retriever: Retriever, examples: Sequence[Questio
         bar.close()
     typed = [(s, str(t)) for s, t in zip(scores, types) if t is not None]
     per_type = aggregate([s for s, _ in typed], [t for _, t in typed], with_all=False) if typed else {}
-    return {"per_source": aggregate(scores, sources), "per_type": dict(sorted(per_type.items())),
-            "per_question": per_question, "transcripts": transcripts,
-            "seconds": time.perf_counter() - start, "num_examples": len(examples)}
+    return {
+        "per_source": aggregate(scores, sources),
+        "per_type": dict(sorted(per_type.items())),
+        "per_question": per_question,
+        "transcripts": transcripts,
+        "seconds": time.perf_counter() - start,
+        "num_examples": len(examples),
+    }
 
 
 def question_record(example: Question, score: dict[str, float]) -> dict:
     """One question's eval record: ``example_id``, ``data_source``, ``question_type`` (None without one),
     ``em``, ``subem``, ``f1``, ``searches``, ``answered`` (floats, as :func:`score_rollout` gives them)."""
-    return {"example_id": example.id, "data_source": example.data_source,
-            "question_type": (example.metadata or {}).get("question_type"),
-            **{k: score[k] for k in ("em", "subem", "f1", "searches", "answered")}}
+    return {
+        "example_id": example.id,
+        "data_source": example.data_source,
+        "question_type": (example.metadata or {}).get("question_type"),
+        **{k: score[k] for k in ("em", "subem", "f1", "searches", "answered")},
+    }
 
 
 def _progress(total: int, desc: str):

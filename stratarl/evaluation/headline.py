@@ -1,4 +1,4 @@
-""""Did it learn?" in numbers: held-out EM and F1 before -> after RL with 95% CIs over questions, the paired
+""" "Did it learn?" in numbers: held-out EM and F1 before -> after RL with 95% CIs over questions, the paired
 gain, the curve of evals over training, and a verdict (`stratarl report`, the demo's last lines).
 
 With several runs (seeds) the headline is the mean of the per-run gains with a 95% t-interval over runs.
@@ -20,6 +20,7 @@ def unique_run_names(run_dirs: list[Path]) -> list[str]:
     if len(set(names)) == len(names):
         return names
     return [str(p) for p in run_dirs]
+
 
 # Per-question columns of eval/<tag>.json -> the names used in the headline.
 QUESTION_METRICS = (("em", "em"), ("f1", "f1"), ("searches", "searches"), ("answer_rate", "answered"))
@@ -49,13 +50,17 @@ def _eval_point(tag: str, step: int, result: dict) -> dict:
     records = result.get("per_question") or []
     if records:
         scores = {name: {str(r["example_id"]): float(r[key]) for r in records} for name, key in QUESTION_METRICS}
-        stats = {name: _clipped(mean_ci([float(r[key]) for r in records]).to_dict(), name) for name, key in QUESTION_METRICS}
+        stats = {
+            name: _clipped(mean_ci([float(r[key]) for r in records]).to_dict(), name) for name, key in QUESTION_METRICS
+        }
         return {"tag": tag, "step": step, "n": len(records), **stats, "scores": scores}
     per_source = result.get("per_source", {})
     overall = per_source.get("all") or next(iter(per_source.values()), {})
     n = int(overall.get("count", 0))
-    stats = {name: Interval(overall.get(key), n).to_dict()
-             for name, key in (("em", "em"), ("f1", "f1"), ("searches", "searches_mean"), ("answer_rate", "answer_rate"))}
+    stats = {
+        name: Interval(overall.get(key), n).to_dict()
+        for name, key in (("em", "em"), ("f1", "f1"), ("searches", "searches_mean"), ("answer_rate", "answer_rate"))
+    }
     return {"tag": tag, "step": step, "n": n, **stats, "scores": None}
 
 
@@ -85,15 +90,19 @@ def eval_points(run_dir: str | Path) -> list[dict]:
 
 def _missing(points: list[dict], before: dict | None, after: dict | None, run_dir: Path) -> str | None:
     if not points:
-        return (f"no held-out eval in {run_dir / 'eval'}: train with eval.before_after=true (before / after RL) "
-                "and trainer.eval_every=N (points during training)")
+        return (
+            f"no held-out eval in {run_dir / 'eval'}: train with eval.before_after=true (before / after RL) "
+            "and trainer.eval_every=N (points during training)"
+        )
     if before is None or after is None:
         which = "before" if before is None else "after"
         why = "eval.before_after=false" if before is None else "the run was interrupted, or eval.before_after=false"
         return f"no eval {which} RL ({run_dir / 'eval' / (which + '.json')} is missing: {why}): no before/after gain"
     if before["scores"] is None or after["scores"] is None:
-        return ("the eval files have no per-question records (written by an older stratarl): means without CIs "
-                "and no paired gain; re-run the evals for them")
+        return (
+            "the eval files have no per-question records (written by an older stratarl): means without CIs "
+            "and no paired gain; re-run the evals for them"
+        )
     return None
 
 
@@ -115,12 +124,22 @@ def run_headline(run_dir: str | Path) -> dict:
         gain = {}
         for name, _ in QUESTION_METRICS:
             paired = paired_gain(after["scores"][name], before["scores"][name])
-            gain[name] = {**{k: v for k, v in paired.items() if k not in ("ids", "differences")},
-                          "up": sum(d > 0 for d in paired["differences"]), "down": sum(d < 0 for d in paired["differences"])}
+            gain[name] = {
+                **{k: v for k, v in paired.items() if k not in ("ids", "differences")},
+                "up": sum(d > 0 for d in paired["differences"]),
+                "down": sum(d < 0 for d in paired["differences"]),
+            }
     strip = lambda p: None if p is None else {k: v for k, v in p.items() if k != "scores"}  # noqa: E731
-    return {"run_dir": str(run_dir), "steps": len(train_rows(run_dir)),
-            "num_questions": (after or before or {}).get("n"), "evals": [strip(p) for p in points],
-            "before": strip(before), "after": strip(after), "gain": gain, "missing": missing}
+    return {
+        "run_dir": str(run_dir),
+        "steps": len(train_rows(run_dir)),
+        "num_questions": (after or before or {}).get("n"),
+        "evals": [strip(p) for p in points],
+        "before": strip(before),
+        "after": strip(after),
+        "gain": gain,
+        "missing": missing,
+    }
 
 
 def _across(values: list[float]) -> dict:
@@ -129,7 +148,7 @@ def _across(values: list[float]) -> dict:
 
 
 def headline(run_dirs: list[str | Path]) -> dict:
-    """"Did it learn?" over one or several runs (e.g. seeds of one config).
+    """ "Did it learn?" over one or several runs (e.g. seeds of one config).
 
     ``{"runs": [{"run": name, **run_headline}], "across_runs": None | {"n", "gain", "before", "after"},
     "verdict": str}``. ``across_runs`` (two or more runs): over the runs that have a gain, per metric the
@@ -171,15 +190,19 @@ def verdict(runs: list[dict], across: dict | None = None) -> str:
     if across is not None and across["n"] >= 2:
         gain = across["gain"]["em"]
         steps = sorted({r["steps"] for r in runs if r["gain"]})
-        where = (f"over {across['n']} runs of {'/'.join(map(str, steps))} RL steps "
-                 "(mean of the per-run gains, 95% t-interval over runs)")
+        where = (
+            f"over {across['n']} runs of {'/'.join(map(str, steps))} RL steps "
+            "(mean of the per-run gains, 95% t-interval over runs)"
+        )
     elif len(runs) == 1 or (across is not None and across["n"] == 1):
         run = next((r for r in runs if r["gain"]), runs[0])
         if run["gain"] is None:
             return f"no verdict: {run['missing']}"
         gain = run["gain"]["em"]
-        where = (f"on {gain['n']} questions after {run['steps']} RL steps ({gain['up']} up, {gain['down']} down; "
-                 "paired 95% CI over questions)")
+        where = (
+            f"on {gain['n']} questions after {run['steps']} RL steps ({gain['up']} up, {gain['down']} down; "
+            "paired 95% CI over questions)"
+        )
         if len(runs) > 1:
             where += f"; only {run['run']} of {len(runs)} runs has before/after evals"
     else:
@@ -210,15 +233,25 @@ def format_headline(h: dict) -> str:
         prefix = f"[{run['run']}] " if many else ""
         before, after, gain = run["before"], run["after"], run["gain"]
         if before is not None and after is not None:
-            gain_text = (f"; gain {format_ci(gain['em'], sign=True)} (paired 95% CI, {_ci_note(gain['em'])}; "
-                         f"{gain['em']['up']} questions up, {gain['em']['down']} down)" if gain else "")
-            lines.append(f"{prefix}held-out EM (greedy, {run['num_questions']} questions, {run['steps']} RL steps): "
-                         f"before RL {format_ci(before['em'])} -> after RL {format_ci(after['em'])}{gain_text}")
+            gain_text = (
+                f"; gain {format_ci(gain['em'], sign=True)} (paired 95% CI, {_ci_note(gain['em'])}; "
+                f"{gain['em']['up']} questions up, {gain['em']['down']} down)"
+                if gain
+                else ""
+            )
+            lines.append(
+                f"{prefix}held-out EM (greedy, {run['num_questions']} questions, {run['steps']} RL steps): "
+                f"before RL {format_ci(before['em'])} -> after RL {format_ci(after['em'])}{gain_text}"
+            )
             if not many:
                 f1_gain = f"; gain {format_ci(gain['f1'], sign=True)} ({_ci_note(gain['f1'])})" if gain else ""
-                lines.append(f"held-out F1: before RL {format_ci(before['f1'])} -> after RL {format_ci(after['f1'])}{f1_gain}")
-                lines.append(f"searches/question {format_number(before['searches']['mean'], 2)} -> {format_number(after['searches']['mean'], 2)}; "
-                             f"answer rate {format_number(before['answer_rate']['mean'], 2)} -> {format_number(after['answer_rate']['mean'], 2)}")
+                lines.append(
+                    f"held-out F1: before RL {format_ci(before['f1'])} -> after RL {format_ci(after['f1'])}{f1_gain}"
+                )
+                lines.append(
+                    f"searches/question {format_number(before['searches']['mean'], 2)} -> {format_number(after['searches']['mean'], 2)}; "
+                    f"answer rate {format_number(before['answer_rate']['mean'], 2)} -> {format_number(after['answer_rate']['mean'], 2)}"
+                )
         if run["evals"]:
             curve = ", ".join(f"step {p['step']} {format_number(p['em']['mean'])}" for p in run["evals"])
             lines.append(f"{prefix}held-out EM over training: {curve}")
@@ -226,8 +259,10 @@ def format_headline(h: dict) -> str:
             lines.append(f"{prefix}missing: {run['missing']}")
     across = h.get("across_runs")
     if across and across["n"] >= 2:
-        lines.append(f"mean over {across['n']} runs: held-out EM before RL {format_ci(across['before']['em'])} -> "
-                     f"after RL {format_ci(across['after']['em'])}; gain {format_ci(across['gain']['em'], sign=True)} "
-                     f"(95% t-interval over runs, {_ci_note(across['gain']['em'])})")
+        lines.append(
+            f"mean over {across['n']} runs: held-out EM before RL {format_ci(across['before']['em'])} -> "
+            f"after RL {format_ci(across['after']['em'])}; gain {format_ci(across['gain']['em'], sign=True)} "
+            f"(95% t-interval over runs, {_ci_note(across['gain']['em'])})"
+        )
     lines.append(f"verdict: {h['verdict']}")
     return "\n".join(lines)

@@ -8,14 +8,24 @@ import math
 import re
 from pathlib import Path
 
-from stratarl.evaluation.rundir import train_rows
-from stratarl.evaluation.stats import steps_ci
 from stratarl.evaluation.headline import SMOOTH_WINDOW
-from stratarl.evaluation.stats import rolling_band
+from stratarl.evaluation.rundir import train_rows
+from stratarl.evaluation.stats import rolling_band, steps_ci
 
 # Namespaces shown first, in this order; any other namespace follows alphabetically.
-NAMESPACE_ORDER = ("reward", "eval", "rollout", "stratum", "advantage", "loss", "sorl", "offpolicy", "optim", "perf",
-                   "time")
+NAMESPACE_ORDER = (
+    "reward",
+    "eval",
+    "rollout",
+    "stratum",
+    "advantage",
+    "loss",
+    "sorl",
+    "offpolicy",
+    "optim",
+    "perf",
+    "time",
+)
 
 
 def panel_grid(keys: list[str]):
@@ -36,9 +46,9 @@ def panel_grid(keys: list[str]):
         ax.set_title(key, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for ax in panels[len(keys):]:
+    for ax in panels[len(keys) :]:
         ax.axis("off")
-    return plt, fig, panels[:len(keys)], plt.rcParams["axes.prop_cycle"].by_key()["color"], rows
+    return plt, fig, panels[: len(keys)], plt.rcParams["axes.prop_cycle"].by_key()["color"], rows
 
 
 def save_png(plt, fig, out_png: Path) -> bytes:
@@ -91,7 +101,9 @@ def _nan(values: list[float | None]) -> list[float]:
     return [math.nan if v is None else v for v in values]
 
 
-def _across_steps(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
+def _across_steps(
+    curves: list[tuple[list[int], list[float]]],
+) -> tuple[list[int], list[float], list[float], list[float]]:
     """Per step over the runs that logged it: mean and 95% t-CI over runs (NaN bounds with one run)."""
     steps, cis = steps_ci(curves)
     return steps, [c.mean for c in cis], _nan([c.low for c in cis]), _nan([c.high for c in cis])
@@ -134,8 +146,10 @@ def _plot_eval_curve(ax, runs: list[dict], metric: str, color: str) -> None:
             ax.plot(xs, ys, "o", color=color, alpha=0.3, ms=3)
         steps, means, lows, highs = _across_steps(curves)
         label = f"mean of {len(curves)} runs, 95% CI over runs"
-    err = [[m - lo if math.isfinite(lo) else 0.0 for m, lo in zip(means, lows)],
-           [hi - m if math.isfinite(hi) else 0.0 for m, hi in zip(means, highs)]]
+    err = [
+        [m - lo if math.isfinite(lo) else 0.0 for m, lo in zip(means, lows)],
+        [hi - m if math.isfinite(hi) else 0.0 for m, hi in zip(means, highs)],
+    ]
     ax.errorbar(steps, means, yerr=err, fmt="o-", color=color, capsize=3, label=label)
     ax.legend(fontsize=7)
 
@@ -160,10 +174,21 @@ def headline_plots(h: dict, out_dir: Path) -> dict[str, bytes]:
     curves = lambda key: [ser.get(key, ([], [])) for ser in series]  # noqa: E731
     out = {}
     for png, key, metric, color, titles in (
-            ("did_it_learn.png", "reward/mean", "em", 0,
-             ["training reward per step (algo.reward)", "held-out EM per eval (greedy)"]),
-            ("did_it_learn_searches.png", "rollout/search_calls_mean", "searches", 2,
-             ["searches per rollout (training)", "searches per held-out question"])):
+        (
+            "did_it_learn.png",
+            "reward/mean",
+            "em",
+            0,
+            ["training reward per step (algo.reward)", "held-out EM per eval (greedy)"],
+        ),
+        (
+            "did_it_learn_searches.png",
+            "rollout/search_calls_mean",
+            "searches",
+            2,
+            ["searches per rollout (training)", "searches per held-out question"],
+        ),
+    ):
         plt, fig, (ax_train, ax_eval), colors = _figure(titles)
         _plot_train_curve(ax_train, curves(key), colors[color])
         _plot_eval_curve(ax_eval, h["runs"], metric, colors[color + 1])
@@ -171,11 +196,14 @@ def headline_plots(h: dict, out_dir: Path) -> dict[str, bytes]:
         out[png] = save_png(plt, fig, out_dir / png)
     strata = sorted({int(m.group(1)) for ser in series for k in ser if (m := STRATUM_KEY.fullmatch(k))})
     if strata:
-        plt, fig, (ax,), colors = _figure(["training reward per stratum (k = number of searches)"
-                                           + (": mean over runs" if len(series) > 1 else "")])
+        plt, fig, (ax,), colors = _figure(
+            ["training reward per stratum (k = number of searches)" + (": mean over runs" if len(series) > 1 else "")]
+        )
         for j, k in enumerate(strata):
             steps, means, _, _ = _across_steps(curves(f"stratum/{k}/reward_mean"))
-            ax.plot(steps, means, marker="." if len(steps) < 30 else None, color=colors[j % len(colors)], label=f"k = {k}")
+            ax.plot(
+                steps, means, marker="." if len(steps) < 30 else None, color=colors[j % len(colors)], label=f"k = {k}"
+            )
         ax.legend(fontsize=7)
         fig.tight_layout()
         out["did_it_learn_strata.png"] = save_png(plt, fig, out_dir / "did_it_learn_strata.png")

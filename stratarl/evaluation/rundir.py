@@ -39,6 +39,9 @@ def metric_series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 def train_rows(run_dir: Path) -> list[dict]:
     """Training-step rows of metrics.jsonl in step order (eval rows share step numbers but carry no
     reward/mean; after a resume a re-run step appears twice and its last row wins)."""
-    by_step = {int(r["step"]): r for r in read_metrics(run_dir)
-               if "reward/mean" in r and isinstance(r.get("step"), (int, float))}
+    by_step = {
+        int(r["step"]): r
+        for r in read_metrics(run_dir)
+        if "reward/mean" in r and isinstance(r.get("step"), (int, float))
+    }
     return [by_step[s] for s in sorted(by_step)]

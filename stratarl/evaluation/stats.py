@@ -16,20 +16,78 @@ With one seed there is no spread to estimate: CIs are ``None`` (JSON null), neve
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
 
 # t_{0.975, df} for df = 1..30, to 3 decimals: the standard Student-t table (NIST/SEMATECH
 # e-Handbook of Statistical Methods, §1.3.6.7.2 "Critical values of the Student's t distribution",
 # column 0.975). Beyond 30 the Cornish-Fisher expansion below is accurate to better than 1e-3.
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+T_975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 Z_975 = 1.959963984540054
 # t_{0.80, df} for df = 1..30 (one-sided 80% power), to 3 decimals: the same table's column 0.80.
-T_80 = (1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879,
-        0.876, 0.873, 0.870, 0.868, 0.866, 0.865, 0.863, 0.862, 0.861, 0.860,
-        0.859, 0.858, 0.858, 0.857, 0.856, 0.856, 0.855, 0.855, 0.854, 0.854)
+T_80 = (
+    1.376,
+    1.061,
+    0.978,
+    0.941,
+    0.920,
+    0.906,
+    0.896,
+    0.889,
+    0.883,
+    0.879,
+    0.876,
+    0.873,
+    0.870,
+    0.868,
+    0.866,
+    0.865,
+    0.863,
+    0.862,
+    0.861,
+    0.860,
+    0.859,
+    0.858,
+    0.858,
+    0.857,
+    0.856,
+    0.856,
+    0.855,
+    0.855,
+    0.854,
+    0.854,
+)
 Z_80 = 0.8416212335729143
 
 
@@ -49,8 +107,12 @@ def _t_quantile(df: int, table: Sequence[float], z: float) -> float:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
     if df <= len(table):
         return table[df - 1]
-    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
 
 
 def detectable_difference(std: float | None, n: int) -> float | None:
@@ -147,8 +209,9 @@ def paired_gain(after: Mapping[str, float], before: Mapping[str, float]) -> dict
     return {**out, "excludes_zero": excludes_zero(out)}
 
 
-def rolling_band(values: Sequence[float], window: int = 5, *, centered: bool = False
-                 ) -> tuple[list[float], list[float | None], list[float | None]]:
+def rolling_band(
+    values: Sequence[float], window: int = 5, *, centered: bool = False
+) -> tuple[list[float], list[float | None], list[float | None]]:
     """Moving mean of a per-step curve with a ±1.96 standard-error band.
 
     At step i over a window of k values (trailing: the last min(window, i + 1) values; centered: the
@@ -164,9 +227,9 @@ def rolling_band(values: Sequence[float], window: int = 5, *, centered: bool = F
     means, lows, highs = [], [], []
     for i in range(len(xs)):
         if centered:
-            chunk = xs[max(0, i - window // 2):i + window // 2 + 1]
+            chunk = xs[max(0, i - window // 2) : i + window // 2 + 1]
         else:
-            chunk = xs[max(0, i - window + 1):i + 1]
+            chunk = xs[max(0, i - window + 1) : i + 1]
         k = len(chunk)
         m = sum(chunk) / k
         means.append(m)
@@ -203,7 +266,7 @@ class CollapseRule:
 def _trailing_mean(values: Sequence[float], window: int) -> list[float]:
     out = []
     for i in range(len(values)):
-        chunk = values[max(0, i - window + 1):i + 1]
+        chunk = values[max(0, i - window + 1) : i + 1]
         out.append(sum(chunk) / len(chunk))
     return out
 
@@ -217,8 +280,12 @@ def _first_streak(flags: Sequence[bool], steps: Sequence[int], patience: int) ->
     return None
 
 
-def collapse_step(steps: Sequence[int], reward: Sequence[float], valid_action_rate: Sequence[float] | None = None,
-                  rule: CollapseRule = CollapseRule()) -> dict:
+def collapse_step(
+    steps: Sequence[int],
+    reward: Sequence[float],
+    valid_action_rate: Sequence[float] | None = None,
+    rule: CollapseRule = CollapseRule(),
+) -> dict:
     """``{"step": first collapsed step or None, "reason": "reward" | "valid_action" | None}`` (see CollapseRule)."""
     if len(steps) != len(reward) or (valid_action_rate is not None and len(valid_action_rate) != len(steps)):
         raise ValueError("steps, reward and valid_action_rate must have one entry per step")

@@ -19,9 +19,9 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 
 def _explicit_paths() -> set[str]:
@@ -61,16 +61,20 @@ def resolve_callable(spec: str, field: str, *, num_args: int) -> Callable:
                 module = importlib.import_module(target)
         fn = getattr(module, name)
     except (ImportError, AttributeError, SyntaxError) as error:
-        raise ValueError(f"{field}={spec!r}: cannot import it ({error}). Fix: name a function of an installed "
-                         "package (`package.module:function`; the current directory is not searched) or give its "
-                         "file: `path/to/file.py:function`") from None
+        raise ValueError(
+            f"{field}={spec!r}: cannot import it ({error}). Fix: name a function of an installed "
+            "package (`package.module:function`; the current directory is not searched) or give its "
+            "file: `path/to/file.py:function`"
+        ) from None
     if not callable(fn):
         raise ValueError(f"{field}={spec!r}: {name} is a {type(fn).__name__}, not a function")
     try:
         inspect.signature(fn).bind(*range(num_args))
     except TypeError:
-        raise ValueError(f"{field}={spec!r}: {name}{inspect.signature(fn)} cannot be called with {num_args} "
-                         "positional argument(s). Fix: see the field's documentation for the signature") from None
+        raise ValueError(
+            f"{field}={spec!r}: {name}{inspect.signature(fn)} cannot be called with {num_args} "
+            "positional argument(s). Fix: see the field's documentation for the signature"
+        ) from None
     except ValueError:  # builtins without a signature: accept
         pass
     return fn

@@ -68,7 +68,7 @@ class DataSampler:
         out: list[int] = []
         while len(out) < k:
             order = self._order(self.epoch)
-            take = order[self.position:self.position + (k - len(out))]
+            take = order[self.position : self.position + (k - len(out))]
             out.extend(take)
             self.position += len(take)
             if self.position >= self.num_items:
@@ -80,8 +80,10 @@ class DataSampler:
 
     def load_state_dict(self, state: dict) -> None:
         if state["num_items"] != self.num_items:
-            raise ValueError(f"checkpoint's data sampler saw {state['num_items']} training examples, this run has "
-                             f"{self.num_items}: resume with the same data config")
+            raise ValueError(
+                f"checkpoint's data sampler saw {state['num_items']} training examples, this run has "
+                f"{self.num_items}: resume with the same data config"
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
@@ -155,8 +157,11 @@ def verify_checkpoint(path: str | Path) -> None:
             raise CheckpointError(f"{f} is missing")
         size = f.stat().st_size
         if size != expected.get("bytes"):
-            raise CheckpointError(f"{f} has {size} bytes, the manifest says {expected.get('bytes')} ("
-                                  + size_mismatch_cause(size, expected.get("bytes")) + ")")
+            raise CheckpointError(
+                f"{f} has {size} bytes, the manifest says {expected.get('bytes')} ("
+                + size_mismatch_cause(size, expected.get("bytes"))
+                + ")"
+            )
         if _sha256(f) != expected.get("sha256"):
             raise CheckpointError(f"{f} fails its sha256 checksum (the file changed on disk after it was written)")
 
@@ -174,16 +179,21 @@ def shape_mismatches(model: torch.nn.Module, file: Path) -> list[tuple[str, tupl
     read from the safetensors header only."""
     with safe_open(str(file), framework="pt") as f:
         saved = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
-    return [(name, saved[name], tuple(t.shape)) for name, t in model.state_dict().items()
-            if name in saved and saved[name] != tuple(t.shape)]  # in the model's order: the embedding first
+    return [
+        (name, saved[name], tuple(t.shape))
+        for name, t in model.state_dict().items()
+        if name in saved and saved[name] != tuple(t.shape)
+    ]  # in the model's order: the embedding first
 
 
 def mismatch_message(path: Path, mismatches: list[tuple[str, tuple, tuple]]) -> str:
     """One line: how many tensors differ, the first with both shapes, and the fix."""
     name, saved, own = mismatches[0]
     more = f" and {len(mismatches) - 1} more" if len(mismatches) > 1 else ""
-    return (f"checkpoint {path} was saved from a different model: {name} is {list(saved)} there but {list(own)} "
-            f"in this one{more}. Fix: use the model settings the run was trained with ({_run_config(path)})")
+    return (
+        f"checkpoint {path} was saved from a different model: {name} is {list(saved)} there but {list(own)} "
+        f"in this one{more}. Fix: use the model settings the run was trained with ({_run_config(path)})"
+    )
 
 
 def _run_config(path: Path) -> str:
@@ -194,17 +204,30 @@ def _run_config(path: Path) -> str:
 
 def _disk_error(error: OSError, root: Path) -> OSError:
     if error.errno == errno.ENOSPC:
-        return OSError(errno.ENOSPC, f"disk full while writing a checkpoint under {root}; the previous checkpoint "
-                                     "is intact. Fix: free space (or lower trainer.keep_last), then "
-                                     "`stratarl train --resume RUN_DIR`")
+        return OSError(
+            errno.ENOSPC,
+            f"disk full while writing a checkpoint under {root}; the previous checkpoint "
+            "is intact. Fix: free space (or lower trainer.keep_last), then "
+            "`stratarl train --resume RUN_DIR`",
+        )
     if error.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
-        return OSError(error.errno, f"cannot write a checkpoint under {root} ({error.strerror}). Fix: make the run "
-                                    "directory writable or choose another one with --run-dir")
+        return OSError(
+            error.errno,
+            f"cannot write a checkpoint under {root} ({error.strerror}). Fix: make the run "
+            "directory writable or choose another one with --run-dir",
+        )
     return error
 
 
-def save_checkpoint(ckpt_dir: str | Path, step: int, *, model: torch.nn.Module, state: dict[str, Any],
-                    value_head: torch.nn.Module | None = None, keep_last: int = 2) -> Path:
+def save_checkpoint(
+    ckpt_dir: str | Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    state: dict[str, Any],
+    value_head: torch.nn.Module | None = None,
+    keep_last: int = 2,
+) -> Path:
     """Write checkpoint ``step`` so that a kill at any instant leaves a loadable one, point ``latest``
     at it, prune to ``keep_last``.
 
@@ -235,9 +258,12 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, model: torch.nn.Module, 
         # "IoError(Os { code: 28, kind: StorageFull ... })".
         free = shutil.disk_usage(root).free
         if free < (64 << 20) or "StorageFull" in str(error):
-            raise OSError(errno.ENOSPC, f"disk full while writing a checkpoint under {root} ({free >> 20} MiB "
-                          "free); the previous checkpoint is intact. Fix: free space, then `stratarl train --resume "
-                          "RUN_DIR`") from None
+            raise OSError(
+                errno.ENOSPC,
+                f"disk full while writing a checkpoint under {root} ({free >> 20} MiB "
+                "free); the previous checkpoint is intact. Fix: free space, then `stratarl train --resume "
+                "RUN_DIR`",
+            ) from None
         raise
     finally:
         if tmp.exists():
@@ -351,8 +377,9 @@ def load_checkpoint(path: str | Path, *, model: torch.nn.Module, value_head: tor
     and return the training state dict. Raises `CheckpointError` on damaged files."""
     path = Path(path)
     if not (path / "state.pt").is_file() and not (path / MANIFEST).is_file():
-        raise FileNotFoundError(f"{path} is not a stratarl checkpoint (no state.pt); pass a run directory or a "
-                                "checkpoints/step_* folder")
+        raise FileNotFoundError(
+            f"{path} is not a stratarl checkpoint (no state.pt); pass a run directory or a checkpoints/step_* folder"
+        )
     verify_checkpoint(path)
     _load_weights(model, path / "model.safetensors", path)
     if value_head is not None:
@@ -375,7 +402,12 @@ def _load_weights(module: torch.nn.Module, file: Path, path: Path) -> None:
         raise CheckpointError(f"{file} cannot be read ({' '.join(why.split())[:200]})") from None
     if missing or unexpected:
         names = sorted(missing)[:3] if missing else sorted(unexpected)[:3]
-        what = f"{len(missing)} tensor(s) the model has are missing there" if missing else \
-            f"it holds {len(unexpected)} tensor(s) the model lacks"
-        raise ValueError(f"checkpoint {path} was saved from a different model: {what} (e.g. {', '.join(names)}). "
-                         f"Fix: use the model settings the run was trained with ({_run_config(path)})")
+        what = (
+            f"{len(missing)} tensor(s) the model has are missing there"
+            if missing
+            else f"it holds {len(unexpected)} tensor(s) the model lacks"
+        )
+        raise ValueError(
+            f"checkpoint {path} was saved from a different model: {what} (e.g. {', '.join(names)}). "
+            f"Fix: use the model settings the run was trained with ({_run_config(path)})"
+        )

@@ -63,8 +63,9 @@ class LayerShape:
     attn_width: int
 
 
-def layer_call_flops(shape: LayerShape, rows: int, queries: int, keys: int, *, weight_grad: bool,
-                     input_grad: bool) -> dict[str, float]:
+def layer_call_flops(
+    shape: LayerShape, rows: int, queries: int, keys: int, *, weight_grad: bool, input_grad: bool
+) -> dict[str, float]:
     """FLOPs of one decoder-layer call on ``rows`` x ``queries`` tokens attending to ``keys`` keys.
 
     Returns ``forward``, ``backward`` (0 when neither gradient is needed) and ``total``; the
@@ -82,8 +83,9 @@ def layer_call_flops(shape: LayerShape, rows: int, queries: int, keys: int, *, w
     return {"forward": forward, "backward": backward, "total": forward + backward}
 
 
-def head_flops(vocab: int, hidden: int, positions: int, *, input_grad: bool, weight_grad: bool,
-               recompute: bool) -> float:
+def head_flops(
+    vocab: int, hidden: int, positions: int, *, input_grad: bool, weight_grad: bool, recompute: bool
+) -> float:
     """LM-head FLOPs on ``positions`` rows: 2 V H N forward; in backward 2 V H N for dh (``input_grad``),
     2 V H N for dW (``weight_grad``), and 2 V H N more when it recomputes the logits (``recompute``,
     only counted when a backward runs)."""
@@ -123,8 +125,11 @@ def layer_pass_costs(decoder: torch.nn.Module, first: int = 0, last: int | None 
     layers = list(decoder.layers)[first:last]
     weights = sum(layer_shape(layer, decoder.config).params for layer in layers)
     count = max(1, len(layers))
-    return PassCosts(token=2.0 * weights, pair=4.0 * count * decoder.config.hidden_size,
-                     per_pass=PASS_OVERHEAD_FLOPS_PER_LAYER * count)
+    return PassCosts(
+        token=2.0 * weights,
+        pair=4.0 * count * decoder.config.hidden_size,
+        per_pass=PASS_OVERHEAD_FLOPS_PER_LAYER * count,
+    )
 
 
 def decoder_pass_costs(decoder: torch.nn.Module) -> PassCosts:
@@ -135,8 +140,11 @@ def decoder_pass_costs(decoder: torch.nn.Module) -> PassCosts:
     skip = {id(p) for p in embedding.parameters()} if embedding is not None else set()
     weights = sum(p.numel() for p in decoder.parameters() if id(p) not in skip)
     layers = getattr(decoder.config, "num_hidden_layers", 1)
-    return PassCosts(token=2.0 * weights, pair=4.0 * layers * getattr(decoder.config, "hidden_size", 1),
-                     per_pass=PASS_OVERHEAD_FLOPS_PER_LAYER * layers)
+    return PassCosts(
+        token=2.0 * weights,
+        pair=4.0 * layers * getattr(decoder.config, "hidden_size", 1),
+        per_pass=PASS_OVERHEAD_FLOPS_PER_LAYER * layers,
+    )
 
 
 def matmul_params(model: torch.nn.Module) -> int:
@@ -172,7 +180,9 @@ class FlopRecord:
     def decoder_flops(self) -> dict[str, float]:
         out = {"forward": 0.0, "backward": 0.0, "total": 0.0}
         for index, rows, queries, keys, weight_grad, input_grad in self.calls:
-            f = layer_call_flops(self.shapes[index], rows, queries, keys, weight_grad=weight_grad, input_grad=input_grad)
+            f = layer_call_flops(
+                self.shapes[index], rows, queries, keys, weight_grad=weight_grad, input_grad=input_grad
+            )
             for k in out:
                 out[k] += f[k]
         return out
@@ -211,16 +221,23 @@ def record_decoder_calls(model: torch.nn.Module):
             keys = _past_length(kwargs.get("past_key_values"), index) + queries
             grad = torch.is_grad_enabled()
             # A trainable layer's norms weight every projection's input, so all its matmuls need dX too.
-            record.calls.append((index, rows, queries, keys, grad and trains, grad and (trains or hidden.requires_grad)))
+            record.calls.append(
+                (index, rows, queries, keys, grad and trains, grad and (trains or hidden.requires_grad))
+            )
 
         handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
 
     def count_head(hidden: torch.Tensor, head: torch.nn.Module, recompute: bool) -> None:
         weight = head.weight
         needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-        record.head += head_flops(weight.shape[0], weight.shape[1], hidden.shape[0],
-                                  input_grad=needs_grad and hidden.requires_grad,
-                                  weight_grad=needs_grad and weight.requires_grad, recompute=recompute)
+        record.head += head_flops(
+            weight.shape[0],
+            weight.shape[1],
+            hidden.shape[0],
+            input_grad=needs_grad and hidden.requires_grad,
+            weight_grad=needs_grad and weight.requires_grad,
+            recompute=recompute,
+        )
 
     _HEAD_OBSERVERS.append(count_head)
     try:

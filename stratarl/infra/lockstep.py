@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import threading
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 Handler = Callable[[list[tuple[int, Any]]], list[Any]]
 
@@ -58,8 +59,12 @@ class Lockstep:
     ``on_turn(i)``: called by the coordinator before member i runs (e.g. to send its output to its own log),
     and ``on_turn(None)`` before a handler runs."""
 
-    def __init__(self, handlers: dict[str, Handler], priority: Sequence[str] | None = None,
-                 on_turn: Callable[[int | None], None] | None = None) -> None:
+    def __init__(
+        self,
+        handlers: dict[str, Handler],
+        priority: Sequence[str] | None = None,
+        on_turn: Callable[[int | None], None] | None = None,
+    ) -> None:
         self.handlers = dict(handlers)
         self.priority = list(priority) if priority is not None else list(handlers)
         missing = set(self.handlers) - set(self.priority)
@@ -149,8 +154,10 @@ class Lockstep:
         if self._slots:
             raise RuntimeError("a Lockstep runs once")
         self._slots = [_Slot() for _ in bodies]
-        threads = [threading.Thread(target=self._main, args=(i, body), name=f"member-{i}", daemon=True)
-                   for i, body in enumerate(bodies)]
+        threads = [
+            threading.Thread(target=self._main, args=(i, body), name=f"member-{i}", daemon=True)
+            for i, body in enumerate(bodies)
+        ]
         for thread in threads:
             thread.start()
         ready = list(range(len(bodies)))

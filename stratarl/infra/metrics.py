@@ -11,9 +11,10 @@ import json
 import math
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from stratarl.publish import write_atomic
 
@@ -54,8 +55,16 @@ class PhaseTimer:
 class MetricsLogger:
     """Writes ``metrics.jsonl`` and TensorBoard events under ``run_dir``; W&B optional."""
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, wandb: bool = False,
-                 wandb_project: str = "stratarl", config: dict | None = None, filename: str = "metrics.jsonl") -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        wandb: bool = False,
+        wandb_project: str = "stratarl",
+        config: dict | None = None,
+        filename: str = "metrics.jsonl",
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._path = self.run_dir / filename
@@ -70,10 +79,16 @@ class MetricsLogger:
             try:
                 import wandb as wandb_module  # optional dependency: logging.wandb
             except ImportError:
-                raise RuntimeError("logging.wandb=true needs the wandb package: `pip install wandb`, "
-                                   "or set logging.wandb=false") from None
-            self._wandb = wandb_module.init(project=wandb_project, dir=str(self.run_dir), config=config or {},
-                                            name=self.run_dir.name, resume="allow")
+                raise RuntimeError(
+                    "logging.wandb=true needs the wandb package: `pip install wandb`, or set logging.wandb=false"
+                ) from None
+            self._wandb = wandb_module.init(
+                project=wandb_project,
+                dir=str(self.run_dir),
+                config=config or {},
+                name=self.run_dir.name,
+                resume="allow",
+            )
 
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         """Record one step's metrics; returns them as plain Python values."""
@@ -131,13 +146,16 @@ def read_metrics(run_dir: str | Path, filename: str = "metrics.jsonl") -> list[d
 
 def format_step_line(step: int, total: int, m: dict[str, Any]) -> str:
     """The one line per step printed to the terminal."""
+
     def g(key: str, fmt: str = "{:.3f}") -> str:
         v = m.get(key)
         return fmt.format(v) if isinstance(v, (int, float)) else "-"
 
-    return (f"step {step}/{total} | reward {g('reward/mean')} | em {g('reward/em')} | "
-            f"searches {g('rollout/search_calls_mean', '{:.2f}')} | loss {g('loss/policy', '{:+.4f}')} | "
-            f"kl {g('loss/kl', '{:.4f}')} | clip {g('loss/clip_frac', '{:.3f}')} | "
-            f"gnorm {g('optim/grad_norm', '{:.2f}')} | {g('time/step', '{:.1f}')}s | "
-            f"{g('perf/update_tokens_per_s', '{:.0f}')} tok/s"
-            + (" | no update (retrieval faults)" if m.get("update/skipped") else ""))
+    return (
+        f"step {step}/{total} | reward {g('reward/mean')} | em {g('reward/em')} | "
+        f"searches {g('rollout/search_calls_mean', '{:.2f}')} | loss {g('loss/policy', '{:+.4f}')} | "
+        f"kl {g('loss/kl', '{:.4f}')} | clip {g('loss/clip_frac', '{:.3f}')} | "
+        f"gnorm {g('optim/grad_norm', '{:.2f}')} | {g('time/step', '{:.1f}')}s | "
+        f"{g('perf/update_tokens_per_s', '{:.0f}')} tok/s"
+        + (" | no update (retrieval faults)" if m.get("update/skipped") else "")
+    )

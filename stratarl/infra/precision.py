@@ -82,16 +82,20 @@ def resolve_precision(device: str | torch.device, precision: str) -> Precision:
     device or on a CPU with bf16 matmul units (``cpu_bf16_matmul``), else fp32; fp32 / bf16 as given (checked)."""
     device = torch.device(device)
     if precision not in PRECISIONS:
-        raise ConfigError(f"config field `trainer.precision` = {precision!r}: unknown precision. "
-                          f"Fix: use one of {', '.join(PRECISIONS)}.")
+        raise ConfigError(
+            f"config field `trainer.precision` = {precision!r}: unknown precision. "
+            f"Fix: use one of {', '.join(PRECISIONS)}."
+        )
     if precision == "auto":
         return "bf16" if device.type == "cuda" and bf16_supported(device) else "fp32"
     if precision == "bf16_native":
         native = cpu_bf16_matmul() is not None if device.type == "cpu" else bf16_supported(device)
         return "bf16" if native else "fp32"
     if precision == "bf16" and not bf16_supported(device):
-        raise ConfigError(f"config field `trainer.precision` = 'bf16': device {str(device)!r} has no bf16 support "
-                          "(CUDA GPUs before Ampere). Fix: set trainer.precision=fp32.")
+        raise ConfigError(
+            f"config field `trainer.precision` = 'bf16': device {str(device)!r} has no bf16 support "
+            "(CUDA GPUs before Ampere). Fix: set trainer.precision=fp32."
+        )
     return precision  # type: ignore[return-value]
 
 
@@ -153,5 +157,7 @@ def check_placement(model: torch.nn.Module, device: str | torch.device, *modules
             if p.device.type != device.type or (device.index is not None and p.device.index != device.index):
                 raise RuntimeError(f"parameter {name} of {type(owner).__name__} is on {p.device}, expected {device}")
             if p.is_floating_point() and p.dtype != torch.float32:
-                raise RuntimeError(f"parameter {name} of {type(owner).__name__} is {p.dtype}; master weights must be "
-                                   "fp32 (autocast runs the forward in bf16)")
+                raise RuntimeError(
+                    f"parameter {name} of {type(owner).__name__} is {p.dtype}; master weights must be "
+                    "fp32 (autocast runs the forward in bf16)"
+                )

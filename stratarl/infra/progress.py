@@ -28,8 +28,17 @@ class LineProgress:
     """The non-terminal progress display: the same ``update`` / ``set_postfix`` / ``write`` / ``close`` calls
     as a tqdm bar; prints a line when ``interval_s`` has passed since the last one, and at ``close``."""
 
-    def __init__(self, total: int, desc: str, unit: str = "step", *, initial: int = 0, interval_s: float = 30.0,
-                 stream: TextIO | None = None, clock=time.monotonic) -> None:
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        unit: str = "step",
+        *,
+        initial: int = 0,
+        interval_s: float = 30.0,
+        stream: TextIO | None = None,
+        clock=time.monotonic,
+    ) -> None:
         self.total, self.desc, self.unit, self.n = int(total), desc, unit, int(initial)
         self.interval_s, self.stream, self.clock = interval_s, stream, clock
         self.postfix: dict[str, Any] = {}
@@ -43,8 +52,10 @@ class LineProgress:
     def line(self) -> str:
         elapsed = self.clock() - self.start
         done = self.n - self.start_n
-        parts = [f"{self.desc}: {self.n}/{self.total} {self.unit}s"
-                 + (f" ({100 * self.n / self.total:.0f}%)" if self.total else "")]
+        parts = [
+            f"{self.desc}: {self.n}/{self.total} {self.unit}s"
+            + (f" ({100 * self.n / self.total:.0f}%)" if self.total else "")
+        ]
         parts += [f"{k}={v}" for k, v in self.postfix.items()]
         if done > 0:
             per = elapsed / done
@@ -73,8 +84,9 @@ class LineProgress:
         self.closed = True
 
 
-def progress(total: int, desc: str, unit: str = "step", *, initial: int = 0, leave: bool = True,
-             interval_s: float = 30.0):
+def progress(
+    total: int, desc: str, unit: str = "step", *, initial: int = 0, leave: bool = True, interval_s: float = 30.0
+):
     """A tqdm bar on a terminal, else a ``LineProgress`` (see the module docstring)."""
     if sys.stderr.isatty():
         from tqdm.auto import tqdm  # optional at import time: `stratarl --help` stays fast

@@ -42,9 +42,17 @@ def parameter_table(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     table = {"embed": decoder.embed_tokens.weight, "norm": decoder.norm.weight}
     for index, layer in enumerate(decoder.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        parts = {"norm1": layer.input_layernorm, "q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj,
-                 "o": attn.o_proj, "norm2": layer.post_attention_layernorm, "gate": mlp.gate_proj,
-                 "up": mlp.up_proj, "down": mlp.down_proj}
+        parts = {
+            "norm1": layer.input_layernorm,
+            "q": attn.q_proj,
+            "k": attn.k_proj,
+            "v": attn.v_proj,
+            "o": attn.o_proj,
+            "norm2": layer.post_attention_layernorm,
+            "gate": mlp.gate_proj,
+            "up": mlp.up_proj,
+            "down": mlp.down_proj,
+        }
         table.update({f"{index}.{name}": module.weight for name, module in parts.items()})
     head = output_head(model).weight
     if head is not decoder.embed_tokens.weight:
@@ -87,9 +95,16 @@ def architecture(model: torch.nn.Module) -> tuple:
     heads = config.num_attention_heads
     shapes = tuple((key, tuple(p.shape), p.requires_grad) for key, p in parameter_table(model).items())
     rotary = tuple(float(x) for x in decoder.rotary_emb.inv_freq.tolist())
-    return (shapes, heads, getattr(config, "num_key_value_heads", None) or heads,
-            getattr(config, "head_dim", None) or config.hidden_size // heads, _eps(decoder.norm),
-            float(getattr(decoder.rotary_emb, "attention_scaling", 1.0)), rotary, str(next(model.parameters()).device))
+    return (
+        shapes,
+        heads,
+        getattr(config, "num_key_value_heads", None) or heads,
+        getattr(config, "head_dim", None) or config.hidden_size // heads,
+        _eps(decoder.norm),
+        float(getattr(decoder.rotary_emb, "attention_scaling", 1.0)),
+        rotary,
+        str(next(model.parameters()).device),
+    )
 
 
 def weights_version(model: torch.nn.Module) -> tuple | None:
@@ -146,7 +161,7 @@ class StackedParams:
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.eps1 = [_eps(layer.input_layernorm) for layer in decoder.layers]
         self.eps2 = [_eps(layer.post_attention_layernorm) for layer in decoder.layers]
         self.eps = _eps(decoder.norm)
@@ -167,10 +182,16 @@ class StackedParams:
         layers = []
         for i in range(self.num_layers):
             get = lambda name: leaves[f"{i}.{name}"]  # noqa: E731
-            layers.append(Layer(
-                norm1=get("norm1"), qkv=torch.cat([get("q"), get("k"), get("v")], dim=1).transpose(1, 2),
-                o=get("o").transpose(1, 2), norm2=get("norm2"),
-                gate_up=torch.cat([get("gate"), get("up")], dim=1).transpose(1, 2), down=get("down").transpose(1, 2)))
+            layers.append(
+                Layer(
+                    norm1=get("norm1"),
+                    qkv=torch.cat([get("q"), get("k"), get("v")], dim=1).transpose(1, 2),
+                    o=get("o").transpose(1, 2),
+                    norm2=get("norm2"),
+                    gate_up=torch.cat([get("gate"), get("up")], dim=1).transpose(1, 2),
+                    down=get("down").transpose(1, 2),
+                )
+            )
         head = leaves.get("head", leaves["embed"])
         return Fused(leaves["embed"], layers, leaves["norm"], head, head.transpose(1, 2))
 
@@ -215,17 +236,18 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-def qkv(stack: StackedParams, layer: Layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def qkv(
+    stack: StackedParams, layer: Layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Q, K (rotated) and V of hidden [K, B, L, H], each [K, B, heads, L, D]; cos / sin broadcast to
     [K, B, L, D] (the positions of each row)."""
     K, B, L, _ = hidden.shape
     heads, kv, D = stack.heads, stack.kv_heads, stack.head_dim
     mixed = project(rms_norm(hidden, layer.norm1, eps), layer.qkv).view(K, B, L, heads + 2 * kv, D)
-    qk = rotate(mixed[..., :heads + kv, :], cos.unsqueeze(-2), sin.unsqueeze(-2))
+    qk = rotate(mixed[..., : heads + kv, :], cos.unsqueeze(-2), sin.unsqueeze(-2))
     q = qk[..., :heads, :].transpose(2, 3)
     k = qk[..., heads:, :].transpose(2, 3)
-    v = mixed[..., heads + kv:, :].transpose(2, 3)
+    v = mixed[..., heads + kv :, :].transpose(2, 3)
     return q, k, v
 
 
@@ -256,9 +278,14 @@ def causal_hidden(stack: StackedParams, fused: Fused, input_ids: torch.Tensor) -
     heads, D = stack.heads, stack.head_dim
     for index, layer in enumerate(fused.layers):
         q, k, v = qkv(stack, layer, hidden, cos, sin, stack.eps1[index])
-        attn = F.scaled_dot_product_attention(q.reshape(K * B, heads, L, D), k.reshape(K * B, -1, L, D),
-                                              v.reshape(K * B, -1, L, D), is_causal=True, scale=stack.scale,
-                                              enable_gqa=stack.kv_heads != heads)
+        attn = F.scaled_dot_product_attention(
+            q.reshape(K * B, heads, L, D),
+            k.reshape(K * B, -1, L, D),
+            v.reshape(K * B, -1, L, D),
+            is_causal=True,
+            scale=stack.scale,
+            enable_gqa=stack.kv_heads != heads,
+        )
         attn = attn.view(K, B, heads, L, D).transpose(2, 3).reshape(K, B, L, heads * D)
         hidden = finish_layer(layer, hidden, attn, stack.eps2[index])
     return rms_norm(hidden, fused.norm, stack.eps)

@@ -63,7 +63,9 @@ class DenseIndexSettings:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"dense_index {name} must be a positive integer or None, got {value!r}")
         if self.kind == "exact" and self.codes != "flat":
-            raise ValueError(f"dense_index codes={self.codes!r} needs kind 'ivf' or 'hnsw' (exact search keeps float32 embeddings)")
+            raise ValueError(
+                f"dense_index codes={self.codes!r} needs kind 'ivf' or 'hnsw' (exact search keeps float32 embeddings)"
+            )
         if self.kind == "hnsw" and self.codes == "pq":
             raise ValueError("dense_index codes='pq' is for kind 'ivf'; HNSW takes flat, fp16 or sq8")
 
@@ -82,7 +84,9 @@ class DenseIndexSettings:
             if unknown:
                 raise ValueError(f"unknown dense_index key(s) {unknown}; valid keys: {sorted(fields)}")
             return cls(**value)
-        raise TypeError(f"dense_index must be 'exact', 'ivf', 'hnsw' or a dict of DenseIndexSettings fields, got {value!r}")
+        raise TypeError(
+            f"dense_index must be 'exact', 'ivf', 'hnsw' or a dict of DenseIndexSettings fields, got {value!r}"
+        )
 
     def resolved_nlist(self, num_vectors: int) -> int:
         if self.nlist is not None:
@@ -100,15 +104,21 @@ def new_faiss_index(num_vectors: int, dim: int, settings: DenseIndexSettings):
     if settings.kind == "ivf":
         nlist = settings.resolved_nlist(n)
         if nlist > n:
-            raise ValueError(f"dense_index nlist={nlist} exceeds the {n} passages; use at most {n} (about 4·√N is typical)")
+            raise ValueError(
+                f"dense_index nlist={nlist} exceeds the {n} passages; use at most {n} (about 4·√N is typical)"
+            )
         quantizer = faiss.IndexFlatIP(dim)
         if settings.codes == "flat":
             index = faiss.IndexIVFFlat(quantizer, dim, nlist, ip)
         elif settings.codes == "pq":
             if dim % settings.pq_m:
-                raise ValueError(f"dense_index pq_m={settings.pq_m} must divide the embedding size {dim}; e.g. 48 or 96 for 384")
+                raise ValueError(
+                    f"dense_index pq_m={settings.pq_m} must divide the embedding size {dim}; e.g. 48 or 96 for 384"
+                )
             if n < 256:
-                raise ValueError(f"dense_index codes='pq' needs at least 256 passages to train its codebooks (got {n}); use 'sq8'")
+                raise ValueError(
+                    f"dense_index codes='pq' needs at least 256 passages to train its codebooks (got {n}); use 'sq8'"
+                )
             index = faiss.IndexIVFPQ(quantizer, dim, nlist, settings.pq_m, 8, ip)
         else:
             index = faiss.IndexIVFScalarQuantizer(quantizer, dim, nlist, scalar[settings.codes], ip)
@@ -159,8 +169,12 @@ def encode_into_faiss_index(texts: list[str], encoder, settings: DenseIndexSetti
     index, train_size = new_faiss_index(len(texts), first.shape[1], settings)
     if not index.is_trained:
         rows = training_rows(len(texts), train_size, seed)
-        sample = np.concatenate([encoder.encode([texts[i] for i in rows[j : j + ADD_CHUNK]]).detach().cpu().float().numpy()
-                                 for j in range(0, len(rows), ADD_CHUNK)])
+        sample = np.concatenate(
+            [
+                encoder.encode([texts[i] for i in rows[j : j + ADD_CHUNK]]).detach().cpu().float().numpy()
+                for j in range(0, len(rows), ADD_CHUNK)
+            ]
+        )
         index.train(sample)
         del sample
     for start in range(0, len(texts), ADD_CHUNK):

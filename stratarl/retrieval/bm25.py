@@ -84,7 +84,9 @@ def blocked_top_k(row: torch.Tensor, k: int, *, block: int | None = None) -> tup
     passage count), which made single-query BM25 throughput fall as N^-1.9 instead of ~1/N.
     """
     if row.dim() != 1 or not 1 <= k <= row.numel():
-        raise ValueError(f"blocked_top_k needs a 1-D tensor and 1 <= k <= its length, got shape {tuple(row.shape)}, k={k}")
+        raise ValueError(
+            f"blocked_top_k needs a 1-D tensor and 1 <= k <= its length, got shape {tuple(row.shape)}, k={k}"
+        )
     block = TOP_K_BLOCK if block is None else block
     if row.numel() <= block:
         return torch.topk(row, k)
@@ -163,8 +165,9 @@ class BM25Retriever:
         index_dir = start_index_dir(index_dir)
         self._model.save(index_dir, corpus=None, allow_pickle=False, show_progress=False)
         write_index_passages(self.passages, index_dir)
-        meta = bm25_index_meta(len(self.passages), stemmer=self.stemmer_name, stopwords=self.stopwords,
-                               k1=self._model.k1, b=self._model.b)
+        meta = bm25_index_meta(
+            len(self.passages), stemmer=self.stemmer_name, stopwords=self.stopwords, k1=self._model.k1, b=self._model.b
+        )
         write_index_meta(index_dir, meta)
         return index_dir
 
@@ -191,7 +194,9 @@ class BM25Retriever:
         k_eff = min(k, len(self.passages))
         num_terms = len(self._term_ptr) - 1
         with self._lock:  # PyStemmer objects are not thread-safe
-            query_terms, _ = tokenize_to_ids(queries, stopwords=self._stopwords, stemmer=self._stemmer, vocab=self._vocab)
+            query_terms, _ = tokenize_to_ids(
+                queries, stopwords=self._stopwords, stemmer=self._stemmer, vocab=self._vocab
+            )
         # bm25s's "" placeholder term has no postings (id num_terms): it contributes nothing.
         query_terms = [[t for t in terms if t < num_terms] for terms in query_terms]
         scores, indices = sparse_top_k(

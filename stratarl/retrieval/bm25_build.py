@@ -104,8 +104,15 @@ def index_in_memory(texts: list[str], *, stemmer: str | None, stopwords: str | N
 
 def bm25_index_meta(num_passages: int, *, stemmer: str | None, stopwords: str | None, k1: float, b: float) -> dict:
     """The ``stratarl_index.json`` of a BM25 index."""
-    return {"kind": "bm25", "format_version": BM25_FORMAT_VERSION, "num_passages": num_passages,
-            "stemmer": stemmer, "stopwords": stopwords, "k1": k1, "b": b}
+    return {
+        "kind": "bm25",
+        "format_version": BM25_FORMAT_VERSION,
+        "num_passages": num_passages,
+        "stemmer": stemmer,
+        "stopwords": stopwords,
+        "k1": k1,
+        "b": b,
+    }
 
 
 def build_bm25_index(
@@ -144,7 +151,9 @@ def build_bm25_index(
         shutil.rmtree(scratch, ignore_errors=True)
         raise CorpusError(f"{corpus}: the corpus has no passages; it needs one JSON object per line")
     if chunks.num_docs >= 2**31:
-        raise ValueError(f"{chunks.num_docs} passages do not fit int32 passage ids; split the corpus into shards below 2^31")
+        raise ValueError(
+            f"{chunks.num_docs} passages do not fit int32 passage ids; split the corpus into shards below 2^31"
+        )
     np.save(index_dir / INDEX_OFFSETS_FILE, np.frombuffer(offsets, dtype=np.int64))
     del offsets
     _write_weights(index_dir, chunks, k1=k1, b=b)
@@ -157,8 +166,10 @@ def build_bm25_index(
 def _start_build(corpus: str | Path, index_dir: Path) -> Path:
     """Check ``corpus`` is not the file the build writes, make ``index_dir`` and an empty scratch folder in it."""
     if Path(corpus).resolve() == (index_dir / INDEX_CORPUS_FILE).resolve():
-        raise ValueError(f"{corpus} is the corpus file the index writes; building would overwrite what it reads. "
-                         "Fix: build into another directory")
+        raise ValueError(
+            f"{corpus} is the corpus file the index writes; building would overwrite what it reads. "
+            "Fix: build into another directory"
+        )
     start_index_dir(index_dir)
     scratch = index_dir / SCRATCH_DIR
     shutil.rmtree(scratch, ignore_errors=True)
@@ -271,8 +282,15 @@ def _write_bm25s_files(index_dir: Path, vocab: dict[str, int], num_docs: int, *,
     vocab_json = json.dumps({**vocab, "": len(vocab)}, ensure_ascii=False)  # "": bm25s's placeholder term
     (index_dir / "vocab.index.json").write_text(vocab_json, encoding="utf-8")
     params = {
-        "k1": model.k1, "b": model.b, "delta": model.delta, "method": model.method, "idf_method": model.idf_method,
-        "dtype": model.dtype, "int_dtype": model.int_dtype, "num_docs": num_docs, "version": bm25s.__version__,
+        "k1": model.k1,
+        "b": model.b,
+        "delta": model.delta,
+        "method": model.method,
+        "idf_method": model.idf_method,
+        "dtype": model.dtype,
+        "int_dtype": model.int_dtype,
+        "num_docs": num_docs,
+        "version": bm25s.__version__,
         "backend": model.backend,
     }
     (index_dir / "params.index.json").write_text(json.dumps(params, indent=4), encoding="utf-8")

@@ -36,8 +36,10 @@ def _lines(handle: IO[bytes], path: Path) -> Iterator[bytes]:
         yield from handle
     except (gzip.BadGzipFile, EOFError, OSError) as error:
         if isinstance(error, (gzip.BadGzipFile, EOFError)) or "gzip" in str(error).lower():
-            raise CorpusError(f"{path}: not a readable gzip file ({error}). Fix: compress it with gzip, or name a "
-                              "plain-text corpus .jsonl") from None
+            raise CorpusError(
+                f"{path}: not a readable gzip file ({error}). Fix: compress it with gzip, or name a "
+                "plain-text corpus .jsonl"
+            ) from None
         raise
 
 
@@ -79,14 +81,18 @@ def iter_corpus(path: str | Path) -> Iterator[Passage]:
     """
     path = Path(path)
     if not path.is_file():
-        raise CorpusError(f"corpus file not found: {path}. Pass a Search-R1 corpus jsonl ({CORPUS_LINE_EXAMPLE} per line)")
+        raise CorpusError(
+            f"corpus file not found: {path}. Pass a Search-R1 corpus jsonl ({CORPUS_LINE_EXAMPLE} per line)"
+        )
     with _open_binary(path) as handle:
         for line_number, raw in enumerate(_lines(handle, path), start=1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise CorpusError(f"{path}, line {line_number}: not UTF-8 text (byte {error.start + 1} of the line "
-                                  "cannot be decoded). Fix: re-encode the file as UTF-8") from None
+                raise CorpusError(
+                    f"{path}, line {line_number}: not UTF-8 text (byte {error.start + 1} of the line "
+                    "cannot be decoded). Fix: re-encode the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -103,7 +109,9 @@ def load_corpus(path: str | Path) -> list[Passage]:
     """Read a whole Search-R1 corpus jsonl into memory; an empty corpus is an error."""
     passages = list(iter_corpus(path))
     if not passages:
-        raise CorpusError(f"{path}: the corpus has no passages; it needs one JSON object per line ({CORPUS_LINE_EXAMPLE})")
+        raise CorpusError(
+            f"{path}: the corpus has no passages; it needs one JSON object per line ({CORPUS_LINE_EXAMPLE})"
+        )
     return passages
 
 
@@ -183,7 +191,9 @@ class CorpusFile(Sequence):
         try:
             record = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise CorpusError(f"{self.path}: passage {index} (byte {start}) is not a JSON line; rebuild the index") from None
+            raise CorpusError(
+                f"{self.path}: passage {index} (byte {start}) is not a JSON line; rebuild the index"
+            ) from None
         return _passage_from_record(record, self.path, index + 1)
 
     def __iter__(self) -> Iterator[Passage]:

@@ -69,7 +69,7 @@ def embeddings_cache_key(fingerprint: str, settings: EncoderSettings, passage_pr
 
 
 def _embeddings_cache_path(
-    cache_dir: str | Path | None | bool, passages: list[Passage], settings: EncoderSettings, passage_prefix: str
+    cache_dir: str | Path | bool | None, passages: list[Passage], settings: EncoderSettings, passage_prefix: str
 ) -> Path | None:
     """Where the passages' embeddings are cached (`embeddings_cache_key`); None when ``cache_dir`` is False.
     ``cache_dir`` None (or True): ``$STRATARL_CACHE/embeddings``."""
@@ -135,8 +135,10 @@ class DenseRetriever:
                 self._check_embeddings(embeddings)
                 faiss_index = build_faiss_index(embeddings.cpu().numpy(), self.index_settings)
             if faiss_index.ntotal != len(passages):
-                raise ValueError(f"the faiss index holds {faiss_index.ntotal} vectors but the corpus has {len(passages)} "
-                                 "passages; rebuild the dense index from this corpus")
+                raise ValueError(
+                    f"the faiss index holds {faiss_index.ntotal} vectors but the corpus has {len(passages)} "
+                    "passages; rebuild the dense index from this corpus"
+                )
             set_search_params(faiss_index, self.index_settings)
             self.embeddings = None
             self._faiss_index = faiss_index
@@ -157,8 +159,10 @@ class DenseRetriever:
         return len(self.passages)
 
     def __repr__(self) -> str:
-        return (f"DenseRetriever(num_passages={len(self.passages)}, model={self.encoder.settings.model!r}, "
-                f"backend={self.backend!r}, dense_index={self.index_settings.kind!r})")
+        return (
+            f"DenseRetriever(num_passages={len(self.passages)}, model={self.encoder.settings.model!r}, "
+            f"backend={self.backend!r}, dense_index={self.index_settings.kind!r})"
+        )
 
     @classmethod
     def from_passages(
@@ -174,7 +178,7 @@ class DenseRetriever:
         max_length: int | None = None,
         device: str = "cpu",
         batch_size: int = 64,
-        cache_dir: str | Path | None | bool = None,
+        cache_dir: str | Path | bool | None = None,
         backend: str = "torch",
         encoder: TextEncoder | None = None,
         dense_index: str | dict | DenseIndexSettings | None = None,
@@ -212,9 +216,19 @@ class DenseRetriever:
         else:
             embeddings = encoder.encode([passage_prefix + p.contents for p in passages]).cpu()
             if cache_path is not None:
-                _save_embeddings(embeddings, cache_path, {"num_passages": str(len(passages)), "model": encoder.settings.model})
-        return cls(passages, embeddings, encoder, query_prefix=query_prefix, passage_prefix=passage_prefix, backend=backend,
-                   dense_index=dense_index, faiss_index=faiss_index)
+                _save_embeddings(
+                    embeddings, cache_path, {"num_passages": str(len(passages)), "model": encoder.settings.model}
+                )
+        return cls(
+            passages,
+            embeddings,
+            encoder,
+            query_prefix=query_prefix,
+            passage_prefix=passage_prefix,
+            backend=backend,
+            dense_index=dense_index,
+            faiss_index=faiss_index,
+        )
 
     @classmethod
     def from_corpus(cls, path: str | Path, **kwargs) -> DenseRetriever:

@@ -38,7 +38,9 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     (sentence-transformers ``Pooling(pooling_mode_mean_tokens=True)``, Search-R1's e5 encoder.)
     """
     if hidden.dim() != 3 or attention_mask.shape != hidden.shape[:2]:
-        raise ValueError(f"mean_pool: hidden must be [B, T, D] and mask [B, T], got {tuple(hidden.shape)} and {tuple(attention_mask.shape)}")
+        raise ValueError(
+            f"mean_pool: hidden must be [B, T, D] and mask [B, T], got {tuple(hidden.shape)} and {tuple(attention_mask.shape)}"
+        )
     mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
     return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
 
@@ -102,8 +104,9 @@ class TextEncoder:
         self.batch_size = batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model)
         # safetensors only: a pickle (pytorch_model.bin) can run code when read, so it is never a fallback
-        self.model = AutoModel.from_pretrained(settings.model, dtype=torch.float32,
-                                               use_safetensors=True).to(self.device).eval()
+        self.model = (
+            AutoModel.from_pretrained(settings.model, dtype=torch.float32, use_safetensors=True).to(self.device).eval()
+        )
 
     @torch.inference_mode()
     def encode(self, texts: list[str]) -> torch.Tensor:

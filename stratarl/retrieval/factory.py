@@ -36,7 +36,7 @@ def _spec_help() -> str:
     return (
         'e.g. {"kind": "bm25", "index": "DIR"}, {"kind": "bm25", "corpus": "corpus.jsonl"}, '
         '{"kind": "dense", "corpus": "corpus.jsonl", "model": "PATH"}, {"kind": "remote", "url": "http://127.0.0.1:8000/retrieve"}; '
-        f'or a string: an index directory, a corpus .jsonl, an http(s) URL or a registered kind ({", ".join(retriever_names())})'
+        f"or a string: an index directory, a corpus .jsonl, an http(s) URL or a registered kind ({', '.join(retriever_names())})"
     )
 
 
@@ -55,8 +55,10 @@ def register_retriever(name: str) -> Callable[[RetrieverBuilder], RetrieverBuild
     def decorator(builder: RetrieverBuilder) -> RetrieverBuilder:
         if name in _RETRIEVERS and _RETRIEVERS[name] is not builder:
             owner = getattr(_RETRIEVERS[name], "__qualname__", repr(_RETRIEVERS[name]))
-            raise ValueError(f"retriever kind {name!r} is already registered (by {owner}); pick another name "
-                             f"(registered: {', '.join(retriever_names())})")
+            raise ValueError(
+                f"retriever kind {name!r} is already registered (by {owner}); pick another name "
+                f"(registered: {', '.join(retriever_names())})"
+            )
         _RETRIEVERS[name] = builder
         return builder
 
@@ -71,8 +73,10 @@ def retriever_names() -> list[str]:
 def get_retriever_builder(kind: str) -> RetrieverBuilder:
     """The builder registered as ``kind``; an unknown kind raises a ValueError that lists the registered ones."""
     if kind not in _RETRIEVERS:
-        raise ValueError(f"unknown retriever kind {kind!r}; valid kinds: {', '.join(retriever_names())} "
-                         "(a kind of your own: register_retriever in a module loaded with --import)")
+        raise ValueError(
+            f"unknown retriever kind {kind!r}; valid kinds: {', '.join(retriever_names())} "
+            "(a kind of your own: register_retriever in a module loaded with --import)"
+        )
     return _RETRIEVERS[kind]
 
 
@@ -128,8 +132,10 @@ def build_retriever(spec: dict | str) -> Retriever:
     _check_builder_keys(builder, kind, spec)
     retriever = builder(**spec)
     if not callable(getattr(retriever, "search", None)):
-        raise TypeError(f"retriever kind {kind!r} built a {type(retriever).__name__}, which has no "
-                        "search(queries, k) method; a builder returns a retriever")
+        raise TypeError(
+            f"retriever kind {kind!r} built a {type(retriever).__name__}, which has no "
+            "search(queries, k) method; a builder returns a retriever"
+        )
     return retriever
 
 
@@ -192,7 +198,9 @@ def _index_retriever(retriever_class, kind: str, spec: dict):
     build_keys, load_keys = spec_options(retriever_class.from_passages), spec_options(retriever_class.load)
     _check_keys(spec, kind, {"kind", "index", "corpus"} | build_keys | load_keys)
     if ("index" in spec) == ("corpus" in spec):
-        raise ValueError(f"a {kind} retriever needs exactly one of 'index' (a built index) or 'corpus' (build now); {_spec_help()}")
+        raise ValueError(
+            f"a {kind} retriever needs exactly one of 'index' (a built index) or 'corpus' (build now); {_spec_help()}"
+        )
     options = _options(spec)
     if "index" in spec:
         build_only = sorted(set(options) - load_keys)
@@ -201,7 +209,9 @@ def _index_retriever(retriever_class, kind: str, spec: dict):
         return retriever_class.load(spec["index"], **options)
     load_only = sorted(set(options) - build_keys)
     if load_only and kind == "dense":
-        raise ValueError(f"{load_only} apply when loading a dense index ('index': DIR); when building from a corpus "
-                         "put nprobe / ef_search in dense_index, e.g. {'kind': 'ivf', 'nprobe': 64}")
+        raise ValueError(
+            f"{load_only} apply when loading a dense index ('index': DIR); when building from a corpus "
+            "put nprobe / ef_search in dense_index, e.g. {'kind': 'ivf', 'nprobe': 64}"
+        )
     build_options = {key: value for key, value in options.items() if key in build_keys}  # BM25: loading keys ignored
     return retriever_class.from_corpus(spec["corpus"], **build_options)

@@ -1,8 +1,8 @@
 """The files every saved index directory (BM25 or dense) holds besides its own arrays.
 
-    stratarl_index.json   {"kind": "bm25" | "dense", "format_version", "num_passages", ...}: written last
-    corpus.jsonl          the passages, Search-R1 format, in index order
-    corpus.offsets.npy    byte offset of each line (for ``mmap_corpus=True``)
+stratarl_index.json   {"kind": "bm25" | "dense", "format_version", "num_passages", ...}: written last
+corpus.jsonl          the passages, Search-R1 format, in index order
+corpus.offsets.npy    byte offset of each line (for ``mmap_corpus=True``)
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def read_index_meta(index_dir: str | Path) -> dict:
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise ValueError(f"{meta_path}: invalid JSON ({error.msg}); rebuild the index with `stratarl index build`") from None
+        raise ValueError(
+            f"{meta_path}: invalid JSON ({error.msg}); rebuild the index with `stratarl index build`"
+        ) from None
     if not isinstance(meta, dict) or "kind" not in meta:
         raise ValueError(f"{meta_path}: expected a JSON object with a 'kind' field; rebuild the index")
     return meta

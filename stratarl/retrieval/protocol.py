@@ -39,11 +39,14 @@ class ServerLimits:
         for name, value in asdict(self).items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 flag = _flag(name)
-                raise ValueError(f"{flag} {value!r}: must be a positive integer. Fix: pass e.g. "
-                                 f"{flag} {defaults[name].default}")
+                raise ValueError(
+                    f"{flag} {value!r}: must be a positive integer. Fix: pass e.g. {flag} {defaults[name].default}"
+                )
         if self.default_topk > self.max_topk:
-            raise ValueError(f"--topk {self.default_topk} is more than --max-topk {self.max_topk}. Fix: lower --topk "
-                             f"or raise --max-topk")
+            raise ValueError(
+                f"--topk {self.default_topk} is more than --max-topk {self.max_topk}. Fix: lower --topk "
+                f"or raise --max-topk"
+            )
 
 
 def _flag(field: str) -> str:
@@ -89,8 +92,11 @@ def decode_retrieve_request(body: bytes, limits: ServerLimits) -> tuple[list[str
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise RequestError(400, f"request body is not valid JSON: {str(error)[:200]}") from None
     except ValueError:  # an integer of more digits than Python converts (its message advises a server setting)
-        raise RequestError(400, f"request body has an integer of more than {sys.get_int_max_str_digits()} digits; "
-                                "send small integers (e.g. \"topk\": 3)") from None
+        raise RequestError(
+            400,
+            f"request body has an integer of more than {sys.get_int_max_str_digits()} digits; "
+            'send small integers (e.g. "topk": 3)',
+        ) from None
     return parse_retrieve_request(payload, limits)
 
 
@@ -105,12 +111,14 @@ def parse_retrieve_request(payload: object, limits: ServerLimits) -> tuple[list[
         raise RequestError(422, "'queries' must be a list of strings (wrap a single query in a list)")
     if len(queries) > limits.max_queries:
         raise RequestError(
-            413, f"{len(queries)} queries in one request; this server accepts at most {limits.max_queries} (split the batch)"
+            413,
+            f"{len(queries)} queries in one request; this server accepts at most {limits.max_queries} (split the batch)",
         )
     for position, query in enumerate(queries):
         if len(query) > limits.max_query_chars:
             raise RequestError(
-                413, f"query {position} has {len(query)} characters; this server accepts at most {limits.max_query_chars}"
+                413,
+                f"query {position} has {len(query)} characters; this server accepts at most {limits.max_query_chars}",
             )
     topk = payload.get("topk")
     if topk is None or topk == 0:
@@ -119,8 +127,11 @@ def parse_retrieve_request(payload: object, limits: ServerLimits) -> tuple[list[
         shown = repr(topk) if len(repr(topk)) <= 40 else f"{repr(topk)[:20]}... ({len(repr(topk))} characters)"
         raise RequestError(422, f"'topk' must be an integer from 1 to {limits.max_topk}, got {shown}")
     if len(queries) * topk > limits.max_hits:
-        raise RequestError(413, f"{len(queries)} queries x topk {topk} = {len(queries) * topk} passages; this server "
-                                f"returns at most {limits.max_hits} per request (split the batch or lower topk)")
+        raise RequestError(
+            413,
+            f"{len(queries)} queries x topk {topk} = {len(queries) * topk} passages; this server "
+            f"returns at most {limits.max_hits} per request (split the batch or lower topk)",
+        )
     return_scores = payload.get("return_scores")
     if return_scores is None:
         return_scores = False
@@ -133,9 +144,7 @@ def format_retrieve_response(results: list[list[Passage]], return_scores: bool) 
     """Search-R1's response as Python objects (for ``json.dumps``): hits as ``{"document", "score"}`` or as
     bare documents. The server writes the same JSON with `encode_retrieve_response`."""
     if return_scores:
-        return {
-            "result": [[{"document": p.to_document(), "score": p.score} for p in hits] for hits in results]
-        }
+        return {"result": [[{"document": p.to_document(), "score": p.score} for p in hits] for hits in results]}
     return {"result": [[p.to_document() for p in hits] for hits in results]}
 
 

@@ -190,8 +190,9 @@ def probe_retriever(url: str, timeout_s: float = 10.0) -> None:
     why = None
     fix = "start the server (`stratarl serve --index DIR`) or correct retrieval.spec"
     try:
-        response = httpx.post(url, json={"queries": ["stratarl probe"], "topk": 1, "return_scores": True},
-                              timeout=timeout_s)
+        response = httpx.post(
+            url, json={"queries": ["stratarl probe"], "topk": 1, "return_scores": True}, timeout=timeout_s
+        )
     except httpx.TimeoutException:
         why = f"no answer within {timeout_s:g} s"
     except httpx.TransportError as error:
@@ -216,5 +217,7 @@ def probe_retriever(url: str, timeout_s: float = 10.0) -> None:
                 except (ValueError, RetrievalError) as error:
                     why = f"{str(error)[:200]}"
     if why is not None:
-        raise RetrievalError(f"retrieval.spec: the probe search to {url} failed ({why}). Fix: {fix}; "
-                             "--no-retriever-check skips this check")
+        raise RetrievalError(
+            f"retrieval.spec: the probe search to {url} failed ({why}). Fix: {fix}; "
+            "--no-retriever-check skips this check"
+        )

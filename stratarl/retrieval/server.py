@@ -110,7 +110,8 @@ def create_app(retriever: Retriever, *, fast_path: bool = True, **limits):
 
 def _fastapi_app(retriever: Retriever, retrieve: RetrieveEndpoint):
     """The FastAPI app: ``POST /retrieve`` (``retrieve``), ``GET /health``, JSON 404 / 405, the batcher's shutdown."""
-    from fastapi import FastAPI  # 0.6 s to import: only when a server is made, so `import stratarl.retrieval` stays light
+    # fastapi takes 0.6 s to import: only when a server is made, so `import stratarl.retrieval` stays light
+    from fastapi import FastAPI
     from fastapi.responses import JSONResponse  # fastapi: only when a server is made
     from starlette.exceptions import HTTPException as StarletteHTTPException  # fastapi's: only when a server is made
 
@@ -208,15 +209,23 @@ class ServerThread:
         self.stop()
 
 
-def serve(retriever: Retriever, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-          request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, **limits) -> None:
+def serve(
+    retriever: Retriever,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    **limits,
+) -> None:
     """Serve ``retriever`` on ``host:port`` until interrupted (blocking); limits as in `create_app`; a
     connection without a whole request after ``request_timeout_s`` is closed (`request_timeout_protocol`)."""
     import uvicorn  # here: `import stratarl.retrieval` does not load the HTTP server
 
     sock = bound_socket(host, port)  # bound here: a port in use is an OSError for the caller, not uvicorn's exit
-    config = uvicorn.Config(create_app(retriever, **limits), log_level=log_level,
-                            http=request_timeout_protocol(request_timeout_s))
+    config = uvicorn.Config(
+        create_app(retriever, **limits), log_level=log_level, http=request_timeout_protocol(request_timeout_s)
+    )
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -19,9 +19,15 @@ DEFAULT_REQUEST_TIMEOUT_S = 5.0
 
 def check_request_timeout(request_timeout_s: float) -> float:
     """``request_timeout_s`` when it is a positive number of seconds, else `ValueError` saying so."""
-    if isinstance(request_timeout_s, bool) or not isinstance(request_timeout_s, (int, float)) or not request_timeout_s > 0:
-        raise ValueError(f"--request-timeout {request_timeout_s!r}: must be a positive number of seconds. Fix: use e.g. "
-                         f"{DEFAULT_REQUEST_TIMEOUT_S:g}")
+    if (
+        isinstance(request_timeout_s, bool)
+        or not isinstance(request_timeout_s, (int, float))
+        or not request_timeout_s > 0
+    ):
+        raise ValueError(
+            f"--request-timeout {request_timeout_s!r}: must be a positive number of seconds. Fix: use e.g. "
+            f"{DEFAULT_REQUEST_TIMEOUT_S:g}"
+        )
     return float(request_timeout_s)
 
 
@@ -71,8 +77,9 @@ def request_timeout_protocol(request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_
                 return  # the request is in (being answered), or the connection is going anyway
             if self._partial:  # an idle connection (never spoke, or kept alive after a response) goes quietly
                 who = "%s:%d" % self.client if self.client else "a client"
-                logger.warning("%s sent no whole request within %g s (--request-timeout); connection closed",
-                               who, self.timeout_s)
+                logger.warning(
+                    "%s sent no whole request within %g s (--request-timeout); connection closed", who, self.timeout_s
+                )
             self.transport.close()
 
     return RequestTimeoutH11Protocol

@@ -35,14 +35,16 @@ class TimedRetriever:
         return getattr(self.inner, "url", None) or repr(self.inner)
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
-    
+
         start = time.perf_counter()
         self.step_queries += len(queries)
         try:
             remaining = None if self.budget_s is None else self.budget_s - self.step_seconds
             if remaining is not None and remaining <= 0:
-                raise RetrievalError(f"this step's retrieval time budget (retrieval.step_budget_s={self.budget_s:g}) "
-                                     "is spent; the search was not sent")
+                raise RetrievalError(
+                    f"this step's retrieval time budget (retrieval.step_budget_s={self.budget_s:g}) "
+                    "is spent; the search was not sent"
+                )
             if hasattr(self.inner, "deadline"):
                 self.inner.deadline = None if remaining is None else time.monotonic() + remaining
             results = self.inner.search(queries, k)

@@ -82,8 +82,13 @@ def _worker_main(config: dict) -> int:
         load_extensions(config.get("imports", []))  # the parent's --import modules: a kind of the user's own
         retriever = build_retriever(config["spec"])
         app = create_app(retriever, **config["limits"], **config["server_options"])
-        uvicorn_config = uvicorn.Config(app, log_level=config["log_level"], lifespan="on", timeout_graceful_shutdown=5,
-                                        http=request_timeout_protocol(config["request_timeout_s"]))
+        uvicorn_config = uvicorn.Config(
+            app,
+            log_level=config["log_level"],
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+            http=request_timeout_protocol(config["request_timeout_s"]),
+        )
         server = uvicorn.Server(uvicorn_config)
     except Exception as error:
         report("error", f"{type(error).__name__}: {error}")
@@ -124,10 +129,21 @@ class WorkerPool:
     (SIGTERM, then SIGKILL after ``stop_timeout_s``). ``with WorkerPool(spec, workers=2) as pool: pool.url``.
     """
 
-    def __init__(self, spec, *, workers: int = 2, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                 limits: ServerLimits | None = None, threads_per_worker: int | None = None,
-                 start_timeout_s: float = 600.0, stop_timeout_s: float = 10.0,
-                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, **server_options) -> None:
+    def __init__(
+        self,
+        spec,
+        *,
+        workers: int = 2,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        limits: ServerLimits | None = None,
+        threads_per_worker: int | None = None,
+        start_timeout_s: float = 600.0,
+        stop_timeout_s: float = 10.0,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        **server_options,
+    ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be a positive integer, got {workers!r}")
         self.request_timeout_s = check_request_timeout(request_timeout_s)  # fails here, not in every worker
@@ -161,10 +177,17 @@ class WorkerPool:
         self.port = self._sock.getsockname()[1]
         read_fd, write_fd = os.pipe()
         self._status_fd = read_fd
-        base = {"spec": self.spec, "limits": asdict(self.limits), "log_level": self.log_level,
-                "threads": self.threads_per_worker, "parent_pid": os.getpid(), "status_fd": write_fd,
-                "server_options": self.server_options, "request_timeout_s": self.request_timeout_s,
-                "imports": loaded_extensions()}
+        base = {
+            "spec": self.spec,
+            "limits": asdict(self.limits),
+            "log_level": self.log_level,
+            "threads": self.threads_per_worker,
+            "parent_pid": os.getpid(),
+            "status_fd": write_fd,
+            "server_options": self.server_options,
+            "request_timeout_s": self.request_timeout_s,
+            "imports": loaded_extensions(),
+        }
         base.update({"host": self.host, "port": self.port} if reuse_port else {"fd": self._sock.fileno()})
         pass_fds = (write_fd,) if reuse_port else (write_fd, self._sock.fileno())
         try:
@@ -200,19 +223,26 @@ class WorkerPool:
                     continue
             for index, process in enumerate(self.processes):
                 if index not in ready and process.poll() is not None:
-                    raise WorkerError(f"server worker {index} exited with code {process.returncode} before it "
-                                      "started; its error is above")
+                    raise WorkerError(
+                        f"server worker {index} exited with code {process.returncode} before it "
+                        "started; its error is above"
+                    )
             if time.monotonic() > deadline:
-                raise WorkerError(f"{self.workers - len(ready)} server worker(s) did not start within "
-                                  f"{self.start_timeout_s:.0f} s")
+                raise WorkerError(
+                    f"{self.workers - len(ready)} server worker(s) did not start within {self.start_timeout_s:.0f} s"
+                )
 
     def wait(self) -> int:
         """Block until a worker exits (then stop the others) → 1, or until `stop` was called → 0."""
         while self.processes and not self._stopping.is_set():
             for index, process in enumerate(self.processes):
                 if process.poll() is not None and not self._stopping.is_set():
-                    logger.error("server worker %d (pid %d) exited with code %s; stopping the server",
-                                 index, process.pid, process.returncode)
+                    logger.error(
+                        "server worker %d (pid %d) exited with code %s; stopping the server",
+                        index,
+                        process.pid,
+                        process.returncode,
+                    )
                     self.stop()
                     return 1
             time.sleep(0.2)
@@ -246,14 +276,29 @@ class WorkerPool:
         self.stop()
 
 
-def serve_workers(spec, *, workers: int, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-                  limits: ServerLimits | None = None, on_ready=None,
-                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> int:
+def serve_workers(
+    spec,
+    *,
+    workers: int,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    limits: ServerLimits | None = None,
+    on_ready=None,
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+) -> int:
     """Serve ``spec`` with ``workers`` processes until SIGINT / SIGTERM (→ 0) or a worker dies (→ 1).
 
     Raises `WorkerError` if a worker cannot start. ``on_ready(pool)`` is called once all answer."""
-    pool = WorkerPool(spec, workers=workers, host=host, port=port, log_level=log_level, limits=limits,
-                      request_timeout_s=request_timeout_s)
+    pool = WorkerPool(
+        spec,
+        workers=workers,
+        host=host,
+        port=port,
+        log_level=log_level,
+        limits=limits,
+        request_timeout_s=request_timeout_s,
+    )
 
     def on_signal(signum, frame) -> None:
         pool._stopping.set()  # a worker that exits on the same Ctrl-C is not a failure

@@ -33,7 +33,7 @@ REWARDS: dict[str, RewardFn] = {
 # Rewards chosen by an example's data_source, as Search-R1's _select_rm_score_fn chooses its scorer by
 # data_source: multiple-choice sources are scored by letter or option text whatever the run's reward is.
 MULTIPLE_CHOICE_SOURCES = ("medqa", "medmcqa", "synthetic_mc")
-SOURCE_REWARDS: dict[str, RewardFn] = {source: multiple_choice_reward for source in MULTIPLE_CHOICE_SOURCES}
+SOURCE_REWARDS: dict[str, RewardFn] = dict.fromkeys(MULTIPLE_CHOICE_SOURCES, multiple_choice_reward)
 
 
 def reward_for_source(data_source: str, default: RewardFn) -> RewardFn:
@@ -60,8 +60,8 @@ __all__ = [
     "MULTIPLE_CHOICE_SOURCES",
     "REWARDS",
     "SOURCE_REWARDS",
-    "answer_match",
     "RewardFn",
+    "answer_match",
     "em_reward",
     "exact_match",
     "extract_answer",

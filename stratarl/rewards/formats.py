@@ -41,7 +41,7 @@ def is_valid_format(response_text: str) -> bool:
     state = "start"
     position = 0
     for match in _TAG_RE.finditer(response_text):
-        between = response_text[position:match.start()]
+        between = response_text[position : match.start()]
         if state not in _INSIDE and between.strip():
             return False
         tag = match.group(0)

@@ -19,8 +19,13 @@ class AutocastGenerator(Generator):
         self.supports_capture = inner.supports_capture
         self.rng = inner.rng
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 max_new_tokens: Sequence[int] | None = None, **capabilities) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        max_new_tokens: Sequence[int] | None = None,
+        **capabilities,
+    ) -> list[Generation]:
         """``inner.generate`` under autocast; ``capabilities``: ``cache_keys`` / ``capture_layer`` when declared."""
         with self.policy.autocast():
             return self.inner.generate(prompts, params, max_new_tokens, **capabilities)
@@ -34,8 +39,9 @@ def make_generator(model, tokenizer, backend: str, seed: int, policy: DevicePoli
     if backend == "hf":
         generator: Generator = HFGenerator(model, tokenizer, seed=seed)
     else:
-        generator = KVCacheGenerator(model, tokenizer, seed=seed, fast=policy.fast_decode(backend),
-                                     dtype=policy.compute_dtype)
+        generator = KVCacheGenerator(
+            model, tokenizer, seed=seed, fast=policy.fast_decode(backend), dtype=policy.compute_dtype
+        )
         if generator.fast_decoder is not None:
             return generator  # the fast decoder sets its own dtypes
     return AutocastGenerator(generator, policy) if policy.autocast_dtype is not None else generator

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -52,7 +52,9 @@ class Scoring:
     stratum: Callable[[Rollout], int]
 
     @classmethod
-    def from_names(cls, reward: str = "em", stratum_key: str = "num_searches", stratum_cap: int | None = None) -> Scoring:
+    def from_names(
+        cls, reward: str = "em", stratum_key: str = "num_searches", stratum_cap: int | None = None
+    ) -> Scoring:
         """Resolve ``algo.reward`` and ``algo.stratum_key`` once. ``random`` collects the num_searches strata: the
         trainer permutes them inside each group afterwards (the control arm)."""
         key = "num_searches" if stratum_key == "random" else stratum_key
@@ -84,6 +86,7 @@ def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
     if key == "num_searches":
         return lambda r: min(r.num_searches, cap) if cap is not None else r.num_searches
     if key == "observation_blocks":
+
         def blocks(r) -> int:
             count = int(search_counts(torch.tensor([r.response_mask], dtype=torch.long))[0]) if r.response_mask else 0
             return min(count, cap) if cap is not None else count
@@ -104,8 +107,13 @@ def reward_function(name: str):
     return resolve_callable(name, "algo.reward", num_args=2)
 
 
-def encode_prompts(tokenizer, examples: Sequence[Question], cache: dict | None = None,
-                   template: str = "search_r1", rebuild: bool = False) -> list[list[int]]:
+def encode_prompts(
+    tokenizer,
+    examples: Sequence[Question],
+    cache: dict | None = None,
+    template: str = "search_r1",
+    rebuild: bool = False,
+) -> list[list[int]]:
     """Prompt ids per example: the example's own prompt (a data file's `prompt` column) when it has
     one and ``rebuild`` is off, else ``template`` around the question."""
     out = []
@@ -126,9 +134,19 @@ def encode_prompts(tokenizer, examples: Sequence[Question], cache: dict | None =
     return out
 
 
-def collect(generator: Generator, retriever: TimedRetriever, tokenizer, examples: Sequence[Question],
-            rollout: RolloutConfig, scoring: Scoring, *, group_size: int, greedy: bool = False,
-            prompt_cache: dict | None = None, capture_layer: int | None = None) -> CollectedBatch:
+def collect(
+    generator: Generator,
+    retriever: TimedRetriever,
+    tokenizer,
+    examples: Sequence[Question],
+    rollout: RolloutConfig,
+    scoring: Scoring,
+    *,
+    group_size: int,
+    greedy: bool = False,
+    prompt_cache: dict | None = None,
+    capture_layer: int | None = None,
+) -> CollectedBatch:
     """G rollouts per question (consecutive, one fresh group id per question), scored and stratified by
     ``scoring``. ``rollout``: the engine's budgets, sampling and prompt (``greedy`` decodes greedily).
     ``capture_layer``: the rollouts keep the hidden states entering that decoder layer (``RolloutEngine.run``)."""
@@ -199,12 +217,23 @@ def advantage_metrics(advantages: torch.Tensor, response_mask: torch.Tensor) -> 
     values = advantages[response_mask.bool()]
     if values.numel() == 0:
         return {"advantage/mean": 0.0, "advantage/std": 0.0, "advantage/min": 0.0, "advantage/max": 0.0}
-    return {"advantage/mean": float(values.mean()), "advantage/std": float(values.std(unbiased=False)),
-            "advantage/min": float(values.min()), "advantage/max": float(values.max())}
+    return {
+        "advantage/mean": float(values.mean()),
+        "advantage/std": float(values.std(unbiased=False)),
+        "advantage/min": float(values.min()),
+        "advantage/max": float(values.max()),
+    }
 
 
-def transcript(rollout: Rollout, example: Question, tokenizer, *, reward: float, stratum: int | None = None,
-               advantage: float | None = None) -> dict:
+def transcript(
+    rollout: Rollout,
+    example: Question,
+    tokenizer,
+    *,
+    reward: float,
+    stratum: int | None = None,
+    advantage: float | None = None,
+) -> dict:
     """The engine's transcript (prompt, turns, searches with passages, answer, flags, mask runs)
     with the example, the stratum and the advantage the update used."""
     record = engine_transcript(rollout, tokenizer, reward=reward, golds=example.golden_answers)
@@ -245,5 +274,13 @@ def without_rollouts(batch: CollectedBatch, drop: Sequence[bool]) -> CollectedBa
     stay aligned, so the advantage's group baselines see only the kept rollouts)."""
     keep = [i for i, d in enumerate(drop) if not d]
     pick = lambda values: [values[i] for i in keep]  # noqa: E731
-    return CollectedBatch(pick(batch.rollouts), pick(batch.examples), pick(batch.group_ids), pick(batch.rewards),
-                          pick(batch.em), pick(batch.strata), batch.generation_s, batch.retrieval_s)
+    return CollectedBatch(
+        pick(batch.rollouts),
+        pick(batch.examples),
+        pick(batch.group_ids),
+        pick(batch.rewards),
+        pick(batch.em),
+        pick(batch.strata),
+        batch.generation_s,
+        batch.retrieval_s,
+    )

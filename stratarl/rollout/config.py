@@ -72,28 +72,49 @@ class RolloutConfig:
         if self.group_size < 1:
             fail(f"{p}.group_size", self.group_size, "a group needs at least one rollout", "use 5 (Search-R1) or 2-8")
         if self.max_turns < 0:
-            fail(f"{p}.max_turns", self.max_turns, "counts the turns that may search, so it cannot be negative",
-                 "use 4 (Search-R1's default: 4 search turns + 1 final answer turn), or 0 for a single turn")
+            fail(
+                f"{p}.max_turns",
+                self.max_turns,
+                "counts the turns that may search, so it cannot be negative",
+                "use 4 (Search-R1's default: 4 search turns + 1 final answer turn), or 0 for a single turn",
+            )
         for key in ("max_tokens_per_turn", "max_total_tokens", "topk"):
             if getattr(self, key) < 1:
                 fail(f"{p}.{key}", getattr(self, key), "must be >= 1", "use e.g. 500 tokens, or 3 passages")
         if self.max_obs_tokens < 16:
-            fail(f"{p}.max_obs_tokens", self.max_obs_tokens, "must be >= 16 (room for the truncation marker)",
-                 "use at least 16 (Search-R1: 500)")
+            fail(
+                f"{p}.max_obs_tokens",
+                self.max_obs_tokens,
+                "must be >= 16 (room for the truncation marker)",
+                "use at least 16 (Search-R1: 500)",
+            )
         if self.temperature <= 0:
-            fail(f"{p}.temperature", self.temperature, "training rollouts sample, so the temperature must be > 0", "use 1.0")
+            fail(
+                f"{p}.temperature",
+                self.temperature,
+                "training rollouts sample, so the temperature must be > 0",
+                "use 1.0",
+            )
         if not 0 < self.top_p <= 1:
             fail(f"{p}.top_p", self.top_p, "must lie in (0, 1]", "use 1.0")
         try:
             resolve_template(self.prompt_template)
         except ValueError:
-            fail(f"{p}.prompt_template", self.prompt_template, "neither a known template nor one containing {question}",
-                 f"use {', '.join(PROMPT_TEMPLATES)}, or a string with {{question}} in it")
+            fail(
+                f"{p}.prompt_template",
+                self.prompt_template,
+                "neither a known template nor one containing {question}",
+                f"use {', '.join(PROMPT_TEMPLATES)}, or a string with {{question}} in it",
+            )
         if self.backend not in BACKENDS:
             fail(f"{p}.backend", self.backend, "unknown backend", f"use one of {', '.join(BACKENDS)}")
         if self.precision is not None and self.precision not in SAMPLER_PRECISIONS:
-            fail(f"{p}.precision", self.precision, "unknown sampler precision",
-                 f"use one of {', '.join(SAMPLER_PRECISIONS)}, or null to sample with the learner itself")
+            fail(
+                f"{p}.precision",
+                self.precision,
+                "unknown sampler precision",
+                f"use one of {', '.join(SAMPLER_PRECISIONS)}, or null to sample with the learner itself",
+            )
 
     def replace(self, **changes) -> RolloutConfig:
         """A copy with ``changes`` (validated)."""
@@ -101,7 +122,10 @@ class RolloutConfig:
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(
-            max_new_tokens=self.max_tokens_per_turn, temperature=self.temperature, top_p=self.top_p,
-            greedy=self.greedy, stop_strings=STOP_STRINGS,
+            max_new_tokens=self.max_tokens_per_turn,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            greedy=self.greedy,
+            stop_strings=STOP_STRINGS,
             eos_after=(ANSWER_STOP,) if self.eos_after_answer else (),
         )

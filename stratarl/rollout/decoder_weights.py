@@ -27,14 +27,17 @@ def effective_weight(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 def packing_available() -> bool:
     """Whether oneDNN weight packing (``torch.ops.mkldnn``, as inductor's CPU freezing uses) exists here."""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 # Weights with fewer elements than this are not packed when packing is automatic: oneDNN's per-call
 # overhead (~10 us) then outweighs its faster kernel (64-wide word-tiny: a packed [32, 64] x [64, 192]
 # product takes 18 us, F.linear 7 us; at the 293k-element LM head the two are equal).
-PACK_MIN_ELEMENTS = 2 ** 18
+PACK_MIN_ELEMENTS = 2**18
 # Products with at most this many rows (batch 1 or 2 at decode) run MKL's F.linear even when packed.
 GEMV_ROWS = 2
 
@@ -54,8 +57,12 @@ class PackedLinear:
     whose batch is at most ``GEMV_ROWS`` rows, so no copy of the weights is made at all).
     """
 
-    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], pack: bool | None | str,
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        parts: list[tuple[torch.Tensor, torch.Tensor | None]],
+        pack: bool | str | None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         # ``dtype`` bf16: the weights are copied to bf16 once here (once per weight version, not per call
         # as autocast re-casts them), inputs are cast to bf16 and outputs returned in fp32, so the residual
         # stream, the norms and the logits stay fp32 (autocast's rules).
@@ -107,8 +114,9 @@ class PackedLinear:
         if self.packed is None or not self.binary_add or residual.numel() <= GEMV_ROWS * self.out_features:
             return residual + self(x)
         flat = x.reshape(-1, x.shape[-1])
-        out = torch.ops.mkldnn._linear_pointwise.binary(flat, residual.reshape(-1, self.out_features),
-                                                        self.packed, self.bias, "add")
+        out = torch.ops.mkldnn._linear_pointwise.binary(
+            flat, residual.reshape(-1, self.out_features), self.packed, self.bias, "add"
+        )
         return out.reshape(residual.shape)
 
 
@@ -116,7 +124,7 @@ class LayerWeights:
     """One decoder layer's weights, with Q|K|V and gate|up fused into single matrices
     (unless ``pack`` is "parts"; see ``PackedLinear``)."""
 
-    def __init__(self, layer, pack: bool | None | str, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, layer, pack: bool | str | None, dtype: torch.dtype = torch.float32) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         q, k, v = (effective_weight(p) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
         self.qkv = PackedLinear([q, k, v], pack, dtype)
@@ -136,7 +144,9 @@ def _fuse(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.
     weight = torch.cat([w for w, _ in parts], dim=0)
     if all(b is None for _, b in parts):
         return weight, None
-    bias = torch.cat([b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) for w, b in parts])
+    bias = torch.cat(
+        [b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) for w, b in parts]
+    )
     return weight, bias
 
 

@@ -31,10 +31,8 @@ from stratarl.retrieval.base import Passage, Retriever
 from stratarl.rollout.config import RolloutConfig
 from stratarl.rollout.generation import Generation, Generator
 from stratarl.rollout.parsing import (
-    ANSWER_STOP,
     INFORMATION_SUFFIX,
     INVALID_ACTION_OBSERVATION,
-    STOP_STRINGS,
     TRUNCATION_MARKER,
     Action,
     information_observation,
@@ -157,8 +155,10 @@ class RolloutEngine:
         rollouts = [Rollout(prompt_ids=list(p)) for p in prompts]
         for rollout in rollouts:
             if rollout.total_length >= config.max_total_tokens:
-                raise ValueError(f"a prompt has {rollout.total_length} tokens, which leaves no room under "
-                                 f"max_total_tokens={config.max_total_tokens}; raise it or shorten the prompt")
+                raise ValueError(
+                    f"a prompt has {rollout.total_length} tokens, which leaves no room under "
+                    f"max_total_tokens={config.max_total_tokens}; raise it or shorten the prompt"
+                )
         params = config.sampling_params()
         for turn_index in range(config.max_turns + 1):
             live_index = [i for i, r in enumerate(rollouts) if not r.done]
@@ -170,8 +170,11 @@ class RolloutEngine:
             if self.generator.supports_cache_keys:
                 # Each rollout's KV from its previous turn is reused: only the observation is read.
                 keys = [(id(rollouts), i) for i in live_index]
-                capture = ({"capture_layer": capture_layer}
-                           if capture_layer is not None and self.generator.supports_capture else {})
+                capture = (
+                    {"capture_layer": capture_layer}
+                    if capture_layer is not None and self.generator.supports_capture
+                    else {}
+                )
                 generations = self.generator.generate(histories, params, budgets, cache_keys=keys, **capture)
             else:
                 generations = self.generator.generate(histories, params, budgets)

@@ -48,8 +48,14 @@ from stratarl.rollout.decoder_weights import (
 )
 from stratarl.rollout.fast_decode_support import SUPPORTED_MODEL_TYPES, decoder_with_layers, is_lora, unsupported_reason
 
-__all__ = ["GEMV_ROWS", "PACK_MIN_ELEMENTS", "SUPPORTED_MODEL_TYPES", "FastDecoder", "packing_available",
-           "unsupported_reason"]
+__all__ = [
+    "GEMV_ROWS",
+    "PACK_MIN_ELEMENTS",
+    "SUPPORTED_MODEL_TYPES",
+    "FastDecoder",
+    "packing_available",
+    "unsupported_reason",
+]
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -109,7 +115,7 @@ class FastDecoder:
         self.num_heads = self.config.num_attention_heads
         self.num_kv_heads = getattr(self.config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.groups = self.num_heads // self.num_kv_heads  # query heads per K/V head
         self._layers: list[LayerWeights] = []
         self._lora_modules = [m for m in model.modules() if is_lora(m)]
@@ -128,8 +134,9 @@ class FastDecoder:
     def _weights_version(self) -> tuple | None:
         """Every parameter's (address, version counter) and every LoRA layer's active adapters, or None."""
         try:
-            adapters = tuple(bool(getattr(m, "disable_adapters", False)) or tuple(m.active_adapters)
-                             for m in self._lora_modules)  # toggling an adapter changes no parameter
+            adapters = tuple(
+                bool(getattr(m, "disable_adapters", False)) or tuple(m.active_adapters) for m in self._lora_modules
+            )  # toggling an adapter changes no parameter
             return tuple((p.data_ptr(), p._version) for p in self.model.parameters()) + adapters
         except RuntimeError:  # inference tensors (a model built under inference_mode) have no counter
             return None
@@ -164,8 +171,12 @@ class FastDecoder:
         each inverse frequency, a single rounding, so an entry equals a direct call's up to the last
         bit of cos / sin); the sign of rotate_half is folded into the sin table (see ``_apply_rope``)."""
         weight = self.inner.embed_tokens.weight
-        if (self._rope_cos is None or self._rope_cos.shape[0] <= max_position or self._rope_cos.device != weight.device
-                or self._rope_cos.dtype != weight.dtype):
+        if (
+            self._rope_cos is None
+            or self._rope_cos.shape[0] <= max_position
+            or self._rope_cos.device != weight.device
+            or self._rope_cos.dtype != weight.dtype
+        ):
             size = max(2 * max_position + 2, 1024)
             # rotary_emb reads only the dtype and device of its first argument.
             cos, sin = self.inner.rotary_emb(weight, torch.arange(size, device=weight.device)[None])
@@ -173,8 +184,13 @@ class FastDecoder:
             self._rope_cos, self._rope_sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
         return self._rope_cos[positions], self._rope_sin[positions]
 
-    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int,
-                prefixes: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None) -> torch.Tensor:
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        capacity: int,
+        prefixes: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+    ) -> torch.Tensor:
         """Run the left-padded prompts ``ids`` [B, L]; allocate a cache of ``capacity`` columns.
 
         ``prefixes`` (optional, one entry per row): the (keys, values) of tokens that come
@@ -188,7 +204,9 @@ class FastDecoder:
         Returns the last position's logits [B, V] in fp32.
         """
         if ids.dim() != 2 or ids.shape != attention_mask.shape:
-            raise ValueError(f"ids {tuple(ids.shape)} and attention_mask {tuple(attention_mask.shape)} must be equal [B, L]")
+            raise ValueError(
+                f"ids {tuple(ids.shape)} and attention_mask {tuple(attention_mask.shape)} must be equal [B, L]"
+            )
         length = ids.shape[1]
         self.refresh(rows=len(ids))  # the rows that will be decoded (before identical prompts are merged)
         if prefixes is not None:
@@ -201,7 +219,9 @@ class FastDecoder:
             raise ValueError(f"capacity {capacity} < prefix {prefix_width} + prompt width {length}")
         if prefixes is not None:
             return self._prefill_rows(ids, attention_mask, capacity, prefixes, prefix_width)
-        unique, inverse = torch.unique(torch.cat([ids, attention_mask.to(ids.dtype)], dim=1), dim=0, return_inverse=True)
+        unique, inverse = torch.unique(
+            torch.cat([ids, attention_mask.to(ids.dtype)], dim=1), dim=0, return_inverse=True
+        )
         if len(unique) == len(ids):
             return self._prefill_rows(ids, attention_mask, capacity, None, 0)
         logits = self._prefill_rows(unique[:, :length], unique[:, length:], capacity, None, 0)
@@ -223,12 +243,12 @@ class FastDecoder:
                 continue
             keys, values = prefix
             n = keys.shape[2]
-            self.k_cache[:, row, :, prefix_width - n:prefix_width] = keys
-            self.v_cache[:, row, :, prefix_width - n:prefix_width] = values
-            self.valid[row, prefix_width - n:prefix_width] = True
+            self.k_cache[:, row, :, prefix_width - n : prefix_width] = keys
+            self.v_cache[:, row, :, prefix_width - n : prefix_width] = values
+            self.valid[row, prefix_width - n : prefix_width] = True
             start[row] = n
         real = attention_mask.bool()
-        self.valid[:, prefix_width:prefix_width + length] = real
+        self.valid[:, prefix_width : prefix_width + length] = real
         # Additive attention bias over the cache columns for decode: 0 on real tokens, -inf elsewhere;
         # each decode step opens one column for every row.
         self.bias = torch.zeros((batch, capacity), dtype=self.dtype, device=weight.device)
@@ -243,19 +263,24 @@ class FastDecoder:
         causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril()
         allowed = (causal[None] & real[:, None, :]) | torch.eye(length, dtype=torch.bool, device=ids.device)[None]
         if prefix_width:
-            allowed = torch.cat([self.valid[:, None, :prefix_width].expand(batch, length, prefix_width), allowed], dim=-1)
+            allowed = torch.cat(
+                [self.valid[:, None, :prefix_width].expand(batch, length, prefix_width), allowed], dim=-1
+            )
         # [B, 1, L, P + L] additive: SDPA on CPU runs a float mask ~1.4x faster than a boolean one.
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=ids.device)
         mask = mask.masked_fill_(~allowed, float("-inf"))[:, None]
         hidden = self.inner.embed_tokens(ids)
         last = len(self._layers) - 1
         capture = self.capture_layer if self.capture_layer is not None and self.capture_layer <= last else None
-        self.h_cache = (torch.zeros((batch, capacity, hidden.shape[-1]), dtype=torch.float32, device=weight.device)
-                        if capture is not None else None)
+        self.h_cache = (
+            torch.zeros((batch, capacity, hidden.shape[-1]), dtype=torch.float32, device=weight.device)
+            if capture is not None
+            else None
+        )
         with _own_dtypes():
             for index, layer in enumerate(self._layers):
                 if index == capture:  # the new tokens' states; a prefix's columns stay 0 (its caller has them)
-                    self.h_cache[:, prefix_width:prefix_width + length] = hidden
+                    self.h_cache[:, prefix_width : prefix_width + length] = hidden
                 hidden = self._layer_prefill(index, layer, hidden, cos, sin, mask, prefix_width, index == last)
             return self._logits(hidden[:, -1])
 
@@ -281,7 +306,7 @@ class FastDecoder:
     def row_cache(self, row: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of row ``row``'s first ``num_tokens`` cached keys and values, each
         ``[layers, kv_heads, num_tokens, head_dim]``: a prefix for a later ``prefill``."""
-        columns = self.valid[row, :self.length].nonzero().squeeze(-1)
+        columns = self.valid[row, : self.length].nonzero().squeeze(-1)
         if len(columns) < num_tokens:
             raise ValueError(f"row {row} has {len(columns)} cached tokens, asked for {num_tokens}")
         columns = columns[:num_tokens]
@@ -292,7 +317,7 @@ class FastDecoder:
         cached tokens, in the order of ``row_cache``; the columns of a prefix given to ``prefill`` are 0."""
         if self.h_cache is None:
             raise ValueError("no hidden states were captured: set capture_layer before prefill")
-        columns = self.valid[row, :self.length].nonzero().squeeze(-1)
+        columns = self.valid[row, : self.length].nonzero().squeeze(-1)
         if len(columns) < num_tokens:
             raise ValueError(f"row {row} has {len(columns)} cached tokens, asked for {num_tokens}")
         return self.h_cache[row].index_select(0, columns[:num_tokens])
@@ -304,19 +329,19 @@ class FastDecoder:
         heads, kv_heads = self.num_heads, self.num_kv_heads
         qkv = layer.qkv(normed).view(batch, length, heads + 2 * kv_heads, self.head_dim)
         # Q and K heads rotated together: [B, L, heads + kv, D] with cos / sin [B, L, 1, D].
-        qk = _apply_rope(qkv[:, :, :heads + kv_heads], cos[:, :, None], sin[:, :, None])
+        qk = _apply_rope(qkv[:, :, : heads + kv_heads], cos[:, :, None], sin[:, :, None])
         if self.dtype != qk.dtype:
             qk, qkv = qk.to(self.dtype), qkv.to(self.dtype)
         q = qk[:, :, :heads].transpose(1, 2)
         k = qk[:, :, heads:].transpose(1, 2)
-        v = qkv[:, :, heads + kv_heads:].transpose(1, 2)
+        v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
         return q, k, v
 
     def _finish_layer(self, layer: LayerWeights, hidden, attn):
         hidden = layer.o.add_to(hidden, attn)
         normed = _rms_norm(hidden, layer.norm2_w, layer.norm2_eps)
         gate_up = layer.gate_up(normed, fp32_out=False)  # bf16 weights: the activation stays bf16
-        gate, up = gate_up[..., :layer.intermediate], gate_up[..., layer.intermediate:]
+        gate, up = gate_up[..., : layer.intermediate], gate_up[..., layer.intermediate :]
         return layer.down.add_to(hidden, F.silu(gate).mul_(up))  # silu(gate) is contiguous, as the GEMM wants
 
     def _logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
@@ -339,7 +364,7 @@ class FastDecoder:
         self.next_position = self.next_position + 1
         cos, sin = self._rope(positions, self._max_position)
         self._max_position += 1
-        bias = self.bias[:, None, None, :self.length]  # [B, 1, 1, T]: 0 on real tokens, -inf on padding
+        bias = self.bias[:, None, None, : self.length]  # [B, 1, 1, T]: 0 on real tokens, -inf on padding
         hidden = self.inner.embed_tokens(tokens[:, None])  # [B, 1, H]
         with _own_dtypes():
             return self._decode_layers(hidden, cos, sin, bias, column, batch)
@@ -351,8 +376,8 @@ class FastDecoder:
             q, k, v = self._qkv(layer, hidden, cos, sin)  # q [B, heads, 1, D]
             self.k_cache[index, :, :, column] = k[:, :, 0]
             self.v_cache[index, :, :, column] = v[:, :, 0]
-            keys = self.k_cache[index, :, :, :self.length]  # [B, kv, T, D]
-            values = self.v_cache[index, :, :, :self.length]
+            keys = self.k_cache[index, :, :, : self.length]  # [B, kv, T, D]
+            values = self.v_cache[index, :, :, : self.length]
             # The G query heads sharing a K/V head are that head's G "query positions" (a view:
             # heads are grouped consecutively, as repeat_interleave lays them out), so SDPA reads
             # each K/V head in place once for its G queries: no repetition, and in isolation 1.2-2x

@@ -22,7 +22,18 @@ from stratarl.rollout.sampling import sample_categorical, sample_tokens
 from stratarl.rollout.stopping import StopMatcher, eos_token_ids, finish_of, stop_candidates
 
 __all__ = [
-    "FinishReason", "Generation", "Generator", "HFGenerator", "KVCacheGenerator", "SamplingParams", "StopMatcher",
-    "eos_token_ids", "finish_of", "left_pad", "row_limits", "sample_categorical", "sample_tokens",
+    "FinishReason",
+    "Generation",
+    "Generator",
+    "HFGenerator",
+    "KVCacheGenerator",
+    "SamplingParams",
+    "StopMatcher",
+    "eos_token_ids",
+    "finish_of",
+    "left_pad",
+    "row_limits",
+    "sample_categorical",
+    "sample_tokens",
     "stop_candidates",
 ]

@@ -19,9 +19,11 @@ class _RowStopCriteria:
         self.matcher = matcher
 
     def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.Tensor:
-        generated = input_ids[:, self.prompt_width:].tolist()
-        done = [finish_of(row, limit, self.eos_ids, self.matcher) is not None if row else False
-                for row, limit in zip(generated, self.limits)]
+        generated = input_ids[:, self.prompt_width :].tolist()
+        done = [
+            finish_of(row, limit, self.eos_ids, self.matcher) is not None if row else False
+            for row, limit in zip(generated, self.limits)
+        ]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
@@ -47,8 +49,13 @@ class HFGenerator(Generator):
 
         sampling = {} if params.greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
         return GenerationConfig(
-            max_new_tokens=max_new, do_sample=not params.greedy, pad_token_id=self.pad_id,
-            eos_token_id=sorted(self.eos_ids), output_logits=True, return_dict_in_generate=True, **sampling,
+            max_new_tokens=max_new,
+            do_sample=not params.greedy,
+            pad_token_id=self.pad_id,
+            eos_token_id=sorted(self.eos_ids),
+            output_logits=True,
+            return_dict_in_generate=True,
+            **sampling,
         )
 
     @torch.inference_mode()
@@ -64,10 +71,13 @@ class HFGenerator(Generator):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self._seed + self._calls)
             self._calls += 1
-            out = self.model.generate(input_ids=ids, attention_mask=attention,
-                                      generation_config=self._config(params, max(limits)),
-                                      stopping_criteria=StoppingCriteriaList([criteria]))
-        new_ids = out.sequences[:, ids.shape[1]:].tolist()
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=attention,
+                generation_config=self._config(params, max(limits)),
+                stopping_criteria=StoppingCriteriaList([criteria]),
+            )
+        new_ids = out.sequences[:, ids.shape[1] :].tolist()
         logp = torch.log_softmax(torch.stack(out.logits, dim=1).float() / params.temperature, dim=-1)
         results = []
         for row, limit in enumerate(limits):

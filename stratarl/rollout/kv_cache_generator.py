@@ -27,7 +27,8 @@ class _Rows:
         self.outputs: list[list[int]] = [[] for _ in limits]
         self.logprobs: list[list[float]] = [[] for _ in limits]
         self.finish: list[tuple[FinishReason, str | None] | None] = [
-            None if limit > 0 else ("length", None) for limit in limits]
+            None if limit > 0 else ("length", None) for limit in limits
+        ]
         self.batch = [i for i, limit in enumerate(limits) if limit > 0]  # batch position -> prompt index
         self.owed_eos: set[int] = set()  # prompts that stopped on an eos_after string: EOS is their next token
 
@@ -58,8 +59,13 @@ class _Rows:
     def generations(self, captured: dict[int, tuple[list[int], torch.Tensor]]) -> list[Generation]:
         """One ``Generation`` per prompt, in order; ``captured``: prompt index -> its frozen_states."""
         return [
-            Generation(self.outputs[i], self.logprobs[i], self.finish[i][0], self.finish[i][1],  # type: ignore[index]
-                       captured.get(i))
+            Generation(
+                self.outputs[i],
+                self.logprobs[i],
+                self.finish[i][0],
+                self.finish[i][1],  # type: ignore[index]
+                captured.get(i),
+            )
             for i in range(len(self.limits))
         ]
 
@@ -78,8 +84,14 @@ class DynamicCacheDecoder:
 
     def _forward(self, ids, position_ids) -> torch.Tensor:
         kwargs = {"logits_to_keep": 1} if self._keep_last_only else {}
-        out = self.model(input_ids=ids, attention_mask=self.attention, position_ids=position_ids,
-                         past_key_values=self.cache, use_cache=True, **kwargs)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.attention,
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            **kwargs,
+        )
         return out.logits[:, -1, :].float()
 
     def prefill(self, prompts: list) -> torch.Tensor:
@@ -137,8 +149,17 @@ class KVCacheGenerator(Generator):
     layers 0..k-1 frozen these are the trainer's frozen prefix, which it then need not recompute.
     """
 
-    def __init__(self, model, tokenizer, *, seed: int = 0, drop_finished: bool = True, fast: bool | None = None,
-                 prefix_cache_bytes: int = 2 * 2**30, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        seed: int = 0,
+        drop_finished: bool = True,
+        fast: bool | None = None,
+        prefix_cache_bytes: int = 2 * 2**30,
+        dtype: torch.dtype = torch.float32,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.drop_finished = drop_finished
@@ -160,13 +181,15 @@ class KVCacheGenerator(Generator):
     def _matcher(self, stop_strings: tuple[str, ...]) -> StopMatcher:
         """The matcher of ``stop_strings``, built once (its candidate tokens cost a decode of the vocabulary)."""
         if stop_strings not in self._matchers:
-            self._matchers[stop_strings] = StopMatcher(self.tokenizer, stop_strings,
-                                                       stop_candidates(self.tokenizer, stop_strings))
+            self._matchers[stop_strings] = StopMatcher(
+                self.tokenizer, stop_strings, stop_candidates(self.tokenizer, stop_strings)
+            )
         return self._matchers[stop_strings]
 
     @torch.inference_mode()
-    def generate(self, prompts, params: SamplingParams, max_new_tokens=None, cache_keys=None,
-                 capture_layer: int | None = None) -> list[Generation]:
+    def generate(
+        self, prompts, params: SamplingParams, max_new_tokens=None, cache_keys=None, capture_layer: int | None = None
+    ) -> list[Generation]:
         """One ``Generation`` per prompt, in order (see ``Generator``); ``cache_keys`` and ``capture_layer``
         (fast path only): see the class docstring."""
         limits = row_limits(len(prompts), params, max_new_tokens)
@@ -202,17 +225,19 @@ class KVCacheGenerator(Generator):
         collector = RowCollector(self.fast_decoder, self.prefix_cache_bytes, prompts, keys, entries)
         return self.fast_decoder, logits, collector
 
-    def _start_fast(self, prompts: list, keys: list | None, max_limit: int,
-                    capture_layer: int | None = None) -> tuple[torch.Tensor, list[PrefixEntry | None]]:
+    def _start_fast(
+        self, prompts: list, keys: list | None, max_limit: int, capture_layer: int | None = None
+    ) -> tuple[torch.Tensor, list[PrefixEntry | None]]:
         """Prefill on the fast path (reusing cached prefixes); returns the logits and the prefix-store
         entry each row reused (or None)."""
         decoder = self.fast_decoder
-        entries = (reusable_prefixes(self._prefix_store, decoder, prompts, keys) if keys is not None
-                   else [None] * len(prompts))
+        entries = (
+            reusable_prefixes(self._prefix_store, decoder, prompts, keys) if keys is not None else [None] * len(prompts)
+        )
         if capture_layer is not None:  # a reused prefix must bring its captured states along
             entries = [e if e is not None and e.states is not None else None for e in entries]
         decoder.capture_layer = capture_layer
-        suffixes = [list(p[len(e.tokens):]) if e is not None else list(p) for p, e in zip(prompts, entries)]
+        suffixes = [list(p[len(e.tokens) :]) if e is not None else list(p) for p, e in zip(prompts, entries)]
         ids, attention = left_pad(suffixes, self.pad_id, self.device)
         prefixes = [(e.keys, e.values) if e is not None else None for e in entries]
         prefix_width = max((len(e.tokens) for e in entries if e is not None), default=0)
@@ -225,8 +250,9 @@ class KVCacheGenerator(Generator):
         decoder = DynamicCacheDecoder(self.model, self.pad_id, self.device)
         return decoder.prefill(prompts), decoder
 
-    def _decode(self, decoder, logits: torch.Tensor, params: SamplingParams, rows: _Rows,
-                collector: RowCollector | None) -> None:
+    def _decode(
+        self, decoder, logits: torch.Tensor, params: SamplingParams, rows: _Rows, collector: RowCollector | None
+    ) -> None:
         """Sample and decode until every row has ended. Finished rows leave the batch once they are a quarter
         of it (``drop_finished``; a selection copies the whole cache, so it is batched); ``collector`` keeps
         their KV and states as they leave, and the remaining rows' at the end."""

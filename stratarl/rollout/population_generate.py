@@ -90,7 +90,7 @@ class _Member:
         keys = [self.keys[i] for i in live] if self.keys is not None else None
         view = MemberView(None, 0, weights_version(gen.model))
         entries = reusable_prefixes(gen._prefix_store, view, prompts, keys) if keys is not None else [None] * len(live)
-        suffixes = [list(p[len(e.tokens):]) if e is not None else list(p) for p, e in zip(prompts, entries)]
+        suffixes = [list(p[len(e.tokens) :]) if e is not None else list(p) for p, e in zip(prompts, entries)]
         ids, attention = left_pad(suffixes, gen.pad_id, gen.device)
         gen.last_reused_tokens = sum(len(e.tokens) for e in entries if e is not None)
         self.entries = [None] * len(self.call.prompts)
@@ -144,14 +144,23 @@ def _together(calls: Sequence[GenerateCall]) -> list:
         return results
     order = list(members)
     decoder = StackedDecoder([calls[i].generator.model for i in order])
-    logits = decoder.prefill([inputs[i][0] for i in order], [inputs[i][1] for i in order],
-                             [inputs[i][2] for i in order], [members[i].max_limit for i in order])
+    logits = decoder.prefill(
+        [inputs[i][0] for i in order],
+        [inputs[i][1] for i in order],
+        [inputs[i][2] for i in order],
+        [members[i].max_limit for i in order],
+    )
     current = {}
     for slot, i in enumerate(order):
         member = members[i]
         if member.keys is not None:
-            member.collector = RowCollector(decoder.member_view(slot), member.gen.prefix_cache_bytes,
-                                            member.call.prompts, member.keys, member.entries)
+            member.collector = RowCollector(
+                decoder.member_view(slot),
+                member.gen.prefix_cache_bytes,
+                member.call.prompts,
+                member.keys,
+                member.entries,
+            )
         current[slot] = logits[slot]
     live = dict(enumerate(order))  # slot -> call index
     while live:

@@ -28,8 +28,9 @@ class PrefixEntry(NamedTuple):
     states: torch.Tensor | None  # [len(tokens), H] captured hidden states, or None
 
 
-def reusable_prefixes(store: dict, decoder: FastDecoder, prompts: Sequence[Sequence[int]],
-                      keys: Sequence) -> list[PrefixEntry | None]:
+def reusable_prefixes(
+    store: dict, decoder: FastDecoder, prompts: Sequence[Sequence[int]], keys: Sequence
+) -> list[PrefixEntry | None]:
     """Per row: the entry of ``store`` under its key whose tokens start its prompt and were computed with
     the decoder's current weights, or None."""
     decoder.refresh()
@@ -37,8 +38,12 @@ def reusable_prefixes(store: dict, decoder: FastDecoder, prompts: Sequence[Seque
     for prompt, key in zip(prompts, keys):
         entry = store.get(key) if key is not None else None
         if entry is not None:
-            usable = (entry.version is not None and entry.version == decoder.weights_version
-                      and len(entry.tokens) < len(prompt) and list(prompt[:len(entry.tokens)]) == entry.tokens)
+            usable = (
+                entry.version is not None
+                and entry.version == decoder.weights_version
+                and len(entry.tokens) < len(prompt)
+                and list(prompt[: len(entry.tokens)]) == entry.tokens
+            )
             entry = entry if usable else None
         found.append(entry)
     return found
@@ -51,8 +56,14 @@ class RowCollector:
 
     ``entries``: per prompt, the stored prefix its prefill reused (its states are spliced in), or None."""
 
-    def __init__(self, decoder: FastDecoder, max_bytes: int, prompts: Sequence[Sequence[int]], keys: list | None,
-                 entries: list[PrefixEntry | None]) -> None:
+    def __init__(
+        self,
+        decoder: FastDecoder,
+        max_bytes: int,
+        prompts: Sequence[Sequence[int]],
+        keys: list | None,
+        entries: list[PrefixEntry | None],
+    ) -> None:
         self.decoder = decoder
         self.max_bytes = max_bytes
         self.prompts = prompts
@@ -87,5 +98,5 @@ class RowCollector:
         """Batch row ``b``'s captured states of ``tokens``, its reused prefix's (``entry``) spliced in."""
         states = self.decoder.row_hidden(b, len(tokens))
         if entry is not None:
-            states[:len(entry.tokens)] = entry.states
+            states[: len(entry.tokens)] = entry.states
         return states

@@ -29,8 +29,10 @@ def resolve_template(template: str) -> str:
     if template in PROMPT_TEMPLATES:
         return PROMPT_TEMPLATES[template]
     if "{question}" not in template:
-        raise ValueError(f"prompt template {template!r} is neither a known name ({', '.join(PROMPT_TEMPLATES)}) "
-                         "nor a template containing {question}")
+        raise ValueError(
+            f"prompt template {template!r} is neither a known name ({', '.join(PROMPT_TEMPLATES)}) "
+            "nor a template containing {question}"
+        )
     return template
 
 
@@ -81,14 +83,17 @@ def encode_messages(tokenizer, messages) -> list[int]:
         text = messages[0]["content"]
     else:
         roles = [m.get("role") for m in messages]
-        raise ValueError(f"the prompt has {len(messages)} messages ({', '.join(map(str, roles))}) but the tokenizer has "
-                         "no chat template to join them; use a model with a chat template, or set "
-                         "rollout.rebuild_prompt=true to build one user message from the question")
+        raise ValueError(
+            f"the prompt has {len(messages)} messages ({', '.join(map(str, roles))}) but the tokenizer has "
+            "no chat template to join them; use a model with a chat template, or set "
+            "rollout.rebuild_prompt=true to build one user message from the question"
+        )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def encode_prompt(tokenizer, question: str, template: str = SEARCH_R1_TEMPLATE,
-                  options: dict[str, str] | None = None) -> list[int]:
+def encode_prompt(
+    tokenizer, question: str, template: str = SEARCH_R1_TEMPLATE, options: dict[str, str] | None = None
+) -> list[int]:
     """Token ids of the templated question (with its options, if any) as one user message (see ``encode_messages``)."""
     content = build_prompt(question, resolve_template(template), options)
     return encode_messages(tokenizer, [{"role": "user", "content": content}])

@@ -20,15 +20,17 @@ def sample_categorical(probs: torch.Tensor, rng: torch.Generator | None) -> torc
     cdf = probs.float().cumsum(dim=-1)
     total = cdf[:, -1:]
     if not bool(((total > 0) & torch.isfinite(total)).all()):  # what torch.multinomial refuses too
-        raise ValueError("sampling weights must be finite and non-negative with a positive sum in every row "
-                         "(NaN / inf logits?)")
+        raise ValueError(
+            "sampling weights must be finite and non-negative with a positive sum in every row (NaN / inf logits?)"
+        )
     u = 1.0 - torch.rand(probs.shape[0], 1, dtype=cdf.dtype, device=probs.device, generator=rng)  # (0, 1]
     index = torch.searchsorted(cdf, u * total)
     return index.squeeze(-1).clamp_(max=probs.shape[-1] - 1)  # the clamp only guards float edge cases
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingParams, rng: torch.Generator | None,
-                  logp: torch.Tensor | None = None) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor, params: SamplingParams, rng: torch.Generator | None, logp: torch.Tensor | None = None
+) -> torch.Tensor:
     """Next token per row from logits [b, V]: argmax, or a sample of softmax(logits / T)
     restricted to the top-p nucleus (the smallest set whose mass reaches top_p).
     ``logp``: ``log_softmax(logits / T)`` when the caller has it (saves a softmax)."""

@@ -15,13 +15,12 @@ reads of a ``FastDecoder``: ``k_cache``, ``h_cache``, ``weights_version``, ``ref
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from stratarl.infra.stacked import StackedParams, finish_layer, project, qkv, rms_norm, rope_tables, weights_version
-
 
 _LAYER_FIELDS = ("norm1", "qkv", "o", "norm2", "gate_up", "down")
 
@@ -63,8 +62,13 @@ class StackedDecoder:
     # ------------------------------------------------------------------ prefill / decode
 
     @torch.no_grad()
-    def prefill(self, ids: Sequence[torch.Tensor], attention: Sequence[torch.Tensor],
-                prefixes: Sequence[list | None], max_new: Sequence[int]) -> list[torch.Tensor]:
+    def prefill(
+        self,
+        ids: Sequence[torch.Tensor],
+        attention: Sequence[torch.Tensor],
+        prefixes: Sequence[list | None],
+        max_new: Sequence[int],
+    ) -> list[torch.Tensor]:
         """Member k's left-padded rows ``ids[k]`` [B_k, L_k] with ``attention[k]``, after ``prefixes[k]`` (per
         row (keys, values) [layers, kv_heads, n, D] or None, as ``FastDecoder.prefill`` takes them, or None for
         none), with room for ``max_new[k]`` decode steps. Returns each member's last-position logits [B_k, V]."""
@@ -84,19 +88,19 @@ class StackedDecoder:
         start = torch.zeros((K, B), dtype=torch.long, device=device)
         for k, (x, mask, pre) in enumerate(zip(ids, attention, prefixes)):
             rows, width = x.shape
-            all_ids[k, :rows, L - width:] = x
-            real[k, :rows, L - width:] = mask.bool()
+            all_ids[k, :rows, L - width :] = x
+            real[k, :rows, L - width :] = mask.bool()
             self.rows[k] = rows
             for row, prefix in enumerate(pre or ()):
                 if prefix is None:
                     continue
                 keys, values = prefix
                 n = keys.shape[2]
-                self.k_cache[:, k, row, :, P - n:P] = keys
-                self.v_cache[:, k, row, :, P - n:P] = values
-                self.valid[k, row, P - n:P] = True
+                self.k_cache[:, k, row, :, P - n : P] = keys
+                self.v_cache[:, k, row, :, P - n : P] = values
+                self.valid[k, row, P - n : P] = True
                 start[k, row] = n
-        self.valid[:, :, P:P + L] = real
+        self.valid[:, :, P : P + L] = real
         self.bias = torch.zeros((K, B, capacity), device=device).masked_fill_(~self.valid, float("-inf"))
         self.length = P + L
         self.next_position = start + real.long().sum(-1)
@@ -111,20 +115,24 @@ class StackedDecoder:
         weights, stack, last = self.weights, self.stack, self.stack.num_layers - 1
         for index, layer in enumerate(weights.layers):
             q, key, value = qkv(stack, layer, hidden, cos, sin, stack.eps1[index])  # [K, B, heads, L, D]
-            self.k_cache[index, :, :, :, P:P + L] = key
-            self.v_cache[index, :, :, :, P:P + L] = value
-            keys, values = self.k_cache[index, :, :, :, :P + L], self.v_cache[index, :, :, :, :P + L]
+            self.k_cache[index, :, :, :, P : P + L] = key
+            self.v_cache[index, :, :, :, P : P + L] = value
+            keys, values = self.k_cache[index, :, :, :, : P + L], self.v_cache[index, :, :, :, : P + L]
             layer_mask, queries = mask, L
             if index == last:  # only the last position's output is read (its logits)
                 q, layer_mask, hidden, queries = q[..., -1:, :], mask[:, :, -1:], hidden[:, :, -1:], 1
             attn = F.scaled_dot_product_attention(
-                q.reshape(K * B, stack.heads, queries, D), keys.reshape(K * B, kv, P + L, D),
-                values.reshape(K * B, kv, P + L, D), attn_mask=layer_mask, scale=stack.scale,
-                enable_gqa=kv != stack.heads)
+                q.reshape(K * B, stack.heads, queries, D),
+                keys.reshape(K * B, kv, P + L, D),
+                values.reshape(K * B, kv, P + L, D),
+                attn_mask=layer_mask,
+                scale=stack.scale,
+                enable_gqa=kv != stack.heads,
+            )
             attn = attn.view(K, B, stack.heads, queries, D).transpose(2, 3).reshape(K, B, queries, -1)
             hidden = finish_layer(layer, hidden, attn, stack.eps2[index])
         logits = self._logits(hidden[:, :, -1])
-        return [logits[k, :self.rows[k]] for k in range(K)]
+        return [logits[k, : self.rows[k]] for k in range(K)]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weights = self._members_weights()
@@ -141,7 +149,7 @@ class StackedDecoder:
             raise ValueError(f"KV cache full ({column} columns)")
         all_tokens = torch.zeros((K, B), dtype=torch.long, device=device)
         for slot, member in enumerate(self.slots):
-            all_tokens[slot, :self.rows[member]] = tokens[member]
+            all_tokens[slot, : self.rows[member]] = tokens[member]
         self.valid[:, :, column] = True
         self.bias[:, :, column] = 0.0
         self.length = column + 1
@@ -149,21 +157,22 @@ class StackedDecoder:
         self.next_position = self.next_position + 1
         hidden = self._embed(all_tokens[..., None])  # [K, B, 1, H]
         cos, sin = rope_tables(self.stack, positions, hidden)
-        bias = self.bias[:, :, :self.length].reshape(K * B, 1, 1, self.length)
+        bias = self.bias[:, :, : self.length].reshape(K * B, 1, 1, self.length)
         weights, stack = self._members_weights(), self.stack
         kv, D, groups = stack.kv_heads, stack.head_dim, stack.heads // stack.kv_heads
         for index, layer in enumerate(weights.layers):
             q, key, value = qkv(stack, layer, hidden, cos, sin, stack.eps1[index])  # [K, B, heads, 1, D]
             self.k_cache[index, :, :, :, column] = key[..., 0, :]
             self.v_cache[index, :, :, :, column] = value[..., 0, :]
-            keys = self.k_cache[index, :, :, :, :self.length].reshape(K * B, kv, self.length, D)
-            values = self.v_cache[index, :, :, :, :self.length].reshape(K * B, kv, self.length, D)
+            keys = self.k_cache[index, :, :, :, : self.length].reshape(K * B, kv, self.length, D)
+            values = self.v_cache[index, :, :, :, : self.length].reshape(K * B, kv, self.length, D)
             # A K/V head's query heads are its "query positions" (as FastDecoder does): no repetition of K/V.
-            attn = F.scaled_dot_product_attention(q.reshape(K * B, kv, groups, D), keys, values, attn_mask=bias,
-                                                  scale=stack.scale)
+            attn = F.scaled_dot_product_attention(
+                q.reshape(K * B, kv, groups, D), keys, values, attn_mask=bias, scale=stack.scale
+            )
             hidden = finish_layer(layer, hidden, attn.reshape(K, B, 1, -1), stack.eps2[index])
         logits = self._logits(hidden[:, :, 0])
-        return {member: logits[slot, :self.rows[member]] for slot, member in enumerate(self.slots)}
+        return {member: logits[slot, : self.rows[member]] for slot, member in enumerate(self.slots)}
 
     @torch.no_grad()
     def select(self, keep: dict[int, torch.Tensor | None]) -> None:
@@ -193,14 +202,15 @@ class StackedDecoder:
             chosen = torch.tensor(members, device=self.k_cache.device)
             full = self.weights
             layers = [type(layer)(**{f: getattr(layer, f)[chosen] for f in _LAYER_FIELDS}) for layer in full.layers]
-            self._active = type(full)(full.embed[chosen], layers, full.norm[chosen], full.head[chosen],
-                                      full.head_t[chosen])
+            self._active = type(full)(
+                full.embed[chosen], layers, full.norm[chosen], full.head[chosen], full.head_t[chosen]
+            )
 
     def row_cache(self, member: int, row: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of member's row ``row``'s first ``num_tokens`` cached keys and values, each
         ``[layers, kv_heads, num_tokens, head_dim]`` (``FastDecoder.row_cache``'s layout)."""
         slot = self._slot(member)
-        columns = self.valid[slot, row, :self.length].nonzero().squeeze(-1)
+        columns = self.valid[slot, row, : self.length].nonzero().squeeze(-1)
         if len(columns) < num_tokens:
             raise ValueError(f"row {row} has {len(columns)} cached tokens, asked for {num_tokens}")
         columns = columns[:num_tokens]

@@ -30,7 +30,7 @@ class StopMatcher:
         if self.candidates is not None and token_ids[-1] not in self.candidates:
             return None  # this token cannot complete a stop string: skip the decode
         text = self.tokenizer.decode(
-            list(token_ids[-self.window:]), skip_special_tokens=False, clean_up_tokenization_spaces=False
+            list(token_ids[-self.window :]), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
         found = [(text.find(s) + len(s), s) for s in self.stop_strings if s in text]
         return min(found)[1] if found else None
@@ -49,8 +49,9 @@ def stop_candidates(tokenizer, stop_strings: Sequence[str]) -> frozenset[int] | 
     last_chars = {s[-1] for s in stop_strings}
     if not last_chars or any(not c.isascii() for c in last_chars):
         return None
-    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False,
-                                   clean_up_tokenization_spaces=False)
+    texts = tokenizer.batch_decode(
+        [[i] for i in range(len(tokenizer))], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
     return frozenset(i for i, text in enumerate(texts) if any(c in text for c in last_chars))
 
 
@@ -71,7 +72,9 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def finish_of(token_ids: list[int], limit: int, eos_ids: set[int], matcher: StopMatcher) -> tuple[FinishReason, str | None] | None:
+def finish_of(
+    token_ids: list[int], limit: int, eos_ids: set[int], matcher: StopMatcher
+) -> tuple[FinishReason, str | None] | None:
     """Why a row ends after its newest token (EOS, then stop string, then budget), or None."""
     if token_ids[-1] in eos_ids:
         return "eos", None

@@ -38,8 +38,13 @@ def transcript(rollout: Rollout, tokenizer, *, reward: float | None = None, gold
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
     turns = []
     for turn in rollout.turns:
-        entry = {"text": decode(rollout.response_ids[turn.start:turn.end]), "action": turn.action.kind,
-                 "content": turn.action.content, "finish_reason": turn.finish_reason, "span": [turn.start, turn.end]}
+        entry = {
+            "text": decode(rollout.response_ids[turn.start : turn.end]),
+            "action": turn.action.kind,
+            "content": turn.action.content,
+            "finish_reason": turn.finish_reason,
+            "span": [turn.start, turn.end],
+        }
         if turn.observation_span is not None:
             obs_start, obs_end = turn.observation_span
             entry["observation"] = decode(rollout.response_ids[obs_start:obs_end])
@@ -47,8 +52,10 @@ def transcript(rollout: Rollout, tokenizer, *, reward: float | None = None, gold
     return {
         "prompt": decode(rollout.prompt_ids),
         "turns": turns,
-        "searches": [{"query": q, "passages": [{"id": p.id, "contents": p.contents, "score": p.score} for p in hits]}
-                     for q, hits in zip(rollout.queries, rollout.passages)],
+        "searches": [
+            {"query": q, "passages": [{"id": p.id, "contents": p.contents, "score": p.score} for p in hits]}
+            for q, hits in zip(rollout.queries, rollout.passages)
+        ],
         "answer": rollout.answer,
         "golds": list(golds) if golds is not None else None,
         "reward": reward,
@@ -66,8 +73,10 @@ def transcript(rollout: Rollout, tokenizer, *, reward: float | None = None, gold
 
 def transcript_text(rollout: Rollout, tokenizer, *, reward: float | None = None) -> str:
     """A human-readable transcript: the prompt, then the response segment by segment."""
-    header = [f"end={rollout.end_reason} searches={rollout.num_searches} answer={rollout.answer!r}"
-              + (f" reward={reward}" if reward is not None else "")]
+    header = [
+        f"end={rollout.end_reason} searches={rollout.num_searches} answer={rollout.answer!r}"
+        + (f" reward={reward}" if reward is not None else "")
+    ]
     prompt = tokenizer.decode(rollout.prompt_ids, skip_special_tokens=False)
     return "\n".join(header + ["--- prompt ---", prompt, "--- response ---", render_mask(rollout, tokenizer)])
 

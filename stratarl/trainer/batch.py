@@ -13,8 +13,8 @@ the ``stratarl.algos`` functions take ([B, T] with a response mask).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
@@ -44,8 +44,12 @@ def _select(batch, rows: Sequence[int] | torch.Tensor):
 
 
 def _to(batch, device: str | torch.device):
-    return type(batch)(**{f.name: (v.to(device) if isinstance(v := getattr(batch, f.name), torch.Tensor) else v)
-                          for f in dataclasses.fields(batch)})
+    return type(batch)(
+        **{
+            f.name: (v.to(device) if isinstance(v := getattr(batch, f.name), torch.Tensor) else v)
+            for f in dataclasses.fields(batch)
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,9 @@ class TokenBatch:
 
     def tokens(self) -> TokenBatch:
         """The token fields alone (a later stage without its scores)."""
-        return TokenBatch(self.input_ids, self.attention_mask, self.prompt_lengths, self.response_lengths,
-                          self.response_mask)
+        return TokenBatch(
+            self.input_ids, self.attention_mask, self.prompt_lengths, self.response_lengths, self.response_mask
+        )
 
 
 @dataclass(frozen=True)
@@ -122,8 +127,12 @@ class TrainBatch(ScoredBatch):
     returns: torch.Tensor
 
 
-def collate_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                      response_masks: Sequence[Sequence[int]], pad_id: int) -> TokenBatch:
+def collate_sequences(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    response_masks: Sequence[Sequence[int]],
+    pad_id: int,
+) -> TokenBatch:
     """Pad token lists into a TokenBatch (``response_masks[b]`` has one 0/1 per response token)."""
     if not (len(prompts) == len(responses) == len(response_masks)):
         raise ValueError(f"got {len(prompts)} prompts, {len(responses)} responses, {len(response_masks)} masks")
@@ -142,17 +151,21 @@ def collate_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequ
     response_mask = torch.zeros(B, T, dtype=torch.float32)
     for b in range(B):
         row = list(prompts[b]) + list(responses[b])
-        input_ids[b, :len(row)] = torch.tensor(row, dtype=torch.long)
-        attention_mask[b, :len(row)] = 1
+        input_ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+        attention_mask[b, : len(row)] = 1
         if rlen[b]:
-            response_mask[b, :rlen[b]] = torch.tensor(list(response_masks[b]), dtype=torch.float32)
+            response_mask[b, : rlen[b]] = torch.tensor(list(response_masks[b]), dtype=torch.float32)
     return TokenBatch(input_ids, attention_mask, torch.tensor(plen), torch.tensor(rlen), response_mask)
 
 
 def collate_rollouts(rollouts: Sequence, pad_id: int) -> TokenBatch:
     """TokenBatch from engine ``Rollout`` objects (prompt_ids, response_ids, response_mask)."""
-    return collate_sequences([_ids(r.prompt_ids) for r in rollouts], [_ids(r.response_ids) for r in rollouts],
-                             [_ids(r.response_mask) for r in rollouts], pad_id)
+    return collate_sequences(
+        [_ids(r.prompt_ids) for r in rollouts],
+        [_ids(r.response_ids) for r in rollouts],
+        [_ids(r.response_mask) for r in rollouts],
+        pad_id,
+    )
 
 
 def scatter_response_values(values: Sequence[Sequence[float]], response_lengths: torch.Tensor) -> torch.Tensor:
@@ -161,7 +174,7 @@ def scatter_response_values(values: Sequence[Sequence[float]], response_lengths:
     out = torch.zeros(B, T, dtype=torch.float32)
     for b, v in enumerate(values):
         v = _ids(v) if isinstance(v, torch.Tensor) else list(v)
-        out[b, :len(v)] = torch.tensor(v, dtype=torch.float32)
+        out[b, : len(v)] = torch.tensor(v, dtype=torch.float32)
     return out
 
 
@@ -189,7 +202,9 @@ def micro_batches(row_lengths: torch.Tensor, token_budget: int, rows: Sequence[i
 def mini_batch_rows(num_rows: int, num_mini_batches: int, generator: torch.Generator) -> list[list[int]]:
     """Shuffle rows with ``generator`` and cut them into ``num_mini_batches`` near-equal parts."""
     if num_mini_batches > num_rows:
-        raise ValueError(f"trainer.mini_batches={num_mini_batches} exceeds the {num_rows} rollouts per step; "
-                         "lower trainer.mini_batches or raise trainer.prompts_per_step / rollout.group_size")
+        raise ValueError(
+            f"trainer.mini_batches={num_mini_batches} exceeds the {num_rows} rollouts per step; "
+            "lower trainer.mini_batches or raise trainer.prompts_per_step / rollout.group_size"
+        )
     perm = torch.randperm(num_rows, generator=generator).tolist()
     return [perm[i::num_mini_batches] for i in range(num_mini_batches)]

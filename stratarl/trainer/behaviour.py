@@ -141,16 +141,33 @@ class BehaviourPolicy:
     """The names of the weights an int8 sampler keeps fake-quantised (``quantizable_weights``); empty otherwise."""
 
     @classmethod
-    def create(cls, learner: torch.nn.Module, *, precision: str | None, learner_policy: DevicePolicy, max_lag: int,
-               mode: str, seed: int) -> BehaviourPolicy:
+    def create(
+        cls,
+        learner: torch.nn.Module,
+        *,
+        precision: str | None,
+        learner_policy: DevicePolicy,
+        max_lag: int,
+        mode: str,
+        seed: int,
+    ) -> BehaviourPolicy:
         """``precision`` None: the learner's numerics (``learner_policy``); else fp32, bf16 or int8."""
         numerics = learner_policy.precision if precision is None else precision
         compute = "bf16" if numerics == "bf16" else "fp32"
         trainable = [name for name, p in learner.named_parameters() if p.requires_grad]
         sampler = sampler_copy(learner, numerics)
         quantized = frozenset(quantizable_weights(sampler)) if numerics == "int8" else frozenset()
-        return cls(learner, sampler, numerics, DevicePolicy(learner_policy.device, compute), max_lag, mode, seed,
-                   trainable, quantized=quantized)
+        return cls(
+            learner,
+            sampler,
+            numerics,
+            DevicePolicy(learner_policy.device, compute),
+            max_lag,
+            mode,
+            seed,
+            trainable,
+            quantized=quantized,
+        )
 
     def same_numerics(self, learner_policy: DevicePolicy) -> bool:
         """Whether the sampler computes as the learner does (then its captured frozen states are the

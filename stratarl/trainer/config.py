@@ -34,15 +34,45 @@ from stratarl.rollout.config import RolloutConfig
 from stratarl.trainer.algorithm import move_knob_params, resolve_algorithm
 from stratarl.trainer.config_algo import ALGORITHMS, LOSS_AGGREGATIONS, SORL_DELTA_RULES, SORL_ORDERS, AlgoConfig
 from stratarl.trainer.config_legacy import rewrite_legacy
-from stratarl.trainer.config_sections import (OPTIMIZERS, DataConfig, EvalConfig, LoggingConfig, LoraConfig,
-                                              ModelConfig, OptimConfig, RetrievalConfig, SyntheticDataConfig,
-                                              TrainerConfig)
+from stratarl.trainer.config_sections import (
+    OPTIMIZERS,
+    DataConfig,
+    EvalConfig,
+    LoggingConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    RetrievalConfig,
+    SyntheticDataConfig,
+    TrainerConfig,
+)
 from stratarl.trainer.config_sft import SFTConfig
 
-__all__ = ["ALGORITHMS", "LOSS_AGGREGATIONS", "OPTIMIZERS", "SORL_DELTA_RULES", "SORL_ORDERS", "AlgoConfig", "Config",
-           "ConfigError", "DataConfig", "EvalConfig", "LoggingConfig", "LoraConfig", "ModelConfig", "OptimConfig",
-           "RetrievalConfig", "SFTConfig", "SyntheticDataConfig", "TrainerConfig", "apply_overrides",
-           "config_from_dict", "load_config", "parse_override", "save_config"]
+__all__ = [
+    "ALGORITHMS",
+    "LOSS_AGGREGATIONS",
+    "OPTIMIZERS",
+    "SORL_DELTA_RULES",
+    "SORL_ORDERS",
+    "AlgoConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "EvalConfig",
+    "LoggingConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RetrievalConfig",
+    "SFTConfig",
+    "SyntheticDataConfig",
+    "TrainerConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "load_config",
+    "parse_override",
+    "save_config",
+]
 
 
 @dataclass
@@ -71,16 +101,26 @@ class Config:
         self._check_across_sections()
         if self.sft.source == "worlds":
             if self.data.source != "synthetic":
-                _fail("sft.source", "worlds", "demonstration worlds are synthetic knowledge bases",
-                      "use data.source=synthetic, or sft.source=task")
+                _fail(
+                    "sft.source",
+                    "worlds",
+                    "demonstration worlds are synthetic knowledge bases",
+                    "use data.source=synthetic, or sft.source=task",
+                )
             # A word-level vocabulary is built from the task: only a shared pool lets it spell other worlds'
             # names. A subword tokenizer spells any invented name, so every world may invent its own.
-            if (self.model.name == "word-tiny" and not self.model.init_from
-                    and not {**self.data.synthetic.options, **self.sft.world_options}.get("name_pool")):
-                _fail("data.synthetic.options.name_pool", None,
-                      "sft.source=worlds with model.name=word-tiny needs a shared name pool (otherwise every "
-                      "world invents words that the task's vocabulary does not know)",
-                      "set e.g. data.synthetic.options.name_pool=2000")
+            if (
+                self.model.name == "word-tiny"
+                and not self.model.init_from
+                and not {**self.data.synthetic.options, **self.sft.world_options}.get("name_pool")
+            ):
+                _fail(
+                    "data.synthetic.options.name_pool",
+                    None,
+                    "sft.source=worlds with model.name=word-tiny needs a shared name pool (otherwise every "
+                    "world invents words that the task's vocabulary does not know)",
+                    "set e.g. data.synthetic.options.name_pool=2000",
+                )
         self.rollout = self.rollout.replace(topk=self.retrieval.topk)  # retrieval.topk is the one place for it
         return self
 
@@ -106,21 +146,31 @@ class Config:
 
     def _check_across_sections(self) -> None:
         if self.rollout.greedy:
-            _fail("rollout.greedy", True, "training rollouts sample (eval is always greedy)",
-                  "drop rollout.greedy, or lower rollout.temperature")
+            _fail(
+                "rollout.greedy",
+                True,
+                "training rollouts sample (eval is always greedy)",
+                "drop rollout.greedy, or lower rollout.temperature",
+            )
         rollouts = self.trainer.prompts_per_step * self.rollout.group_size
         if self.trainer.mini_batches > rollouts:
-            _fail("trainer.mini_batches", self.trainer.mini_batches,
-                  f"a step has only prompts_per_step x group_size = {self.trainer.prompts_per_step} x "
-                  f"{self.rollout.group_size} = {rollouts} rollouts to cut into mini-batches",
-                  f"use trainer.mini_batches <= {rollouts}, or raise trainer.prompts_per_step / rollout.group_size")
+            _fail(
+                "trainer.mini_batches",
+                self.trainer.mini_batches,
+                f"a step has only prompts_per_step x group_size = {self.trainer.prompts_per_step} x "
+                f"{self.rollout.group_size} = {rollouts} rollouts to cut into mini-batches",
+                f"use trainer.mini_batches <= {rollouts}, or raise trainer.prompts_per_step / rollout.group_size",
+            )
         spec = self._algorithm = resolve_algorithm(self.algo)
         self.__dict__.pop("_device_policy", None)  # resolved again on first use
         if self.rollout.group_size < 2 and advantage_info(spec.advantage).group_relative:
-            _fail("rollout.group_size", self.rollout.group_size,
-                  f"advantage estimator {spec.advantage!r} compares the rollouts of one prompt, so a group of one "
-                  "rollout gets advantage 0 and the policy never moves",
-                  "use rollout.group_size >= 2 (Search-R1: 5), or an estimator with a critic (algo.name=ppo)")
+            _fail(
+                "rollout.group_size",
+                self.rollout.group_size,
+                f"advantage estimator {spec.advantage!r} compares the rollouts of one prompt, so a group of one "
+                "rollout gets advantage 0 and the policy never moves",
+                "use rollout.group_size >= 2 (Search-R1: 5), or an estimator with a critic (algo.name=ppo)",
+            )
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -134,12 +184,16 @@ class Config:
 def config_from_dict(data: dict, overrides: list[str] | None = None) -> Config:
     """Build and validate a Config from a (YAML-shaped) dict plus dotted overrides."""
     if not isinstance(data, dict):
-        raise ConfigError(f"a config must be a mapping of sections, got {type(data).__name__}. Fix: start the file with e.g. `trainer:`.")
+        raise ConfigError(
+            f"a config must be a mapping of sections, got {type(data).__name__}. Fix: start the file with e.g. `trainer:`."
+        )
     data = rewrite_legacy(apply_overrides(data, overrides or []))
     rollout = data.get("rollout")
     if isinstance(rollout, dict) and "topk" in rollout:
-        raise ConfigError(f"config field `rollout.topk` = {rollout['topk']!r}: passages per search are set once, in "
-                          "`retrieval.topk`. Fix: write retrieval.topk instead.")
+        raise ConfigError(
+            f"config field `rollout.topk` = {rollout['topk']!r}: passages per search are set once, in "
+            "`retrieval.topk`. Fix: write retrieval.topk instead."
+        )
     return build(Config, data).validate()
 
 
@@ -159,8 +213,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: let SafeLoader report it
                 continue
             if first != key_node.start_mark.line + 1:
-                raise _DuplicateKey(f"key `{key}` appears twice (lines {first} and {key_node.start_mark.line + 1}); "
-                                    "the second would silently replace the first. Fix: merge them into one")
+                raise _DuplicateKey(
+                    f"key `{key}` appears twice (lines {first} and {key_node.start_mark.line + 1}); "
+                    "the second would silently replace the first. Fix: merge them into one"
+                )
         return super().construct_mapping(node, deep=deep)
 
 
@@ -174,14 +230,18 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         try:
             data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
         except UnicodeDecodeError as e:
-            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {e.start} cannot be decoded). "
-                              "Fix: pass a YAML config such as configs/demo.yaml.") from None
+            raise ConfigError(
+                f"config file {str(path)!r} is not UTF-8 text (byte {e.start} cannot be decoded). "
+                "Fix: pass a YAML config such as configs/demo.yaml."
+            ) from None
         except _DuplicateKey as e:
             raise ConfigError(f"config file {str(path)!r}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {yaml_syntax_error(path, e)}") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"config file {str(path)!r} must be a mapping of sections. Fix: start it with e.g. `trainer:`.")
+            raise ConfigError(
+                f"config file {str(path)!r} must be a mapping of sections. Fix: start it with e.g. `trainer:`."
+            )
     try:
         return config_from_dict(data, overrides)
     except ConfigError as e:

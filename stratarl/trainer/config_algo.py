@@ -131,8 +131,12 @@ class AlgoConfig:
         if self.stratum_key not in STRATUM_KEYS and ":" not in self.stratum_key:
             close = difflib.get_close_matches(self.stratum_key, STRATUM_KEYS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            _fail(f"{p}.stratum_key", self.stratum_key, "unknown stratum key",
-                  f"{hint}use num_searches, observation_blocks, answered, random, or `package.module:function`")
+            _fail(
+                f"{p}.stratum_key",
+                self.stratum_key,
+                "unknown stratum key",
+                f"{hint}use num_searches, observation_blocks, answered, random, or `package.module:function`",
+            )
         if self.stratum_cap is not None and self.stratum_cap < 1:
             _fail(f"{p}.stratum_cap", self.stratum_cap, "must be >= 1 or null", "use null for no cap")
         for key in ("clip_low", "clip_high"):
@@ -145,15 +149,26 @@ class AlgoConfig:
         if self.kl_coef < 0:
             _fail(f"{p}.kl_coef", self.kl_coef, "must be >= 0", "use 0.001, or 0 to disable the reference model")
         if self.reward not in ("em", "subem", "f1", "multiple_choice") and ":" not in self.reward:
-            _fail(f"{p}.reward", self.reward, "unknown reward",
-                  "use em, subem, f1, multiple_choice or `package.module:function`")
+            _fail(
+                f"{p}.reward",
+                self.reward,
+                "unknown reward",
+                "use em, subem, f1, multiple_choice or `package.module:function`",
+            )
         if self.epsilon < 0:
             _fail(f"{p}.epsilon", self.epsilon, "must be >= 0", "use 1e-6")
         if self.critic_lr <= 0:
-            _fail(f"{p}.critic_lr", self.critic_lr, "the critic's learning rate must be positive", "use 1e-5 (Search-R1)")
+            _fail(
+                f"{p}.critic_lr", self.critic_lr, "the critic's learning rate must be positive", "use 1e-5 (Search-R1)"
+            )
         if self.value_clip <= 0:
             _fail(f"{p}.value_clip", self.value_clip, "the value clip range must be positive", "use 0.2")
         if self.entropy_coef < 0:
-            _fail(f"{p}.entropy_coef", self.entropy_coef, "a negative bonus would penalise entropy", "use 0.0 or e.g. 0.001")
+            _fail(
+                f"{p}.entropy_coef",
+                self.entropy_coef,
+                "a negative bonus would penalise entropy",
+                "use 0.0 or e.g. 0.001",
+            )
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             _fail(f"{p}.gamma/lam", (self.gamma, self.lam), "must lie in [0, 1]", "use 1.0 (Search-R1)")

@@ -48,8 +48,12 @@ def set_once(algo: dict, field: str, value, source: str) -> None:
     """``algo[field] = value`` unless the config already sets ``field`` to another value (then refuse, naming
     both spellings). A field at its default counts as not set."""
     if algo.get(field, DEFAULTS[field]) not in (None, DEFAULTS[field], value):
-        fail(f"algo.{field}", algo[field], f"contradicts `algo.{source}` (which means {value!r})",
-             f"drop `algo.{source}` (a deprecated spelling of algo.{field})")
+        fail(
+            f"algo.{field}",
+            algo[field],
+            f"contradicts `algo.{source}` (which means {value!r})",
+            f"drop `algo.{source}` (a deprecated spelling of algo.{field})",
+        )
     algo[field] = value
 
 
@@ -72,7 +76,9 @@ def rewrite_legacy(data: dict, note: Callable[[str], None] = note_deprecated) ->
         note(f"algo.{switch}={str(value).lower()} is deprecated; read as algo.{field}={on if value else off}")
     alias = POLICY_LOSS_ALIASES.get(algo.get("policy_loss"))
     if alias is not None:
-        note(f"algo.policy_loss={algo['policy_loss']} is deprecated; read as algo.policy_loss={alias} "
-             "(its ratio level is algo.ratio_level)")
+        note(
+            f"algo.policy_loss={algo['policy_loss']} is deprecated; read as algo.policy_loss={alias} "
+            "(its ratio level is algo.ratio_level)"
+        )
         algo["policy_loss"] = alias
     return {**data, "algo": algo}

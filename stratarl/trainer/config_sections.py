@@ -27,7 +27,9 @@ class LoraConfig:
     dropout: float = 0.0
     """Dropout on the LoRA input. Must be 0: the behaviour log-probs are computed in eval mode (no dropout) and
     the update runs in train mode, so with dropout the first optimizer step would not be on-policy."""
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"])
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"]
+    )
     """Module names that get adapters."""
 
     def validate(self, p: str) -> None:
@@ -35,11 +37,20 @@ class LoraConfig:
         if self.r < 1:
             _fail(f"{p}.r", self.r, "the LoRA rank must be at least 1", "use e.g. 8 or 16")
         if self.dropout != 0.0:
-            _fail(f"{p}.dropout", self.dropout, "the behaviour log-probs are computed without dropout (eval mode) and the "
-                  "update with it (train mode), so the ratios of the first, on-policy step would not be 1",
-                  "use 0.0 (regularise with optim.weight_decay instead)")
+            _fail(
+                f"{p}.dropout",
+                self.dropout,
+                "the behaviour log-probs are computed without dropout (eval mode) and the "
+                "update with it (train mode), so the ratios of the first, on-policy step would not be 1",
+                "use 0.0 (regularise with optim.weight_decay instead)",
+            )
         if not self.target_modules:
-            _fail(f"{p}.target_modules", self.target_modules, "no module would get an adapter", "list e.g. [q_proj, v_proj]")
+            _fail(
+                f"{p}.target_modules",
+                self.target_modules,
+                "no module would get an adapter",
+                "list e.g. [q_proj, v_proj]",
+            )
 
 
 @dataclass
@@ -75,12 +86,21 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 _fail(f"{p}.{name}", getattr(self, name), "sizes must be positive", "use a positive integer")
         if self.tiny_hidden_size % self.tiny_num_heads:
-            _fail(f"{p}.tiny_hidden_size", self.tiny_hidden_size, f"must be divisible by tiny_num_heads={self.tiny_num_heads}",
-                  "pick a multiple of the head count")
+            _fail(
+                f"{p}.tiny_hidden_size",
+                self.tiny_hidden_size,
+                f"must be divisible by tiny_num_heads={self.tiny_num_heads}",
+                "pick a multiple of the head count",
+            )
         if self.trainable_layers < 0:
             _fail(f"{p}.trainable_layers", self.trainable_layers, "must be >= 0", "use 0 to train all layers")
         if self.init_from is not None and not Path(self.init_from).exists():
-            _fail(f"{p}.init_from", self.init_from, "no such folder", "run `stratarl sft` first or point at an existing model folder")
+            _fail(
+                f"{p}.init_from",
+                self.init_from,
+                "no such folder",
+                "run `stratarl sft` first or point at an existing model folder",
+            )
         self.lora.validate(f"{p}.lora")
 
 
@@ -114,12 +134,21 @@ class DataConfig:
     def validate(self, p: str) -> None:
         check_choices(self, p)
         if self.source == "files" and not self.train_files:
-            _fail(f"{p}.train_files", self.train_files, "`data.source: files` needs training files",
-                  "list parquet/jsonl paths, or set data.source=synthetic")
+            _fail(
+                f"{p}.train_files",
+                self.train_files,
+                "`data.source: files` needs training files",
+                "list parquet/jsonl paths, or set data.source=synthetic",
+            )
         for key in ("train_files", "test_files"):
             for f in getattr(self, key):
                 if not Path(f).exists():
-                    _fail(f"{p}.{key}", f, "file not found", "check the path (relative paths start at the current directory)")
+                    _fail(
+                        f"{p}.{key}",
+                        f,
+                        "file not found",
+                        "check the path (relative paths start at the current directory)",
+                    )
         for key in ("max_train_examples", "max_eval_examples"):
             v = getattr(self, key)
             if v is not None and v < 1:
@@ -149,7 +178,12 @@ class RetrievalConfig:
         if self.topk < 1:
             _fail(f"{p}.topk", self.topk, "at least one passage per search is needed", "use 3 (Search-R1)")
         if self.step_budget_s is not None and self.step_budget_s <= 0:
-            _fail(f"{p}.step_budget_s", self.step_budget_s, "must be positive or null", "use e.g. 120, or null for no budget")
+            _fail(
+                f"{p}.step_budget_s",
+                self.step_budget_s,
+                "must be positive or null",
+                "use e.g. 120, or null for no budget",
+            )
         if not 0 <= self.max_failed_fraction < 1:
             _fail(f"{p}.max_failed_fraction", self.max_failed_fraction, "must lie in [0, 1)", "use 0.5")
         if self.max_failed_steps < 0:
@@ -242,12 +276,24 @@ class TrainerConfig:
 
     def validate(self, p: str) -> None:
         check_choices(self, p)
-        for key in ("steps", "prompts_per_step", "epochs", "mini_batches", "micro_batch_tokens", "logprob_chunk_tokens", "keep_last"):
+        for key in (
+            "steps",
+            "prompts_per_step",
+            "epochs",
+            "mini_batches",
+            "micro_batch_tokens",
+            "logprob_chunk_tokens",
+            "keep_last",
+        ):
             if getattr(self, key) < 1:
                 _fail(f"{p}.{key}", getattr(self, key), "must be at least 1", "use a positive integer")
         if self.policy_lag < 0:
-            _fail(f"{p}.policy_lag", self.policy_lag, "a lag counts steps behind the learner, so it cannot be negative",
-                  "use 0 (on-policy) or e.g. 2, 8")
+            _fail(
+                f"{p}.policy_lag",
+                self.policy_lag,
+                "a lag counts steps behind the learner, so it cannot be negative",
+                "use 0 (on-policy) or e.g. 2, 8",
+            )
         for key in ("save_every", "eval_every", "num_threads"):
             if getattr(self, key) < 0:
                 _fail(f"{p}.{key}", getattr(self, key), "must be >= 0", "use 0 to disable")
@@ -267,7 +313,12 @@ class EvalConfig:
     def validate(self, p: str) -> None:
         check_choices(self, p)
         if self.num_transcripts < 0 or self.batch_size < 1:
-            _fail(f"{p}", (self.num_transcripts, self.batch_size), "num_transcripts >= 0 and batch_size >= 1", "use 4 and 32")
+            _fail(
+                f"{p}",
+                (self.num_transcripts, self.batch_size),
+                "num_transcripts >= 0 and batch_size >= 1",
+                "use 4 and 32",
+            )
 
 
 @dataclass

@@ -92,34 +92,69 @@ class SFTConfig:
                 _fail(f"{p}.{key}", getattr(self, key), "a fraction must lie in [0, 1]", "use e.g. 0.1")
         total = self.no_search_fraction + self.wrong_hop_fraction + self.early_answer_fraction
         if total > 1:
-            _fail(f"{p}.early_answer_fraction", self.early_answer_fraction,
-                  f"no_search + wrong_hop + early_answer fractions sum to {total:g} > 1", "lower them")
+            _fail(
+                f"{p}.early_answer_fraction",
+                self.early_answer_fraction,
+                f"no_search + wrong_hop + early_answer fractions sum to {total:g} > 1",
+                "lower them",
+            )
         if self.steps < 0:
             _fail(f"{p}.steps", self.steps, "must be >= 0", "use e.g. 1000")
         if self.source == "worlds" and self.steps < 1:
-            _fail(f"{p}.steps", self.steps, "sft.source=worlds trains for `steps` optimizer steps", "set e.g. sft.steps=1000")
+            _fail(
+                f"{p}.steps",
+                self.steps,
+                "sft.source=worlds trains for `steps` optimizer steps",
+                "set e.g. sft.steps=1000",
+            )
         if self.reading_steps < 0 or self.reading_curriculum < 0 or self.reading_batch_size < 1:
-            _fail(f"{p}.reading_steps", (self.reading_steps, self.reading_curriculum, self.reading_batch_size),
-                  "reading_steps and reading_curriculum must be >= 0, reading_batch_size >= 1", "use e.g. 1000, 800, 32")
+            _fail(
+                f"{p}.reading_steps",
+                (self.reading_steps, self.reading_curriculum, self.reading_batch_size),
+                "reading_steps and reading_curriculum must be >= 0, reading_batch_size >= 1",
+                "use e.g. 1000, 800, 32",
+            )
         if not 0 <= self.reading_agent_fraction <= 1:
-            _fail(f"{p}.reading_agent_fraction", self.reading_agent_fraction, "a fraction must lie in [0, 1]",
-                  "use e.g. 0.5")
+            _fail(
+                f"{p}.reading_agent_fraction",
+                self.reading_agent_fraction,
+                "a fraction must lie in [0, 1]",
+                "use e.g. 0.5",
+            )
         if self.reading_mix < 0:
             _fail(f"{p}.reading_mix", self.reading_mix, "must be >= 0", "use 0 (off) or e.g. 8")
         if self.reading_mix and self.source != "worlds":
-            _fail(f"{p}.reading_mix", self.reading_mix, "rehearsal draws fresh worlds",
-                  "set sft.source=worlds or sft.reading_mix=0")
+            _fail(
+                f"{p}.reading_mix",
+                self.reading_mix,
+                "rehearsal draws fresh worlds",
+                "set sft.source=worlds or sft.reading_mix=0",
+            )
         if self.reading_steps and self.source != "worlds":
-            _fail(f"{p}.reading_steps", self.reading_steps, "reading pre-training draws fresh worlds",
-                  "set sft.source=worlds or sft.reading_steps=0")
+            _fail(
+                f"{p}.reading_steps",
+                self.reading_steps,
+                "reading pre-training draws fresh worlds",
+                "set sft.source=worlds or sft.reading_steps=0",
+            )
         if self.observation_loss < 0:
-            _fail(f"{p}.observation_loss", self.observation_loss, "must be >= 0", "use 0 (policy tokens only) or e.g. 0.5")
+            _fail(
+                f"{p}.observation_loss", self.observation_loss, "must be >= 0", "use 0 (policy tokens only) or e.g. 0.5"
+            )
         if self.probe_every < 0 or self.max_steps < 0 or self.probe_questions < 1:
-            _fail(f"{p}.probe_every", (self.probe_every, self.max_steps, self.probe_questions),
-                  "probe_every and max_steps must be >= 0, probe_questions >= 1", "use e.g. 20, 0, 40")
+            _fail(
+                f"{p}.probe_every",
+                (self.probe_every, self.max_steps, self.probe_questions),
+                "probe_every and max_steps must be >= 0, probe_questions >= 1",
+                "use e.g. 20, 0, 40",
+            )
         if self.probe_every and self.source != "worlds":
-            _fail(f"{p}.probe_every", self.probe_every, "the reading probe draws an unseen world",
-                  "set sft.source=worlds or sft.probe_every=0")
+            _fail(
+                f"{p}.probe_every",
+                self.probe_every,
+                "the reading probe draws an unseen world",
+                "set sft.source=worlds or sft.probe_every=0",
+            )
         if not 0 <= self.probe_min_em <= 1:
             _fail(f"{p}.probe_min_em", self.probe_min_em, "an EM threshold lies in [0, 1]", "use e.g. 0.6")
         if self.max_steps and self.max_steps < self.steps:

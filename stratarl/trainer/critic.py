@@ -34,14 +34,18 @@ class ValueHead(nn.Module):
             return self.linear(hidden.float()).squeeze(-1)
 
 
-def response_values(head: ValueHead, hidden: torch.Tensor, response_mask: torch.Tensor, *, detach: bool = True) -> torch.Tensor:
+def response_values(
+    head: ValueHead, hidden: torch.Tensor, response_mask: torch.Tensor, *, detach: bool = True
+) -> torch.Tensor:
     """Values [B, T] of the states before each response token; 0 off ``response_mask``.
 
     hidden [B, T, H] (from ``response_logprobs(..., return_hidden=True)``), response_mask [B, T].
     """
     if hidden.dim() != 3 or hidden.shape[:2] != response_mask.shape:
-        raise ValueError(f"expected hidden [B, T, H] matching response_mask [B, T], got {tuple(hidden.shape)} "
-                         f"and {tuple(response_mask.shape)}")
+        raise ValueError(
+            f"expected hidden [B, T, H] matching response_mask [B, T], got {tuple(hidden.shape)} "
+            f"and {tuple(response_mask.shape)}"
+        )
     values = head(hidden.detach() if detach else hidden)
     return values * response_mask.to(values.dtype)
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from stratarl.data.examples import Example
 from stratarl.retrieval.base import Passage
@@ -60,8 +60,18 @@ def _policy_ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def render_demonstration(example: Example, tokenizer, retriever, *, topk: int, max_obs_tokens: int,
-                         prompt_ids: list[int], searches: Sequence[str], answer: str, kind: str) -> Demonstration:
+def render_demonstration(
+    example: Example,
+    tokenizer,
+    retriever,
+    *,
+    topk: int,
+    max_obs_tokens: int,
+    prompt_ids: list[int],
+    searches: Sequence[str],
+    answer: str,
+    kind: str,
+) -> Demonstration:
     """One trajectory: a search turn per query in ``searches``, then the answer turn."""
     response, mask, retrieved = [], [], []
     for query in searches:
@@ -76,8 +86,14 @@ def render_demonstration(example: Example, tokenizer, retriever, *, topk: int, m
         final.append(tokenizer.eos_token_id)
     response += final
     mask += [1] * len(final)
-    return Demonstration(prompt_ids=list(prompt_ids), response_ids=response, response_mask=mask, kind=kind,
-                         example_id=example.id, meta={"retrieved": retrieved, "searches": list(searches), "answer": answer})
+    return Demonstration(
+        prompt_ids=list(prompt_ids),
+        response_ids=response,
+        response_mask=mask,
+        kind=kind,
+        example_id=example.id,
+        meta={"retrieved": retrieved, "searches": list(searches), "answer": answer},
+    )
 
 
 def _other(pool: Sequence[Example], example: Example, rng: random.Random) -> Example:
@@ -88,10 +104,20 @@ def _other(pool: Sequence[Example], example: Example, rng: random.Random) -> Exa
     return pool[j]
 
 
-def render_demonstrations(examples: Sequence[Example], tokenizer, retriever, *, num_demos: int, topk: int,
-                          max_obs_tokens: int, no_search_fraction: float, wrong_hop_fraction: float,
-                          seed: int, early_answer_fraction: float = 0.0,
-                          prompt_template: str = "search_r1") -> list[Demonstration]:
+def render_demonstrations(
+    examples: Sequence[Example],
+    tokenizer,
+    retriever,
+    *,
+    num_demos: int,
+    topk: int,
+    max_obs_tokens: int,
+    no_search_fraction: float,
+    wrong_hop_fraction: float,
+    seed: int,
+    early_answer_fraction: float = 0.0,
+    prompt_template: str = "search_r1",
+) -> list[Demonstration]:
     """Up to ``num_demos`` demonstrations from examples that carry hops.
 
     A "correct" demonstration is kept only if every hop's gold passage was retrieved
@@ -99,8 +125,10 @@ def render_demonstrations(examples: Sequence[Example], tokenizer, retriever, *, 
     """
     usable = [e for e in examples if e.metadata.get("hops")]
     if not usable:
-        raise ValueError("no training example has metadata['hops']: warm-start demonstrations need the synthetic "
-                         "task (data.source=synthetic) or files whose rows carry hops; set sft.enabled=false otherwise")
+        raise ValueError(
+            "no training example has metadata['hops']: warm-start demonstrations need the synthetic "
+            "task (data.source=synthetic) or files whose rows carry hops; set sft.enabled=false otherwise"
+        )
     rng = random.Random(seed)
     order = list(range(len(usable)))
     rng.shuffle(order)
@@ -124,21 +152,41 @@ def render_demonstrations(examples: Sequence[Example], tokenizer, retriever, *, 
         common = dict(topk=topk, max_obs_tokens=max_obs_tokens, prompt_ids=prompt_ids)
         if draw < no_search_fraction:
             guess = other.golden_answers[0]
-            demos.append(render_demonstration(example, tokenizer, retriever, searches=[], answer=guess,
-                                              kind="no_search", **common))
+            demos.append(
+                render_demonstration(
+                    example, tokenizer, retriever, searches=[], answer=guess, kind="no_search", **common
+                )
+            )
         elif len(hops) > 1 and draw < no_search_fraction + wrong_hop_fraction:
             wrong = other.metadata["hops"][-1]
             queries = [h["query"] for h in hops[:-1]] + [wrong["query"]]
-            demos.append(render_demonstration(example, tokenizer, retriever, searches=queries, answer=wrong["answer"],
-                                              kind="wrong_hop", **common))
+            demos.append(
+                render_demonstration(
+                    example, tokenizer, retriever, searches=queries, answer=wrong["answer"], kind="wrong_hop", **common
+                )
+            )
         elif len(hops) > 1 and draw < no_search_fraction + wrong_hop_fraction + early_answer_fraction:
-            demo = render_demonstration(example, tokenizer, retriever, searches=[hops[0]["query"]],
-                                        answer=hops[0]["answer"], kind="early_answer", **common)
+            demo = render_demonstration(
+                example,
+                tokenizer,
+                retriever,
+                searches=[hops[0]["query"]],
+                answer=hops[0]["answer"],
+                kind="early_answer",
+                **common,
+            )
             if hops[0]["passage_id"] in demo.meta["retrieved"][0]:  # it answers what it read
                 demos.append(demo)
         else:
-            demo = render_demonstration(example, tokenizer, retriever, searches=[h["query"] for h in hops],
-                                        answer=example.golden_answers[0], kind="correct", **common)
+            demo = render_demonstration(
+                example,
+                tokenizer,
+                retriever,
+                searches=[h["query"] for h in hops],
+                answer=example.golden_answers[0],
+                kind="correct",
+                **common,
+            )
             found = all(h["passage_id"] in ids for h, ids in zip(hops, demo.meta["retrieved"]))
             if found:
                 demos.append(demo)
@@ -153,9 +201,19 @@ def _answer_sentence(text: str, answer: str) -> str:
     return text
 
 
-def render_reading_examples(examples: Sequence[Example], tokenizer, retriever, passages: dict[str, str], *, topk: int,
-                            max_obs_tokens: int, rng: random.Random, sentence_probability: float = 0.0,
-                            agent_probability: float = 0.0, prompt_template: str = "search_r1") -> list[Demonstration]:
+def render_reading_examples(
+    examples: Sequence[Example],
+    tokenizer,
+    retriever,
+    passages: dict[str, str],
+    *,
+    topk: int,
+    max_obs_tokens: int,
+    rng: random.Random,
+    sentence_probability: float = 0.0,
+    agent_probability: float = 0.0,
+    prompt_template: str = "search_r1",
+) -> list[Demonstration]:
     """Copy pre-training ("reading") examples: an observation, then every question about its first passage.
 
     For each passage that answers single-hop questions, the observation is what the retriever returns for
@@ -208,8 +266,9 @@ def render_reading_examples(examples: Sequence[Example], tokenizer, retriever, p
     return out
 
 
-def _agent_reading_example(tokenizer, question: tuple, obs: list[int], pid: str, context: str,
-                           prompt_template: str) -> Demonstration:
+def _agent_reading_example(
+    tokenizer, question: tuple, obs: list[int], pid: str, context: str, prompt_template: str
+) -> Demonstration:
     """A reading example in the agent's layout: the question in the prompt, a search of it, the observation, the
     answer turn (kind ``reading_agent``; the agent's tokens are the targets)."""
     question, answer, example = question
@@ -218,9 +277,14 @@ def _agent_reading_example(tokenizer, question: tuple, obs: list[int], pid: str,
     final = _policy_ids(tokenizer, f"{ANSWER_THOUGHT}<answer> {answer} </answer>")
     if tokenizer.eos_token_id is not None:
         final.append(tokenizer.eos_token_id)
-    return Demonstration(prompt_ids=list(prompt), response_ids=turn + list(obs) + final,
-                         response_mask=[1] * len(turn) + [0] * len(obs) + [1] * len(final),
-                         kind="reading_agent", example_id=pid, meta={"questions": [question], "context": context})
+    return Demonstration(
+        prompt_ids=list(prompt),
+        response_ids=turn + list(obs) + final,
+        response_mask=[1] * len(turn) + [0] * len(obs) + [1] * len(final),
+        kind="reading_agent",
+        example_id=pid,
+        meta={"questions": [question], "context": context},
+    )
 
 
 def _reading_example(tokenizer, questions: list[tuple], obs: list[int], pid: str, context: str) -> Demonstration:
@@ -232,5 +296,11 @@ def _reading_example(tokenizer, questions: list[tuple], obs: list[int], pid: str
         answered = _policy_ids(tokenizer, f" {answer} </answer>")
         response += asked + answered
         mask += [0] * len(asked) + [1] * len(answered)
-    return Demonstration(prompt_ids=list(obs[:1]), response_ids=response, response_mask=mask, kind="reading",
-                         example_id=pid, meta={"questions": [q for q, _, _ in questions], "context": context})
+    return Demonstration(
+        prompt_ids=list(obs[:1]),
+        response_ids=response,
+        response_mask=mask,
+        kind="reading",
+        example_id=pid,
+        meta={"questions": [q for q, _, _ in questions], "context": context},
+    )

@@ -29,13 +29,21 @@ def selective_log_softmax(logits: torch.Tensor, targets: torch.Tensor) -> torch.
     logits [N, V], targets [N] (int64) -> [N].
     """
     if logits.dim() != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(f"expected logits [N, V] and targets [N], got {tuple(logits.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"expected logits [N, V] and targets [N], got {tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def _head_forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                  temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _head_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log p(target), entropy or zeros, log-softmax [N, V]) of ``(hidden W^T + b) / temperature``."""
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
     if temperature != 1.0:
@@ -51,10 +59,10 @@ def _head_forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 # Rows of one LM-head block: about 4 MiB of fp32 logits, so a block's passes stay in cache (1,700
 # policy tokens x 4.6k vocabulary: 88 ms forward + backward in blocks of 256 rows, 147 ms in one),
 # but at least 128 rows so the GEMM stays efficient for large vocabularies.
-HEAD_BLOCK_BYTES = 4 * 2 ** 20
+HEAD_BLOCK_BYTES = 4 * 2**20
 HEAD_MIN_BLOCK_ROWS = 128
 # The [N, V] log-softmax is kept for backward (no recomputation) while all of it fits in this.
-HEAD_KEEP_BYTES = 128 * 2 ** 20
+HEAD_KEEP_BYTES = 128 * 2**20
 
 
 class _HeadLogprobs(torch.autograd.Function):
@@ -103,8 +111,15 @@ class _HeadLogprobs(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 
-def chunked_head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, *, chunk_tokens: int = 1024,
-                          temperature: float = 1.0, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_head_logprobs(
+    hidden: torch.Tensor,
+    head: torch.nn.Linear,
+    targets: torch.Tensor,
+    *,
+    chunk_tokens: int = 1024,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply the LM head and a selective log-softmax chunk by chunk.
 
     hidden [N, H] (the hidden states that predict each target), targets [N] ->
@@ -114,19 +129,22 @@ def chunked_head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: 
     ``HEAD_KEEP_BYTES``, those. Chunks run in cache-sized blocks (``HEAD_BLOCK_BYTES``).
     """
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
-        raise ValueError(f"expected hidden [N, H] and targets [N], got {tuple(hidden.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"expected hidden [N, H] and targets [N], got {tuple(hidden.shape)} and {tuple(targets.shape)}"
+        )
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     weight, bias = head.weight, head.bias
-    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
-                                              or (bias is not None and bias.requires_grad))
+    needs_grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
     vocab = weight.shape[0]
     block = min(chunk_tokens, max(HEAD_MIN_BLOCK_ROWS, HEAD_BLOCK_BYTES // (4 * vocab)))
     keep = hidden.shape[0] * vocab * 4 <= HEAD_KEEP_BYTES
     observe_head(hidden, head, recompute=not keep)
     logps, ents = [], []
     for start in range(0, hidden.shape[0], block):
-        h, y = hidden[start:start + block], targets[start:start + block]
+        h, y = hidden[start : start + block], targets[start : start + block]
         if needs_grad:
             lp, en = _HeadLogprobs.apply(h, weight, bias, y, temperature, with_entropy, keep)
         else:
@@ -141,8 +159,9 @@ def chunked_head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: 
     return torch.cat(logps), torch.cat(ents)
 
 
-def response_chunks(lengths: list[int], prompt_width: int, *, token_flops: float, pair_flops: float,
-                    pass_flops: float) -> list[list[int]]:
+def response_chunks(
+    lengths: list[int], prompt_width: int, *, token_flops: float, pair_flops: float, pass_flops: float
+) -> list[list[int]]:
     """Rows grouped into response-pass chunks of similar length, cheapest first-order cost first.
 
     A chunk of n rows whose longest response has R tokens costs n R (token_flops +
@@ -162,13 +181,14 @@ def response_chunks(lengths: list[int], prompt_width: int, *, token_flops: float
                 best[j], cut[j] = cost, i
     chunks, j = [], n
     while j > 0:
-        chunks.append(order[cut[j]:j])
+        chunks.append(order[cut[j] : j])
         j = cut[j]
     return chunks[::-1]
 
 
-def _shared_prompt_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                          prompt_lengths: torch.Tensor, T: int) -> torch.Tensor | None:
+def _shared_prompt_hidden(
+    decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_lengths: torch.Tensor, T: int
+) -> torch.Tensor | None:
     """Hidden states [B, T, H] predicting each response token, computing each distinct prompt once.
 
     Pass 1: the U distinct prompts, left-padded to P, with a KV cache. Pass 2: the B
@@ -188,19 +208,25 @@ def _shared_prompt_hidden(decoder, input_ids: torch.Tensor, attention_mask: torc
     inverse = torch.tensor([first.setdefault(p, len(first)) for p in prompts], device=input_ids.device)
     U, P = len(first), int(prompt_lengths.max())
     R = max(response_lengths)
-    if U == B or R < 1 or U * P + B * R >= B * input_ids.shape[1]:
+    if U == B or R < 1 or B * input_ids.shape[1] <= U * P + B * R:
         return None
     prompt_ids = input_ids.new_zeros((U, P))
     prompt_mask = attention_mask.new_zeros((U, P))
     for u, prompt in enumerate(first):  # left padding: every prompt ends at column P - 1
-        prompt_ids[u, P - len(prompt):] = torch.tensor(prompt, dtype=input_ids.dtype)
-        prompt_mask[u, P - len(prompt):] = 1
-    out = decoder(input_ids=prompt_ids, attention_mask=prompt_mask,
-                  position_ids=(prompt_mask.long().cumsum(-1) - 1).clamp(min=0), use_cache=True)
+        prompt_ids[u, P - len(prompt) :] = torch.tensor(prompt, dtype=input_ids.dtype)
+        prompt_mask[u, P - len(prompt) :] = 1
+    out = decoder(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=(prompt_mask.long().cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+    )
     prompt_kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
     prompt_last = out.last_hidden_state[:, -1:]  # [U, 1, H]: predicts response token 0
     costs = decoder_pass_costs(decoder)
-    chunks = response_chunks(response_lengths, P, token_flops=costs.token, pair_flops=costs.pair, pass_flops=costs.per_pass)
+    chunks = response_chunks(
+        response_lengths, P, token_flops=costs.token, pair_flops=costs.pair, pass_flops=costs.per_pass
+    )
     pieces, order = [], []
     for rows in chunks:
         index = torch.tensor(rows, device=input_ids.device)
@@ -216,9 +242,14 @@ def _shared_prompt_hidden(decoder, input_ids: torch.Tensor, attention_mask: torc
             response_ids = input_ids[index].gather(1, source)
             in_response = columns.view(1, width) < (lengths[index].view(-1, 1) - starts)
             attention = torch.cat([prompt_mask[prompt_rows], in_response.to(attention_mask.dtype)], 1)
-            response_out = decoder(input_ids=response_ids, attention_mask=attention,
-                                   position_ids=starts + columns.view(1, width), past_key_values=cache, use_cache=True)
-            states = torch.cat([states, response_out.last_hidden_state[:, :width - 1]], dim=1)
+            response_out = decoder(
+                input_ids=response_ids,
+                attention_mask=attention,
+                position_ids=starts + columns.view(1, width),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            states = torch.cat([states, response_out.last_hidden_state[:, : width - 1]], dim=1)
         states = states[:, :T]
         if states.shape[1] < T:
             states = torch.cat([states, states.new_zeros(len(rows), T - states.shape[1], states.shape[-1])], dim=1)
@@ -232,11 +263,20 @@ def _shared_prompt_hidden(decoder, input_ids: torch.Tensor, attention_mask: torc
     return states
 
 
-def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      prompt_lengths: torch.Tensor, response_mask: torch.Tensor, *, chunk_tokens: int = 1024,
-                      temperature: float = 1.0, with_entropy: bool = False,
-                      return_hidden: bool = False, share_prompts: bool = True,
-                      with_logprobs: bool = True) -> dict[str, torch.Tensor]:
+def response_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    chunk_tokens: int = 1024,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    return_hidden: bool = False,
+    share_prompts: bool = True,
+    with_logprobs: bool = True,
+) -> dict[str, torch.Tensor]:
     """Log-probs (and optionally entropies) of the policy tokens of right-padded rows.
 
     Row b is ``prompt (prompt_lengths[b] tokens) + response`` padded on the right.
@@ -256,8 +296,10 @@ def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     B, L = input_ids.shape
     T = response_mask.shape[1]
     if attention_mask.shape != (B, L) or prompt_lengths.shape != (B,) or response_mask.shape[0] != B:
-        raise ValueError(f"shape mismatch: input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)}, "
-                         f"prompt_lengths {tuple(prompt_lengths.shape)}, response_mask {tuple(response_mask.shape)}")
+        raise ValueError(
+            f"shape mismatch: input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)}, "
+            f"prompt_lengths {tuple(prompt_lengths.shape)}, response_mask {tuple(response_mask.shape)}"
+        )
     decoder, head = decoder_of(model), output_head(model)
     # Response token j of row b sits at position P_b + j and is predicted by the state at P_b + j - 1.
     index = (prompt_lengths.view(B, 1) - 1 + torch.arange(T, device=input_ids.device).view(1, T)).clamp(max=L - 1)
@@ -266,14 +308,17 @@ def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
         hidden = _shared_prompt_hidden(decoder, input_ids, attention_mask, prompt_lengths, T)
     if hidden is None:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        hidden_all = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        hidden_all = decoder(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
         hidden = hidden_all.gather(1, index.unsqueeze(-1).expand(B, T, hidden_all.shape[-1]))
     if not with_logprobs:
         return {"hidden": hidden}
     targets = input_ids.gather(1, (index + 1).clamp(max=L - 1))
     mask = response_mask.bool()
-    lp_flat, ent_flat = chunked_head_logprobs(hidden[mask], head, targets[mask], chunk_tokens=chunk_tokens,
-                                              temperature=temperature, with_entropy=with_entropy)
+    lp_flat, ent_flat = chunked_head_logprobs(
+        hidden[mask], head, targets[mask], chunk_tokens=chunk_tokens, temperature=temperature, with_entropy=with_entropy
+    )
     logprobs = hidden.new_zeros(B, T, dtype=torch.float32).masked_scatter(mask, lp_flat)
     entropy = hidden.new_zeros(B, T, dtype=torch.float32).masked_scatter(mask, ent_flat)
     out = {"logprobs": logprobs, "entropy": entropy}

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
@@ -100,9 +100,14 @@ class PopulationGenerator(Generator):
         self.supports_cache_keys = inner.supports_cache_keys
         self.supports_capture = inner.supports_capture
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 max_new_tokens: Sequence[int] | None = None, cache_keys: Sequence | None = None,
-                 capture_layer: int | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        max_new_tokens: Sequence[int] | None = None,
+        cache_keys: Sequence | None = None,
+        capture_layer: int | None = None,
+    ) -> list[Generation]:
         call = GenerateCall(self.inner, prompts, params, max_new_tokens, cache_keys)
         return self.lockstep.call("generate", _Pending(call, capture_layer, torch.get_num_threads()))
 
@@ -145,8 +150,7 @@ def _update_alone(pending: _Pending):
     call = pending.call
     try:
         with _threads(pending.threads):
-            return update_policy(call.learner, call.batch, call.cfg, call.generator, impl=call.impl,
-                                 prefix=call.prefix)
+            return update_policy(call.learner, call.batch, call.cfg, call.generator, impl=call.impl, prefix=call.prefix)
     except Exception as error:  # noqa: BLE001 - this member's failure only
         return error
 
@@ -159,8 +163,10 @@ def _finite(call: UpdateCall, result):
     for module in modules:
         for name, param in module.named_parameters():
             if not bool(torch.isfinite(param).all()):
-                return FloatingPointError(f"the update left non-finite weights ({name}); the member is dropped "
-                                          "(its run directory keeps its last checkpoint)")
+                return FloatingPointError(
+                    f"the update left non-finite weights ({name}); the member is dropped "
+                    "(its run directory keeps its last checkpoint)"
+                )
     return result
 
 
@@ -179,6 +185,7 @@ class _Handlers:
         def handler(batch):
             with self.instrument(kind) if self.instrument is not None else nullcontext():
                 return run(batch)
+
         return handler
 
     def generate(self, batch: list[tuple[int, _Pending]]) -> list:
@@ -214,14 +221,16 @@ def population_parts(lockstep: Lockstep) -> RunParts:
         return PopulationGenerator(make_generator(model, tokenizer, backend, seed=seed, policy=policy), lockstep)
 
     def member_update(learner, batch, cfg, generator, *, impl: str = "fast", prefix=None) -> dict:
-        return lockstep.call("update", _Pending(UpdateCall(learner, batch, cfg, generator, impl, prefix), None,
-                                                torch.get_num_threads()))
+        return lockstep.call(
+            "update", _Pending(UpdateCall(learner, batch, cfg, generator, impl, prefix), None, torch.get_num_threads())
+        )
 
     return RunParts(make_generator=member_generator, collect=collect, update=member_update)
 
 
-def train_member(cfg: Config, run_dir: Path, *, resume: bool = False, start_over: bool = False,
-                 parts: RunParts | None = None) -> dict:
+def train_member(
+    cfg: Config, run_dir: Path, *, resume: bool = False, start_over: bool = False, parts: RunParts | None = None
+) -> dict:
     """A member's run without a warm start of its own (``model.init_from`` or a fresh model): ``rl.train``."""
     return train(cfg, run_dir, resume=resume, start_over=start_over, parts=parts)
 
@@ -241,9 +250,15 @@ class _MemberLogs:
         sys.stdout, sys.stderr = target
 
 
-def run_population(members: Sequence[Member], *, pipeline: Callable[..., dict] = train_member, stack: bool = False,
-                   threads: int = 1, logs: bool = True,
-                   instrument: Callable[[str], AbstractContextManager] | None = None) -> PopulationReport:
+def run_population(
+    members: Sequence[Member],
+    *,
+    pipeline: Callable[..., dict] = train_member,
+    stack: bool = False,
+    threads: int = 1,
+    logs: bool = True,
+    instrument: Callable[[str], AbstractContextManager] | None = None,
+) -> PopulationReport:
     """Train ``members`` in this process (module docstring); returns each one's result. ``pipeline(cfg, run_dir,
     resume=, start_over=, parts=)`` runs one member (default ``train_member``); ``stack``: batched computation
     (False: each call alone, bit for bit the solo run); ``threads``: intra-op threads of the stacked calls;
@@ -256,19 +271,27 @@ def run_population(members: Sequence[Member], *, pipeline: Callable[..., dict] =
     started = time.perf_counter()
     with ExitStack() as files:
         on_turn = _MemberLogs(members, files) if logs else None
-        lockstep = Lockstep({"generate": handlers("generate"), "update": handlers("update")},
-                            priority=("generate", "update"), on_turn=on_turn)
+        lockstep = Lockstep(
+            {"generate": handlers("generate"), "update": handlers("update")},
+            priority=("generate", "update"),
+            on_turn=on_turn,
+        )
         parts = population_parts(lockstep)
-        bodies = [lambda m=m: pipeline(m.cfg, Path(m.run_dir), resume=m.resume, start_over=m.start_over, parts=parts)
-                  for m in members]
+        bodies = [
+            lambda m=m: pipeline(m.cfg, Path(m.run_dir), resume=m.resume, start_over=m.start_over, parts=parts)
+            for m in members
+        ]
         outcomes = lockstep.run(bodies)
     results = []
     for member, outcome in zip(members, outcomes):
         error = None if outcome.error is None else f"{type(outcome.error).__name__}: {outcome.error}"
         results.append(MemberResult(member.name, Path(member.run_dir), outcome.value, error, outcome.trace))
         if error is not None:
-            print(f"population: member {member.name} failed and was dropped ({error}); run directory "
-                  f"{member.run_dir}", file=sys.stderr, flush=True)
+            print(
+                f"population: member {member.name} failed and was dropped ({error}); run directory {member.run_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
     batches: dict[str, list[int]] = {}
     for kind, size in lockstep.batches:
         batches.setdefault(kind, []).append(size)

@@ -29,8 +29,14 @@ from stratarl.trainer.batch import TrainBatch, mini_batch_rows
 from stratarl.trainer.config import Config
 from stratarl.trainer.logprobs import chunked_head_logprobs
 from stratarl.trainer.prefix import Prefix
-from stratarl.trainer.update import (Learner, apply_gradients, micro_batch_plan, micro_batch_terms, update_metrics,
-                                     update_policy)
+from stratarl.trainer.update import (
+    Learner,
+    apply_gradients,
+    micro_batch_plan,
+    micro_batch_terms,
+    update_metrics,
+    update_policy,
+)
 
 CHUNK_ROWS = 8
 """Rows of each member per stacked pass (longest first): little padding, few passes."""
@@ -65,8 +71,9 @@ def update_together(calls: list[UpdateCall]) -> list[dict | BaseException]:
     for i, call in enumerate(calls):
         if alone_reason(call) is not None:
             try:
-                results[i] = update_policy(call.learner, call.batch, call.cfg, call.generator, impl=call.impl,
-                                           prefix=call.prefix)
+                results[i] = update_policy(
+                    call.learner, call.batch, call.cfg, call.generator, impl=call.impl, prefix=call.prefix
+                )
             except Exception as error:  # noqa: BLE001 - this member's failure only
                 results[i] = error
         else:
@@ -113,7 +120,7 @@ def _accumulate(calls: list[UpdateCall], rows: list[list[int]], results: list, i
     """``accumulate_gradients`` of each member's mini-batch ``rows``, micro-batch m of every member stacked.
     A member whose loss terms raise gets its exception in ``results`` and leaves the group."""
     sums = {i: defaultdict(float) for i in index}
-    tokens = {i: 0 for i in index}
+    tokens = dict.fromkeys(index, 0)
     plans = {i: micro_batch_plan(call.batch.select(r), call.cfg) for i, call, r in zip(index, calls, rows)}
     by_index = dict(zip(index, calls))
     for m in range(max((len(p) for p in plans.values()), default=0)):
@@ -122,16 +129,22 @@ def _accumulate(calls: list[UpdateCall], rows: list[list[int]], results: list, i
             continue
         stack = StackedParams([by_index[i].learner.model for i in part], grad=True)
         fused = stack.fused()
-        outs = stacked_outputs(stack, fused, [plans[i][m][1] for i in part], [by_index[i].cfg for i in part],
-                               [by_index[i].learner.value_head is not None for i in part])
+        outs = stacked_outputs(
+            stack,
+            fused,
+            [plans[i][m][1] for i in part],
+            [by_index[i].cfg for i in part],
+            [by_index[i].learner.value_head is not None for i in part],
+        )
         total = None
         for slot, i in enumerate(part):
             call, (_, mb, weight) = by_index[i], plans[i][m]
             try:
                 loss, clip_bias, metrics = micro_batch_terms(call.learner, mb, call.cfg, outs[slot])
                 if call.learner.normalizer is not None:
-                    _clip_bias_grads(call.learner, stack, slot, clip_bias * weight,
-                                     skip=float(metrics["loss/clip_frac"]) == 0.0)
+                    _clip_bias_grads(
+                        call.learner, stack, slot, clip_bias * weight, skip=float(metrics["loss/clip_frac"]) == 0.0
+                    )
             except Exception as error:  # noqa: BLE001 - this member leaves the group
                 results[i] = error
                 continue
@@ -161,8 +174,9 @@ def _clip_bias_grads(learner: Learner, stack: StackedParams, slot: int, clip_bia
             buffer.add_(grad[slot])
 
 
-def stacked_outputs(stack: StackedParams, fused, mbs: list[TrainBatch], cfgs: list[Config],
-                    need_hidden: list[bool]) -> list[dict[str, torch.Tensor]]:
+def stacked_outputs(
+    stack: StackedParams, fused, mbs: list[TrainBatch], cfgs: list[Config], need_hidden: list[bool]
+) -> list[dict[str, torch.Tensor]]:
     """Per member, what ``response_logprobs(..., with_entropy=True)`` returns for its micro-batch ``mbs[k]``:
     ``logprobs`` and ``entropy`` [B, T] (0 off the response mask), and ``hidden`` [B, T, H] when
     ``need_hidden[k]`` (a critic reads it)."""
@@ -173,14 +187,14 @@ def stacked_outputs(stack: StackedParams, fused, mbs: list[TrainBatch], cfgs: li
     H = fused.embed.shape[-1]
     pieces: list[list[torch.Tensor]] = [[] for _ in mbs]
     for start in range(0, max(len(o) for o in orders), CHUNK_ROWS):
-        chosen = [o[start:start + CHUNK_ROWS] for o in orders]
+        chosen = [o[start : start + CHUNK_ROWS] for o in orders]
         width = max((lengths[k][b] for k in range(K) for b in chosen[k]), default=1)
         rows = max(len(c) for c in chosen)
         ids = torch.zeros((K, rows, width), dtype=torch.long, device=device)
         for k, (mb, c) in enumerate(zip(mbs, chosen)):
             if c:
                 part = mb.input_ids[c, :width]
-                ids[k, :len(c), :part.shape[1]] = part
+                ids[k, : len(c), : part.shape[1]] = part
         hidden = causal_hidden(stack, fused, ids)  # [K, rows, width, H]
         for k, (mb, c) in enumerate(zip(mbs, chosen)):
             if not c:
@@ -188,7 +202,7 @@ def stacked_outputs(stack: StackedParams, fused, mbs: list[TrainBatch], cfgs: li
             T = mb.response_mask.shape[1]
             columns = torch.arange(T, device=device).view(1, T)
             index = (mb.prompt_lengths[c].view(-1, 1) - 1 + columns).clamp(max=width - 1)
-            pieces[k].append(hidden[k, :len(c)].gather(1, index.unsqueeze(-1).expand(len(c), T, H)))
+            pieces[k].append(hidden[k, : len(c)].gather(1, index.unsqueeze(-1).expand(len(c), T, H)))
     outs = []
     for k, (mb, cfg) in enumerate(zip(mbs, cfgs)):
         order = orders[k]
@@ -208,10 +222,18 @@ def _head(hidden: torch.Tensor, mb: TrainBatch, weight: torch.Tensor, cfg: Confi
     targets = mb.input_ids.gather(1, (index + 1).clamp(max=L - 1))
     mask = mb.response_mask.bool()
     head = types.SimpleNamespace(weight=weight, bias=None)
-    lp, ent = chunked_head_logprobs(hidden[mask], head, targets[mask], chunk_tokens=cfg.trainer.logprob_chunk_tokens,
-                                    temperature=cfg.rollout.temperature, with_entropy=True)
-    out = {"logprobs": hidden.new_zeros(B, T, dtype=torch.float32).masked_scatter(mask, lp),
-           "entropy": hidden.new_zeros(B, T, dtype=torch.float32).masked_scatter(mask, ent)}
+    lp, ent = chunked_head_logprobs(
+        hidden[mask],
+        head,
+        targets[mask],
+        chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+        temperature=cfg.rollout.temperature,
+        with_entropy=True,
+    )
+    out = {
+        "logprobs": hidden.new_zeros(B, T, dtype=torch.float32).masked_scatter(mask, lp),
+        "entropy": hidden.new_zeros(B, T, dtype=torch.float32).masked_scatter(mask, ent),
+    }
     if need_hidden:
         out["hidden"] = hidden
     return out

@@ -77,25 +77,41 @@ def lowest_trainable_layer(decoder: torch.nn.Module) -> int:
     return len(decoder.layers)
 
 
-def _run_layers(decoder, first: int, last: int, hidden: torch.Tensor, position_ids: torch.Tensor,
-                key_valid: torch.Tensor, past: dict | None = None) -> tuple[torch.Tensor, dict]:
+def _run_layers(
+    decoder,
+    first: int,
+    last: int,
+    hidden: torch.Tensor,
+    position_ids: torch.Tensor,
+    key_valid: torch.Tensor,
+    past: dict | None = None,
+) -> tuple[torch.Tensor, dict]:
     """Decoder layers first..last-1 on hidden [n, q, H] at ``position_ids`` [n, q]; key_valid [n, kv]
     (kv = past length + q) marks real tokens. Query i sees key j iff key j is real and j <= past + i.
     Returns (hidden [n, q, H], this pass's K/V per layer)."""
     n, q = hidden.shape[:2]
     kv = key_valid.shape[1]
     offset = kv - q
-    causal = torch.arange(kv, device=hidden.device).view(1, kv) <= (offset + torch.arange(q, device=hidden.device)).view(q, 1)
+    causal = torch.arange(kv, device=hidden.device).view(1, kv) <= (
+        offset + torch.arange(q, device=hidden.device)
+    ).view(q, 1)
     allowed = causal.view(1, 1, q, kv) & key_valid.bool().view(n, 1, 1, kv)
     mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(
-        ~allowed, torch.finfo(hidden.dtype).min)
+        ~allowed, torch.finfo(hidden.dtype).min
+    )
     cache = _PrefixKV(past)
     if first >= last:
         return hidden, cache.new
     position_embeddings = decoder.rotary_emb(hidden, position_ids=position_ids)
     for index in range(first, last):
-        out = decoder.layers[index](hidden, attention_mask=mask, position_embeddings=position_embeddings,
-                                    position_ids=position_ids, past_key_values=cache, use_cache=True)
+        out = decoder.layers[index](
+            hidden,
+            attention_mask=mask,
+            position_embeddings=position_embeddings,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+        )
         hidden = out[0] if isinstance(out, tuple) else out
     return hidden, cache.new
 
@@ -104,8 +120,9 @@ def _chunks(decoder, first: int, last: int, widths: list[int], past: int) -> lis
     """Rows grouped into passes of similar width (``logprobs.response_chunks`` with layers first..last-1's costs):
     a short response pays no padding for the longest one."""
     costs = layer_pass_costs(decoder, first, last)
-    return logprobs.response_chunks(widths, past, token_flops=costs.token, pair_flops=costs.pair,
-                                    pass_flops=costs.per_pass)
+    return logprobs.response_chunks(
+        widths, past, token_flops=costs.token, pair_flops=costs.pair, pass_flops=costs.per_pass
+    )
 
 
 @dataclass
@@ -138,8 +155,9 @@ def distinct_prompts(input_ids: torch.Tensor, prompt_lengths: torch.Tensor) -> t
 
 
 @torch.no_grad()
-def frozen_prefix(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  prompt_lengths: torch.Tensor) -> Prefix:
+def frozen_prefix(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_lengths: torch.Tensor
+) -> Prefix:
     """Run the embedding and the frozen layers once over the batch (each distinct prompt once).
 
     Rows as in ``response_logprobs`` (prompt + response, right-padded). Responses go through in
@@ -154,10 +172,12 @@ def frozen_prefix(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     prompt_ids = input_ids.new_zeros((U, P))
     prompt_valid = torch.zeros((U, P), dtype=torch.bool, device=device)
     for u, prompt in enumerate(prompts):  # left padding: every prompt ends at column P - 1
-        prompt_ids[u, P - len(prompt):] = torch.tensor(prompt, dtype=input_ids.dtype)
-        prompt_valid[u, P - len(prompt):] = True
+        prompt_ids[u, P - len(prompt) :] = torch.tensor(prompt, dtype=input_ids.dtype)
+        prompt_valid[u, P - len(prompt) :] = True
     prompt_positions = (prompt_valid.long().cumsum(-1) - 1).clamp(min=0)
-    prompt_hidden, prompt_kv = _run_layers(decoder, 0, k, decoder.embed_tokens(prompt_ids), prompt_positions, prompt_valid)
+    prompt_hidden, prompt_kv = _run_layers(
+        decoder, 0, k, decoder.embed_tokens(prompt_ids), prompt_positions, prompt_valid
+    )
     response_lengths = attention_mask.long().sum(-1) - prompt_lengths
     R = max(int(response_lengths.max()) - 1, 0)
     B, H = input_ids.shape[0], prompt_hidden.shape[-1]
@@ -175,14 +195,26 @@ def frozen_prefix(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
             u = inverse[rows]
             past = {i: (key[u], value[u]) for i, (key, value) in prompt_kv.items()}
             key_valid = torch.cat([prompt_valid[u], columns.view(1, width) < response_lengths[rows].view(-1, 1)], dim=1)
-            hidden, _ = _run_layers(decoder, 0, k, decoder.embed_tokens(input_ids[rows].gather(1, source)),
-                                    starts + columns.view(1, width), key_valid, past)
+            hidden, _ = _run_layers(
+                decoder,
+                0,
+                k,
+                decoder.embed_tokens(input_ids[rows].gather(1, source)),
+                starts + columns.view(1, width),
+                key_valid,
+                past,
+            )
             response_hidden[rows, :width] = hidden
     return Prefix(k, prompt_hidden, prompt_valid, response_hidden, inverse, prompt_lengths, response_lengths)
 
 
-def captured_prefix(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    prompt_lengths: torch.Tensor, states: list) -> tuple[Prefix | None, str | None]:
+def captured_prefix(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    states: list,
+) -> tuple[Prefix | None, str | None]:
     """The ``Prefix`` of a batch from the hidden states its rollouts captured while generating, or (None,
     why not): then ``frozen_prefix`` must compute it.
 
@@ -220,14 +252,22 @@ def captured_prefix(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     prompt_valid = torch.zeros((U, P), dtype=torch.bool, device=device)
     for u in range(U):  # left padding: every prompt ends at column P - 1
         n = lengths[first[u]]
-        prompt_hidden[u, P - n:] = states[first[u]][1][:n].to(device=device, dtype=dtype)
-        prompt_valid[u, P - n:] = True
+        prompt_hidden[u, P - n :] = states[first[u]][1][:n].to(device=device, dtype=dtype)
+        prompt_valid[u, P - n :] = True
     R = max(int(response_lengths.max()) - 1, 0)
     response_hidden = torch.zeros((len(rows), R, H), dtype=dtype, device=device)
     for b, (n, need) in enumerate(zip(lengths, needs)):
-        response_hidden[b, :need - n] = states[b][1][n:need].to(device=device, dtype=dtype)
-    return Prefix(k, prompt_hidden, prompt_valid, response_hidden, inverse.to(device), prompt_lengths,
-                  response_lengths, source="rollouts"), None
+        response_hidden[b, : need - n] = states[b][1][n:need].to(device=device, dtype=dtype)
+    return Prefix(
+        k,
+        prompt_hidden,
+        prompt_valid,
+        response_hidden,
+        inverse.to(device),
+        prompt_lengths,
+        response_lengths,
+        source="rollouts",
+    ), None
 
 
 def suffix_hidden(model: torch.nn.Module, prefix: Prefix, rows: list[int], T: int) -> torch.Tensor:
@@ -241,10 +281,11 @@ def suffix_hidden(model: torch.nn.Module, prefix: Prefix, rows: list[int], T: in
     groups, local = torch.unique(prefix.inverse[index], return_inverse=True)
     P = prefix.prompt_hidden.shape[1]
     width = int(prefix.prompt_lengths[index].max())  # the rows' longest prompt: trim the shared left padding
-    prompt_valid = prefix.prompt_valid[groups, P - width:]
+    prompt_valid = prefix.prompt_valid[groups, P - width :]
     positions = (prompt_valid.long().cumsum(-1) - 1).clamp(min=0)
-    prompt_out, prompt_kv = _run_layers(decoder, prefix.layer, L, prefix.prompt_hidden[groups, P - width:],
-                                        positions, prompt_valid)
+    prompt_out, prompt_kv = _run_layers(
+        decoder, prefix.layer, L, prefix.prompt_hidden[groups, P - width :], positions, prompt_valid
+    )
     local = local.to(device)
     last_state = decoder.norm(prompt_out[:, -1:])  # the prompt's last state predicts response token 0
     H = last_state.shape[-1]
@@ -259,9 +300,15 @@ def suffix_hidden(model: torch.nn.Module, prefix: Prefix, rows: list[int], T: in
             g = local[c]
             past = {i: (key[g], value[g]) for i, (key, value) in prompt_kv.items()}
             response_valid = columns.view(1, R) < prefix.response_lengths[index[c]].view(-1, 1)
-            response_out, _ = _run_layers(decoder, prefix.layer, L, prefix.response_hidden[index[c], :R],
-                                          prefix.prompt_lengths[index[c]].view(-1, 1) + columns.view(1, R),
-                                          torch.cat([prompt_valid[g], response_valid], dim=1), past)
+            response_out, _ = _run_layers(
+                decoder,
+                prefix.layer,
+                L,
+                prefix.response_hidden[index[c], :R],
+                prefix.prompt_lengths[index[c]].view(-1, 1) + columns.view(1, R),
+                torch.cat([prompt_valid[g], response_valid], dim=1),
+                past,
+            )
             states = torch.cat([states, decoder.norm(response_out)], dim=1)
         if states.shape[1] < T:
             states = torch.cat([states, states.new_zeros(len(chunk), T - states.shape[1], H)], dim=1)
@@ -304,10 +351,19 @@ def group_micro_batches(row_lengths: torch.Tensor, groups: torch.Tensor, token_b
     return out
 
 
-def prefix_response_logprobs(model: torch.nn.Module, prefix: Prefix, rows: list[int], input_ids: torch.Tensor,
-                             prompt_lengths: torch.Tensor, response_mask: torch.Tensor, *, chunk_tokens: int = 1024,
-                             temperature: float = 1.0, with_entropy: bool = False,
-                             return_hidden: bool = False) -> dict[str, torch.Tensor]:
+def prefix_response_logprobs(
+    model: torch.nn.Module,
+    prefix: Prefix,
+    rows: list[int],
+    input_ids: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    chunk_tokens: int = 1024,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    return_hidden: bool = False,
+) -> dict[str, torch.Tensor]:
     """``response_logprobs`` of batch rows ``rows`` from their ``prefix``: the same outputs.
 
     input_ids [n, L], prompt_lengths [n], response_mask [n, T]: the rows' own tensors (a
@@ -316,14 +372,22 @@ def prefix_response_logprobs(model: torch.nn.Module, prefix: Prefix, rows: list[
     n, T = response_mask.shape
     hidden = suffix_hidden(model, prefix, rows, T)
     index = (prompt_lengths.view(n, 1) + torch.arange(T, device=input_ids.device).view(1, T)).clamp(
-        max=input_ids.shape[1] - 1)
+        max=input_ids.shape[1] - 1
+    )
     targets = input_ids.gather(1, index)
     mask = response_mask.bool()
-    lp_flat, ent_flat = logprobs.chunked_head_logprobs(hidden[mask], output_head(model), targets[mask],
-                                                       chunk_tokens=chunk_tokens, temperature=temperature,
-                                                       with_entropy=with_entropy)
-    out = {"logprobs": hidden.new_zeros(n, T, dtype=torch.float32).masked_scatter(mask, lp_flat),
-           "entropy": hidden.new_zeros(n, T, dtype=torch.float32).masked_scatter(mask, ent_flat)}
+    lp_flat, ent_flat = logprobs.chunked_head_logprobs(
+        hidden[mask],
+        output_head(model),
+        targets[mask],
+        chunk_tokens=chunk_tokens,
+        temperature=temperature,
+        with_entropy=with_entropy,
+    )
+    out = {
+        "logprobs": hidden.new_zeros(n, T, dtype=torch.float32).masked_scatter(mask, lp_flat),
+        "entropy": hidden.new_zeros(n, T, dtype=torch.float32).masked_scatter(mask, ent_flat),
+    }
     if return_hidden:
         out["hidden"] = hidden
     return out

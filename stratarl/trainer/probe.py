@@ -57,32 +57,46 @@ class ProbeResult:
         return self.single_hop_em >= min_em
 
     def metrics(self) -> dict[str, float]:
-        return {"probe/single_hop_em": self.single_hop_em, "probe/multi_hop_searches": self.multi_hop_searches,
-                "probe/multi_hop_one_search": self.multi_hop_one_search,
-                "probe/sampled_two_search": self.sampled_two_search,
-                "probe/sampled_two_search_em": self.sampled_two_search_em, "time/probe": self.seconds}
+        return {
+            "probe/single_hop_em": self.single_hop_em,
+            "probe/multi_hop_searches": self.multi_hop_searches,
+            "probe/multi_hop_one_search": self.multi_hop_one_search,
+            "probe/sampled_two_search": self.sampled_two_search,
+            "probe/sampled_two_search_em": self.sampled_two_search_em,
+            "time/probe": self.seconds,
+        }
 
     def line(self) -> str:
-        return (f"probe at step {self.step}: single-hop EM {self.single_hop_em:.3f} ({self.num_single_hop} questions "
-                f"of an unseen world); 2-hop: {self.multi_hop_searches:.2f} searches, "
-                f"{self.multi_hop_one_search:.0%} answered after one search ({self.num_multi_hop} questions); sampled "
-                f"at the RL temperature, {self.sampled_two_search:.0%} search twice or more, with EM "
-                f"{self.sampled_two_search_em:.2f}")
+        return (
+            f"probe at step {self.step}: single-hop EM {self.single_hop_em:.3f} ({self.num_single_hop} questions "
+            f"of an unseen world); 2-hop: {self.multi_hop_searches:.2f} searches, "
+            f"{self.multi_hop_one_search:.0%} answered after one search ({self.num_multi_hop} questions); sampled "
+            f"at the RL temperature, {self.sampled_two_search:.0%} search twice or more, with EM "
+            f"{self.sampled_two_search_em:.2f}"
+        )
 
 
 def probe_questions(cfg: Config, num_questions: int, *, seed: int):
     """(single-hop questions, 2-hop questions, BM25 retriever) of the probe world with ``seed``: ``num_questions``
     of each (fewer if the world holds fewer), generated with ``sft.world_options`` over ``data.synthetic.options``."""
-    options = {**cfg.data.synthetic.options, **cfg.sft.world_options, "hop_mix": (0.5, 0.5, 0.0),
-               "num_train": 2 * num_questions, "num_test": 0}
+    options = {
+        **cfg.data.synthetic.options,
+        **cfg.sft.world_options,
+        "hop_mix": (0.5, 0.5, 0.0),
+        "num_train": 2 * num_questions,
+        "num_test": 0,
+    }
     kb = generate_knowledge_base(seed=seed, **options)
     questions = [*kb.train, *kb.test]
     single = [e for e in questions if len(e.metadata.get("hops") or []) == 1][:num_questions]
     multi = [e for e in questions if len(e.metadata.get("hops") or []) == 2][:num_questions]
     if not single:
-        raise ValueError(f"the probe world (options {options}) holds no single-hop question. Fix: drop hop_mix and "
-                         "num_train from sft.world_options")
+        raise ValueError(
+            f"the probe world (options {options}) holds no single-hop question. Fix: drop hop_mix and "
+            "num_train from sft.world_options"
+        )
     from stratarl.retrieval.bm25 import BM25Retriever  # bm25s is optional (gpu_check.py)
+
     return single, multi, BM25Retriever.from_passages(kb.passages)
 
 
@@ -92,15 +106,20 @@ def run_probe(model, tokenizer, cfg: Config, questions, *, step: int) -> ProbeRe
     start = time.perf_counter()
     result = evaluate(model, tokenizer, retriever, [*single, *multi], eval_settings(cfg), num_transcripts=0)
     records = result["per_question"]
-    single_em = [r["em"] for r in records[:len(single)]]
-    multi_searches = [r["searches"] for r in records[len(single):]]
+    single_em = [r["em"] for r in records[: len(single)]]
+    multi_searches = [r["searches"] for r in records[len(single) :]]
     two_search_share, two_search_em = sampled_second_searches(model, tokenizer, cfg, multi, retriever, step=step)
     return ProbeResult(
-        step=step, sampled_two_search=two_search_share, sampled_two_search_em=two_search_em,
+        step=step,
+        sampled_two_search=two_search_share,
+        sampled_two_search_em=two_search_em,
         single_hop_em=sum(single_em) / len(single_em),
         multi_hop_searches=sum(multi_searches) / len(multi_searches) if multi_searches else 0.0,
         multi_hop_one_search=sum(s == 1 for s in multi_searches) / len(multi_searches) if multi_searches else 0.0,
-        num_single_hop=len(single), num_multi_hop=len(multi), seconds=time.perf_counter() - start)
+        num_single_hop=len(single),
+        num_multi_hop=len(multi),
+        seconds=time.perf_counter() - start,
+    )
 
 
 def sampled_second_searches(model, tokenizer, cfg: Config, questions, retriever, *, step: int) -> tuple[float, float]:
@@ -111,8 +130,16 @@ def sampled_second_searches(model, tokenizer, cfg: Config, questions, retriever,
     generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=1_000 + step, policy=cfg.device_policy)
     settings = eval_settings(cfg)
     with step_threads(model):
-        batch = collect(generator, TimedRetriever(retriever), tokenizer, list(questions), settings.rollout,
-                        settings.scoring, group_size=1, greedy=False)
+        batch = collect(
+            generator,
+            TimedRetriever(retriever),
+            tokenizer,
+            list(questions),
+            settings.rollout,
+            settings.scoring,
+            group_size=1,
+            greedy=False,
+        )
     searched = [em for r, em in zip(batch.rollouts, batch.em) if r.num_searches >= 2]
     return len(searched) / len(batch.rollouts), (sum(searched) / len(searched) if searched else 0.0)
 
@@ -122,13 +149,20 @@ class WarmStartFailed(RuntimeError):
     (sft_metrics.jsonl) and a sample of the demonstrations (demos_sample.jsonl) that the message points to."""
 
     def __init__(self, probe: ProbeResult, min_em: float, steps: int, step_limit: int, folder: Path) -> None:
-        self.probe, self.min_em, self.steps, self.step_limit, self.folder = probe, min_em, steps, step_limit, Path(folder)
+        self.probe, self.min_em, self.steps, self.step_limit, self.folder = (
+            probe,
+            min_em,
+            steps,
+            step_limit,
+            Path(folder),
+        )
         super().__init__(
             f"the warm start did not pass its reading probe: greedy single-hop EM {probe.single_hop_em:.3f} < "
             f"sft.probe_min_em={min_em:g} on {probe.num_single_hop} questions of an unseen world after {steps} "
             f"steps (sft.max_steps={step_limit}); nothing was cached. Fix: raise sft.max_steps or sft.lr, or read "
             f"the demonstrations in {self.folder / 'demos_sample.jsonl'} and the losses in "
-            f"{self.folder / 'sft_metrics.jsonl'}")
+            f"{self.folder / 'sft_metrics.jsonl'}"
+        )
 
     def moved_to(self, folder: Path) -> WarmStartFailed:
         """The same failure, its files now in ``folder``."""

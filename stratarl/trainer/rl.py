@@ -20,9 +20,9 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from stratarl.evaluation.greedy import eval_metrics, evaluate, format_table, overall, save_eval
 from stratarl.infra.metrics import format_step_line
@@ -39,9 +39,16 @@ def _run_eval(run: RunState, tag: str) -> dict:
     if not examples:
         return {}
     with run.retriever.unbudgeted():
-        result = evaluate(run.model, run.tokenizer, run.retriever, examples, eval_settings(run.cfg, run.scoring),
-                          num_transcripts=run.cfg.eval.num_transcripts, progress=run.cfg.logging.progress,
-                          desc=f"eval {tag}")
+        result = evaluate(
+            run.model,
+            run.tokenizer,
+            run.retriever,
+            examples,
+            eval_settings(run.cfg, run.scoring),
+            num_transcripts=run.cfg.eval.num_transcripts,
+            progress=run.cfg.logging.progress,
+            desc=f"eval {tag}",
+        )
     save_eval(result, run.run_dir, tag)
     run.logger.log(run.step, {**eval_metrics(result), "time/eval": result["seconds"]})
     print(format_table(result, title=f"eval [{tag}] step {run.step}: {len(examples)} held-out questions"), flush=True)
@@ -58,9 +65,16 @@ class LoopState:
     healthy: tuple[int, dict] | None = None
 
 
-def train(cfg: Config, run_dir: str | Path, *, resume: bool = False, init_from: str | None = None,
-          start_over: bool = False, parts: RunParts | None = None,
-          step: Callable[[RunState], dict[str, float]] = rl_step) -> dict:
+def train(
+    cfg: Config,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    init_from: str | None = None,
+    start_over: bool = False,
+    parts: RunParts | None = None,
+    step: Callable[[RunState], dict[str, float]] = rl_step,
+) -> dict:
     """Run (or resume) RL training in ``run_dir``; returns a summary (final metrics, eval before/after).
 
     ``resume`` continues from the newest intact checkpoint (`resume_or_fail`); config.yaml is rewritten
@@ -115,8 +129,12 @@ def _run_steps(run: RunState, step: Callable[[RunState], dict[str, float]], inte
         state.stopped = watch.check(run.step, run.retriever, skipped)
         if cfg.trainer.save_every and run.step % cfg.trainer.save_every == 0 and state.healthy is None:
             save(run)
-        if (cfg.trainer.eval_every and run.step % cfg.trainer.eval_every == 0 and run.step < cfg.trainer.steps
-                and state.stopped is None):
+        if (
+            cfg.trainer.eval_every
+            and run.step % cfg.trainer.eval_every == 0
+            and run.step < cfg.trainer.steps
+            and state.stopped is None
+        ):
             _run_eval(run, f"step_{run.step:06d}")
     if bar is not None:
         bar.close()
@@ -128,8 +146,12 @@ def _finish(run: RunState, state: LoopState, path: Path, summary: dict, *, inter
     after the last step when it ran to the end."""
     resume_hint = f"resume with `stratarl train --resume {shlex.quote(str(run.run_dir))}`"
     if state.healthy is not None:
-        print(f"steps {state.healthy[0] + 1}-{run.step} took no update (retrieval faults): the checkpoint {path} "
-              f"holds step {state.healthy[0]}, the last healthy update", file=sys.stderr, flush=True)
+        print(
+            f"steps {state.healthy[0] + 1}-{run.step} took no update (retrieval faults): the checkpoint {path} "
+            f"holds step {state.healthy[0]}, the last healthy update",
+            file=sys.stderr,
+            flush=True,
+        )
     if state.stopped is not None:
         print(f"error: {state.stopped}", file=sys.stderr, flush=True)
         print(f"stopped at step {run.step} (checkpoint {path}); {resume_hint}", flush=True)

@@ -10,9 +10,10 @@ or wraps the update) without touching a module global.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -96,19 +97,45 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None, parts
     check_placement(model, cfg.trainer.device, learner.value_head, learner.ref_model)
     behaviour = None
     if cfg.trainer.policy_lag > 0 or cfg.rollout.precision is not None:
-        behaviour = BehaviourPolicy.create(model, precision=cfg.rollout.precision, learner_policy=cfg.device_policy,
-                                           max_lag=cfg.trainer.policy_lag, mode=cfg.trainer.policy_lag_mode,
-                                           seed=cfg.trainer.seed)
-    generator = parts.make_generator(model if behaviour is None else behaviour.sampler, tokenizer,
-                                     cfg.rollout.backend, seed=cfg.trainer.seed,
-                                     policy=cfg.device_policy if behaviour is None else behaviour.policy)
-    logger = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
-                           wandb_project=cfg.logging.wandb_project, config=cfg.to_dict())
-    return RunState(cfg=cfg, run_dir=run_dir, model=model, tokenizer=tokenizer, task=task, retriever=retriever,
-                    generator=generator, learner=learner, scoring=scoring, advantage=bound_advantage(cfg.algorithm),
-                    sampler=ckpt.DataSampler(len(task.train), cfg.trainer.seed),
-                    shuffle_rng=torch.Generator().manual_seed(cfg.trainer.seed + 1), logger=logger, parts=parts,
-                    behaviour=behaviour)
+        behaviour = BehaviourPolicy.create(
+            model,
+            precision=cfg.rollout.precision,
+            learner_policy=cfg.device_policy,
+            max_lag=cfg.trainer.policy_lag,
+            mode=cfg.trainer.policy_lag_mode,
+            seed=cfg.trainer.seed,
+        )
+    generator = parts.make_generator(
+        model if behaviour is None else behaviour.sampler,
+        tokenizer,
+        cfg.rollout.backend,
+        seed=cfg.trainer.seed,
+        policy=cfg.device_policy if behaviour is None else behaviour.policy,
+    )
+    logger = MetricsLogger(
+        run_dir,
+        tensorboard=cfg.logging.tensorboard,
+        wandb=cfg.logging.wandb,
+        wandb_project=cfg.logging.wandb_project,
+        config=cfg.to_dict(),
+    )
+    return RunState(
+        cfg=cfg,
+        run_dir=run_dir,
+        model=model,
+        tokenizer=tokenizer,
+        task=task,
+        retriever=retriever,
+        generator=generator,
+        learner=learner,
+        scoring=scoring,
+        advantage=bound_advantage(cfg.algorithm),
+        sampler=ckpt.DataSampler(len(task.train), cfg.trainer.seed),
+        shuffle_rng=torch.Generator().manual_seed(cfg.trainer.seed + 1),
+        logger=logger,
+        parts=parts,
+        behaviour=behaviour,
+    )
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -116,8 +143,11 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None, parts
 
 def progress_state(run: RunState) -> dict:
     """The state a step advances even when it takes no optimizer step: RNGs and the data sampler (copies)."""
-    return {"rng": ckpt.rng_state(run.generator.rng), "shuffle_rng": run.shuffle_rng.get_state(),
-            "sampler": run.sampler.state_dict()}
+    return {
+        "rng": ckpt.rng_state(run.generator.rng),
+        "shuffle_rng": run.shuffle_rng.get_state(),
+        "sampler": run.sampler.state_dict(),
+    }
 
 
 def save(run: RunState, at: tuple[int, dict] | None = None) -> Path:
@@ -134,8 +164,14 @@ def save(run: RunState, at: tuple[int, dict] | None = None) -> Path:
         state["sorl"] = run.learner.normalizer.state_dict()
     if run.behaviour is not None:
         state["behaviour"] = run.behaviour.state_dict()  # the stale weights the next k steps sample with
-    return ckpt.save_checkpoint(run.ckpt_dir, step, model=run.model, state=state,
-                                value_head=run.learner.value_head, keep_last=run.cfg.trainer.keep_last)
+    return ckpt.save_checkpoint(
+        run.ckpt_dir,
+        step,
+        model=run.model,
+        state=state,
+        value_head=run.learner.value_head,
+        keep_last=run.cfg.trainer.keep_last,
+    )
 
 
 def restore(run: RunState, path: Path) -> None:
@@ -183,13 +219,19 @@ def resume_or_fail(run: RunState, *, start_over: bool) -> None:
         print(f"warning: skipped checkpoint: {line}", file=sys.stderr, flush=True)
     if path is None and not start_over:
         found = "; ".join(skipped) if skipped else f"{run.ckpt_dir} holds none"
-        raise NoCheckpointError(f"--resume {run.run_dir}: no intact checkpoint to continue from ({found}). Fix: "
-                                f"`stratarl train --resume {run.run_dir} --start-over` trains it again from step 0 "
-                                "in the same directory (its metrics.jsonl is cleared)")
+        raise NoCheckpointError(
+            f"--resume {run.run_dir}: no intact checkpoint to continue from ({found}). Fix: "
+            f"`stratarl train --resume {run.run_dir} --start-over` trains it again from step 0 "
+            "in the same directory (its metrics.jsonl is cleared)"
+        )
     if path is None:
         print(f"--start-over: no intact checkpoint in {run.ckpt_dir}; training from step 0", flush=True)
     else:
         print(f"resumed from {path} (step {run.step})", flush=True)
     redo_eval = run.step >= run.cfg.trainer.steps and run.cfg.eval.before_after
-    run.logger.truncate(lambda row: row.get("step", 0) < run.step or (
-        row.get("step") == run.step and run.step > 0 and not (redo_eval and "time/eval" in row)))
+    run.logger.truncate(
+        lambda row: (
+            row.get("step", 0) < run.step
+            or (row.get("step") == run.step and run.step > 0 and not (redo_eval and "time/eval" in row))
+        )
+    )

@@ -18,12 +18,18 @@ from stratarl.data.examples import Example
 from stratarl.data.search_r1 import load_example_files
 from stratarl.data.synth import SYNTH_VERSION
 from stratarl.data.wordlevel import word_tokenizer_for_task
-from stratarl.models import (DEFAULT_MODEL, build_tiny_model, freeze_all_but_last_layers, load_model, load_tokenizer,
-                             wrap_lora)
+from stratarl.evaluation.greedy import EvalSettings
+from stratarl.models import (
+    DEFAULT_MODEL,
+    build_tiny_model,
+    freeze_all_but_last_layers,
+    load_model,
+    load_tokenizer,
+    wrap_lora,
+)
 from stratarl.retrieval.base import Retriever
 from stratarl.retrieval.corpus import load_corpus
 from stratarl.retrieval.factory import build_retriever
-from stratarl.evaluation.greedy import EvalSettings
 from stratarl.rollout.collect import Scoring
 from stratarl.trainer.config import Config, ModelConfig
 from stratarl.trainer.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
@@ -39,17 +45,22 @@ def check_device(device: str) -> None:
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
-        raise ConfigError(f"config field `trainer.device` = {device!r}: {why}. Fix: set trainer.device=cpu, or "
-                          "install a CUDA build of torch on a machine with a GPU.")
+        raise ConfigError(
+            f"config field `trainer.device` = {device!r}: {why}. Fix: set trainer.device=cpu, or "
+            "install a CUDA build of torch on a machine with a GPU."
+        )
     index = torch.device(device).index if device.startswith("cuda") else None
     if index is not None and index >= torch.cuda.device_count():
-        raise ConfigError(f"config field `trainer.device` = {device!r}: only {torch.cuda.device_count()} CUDA GPU(s) "
-                          f"are visible (cuda:0 to cuda:{torch.cuda.device_count() - 1}). Fix: set trainer.device=cuda:0, "
-                          "or check CUDA_VISIBLE_DEVICES.")
+        raise ConfigError(
+            f"config field `trainer.device` = {device!r}: only {torch.cuda.device_count()} CUDA GPU(s) "
+            f"are visible (cuda:0 to cuda:{torch.cuda.device_count() - 1}). Fix: set trainer.device=cuda:0, "
+            "or check CUDA_VISIBLE_DEVICES."
+        )
 
 
-def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", trainable: bool = True,
-                task: TaskData | None = None):
+def load_policy(
+    model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", trainable: bool = True, task: TaskData | None = None
+):
     """(model, tokenizer) for ``model_cfg``: ``init_from`` folder, `tiny-random`, `word-tiny`, or a bundled/hub model.
 
     `word-tiny` builds a word-level vocabulary from ``task``'s corpus and questions
@@ -67,9 +78,15 @@ def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", t
         model = load_model(model_cfg.init_from)
     elif model_cfg.name in (TINY_MODEL, WORD_MODEL):
         tokenizer = _word_tokenizer(task) if model_cfg.name == WORD_MODEL else load_tokenizer(tokenizer_name)
-        model = build_tiny_model(tokenizer, hidden_size=model_cfg.tiny_hidden_size, num_layers=model_cfg.tiny_num_layers,
-                                 num_heads=model_cfg.tiny_num_heads, intermediate_size=model_cfg.tiny_intermediate_size,
-                                 seed=seed, copy_init=model_cfg.tiny_copy_init)
+        model = build_tiny_model(
+            tokenizer,
+            hidden_size=model_cfg.tiny_hidden_size,
+            num_layers=model_cfg.tiny_num_layers,
+            num_heads=model_cfg.tiny_num_heads,
+            intermediate_size=model_cfg.tiny_intermediate_size,
+            seed=seed,
+            copy_init=model_cfg.tiny_copy_init,
+        )
     else:
         tokenizer = load_tokenizer(tokenizer_name)
         model = load_model(model_cfg.name)
@@ -87,10 +104,15 @@ def load_policy(model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu", t
 
 def _word_tokenizer(task: TaskData | None):
     if task is None or task.corpus_path is None:
-        raise ValueError(f"model.name={WORD_MODEL} builds its vocabulary from the task's corpus and questions; "
-                         "it needs a task with a corpus (data.source: synthetic, or data.corpus set)")
-    return word_tokenizer_for_task(load_corpus(task.corpus_path), [*task.train, *task.test],
-                                   extra_texts=[SEARCH_THOUGHT, ANSWER_THOUGHT, *task.vocabulary_texts])
+        raise ValueError(
+            f"model.name={WORD_MODEL} builds its vocabulary from the task's corpus and questions; "
+            "it needs a task with a corpus (data.source: synthetic, or data.corpus set)"
+        )
+    return word_tokenizer_for_task(
+        load_corpus(task.corpus_path),
+        [*task.train, *task.test],
+        extra_texts=[SEARCH_THOUGHT, ANSWER_THOUGHT, *task.vocabulary_texts],
+    )
 
 
 # --------------------------------------------------------------------------- data
@@ -117,7 +139,7 @@ def load_task(cfg: Config) -> TaskData:
         test = load_example_files(cfg.data.test_files)
         data = TaskData(train, test, Path(cfg.data.corpus) if cfg.data.corpus else None)
     if cfg.data.max_train_examples is not None:
-        data.train = data.train[:cfg.data.max_train_examples]
+        data.train = data.train[: cfg.data.max_train_examples]
     if not data.train:
         raise ValueError("the training set is empty: check data.train_files / data.synthetic.options")
     return data
@@ -144,9 +166,12 @@ def build_task_retriever(cfg: Config, task: TaskData) -> Retriever:
     spec = cfg.retrieval.spec
     if spec == "bm25":
         from stratarl.retrieval.bm25 import BM25Retriever  # bm25s is optional (gpu_check.py)
+
         if task.corpus_path is None:
-            raise ValueError("retrieval.spec=bm25 needs a corpus: set data.corpus=PATH (Search-R1 corpus jsonl), "
-                             "or point retrieval.spec at an index folder or a /retrieve URL")
+            raise ValueError(
+                "retrieval.spec=bm25 needs a corpus: set data.corpus=PATH (Search-R1 corpus jsonl), "
+                "or point retrieval.spec at an index folder or a /retrieve URL"
+            )
         index_dir = task.corpus_path.parent / f"{task.corpus_path.stem}.bm25"
         if (index_dir / "stratarl_index.json").is_file():
             try:

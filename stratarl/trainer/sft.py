@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -29,8 +29,16 @@ from stratarl.trainer.logprobs import response_logprobs
 FP32_CPU = DevicePolicy(torch.device("cpu"), "fp32")
 
 
-def sft_step(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int, *, micro_batch_tokens: int,
-             chunk_tokens: int, observation_weight: float = 0.0, policy: DevicePolicy = FP32_CPU) -> dict[str, float]:
+def sft_step(
+    model: torch.nn.Module,
+    demos: Sequence[Demonstration],
+    pad_id: int,
+    *,
+    micro_batch_tokens: int,
+    chunk_tokens: int,
+    observation_weight: float = 0.0,
+    policy: DevicePolicy = FP32_CPU,
+) -> dict[str, float]:
     """Accumulate the gradient of the token-mean NLL over ``demos`` (one optimizer step's worth).
 
     Each micro-batch's summed NLL is divided by the policy-token count of the whole step, so
@@ -44,14 +52,18 @@ def sft_step(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int
     (stratarl.infra.precision).
     """
     autocast = policy.autocast
-    batch = collate_sequences([d.prompt_ids for d in demos], [d.response_ids for d in demos],
-                              [d.response_mask for d in demos], pad_id).to(next(model.parameters()).device)
+    batch = collate_sequences(
+        [d.prompt_ids for d in demos], [d.response_ids for d in demos], [d.response_mask for d in demos], pad_id
+    ).to(next(model.parameters()).device)
     total = batch.num_policy_tokens
     if total == 0:
         return {"loss": 0.0, "weighted_loss": 0.0, "policy_tokens": 0, "tokens": 0}
+
     def token_weights(b) -> torch.Tensor:
-        in_response = (torch.arange(b.response_mask.shape[1], device=b.response_mask.device).view(1, -1)
-                       < b.response_lengths.view(-1, 1).to(b.response_mask.device)).float()
+        in_response = (
+            torch.arange(b.response_mask.shape[1], device=b.response_mask.device).view(1, -1)
+            < b.response_lengths.view(-1, 1).to(b.response_mask.device)
+        ).float()
         return b.response_mask + observation_weight * (in_response - b.response_mask)
 
     weight_total = float(token_weights(batch).sum())
@@ -60,31 +72,59 @@ def sft_step(model: torch.nn.Module, demos: Sequence[Demonstration], pad_id: int
         mb = batch.select(rows)
         weights = token_weights(mb)
         with autocast():
-            out = response_logprobs(model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, (weights > 0).float(),
-                                    chunk_tokens=chunk_tokens)
+            out = response_logprobs(
+                model,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.prompt_lengths,
+                (weights > 0).float(),
+                chunk_tokens=chunk_tokens,
+            )
         nll = -(out["logprobs"] * weights).sum() / weight_total
         nll.backward()
         weighted_sum += float(nll.detach())
         loss_sum += float(-(out["logprobs"].detach() * mb.response_mask).sum()) / total
-    return {"loss": loss_sum, "weighted_loss": weighted_sum, "policy_tokens": total,
-            "tokens": int(batch.attention_mask.sum())}
+    return {
+        "loss": loss_sum,
+        "weighted_loss": weighted_sum,
+        "policy_tokens": total,
+        "tokens": int(batch.attention_mask.sum()),
+    }
 
 
-def epoch_batches(demos: Sequence[Demonstration], *, epochs: int, batch_size: int, seed: int) -> Iterator[list[Demonstration]]:
+def epoch_batches(
+    demos: Sequence[Demonstration], *, epochs: int, batch_size: int, seed: int
+) -> Iterator[list[Demonstration]]:
     """``epochs`` seeded shuffles of ``demos``, cut into batches of ``batch_size`` (the last one may be short)."""
     generator = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
         order = torch.randperm(len(demos), generator=generator).tolist()
         for start in range(0, len(order), batch_size):
-            yield [demos[i] for i in order[start:start + batch_size]]
+            yield [demos[i] for i in order[start : start + batch_size]]
 
 
-def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_id: int, *, lr: float, epochs: int,
-            batch_size: int, seed: int, micro_batch_tokens: int, chunk_tokens: int, grad_clip: float = 1.0,
-            warmup_fraction: float = 0.05, schedule: str = "constant", observation_weight: float = 0.0,
-            batches: Iterable[list[Demonstration]] | None = None, total_steps: int | None = None,
-            on_step: Callable[[int, int, dict], None] | None = None, policy: DevicePolicy = FP32_CPU,
-            done: Callable[[int], bool] | None = None, max_steps: int | None = None) -> dict[str, float]:
+def _run_sft(
+    model: torch.nn.Module,
+    demos: Sequence[Demonstration] | None,
+    pad_id: int,
+    *,
+    lr: float,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    micro_batch_tokens: int,
+    chunk_tokens: int,
+    grad_clip: float = 1.0,
+    warmup_fraction: float = 0.05,
+    schedule: str = "constant",
+    observation_weight: float = 0.0,
+    batches: Iterable[list[Demonstration]] | None = None,
+    total_steps: int | None = None,
+    on_step: Callable[[int, int, dict], None] | None = None,
+    policy: DevicePolicy = FP32_CPU,
+    done: Callable[[int], bool] | None = None,
+    max_steps: int | None = None,
+) -> dict[str, float]:
     """Fine-tune ``model`` in place: AdamW, linear warm-up, then a constant lr or a cosine decay to
     10% of it at the last step (``stratarl.infra.schedules.sft_lr_factor``).
 
@@ -117,8 +157,15 @@ def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_
     limit = max(total_steps, max_steps or 0) if done is not None else total_steps
     for chunk in itertools.islice(batches, limit):
         t0 = time.perf_counter()
-        stats = sft_step(model, chunk, pad_id, micro_batch_tokens=micro_batch_tokens, chunk_tokens=chunk_tokens,
-                         observation_weight=observation_weight, policy=policy)
+        stats = sft_step(
+            model,
+            chunk,
+            pad_id,
+            micro_batch_tokens=micro_batch_tokens,
+            chunk_tokens=chunk_tokens,
+            observation_weight=observation_weight,
+            policy=policy,
+        )
         grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
         optimizer.step()
         scheduler.step()
@@ -127,10 +174,19 @@ def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_
         step_losses.append(stats["loss"])
         dt = time.perf_counter() - t0
         if on_step is not None:
-            on_step(step, total_steps, {"sft/loss": stats["loss"], "sft/weighted_loss": stats["weighted_loss"],
-                                        "sft/lr": scheduler.get_last_lr()[0], "sft/grad_norm": float(grad_norm),
-                                        "sft/policy_tokens": stats["policy_tokens"],
-                                        "sft/tokens_per_s": stats["tokens"] / max(dt, 1e-9), "time/sft_step": dt})
+            on_step(
+                step,
+                total_steps,
+                {
+                    "sft/loss": stats["loss"],
+                    "sft/weighted_loss": stats["weighted_loss"],
+                    "sft/lr": scheduler.get_last_lr()[0],
+                    "sft/grad_norm": float(grad_norm),
+                    "sft/policy_tokens": stats["policy_tokens"],
+                    "sft/tokens_per_s": stats["tokens"] / max(dt, 1e-9),
+                    "time/sft_step": dt,
+                },
+            )
         if done is not None and step >= total_steps and done(step):
             break
     model.eval()
@@ -138,8 +194,13 @@ def _run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_
         raise ValueError("the demonstration stream ended before the first step")
     first, last = step_losses[:epoch_steps], step_losses[-epoch_steps:]
     head, tail = step_losses[:3], step_losses[-3:]
-    return {"first_epoch_loss": sum(first) / len(first), "last_epoch_loss": sum(last) / len(last), "steps": step,
-            "first_steps_loss": sum(head) / len(head), "last_steps_loss": sum(tail) / len(tail)}
+    return {
+        "first_epoch_loss": sum(first) / len(first),
+        "last_epoch_loss": sum(last) / len(last),
+        "steps": step,
+        "first_steps_loss": sum(head) / len(head),
+        "last_steps_loss": sum(tail) / len(tail),
+    }
 
 
 def run_sft(model: torch.nn.Module, demos: Sequence[Demonstration] | None, pad_id: int, **kwargs) -> dict[str, float]:
@@ -157,6 +218,8 @@ def demo_shortfall(requested: int, rendered: int, num_questions: int) -> str | N
     """
     if rendered >= requested:
         return None
-    return (f"warning: sft.num_demos={requested} but only {rendered} demonstrations were rendered from "
-            f"{num_questions} training questions (at most one each). Fix: raise data.synthetic.options.num_train "
-            "(and size: a small KB holds a few hundred questions), or lower sft.num_demos and raise sft.epochs")
+    return (
+        f"warning: sft.num_demos={requested} but only {rendered} demonstrations were rendered from "
+        f"{num_questions} training questions (at most one each). Fix: raise data.synthetic.options.num_train "
+        "(and size: a small KB holds a few hundred questions), or lower sft.num_demos and raise sft.epochs"
+    )

@@ -1,16 +1,16 @@
 """One RL step, in stages, each returned new:
 
-    prompts     P questions from the seeded sampler
-    behaviour   the sampler's weights: the learner's own, or with an off-policy source (trainer.policy_lag,
-                rollout.precision) a copy loaded with version s - lag in the sampler's numerics (BehaviourPolicy)
-    collected   G rollouts per prompt, rewarded and stratified        (RunParts.collect)
-    strata      the strata the advantage uses (the observed ones, or the random-strata control's)
-    tokens      the rollouts collated                                 (TokenBatch)
-    scored      behaviour / reference log-probs, critic values        (ScoredBatch; update.score_batch)
-    train       + the algorithm's advantages and returns              (TrainBatch; with each turn's anchor state
-                                                                      for an estimator that needs it: GiGPO)
-    update      K epochs x M mini-batches of optimizer steps          (RunParts.update)
-    metrics     rollout, advantage (and the estimator's own), update, stratum, fault and timing metrics; transcripts
+prompts     P questions from the seeded sampler
+behaviour   the sampler's weights: the learner's own, or with an off-policy source (trainer.policy_lag,
+            rollout.precision) a copy loaded with version s - lag in the sampler's numerics (BehaviourPolicy)
+collected   G rollouts per prompt, rewarded and stratified        (RunParts.collect)
+strata      the strata the advantage uses (the observed ones, or the random-strata control's)
+tokens      the rollouts collated                                 (TokenBatch)
+scored      behaviour / reference log-probs, critic values        (ScoredBatch; update.score_batch)
+train       + the algorithm's advantages and returns              (TrainBatch; with each turn's anchor state
+                                                                  for an estimator that needs it: GiGPO)
+update      K epochs x M mini-batches of optimizer steps          (RunParts.update)
+metrics     rollout, advantage (and the estimator's own), update, stratum, fault and timing metrics; transcripts
 """
 
 from __future__ import annotations
@@ -22,27 +22,47 @@ import torch
 from stratarl.algos.mismatch import mismatch_metrics
 from stratarl.algos.presets import AlgorithmSpec
 from stratarl.algos.registry import AdvantageBatch, advantage_info
-from stratarl.algos.strata import (cross_stratum_variance, live_strata_group_fraction, shuffle_strata_within_groups,
-                                   zero_san_fraction)
+from stratarl.algos.strata import (
+    cross_stratum_variance,
+    live_strata_group_fraction,
+    shuffle_strata_within_groups,
+    zero_san_fraction,
+)
 from stratarl.infra.metrics import write_transcripts
 from stratarl.infra.threads import step_threads
-from stratarl.rollout.collect import (CollectedBatch, advantage_metrics, faulty_rollouts, rollout_metrics, step_states,
-                                      transcript, without_rollouts)
+from stratarl.rollout.collect import (
+    CollectedBatch,
+    advantage_metrics,
+    faulty_rollouts,
+    rollout_metrics,
+    step_states,
+    transcript,
+    without_rollouts,
+)
 from stratarl.trainer.batch import ScoredBatch, TrainBatch, collate_rollouts, scatter_response_values
 from stratarl.trainer.config import Config
 from stratarl.trainer.run import RunState
 from stratarl.trainer.update import batch_prefix, capture_layer, score_batch
 
 
-def advantage_inputs(scored: ScoredBatch, rewards: list[float], group_ids: list[int], strata: list[int],
-                     states: list[tuple[str, ...]] | None = None) -> AdvantageBatch:
+def advantage_inputs(
+    scored: ScoredBatch,
+    rewards: list[float],
+    group_ids: list[int],
+    strata: list[int],
+    states: list[tuple[str, ...]] | None = None,
+) -> AdvantageBatch:
     """What every estimator receives, built on the batch's device; ``states``: each rollout's per-turn anchor
     states, for an estimator that declared ``needs_step_states`` (None otherwise)."""
     device = scored.response_mask.device
-    return AdvantageBatch(rewards=torch.tensor(rewards, dtype=torch.float32, device=device),
-                          group_ids=torch.tensor(group_ids, device=device),
-                          response_mask=scored.response_mask, strata_ids=torch.tensor(strata, device=device),
-                          values=scored.old_values, step_states=None if states is None else tuple(states))
+    return AdvantageBatch(
+        rewards=torch.tensor(rewards, dtype=torch.float32, device=device),
+        group_ids=torch.tensor(group_ids, device=device),
+        response_mask=scored.response_mask,
+        strata_ids=torch.tensor(strata, device=device),
+        values=scored.old_values,
+        step_states=None if states is None else tuple(states),
+    )
 
 
 def compute_advantages(advantage, scored: ScoredBatch, inputs: AdvantageBatch) -> TrainBatch:
@@ -87,12 +107,15 @@ def stratum_metrics(cfg: Config, collected: CollectedBatch, strata: list[int]) -
         return {}
     rewards, groups = torch.tensor(collected.rewards, dtype=torch.float64), torch.tensor(collected.group_ids)
     used = torch.tensor(strata)
-    out = {"stratum/cross_var": float(cross_stratum_variance(rewards, groups, used)),
-           "stratum/zero_san_frac": float(zero_san_fraction(rewards, groups, used)),
-           "stratum/live_groups_frac": float(live_strata_group_fraction(rewards, groups,
-                                                                        torch.tensor(collected.strata)))}
+    out = {
+        "stratum/cross_var": float(cross_stratum_variance(rewards, groups, used)),
+        "stratum/zero_san_frac": float(zero_san_fraction(rewards, groups, used)),
+        "stratum/live_groups_frac": float(live_strata_group_fraction(rewards, groups, torch.tensor(collected.strata))),
+    }
     if cfg.algo.stratum_key == "random":
-        out["stratum/cross_var_observed"] = float(cross_stratum_variance(rewards, groups, torch.tensor(collected.strata)))
+        out["stratum/cross_var_observed"] = float(
+            cross_stratum_variance(rewards, groups, torch.tensor(collected.strata))
+        )
     return out
 
 
@@ -130,9 +153,17 @@ def _collect(run: RunState, capture: int | None) -> tuple[CollectedBatch, dict[s
     """The step's rollouts without the faulty ones, and the fault metrics (``update/skipped`` 1: no update)."""
     cfg = run.cfg
     examples = [run.task.train[i] for i in run.sampler.next(cfg.trainer.prompts_per_step)]
-    collected = run.parts.collect(run.generator, run.retriever, run.tokenizer, examples, cfg.rollout, run.scoring,
-                                  group_size=cfg.rollout.group_size, prompt_cache=run.prompt_cache,
-                                  capture_layer=capture)
+    collected = run.parts.collect(
+        run.generator,
+        run.retriever,
+        run.tokenizer,
+        examples,
+        cfg.rollout,
+        run.scoring,
+        group_size=cfg.rollout.group_size,
+        prompt_cache=run.prompt_cache,
+        capture_layer=capture,
+    )
     run.timer.add("generation", collected.generation_s)
     run.timer.add("retrieval", collected.retrieval_s)
     faulty = faulty_rollouts(collected.rollouts)
@@ -164,8 +195,13 @@ def _rl_step(run: RunState) -> dict[str, float]:
     for rollout in collected.rollouts:
         rollout.policy_version = version
     if faults["update/skipped"]:  # no optimizer step: the rewards are the broken retriever's
-        return {**rollout_metrics(collected), **faults, **lag, **timer.pop(),
-                "time/step": time.perf_counter() - step_start}
+        return {
+            **rollout_metrics(collected),
+            **faults,
+            **lag,
+            **timer.pop(),
+            "time/step": time.perf_counter() - step_start,
+        }
     strata = advantage_strata(cfg, collected.strata, collected.group_ids, run.step)
 
     tokens = collate_rollouts(collected.rollouts, run.tokenizer.pad_token_id).to(cfg.trainer.device)
@@ -176,19 +212,33 @@ def _rl_step(run: RunState) -> dict[str, float]:
     for rollout in collected.rollouts:
         rollout.frozen_states = None  # the states' memory, now in the prefix
     with timer("logprobs"):
-        scored = score_batch(run.learner, tokens, cfg, sampling, prefix, shortcut=True,
-                             measure_learner=run.behaviour is not None)
-    inputs = advantage_inputs(scored, collected.rewards, collected.group_ids, strata,
-                              rollout_step_states(cfg.algorithm, collected, run.tokenizer))
+        scored = score_batch(
+            run.learner, tokens, cfg, sampling, prefix, shortcut=True, measure_learner=run.behaviour is not None
+        )
+    inputs = advantage_inputs(
+        scored,
+        collected.rewards,
+        collected.group_ids,
+        strata,
+        rollout_step_states(cfg.algorithm, collected, run.tokenizer),
+    )
     batch = compute_advantages(run.advantage, scored, inputs)
     estimated = estimator_metrics(cfg.algorithm, inputs)
 
     with timer("update"):
         update = run.parts.update(run.learner, batch, cfg, run.shuffle_rng, prefix=prefix)
 
-    metrics = {**rollout_metrics(collected), **advantage_metrics(batch.advantages, batch.response_mask), **estimated,
-               **update, **stratum_metrics(cfg, collected, strata), **em_by_type(collected.examples, collected.em),
-               **faults, **lag, **_mismatch(scored)}
+    metrics = {
+        **rollout_metrics(collected),
+        **advantage_metrics(batch.advantages, batch.response_mask),
+        **estimated,
+        **update,
+        **stratum_metrics(cfg, collected, strata),
+        **em_by_type(collected.examples, collected.em),
+        **faults,
+        **lag,
+        **_mismatch(scored),
+    }
     metrics.update(timer.pop())
     metrics["perf/prefix_from_rollouts"] = float(prefix is not None and prefix.source == "rollouts")
     metrics["time/step"] = time.perf_counter() - step_start
@@ -213,7 +263,8 @@ def _mismatch(scored: ScoredBatch) -> dict[str, float]:
 def _write_transcripts(run: RunState, collected: CollectedBatch, strata: list[int], batch: TrainBatch) -> None:
     """The first ``logging.num_transcripts`` rollouts of the step, with the stratum and advantage the update used."""
     adv = batch.advantages[:, 0] if batch.advantages.shape[1] else torch.zeros(batch.size)
-    records = [transcript(r, e, run.tokenizer, reward=rw, stratum=s, advantage=float(a))
-               for r, e, rw, s, a in zip(collected.rollouts, collected.examples, collected.rewards,
-                                         strata, adv.tolist())][:run.cfg.logging.num_transcripts]
+    records = [
+        transcript(r, e, run.tokenizer, reward=rw, stratum=s, advantage=float(a))
+        for r, e, rw, s, a in zip(collected.rollouts, collected.examples, collected.rewards, strata, adv.tolist())
+    ][: run.cfg.logging.num_transcripts]
     write_transcripts(run.run_dir / "transcripts" / f"step_{run.step + 1:06d}.jsonl", records)

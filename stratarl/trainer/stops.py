@@ -39,8 +39,11 @@ class GracefulInterrupt:
             raise KeyboardInterrupt
         self.requested, self.signum = True, signum
         what = STOP_SIGNALS.get(signal.Signals(signum).name, str(signum))
-        print(f"\n{what}: finishing this step, then saving a checkpoint (a second {what} aborts without saving)",
-              file=sys.stderr, flush=True)
+        print(
+            f"\n{what}: finishing this step, then saving a checkpoint (a second {what} aborts without saving)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     @property
     def exit_code(self) -> int:
@@ -70,22 +73,28 @@ class RetrievalWatch:
             self.failing_in_a_row, self.failing_seconds = 0, 0.0
             return None
         outcome = "; the step took no update" if skipped else ""
-        print(f"warning: step {step}: {failed} of {total} searches failed in {retriever.step_seconds:.1f} s"
-              f"{outcome} ({retriever.where}: {one_line(retriever.last_error, 300)})", file=sys.stderr, flush=True)
+        print(
+            f"warning: step {step}: {failed} of {total} searches failed in {retriever.step_seconds:.1f} s"
+            f"{outcome} ({retriever.where}: {one_line(retriever.last_error, 300)})",
+            file=sys.stderr,
+            flush=True,
+        )
         if skipped or failed > self.max_failed_fraction * total:
             self.failing_in_a_row += 1
             self.failing_seconds += retriever.step_seconds
         else:
             self.failing_in_a_row, self.failing_seconds = 0, 0.0
         if self.max_failed_steps and self.failing_in_a_row >= self.max_failed_steps:
-            return (f"retrieval failed: more than {self.max_failed_fraction:.0%} of the searches failed in "
-                    f"{self.failing_in_a_row} consecutive steps ({self.failing_seconds:.1f} s spent in searches); "
-                    f"retriever {retriever.where}; last error: {one_line(retriever.last_error, 500)}. Fix: check "
-                    "the server (or retrieval.spec), then resume (retrieval.max_failed_steps=0 never stops)")
+            return (
+                f"retrieval failed: more than {self.max_failed_fraction:.0%} of the searches failed in "
+                f"{self.failing_in_a_row} consecutive steps ({self.failing_seconds:.1f} s spent in searches); "
+                f"retriever {retriever.where}; last error: {one_line(retriever.last_error, 500)}. Fix: check "
+                "the server (or retrieval.spec), then resume (retrieval.max_failed_steps=0 never stops)"
+            )
         return None
 
 
 def one_line(text: str, limit: int) -> str:
     """``text`` on one line (newlines and runs of spaces folded), cut to ``limit`` characters with an ellipsis."""
     flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

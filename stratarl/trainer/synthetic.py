@@ -29,9 +29,11 @@ def ensure_synthetic_kb(directory: Path, *, seed: int, options: dict[str, Any]) 
     try:
         kb = generate_knowledge_base(seed=seed, **options)
     except TypeError as error:
-        raise ValueError(f"data.synthetic.options {options!r} do not fit generate_knowledge_base: {error}. "
-                         "Fix: use its keyword arguments (size, num_train, num_test, hop_mix, guessable, ...; "
-                         "see `stratarl data synth --help`)") from None
+        raise ValueError(
+            f"data.synthetic.options {options!r} do not fit generate_knowledge_base: {error}. "
+            "Fix: use its keyword arguments (size, num_train, num_test, hop_mix, guessable, ...; "
+            "see `stratarl data synth --help`)"
+        ) from None
     # Another process (a parallel run) may publish the same task first: a complete one is kept.
     with staged_dir(directory, keep_existing=_complete) as tmp:
         write_synthetic_kb(kb, tmp)
@@ -42,8 +44,10 @@ def load_synthetic_task(directory: Path, *, seed: int, options: dict[str, Any]):
     """TaskData (train, test, corpus path) of the seeded synthetic KB."""
     folder = ensure_synthetic_kb(directory, seed=seed, options=options)
     # The files' prompt column is our own Search-R1 rendering: drop it, so rollout.prompt_template decides.
-    train, test = ([dataclasses.replace(e, prompt=None) for e in load_examples(folder / f"{split}.parquet")]
-                   for split in ("train", "test"))
+    train, test = (
+        [dataclasses.replace(e, prompt=None) for e in load_examples(folder / f"{split}.parquet")]
+        for split in ("train", "test")
+    )
     # A shared name pool is part of the vocabulary: a warm start trained on other worlds of the
     # same pool then meets no unknown word here.
     pool = options.get("name_pool")

@@ -21,22 +21,29 @@ from __future__ import annotations
 import copy
 import functools
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from stratarl.algos.losses import PolicyLossOutput, aggregate_loss, clipped_value_loss, kl_penalty
 from stratarl.algos.registry import GradNormalizer, get_behaviour_correction, get_grad_normalizer, get_policy_loss
 from stratarl.infra.schedules import lr_lambda
+from stratarl.models import decoder_of
 from stratarl.trainer.batch import ScoredBatch, TokenBatch, TrainBatch, micro_batches, mini_batch_rows
 from stratarl.trainer.config import Config
 from stratarl.trainer.critic import ValueHead, hidden_size_of, response_values
 from stratarl.trainer.logprobs import response_logprobs
-from stratarl.models import decoder_of
-from stratarl.trainer.prefix import (Prefix, captured_prefix, frozen_prefix, group_micro_batches,
-                                     lowest_trainable_layer, prefix_response_logprobs, unsupported_reason)
+from stratarl.trainer.prefix import (
+    Prefix,
+    captured_prefix,
+    frozen_prefix,
+    group_micro_batches,
+    lowest_trainable_layer,
+    prefix_response_logprobs,
+    unsupported_reason,
+)
 
 UPDATE_IMPLS = ("fast", "reference")
 
@@ -65,7 +72,9 @@ class Learner:
 def make_optimizer(groups: list[dict], cfg: Config) -> torch.optim.Optimizer:
     """``optim.name``: AdamW (default) or SGD (the control for SORL's scale, which Adam largely cancels)."""
     if cfg.optim.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay)
+        return torch.optim.SGD(
+            groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay
+        )
     return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
 
 
@@ -80,7 +89,8 @@ def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: in
         groups.append({"params": list(value_head.parameters()), "lr": cfg.algo.critic_lr})
     optimizer = make_optimizer(groups, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(cfg.optim.warmup_steps, total_optimizer_steps, cfg.optim.schedule))
+        optimizer, lr_lambda(cfg.optim.warmup_steps, total_optimizer_steps, cfg.optim.schedule)
+    )
     ref_model, adapter_ref = None, False
     if cfg.algo.kl_coef > 0:
         if hasattr(model, "disable_adapter"):
@@ -90,17 +100,32 @@ def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: in
             for p in ref_model.parameters():
                 p.requires_grad_(False)
     # The normaliser is its own part, independent of the ratio level: the two SORL ablations switch one off.
-    normalizer = (get_grad_normalizer(spec.normalizer)(policy_params, **spec.normalizer_params)
-                  if spec.uses_normalizer else None)
-    correction = (functools.partial(get_behaviour_correction(spec.correction), **spec.correction_params)
-                  if spec.uses_correction else None)
-    return Learner(model, optimizer, scheduler, get_policy_loss(spec.policy_loss), ref_model, value_head, normalizer,
-                   adapter_ref, correction)
+    normalizer = (
+        get_grad_normalizer(spec.normalizer)(policy_params, **spec.normalizer_params) if spec.uses_normalizer else None
+    )
+    correction = (
+        functools.partial(get_behaviour_correction(spec.correction), **spec.correction_params)
+        if spec.uses_correction
+        else None
+    )
+    return Learner(
+        model,
+        optimizer,
+        scheduler,
+        get_policy_loss(spec.policy_loss),
+        ref_model,
+        value_head,
+        normalizer,
+        adapter_ref,
+        correction,
+    )
 
 
 def _check_impl(impl: str) -> None:
     if impl not in UPDATE_IMPLS:
-        raise ValueError(f"update impl {impl!r} is not one of {UPDATE_IMPLS}; use 'fast' (or 'reference' as a baseline)")
+        raise ValueError(
+            f"update impl {impl!r} is not one of {UPDATE_IMPLS}; use 'fast' (or 'reference' as a baseline)"
+        )
 
 
 def capture_layer(learner: Learner, impl: str = "fast") -> int | None:
@@ -113,8 +138,9 @@ def capture_layer(learner: Learner, impl: str = "fast") -> int | None:
     return k if 0 < k < len(decoder.layers) else None
 
 
-def batch_prefix(learner: Learner, batch: TokenBatch, cfg: Config, impl: str = "fast",
-                 states: list | None = None) -> Prefix | None:
+def batch_prefix(
+    learner: Learner, batch: TokenBatch, cfg: Config, impl: str = "fast", states: list | None = None
+) -> Prefix | None:
     """The frozen layers' hidden states for the whole rollout batch, shared by the scoring pass and every
     optimizer step: the states the generator kept while sampling (``prefix.captured_prefix``; ``states`` =
     each row's ``Rollout.frozen_states``; ``Prefix.source`` "rollouts") when they cover the batch's tokens
@@ -140,8 +166,16 @@ def on_policy_shortcut(cfg: Config) -> bool:
 
 
 @torch.no_grad()
-def score_batch(learner: Learner, batch: TokenBatch, cfg: Config, sampling_logprobs: torch.Tensor | None = None,
-                prefix: Prefix | None = None, *, shortcut: bool = False, measure_learner: bool = False) -> ScoredBatch:
+def score_batch(
+    learner: Learner,
+    batch: TokenBatch,
+    cfg: Config,
+    sampling_logprobs: torch.Tensor | None = None,
+    prefix: Prefix | None = None,
+    *,
+    shortcut: bool = False,
+    measure_learner: bool = False,
+) -> ScoredBatch:
     """The scored stage of ``batch``: behaviour log-probs (recomputed by the trainer's forward pass, or with
     ``algo.old_logprobs: rollout`` the sampler's ``sampling_logprobs`` [B, T]), reference log-probs (with a
     KL term) and the critic's values (with a critic). ``sampling_logprobs`` may be None only when the run
@@ -172,8 +206,11 @@ def score_batch(learner: Learner, batch: TokenBatch, cfg: Config, sampling_logpr
     temperature = cfg.rollout.temperature
     autocast = cfg.device_policy.autocast
     budget = cfg.trainer.micro_batch_tokens
-    parts = (group_micro_batches(batch.row_lengths(), prefix.inverse, budget) if prefix is not None
-             else micro_batches(batch.row_lengths(), budget))
+    parts = (
+        group_micro_batches(batch.row_lengths(), prefix.inverse, budget)
+        if prefix is not None
+        else micro_batches(batch.row_lengths(), budget)
+    )
     for rows in parts if (need_learner or need_ref or need_values) else []:
         mb = batch.select(rows)
         args = (mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_mask)
@@ -181,13 +218,26 @@ def score_batch(learner: Learner, batch: TokenBatch, cfg: Config, sampling_logpr
         if need_learner or need_values:
             with autocast():
                 if prefix is not None:
-                    out = prefix_response_logprobs(learner.model, prefix, rows, mb.input_ids, mb.prompt_lengths,
-                                                   mb.response_mask, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
-                                                   temperature=temperature, return_hidden=need_values)
+                    out = prefix_response_logprobs(
+                        learner.model,
+                        prefix,
+                        rows,
+                        mb.input_ids,
+                        mb.prompt_lengths,
+                        mb.response_mask,
+                        chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+                        temperature=temperature,
+                        return_hidden=need_values,
+                    )
                 else:
-                    out = response_logprobs(learner.model, *args, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
-                                            temperature=temperature, return_hidden=need_values,
-                                            with_logprobs=need_learner)
+                    out = response_logprobs(
+                        learner.model,
+                        *args,
+                        chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+                        temperature=temperature,
+                        return_hidden=need_values,
+                        with_logprobs=need_learner,
+                    )
             if need_learner:
                 learner_lp[rows, :t] = out["logprobs"]
             if need_values:
@@ -196,12 +246,21 @@ def score_batch(learner: Learner, batch: TokenBatch, cfg: Config, sampling_logpr
             ctx = learner.model.disable_adapter() if learner.use_adapter_as_ref else nullcontext()
             ref_model = learner.model if learner.use_adapter_as_ref else learner.ref_model
             with ctx, autocast():
-                ref[rows, :t] = response_logprobs(ref_model, *args, chunk_tokens=cfg.trainer.logprob_chunk_tokens,
-                                                  temperature=temperature)["logprobs"]
-    return ScoredBatch(**{f: getattr(batch, f) for f in ("input_ids", "attention_mask", "prompt_lengths",
-                                                         "response_lengths", "response_mask")},
-                       old_logprobs=old, on_policy=on_policy, ref_logprobs=ref, old_values=values,
-                       behaviour_logprobs=behaviour, learner_logprobs=learner_lp)
+                ref[rows, :t] = response_logprobs(
+                    ref_model, *args, chunk_tokens=cfg.trainer.logprob_chunk_tokens, temperature=temperature
+                )["logprobs"]
+    return ScoredBatch(
+        **{
+            f: getattr(batch, f)
+            for f in ("input_ids", "attention_mask", "prompt_lengths", "response_lengths", "response_mask")
+        },
+        old_logprobs=old,
+        on_policy=on_policy,
+        ref_logprobs=ref,
+        old_values=values,
+        behaviour_logprobs=behaviour,
+        learner_logprobs=learner_lp,
+    )
 
 
 def norm_length(cfg: Config) -> int | None:
@@ -219,27 +278,45 @@ def _agg_units(mask: torch.Tensor, agg: str) -> float:
     return float(mask.shape[0])
 
 
-def micro_batch_loss(learner: Learner, mb: TrainBatch, cfg: Config, prefix: Prefix | None = None,
-                     rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+def micro_batch_loss(
+    learner: Learner, mb: TrainBatch, cfg: Config, prefix: Prefix | None = None, rows: list[int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
     """Loss terms of one micro-batch: (policy loss incl. KL / entropy / value, clip-bias objective, metrics).
 
     With a ``prefix`` (the fast update), ``rows`` are the micro-batch's rows in the prefix's batch and
     only the trainable layers run here."""
     need_hidden = learner.value_head is not None
     if prefix is not None:
-        out = prefix_response_logprobs(learner.model, prefix, rows, mb.input_ids, mb.prompt_lengths, mb.response_mask,
-                                       chunk_tokens=cfg.trainer.logprob_chunk_tokens,
-                                       temperature=cfg.rollout.temperature, with_entropy=True,
-                                       return_hidden=need_hidden)
+        out = prefix_response_logprobs(
+            learner.model,
+            prefix,
+            rows,
+            mb.input_ids,
+            mb.prompt_lengths,
+            mb.response_mask,
+            chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+            temperature=cfg.rollout.temperature,
+            with_entropy=True,
+            return_hidden=need_hidden,
+        )
     else:
-        out = response_logprobs(learner.model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_mask,
-                                chunk_tokens=cfg.trainer.logprob_chunk_tokens, temperature=cfg.rollout.temperature,
-                                with_entropy=True, return_hidden=need_hidden)
+        out = response_logprobs(
+            learner.model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.prompt_lengths,
+            mb.response_mask,
+            chunk_tokens=cfg.trainer.logprob_chunk_tokens,
+            temperature=cfg.rollout.temperature,
+            with_entropy=True,
+            return_hidden=need_hidden,
+        )
     return micro_batch_terms(learner, mb, cfg, out)
 
 
-def micro_batch_terms(learner: Learner, mb: TrainBatch, cfg: Config,
-                      out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+def micro_batch_terms(
+    learner: Learner, mb: TrainBatch, cfg: Config, out: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
     """(loss, clip-bias objective, metrics) of a micro-batch from its forward ``out``: ``logprobs`` and
     ``entropy`` [B, T] (and ``hidden`` [B, T, H] with a critic), whichever forward computed them (a
     population's update computes several learners' forwards at once: stratarl.trainer.population_update)."""
@@ -262,14 +339,16 @@ def micro_batch_terms(learner: Learner, mb: TrainBatch, cfg: Config,
     if algo.entropy_coef:
         loss = loss - algo.entropy_coef * entropy
     if mb.ref_logprobs is not None:
-        kl = aggregate_loss(kl_penalty(logprobs, mb.ref_logprobs, mask, algo.kl_estimator), mask, algo.loss_agg,
-                            norm_length=length)
+        kl = aggregate_loss(
+            kl_penalty(logprobs, mb.ref_logprobs, mask, algo.kl_estimator), mask, algo.loss_agg, norm_length=length
+        )
         metrics["loss/kl"] = kl.detach()
         loss = loss + algo.kl_coef * kl
     if learner.value_head is not None:
         values = response_values(learner.value_head, out["hidden"], mask, detach=algo.critic_detach)
-        vloss, vmetrics = clipped_value_loss(values, mb.old_values, mb.returns, mask, clip=algo.value_clip,
-                                             agg=algo.loss_agg, norm_length=length)
+        vloss, vmetrics = clipped_value_loss(
+            values, mb.old_values, mb.returns, mask, clip=algo.value_clip, agg=algo.loss_agg, norm_length=length
+        )
         metrics.update(vmetrics)
         metrics["loss/value"] = vloss.detach()
         loss = loss + vloss
@@ -282,20 +361,24 @@ def _behaviour_weights(learner: Learner, mb: TrainBatch, old_logprobs: torch.Ten
     if learner.correction is None:
         return None
     if mb.behaviour_logprobs is None:
-        raise ValueError("algo.behaviour_correction needs the sampler's log-probs (ScoredBatch.behaviour_logprobs): "
-                         "score the batch with score_batch(..., sampling_logprobs)")
+        raise ValueError(
+            "algo.behaviour_correction needs the sampler's log-probs (ScoredBatch.behaviour_logprobs): "
+            "score the batch with score_batch(..., sampling_logprobs)"
+        )
     return learner.correction(old_logprobs.detach(), mb.behaviour_logprobs, mb.response_mask)
 
 
-def micro_batch_plan(mini: TrainBatch, cfg: Config, prefix: Prefix | None = None,
-                     rows: list[int] | None = None) -> list[tuple[list[int], TrainBatch, float]]:
+def micro_batch_plan(
+    mini: TrainBatch, cfg: Config, prefix: Prefix | None = None, rows: list[int] | None = None
+) -> list[tuple[list[int], TrainBatch, float]]:
     """The micro-batches of ``mini`` as (rows in ``mini``, the micro-batch, its weight in the mini-batch loss);
     those without policy tokens are left out (they contribute nothing to any term)."""
     agg = cfg.algo.loss_agg
     total_units = _agg_units(mini.response_mask, agg)
     if prefix is not None:
-        parts = group_micro_batches(mini.row_lengths(), prefix.inverse[torch.as_tensor(rows)],
-                                    cfg.trainer.micro_batch_tokens)
+        parts = group_micro_batches(
+            mini.row_lengths(), prefix.inverse[torch.as_tensor(rows)], cfg.trainer.micro_batch_tokens
+        )
     else:
         parts = micro_batches(mini.row_lengths(), cfg.trainer.micro_batch_tokens)
     plan = []
@@ -307,8 +390,9 @@ def micro_batch_plan(mini: TrainBatch, cfg: Config, prefix: Prefix | None = None
     return plan
 
 
-def accumulate_gradients(learner: Learner, mini: TrainBatch, cfg: Config, prefix: Prefix | None = None,
-                         rows: list[int] | None = None) -> dict[str, float]:
+def accumulate_gradients(
+    learner: Learner, mini: TrainBatch, cfg: Config, prefix: Prefix | None = None, rows: list[int] | None = None
+) -> dict[str, float]:
     """Backward over token-budgeted micro-batches of ``mini``; ``.grad`` ends up holding the gradient
     of the mini-batch loss (and SORL's C buffers its clipping-bias gradient). Returns averaged metrics.
 
@@ -319,8 +403,9 @@ def accumulate_gradients(learner: Learner, mini: TrainBatch, cfg: Config, prefix
     autocast = cfg.device_policy.autocast
     for local, mb, weight in micro_batch_plan(mini, cfg, prefix, rows):
         with autocast():  # the forward only: backward runs outside autocast
-            loss, clip_bias, metrics = micro_batch_loss(learner, mb, cfg, prefix,
-                                                        None if prefix is None else [rows[i] for i in local])
+            loss, clip_bias, metrics = micro_batch_loss(
+                learner, mb, cfg, prefix, None if prefix is None else [rows[i] for i in local]
+            )
         if learner.normalizer is not None:
             nothing_clipped = float(metrics["loss/clip_frac"]) == 0.0
             learner.normalizer.backward(loss * weight, clip_bias * weight, skip_clip_bias=nothing_clipped)
@@ -340,8 +425,9 @@ def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
-def optimizer_step(learner: Learner, mini: TrainBatch, cfg: Config, prefix: Prefix | None = None,
-                   rows: list[int] | None = None) -> dict[str, float]:
+def optimizer_step(
+    learner: Learner, mini: TrainBatch, cfg: Config, prefix: Prefix | None = None, rows: list[int] | None = None
+) -> dict[str, float]:
     """One optimizer step on a mini-batch: accumulate, SORL-normalise and clip (in ``algo.sorl_order``), step.
 
     ``optim/grad_norm`` is the norm clipping saw: after the SORL factor with `before_clip`, before it with
@@ -383,8 +469,15 @@ def apply_gradients(learner: Learner, cfg: Config, sums: dict[str, float]) -> di
     return sums
 
 
-def update_policy(learner: Learner, batch: TrainBatch, cfg: Config, generator: torch.Generator, *,
-                  impl: str = "fast", prefix: Prefix | None = None) -> dict[str, float]:
+def update_policy(
+    learner: Learner,
+    batch: TrainBatch,
+    cfg: Config,
+    generator: torch.Generator,
+    *,
+    impl: str = "fast",
+    prefix: Prefix | None = None,
+) -> dict[str, float]:
     """K epochs x M mini-batches of optimizer steps; returns metrics averaged over the steps.
 
     ``impl``: `fast` runs the frozen layers once for the whole batch (``stratarl.trainer.prefix``; when
@@ -393,8 +486,10 @@ def update_policy(learner: Learner, batch: TrainBatch, cfg: Config, generator: t
     caller computed it already (for the scoring pass); otherwise the fast impl computes it here."""
     _check_impl(impl)
     if not isinstance(batch, TrainBatch):
-        raise TypeError(f"update_policy got an unscored {type(batch).__name__}: score it first "
-                        "(score_batch(...).with_advantages(advantages, returns))")
+        raise TypeError(
+            f"update_policy got an unscored {type(batch).__name__}: score it first "
+            "(score_batch(...).with_advantages(advantages, returns))"
+        )
     learner.model.train()
     per_step: list[dict[str, float]] = []
     try:

@@ -1,12 +1,12 @@
 """The warm start (`stratarl sft`): reading pre-training, demonstrations, the reading probe, and the cache.
 
-    reading      copy pre-training on fresh single-hop worlds          (sft.reading_steps; worlds.reading_batches)
-    demos        demonstrations: the task's own questions (sft.source task) or a stream of fresh worlds
-                 (sft.source worlds; worlds.world_batches), optionally with reading rehearsal (sft.reading_mix)
-    probe        with sft.probe_every: greedy rollouts on a world never trained on decide when it is done
-                 (stratarl.trainer.probe); a warm start that never passes raises WarmStartFailed
-    cache        with sft.cache: kept under $STRATARL_CACHE/warmstart/<name>-<hash of what it depends on>,
-                 published by rename (stratarl.publish)
+reading      copy pre-training on fresh single-hop worlds          (sft.reading_steps; worlds.reading_batches)
+demos        demonstrations: the task's own questions (sft.source task) or a stream of fresh worlds
+             (sft.source worlds; worlds.world_batches), optionally with reading rehearsal (sft.reading_mix)
+probe        with sft.probe_every: greedy rollouts on a world never trained on decide when it is done
+             (stratarl.trainer.probe); a warm start that never passes raises WarmStartFailed
+cache        with sft.cache: kept under $STRATARL_CACHE/warmstart/<name>-<hash of what it depends on>,
+             published by rename (stratarl.publish)
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ import math
 import shutil
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import torch
 
 from stratarl.cache import cache_root
 from stratarl.infra.metrics import MetricsLogger
 from stratarl.infra.progress import progress as progress_display
-from stratarl.publish import publish_dir, staging_dir
 from stratarl.models import save_pretrained_model
+from stratarl.publish import publish_dir, staging_dir
 from stratarl.trainer.config import Config
 from stratarl.trainer.demos import Demonstration, render_demonstrations
 from stratarl.trainer.probe import PROBE_WORLD_OFFSET, ProbeResult, WarmStartFailed, probe_questions, run_probe
@@ -42,11 +42,16 @@ def warm_start_key(cfg: Config) -> dict:
     """Everything a warm start depends on (the cache key of ``sft.cache``): not the RL settings. A bf16
     warm start (``trainer.precision`` resolving to bf16 on this machine) has its own key; fp32 keys carry no
     precision."""
-    key = {"model": dataclasses.asdict(cfg.model), "data": dataclasses.asdict(cfg.data),
-           "retrieval": dataclasses.asdict(cfg.retrieval), "max_obs_tokens": cfg.rollout.max_obs_tokens,
-           "prompt_template": cfg.rollout.prompt_template,
-           "sft": dataclasses.asdict(cfg.sft), "grad_clip": cfg.optim.grad_clip,
-           "micro_batch_tokens": cfg.trainer.micro_batch_tokens}
+    key = {
+        "model": dataclasses.asdict(cfg.model),
+        "data": dataclasses.asdict(cfg.data),
+        "retrieval": dataclasses.asdict(cfg.retrieval),
+        "max_obs_tokens": cfg.rollout.max_obs_tokens,
+        "prompt_template": cfg.rollout.prompt_template,
+        "sft": dataclasses.asdict(cfg.sft),
+        "grad_clip": cfg.optim.grad_clip,
+        "micro_batch_tokens": cfg.trainer.micro_batch_tokens,
+    }
     if cfg.device_policy.precision == "bf16":  # the precision the warm start's forward passes run in
         key["precision"] = "bf16"
     return key
@@ -93,9 +98,13 @@ def _bar_step(bar, loss: float) -> None:
 
 def _sft_settings(cfg: Config) -> dict:
     """The ``run_sft`` arguments every stage shares."""
-    return {"seed": cfg.sft.seed, "micro_batch_tokens": cfg.trainer.micro_batch_tokens,
-            "chunk_tokens": cfg.trainer.logprob_chunk_tokens, "grad_clip": cfg.optim.grad_clip,
-            "policy": cfg.device_policy}
+    return {
+        "seed": cfg.sft.seed,
+        "micro_batch_tokens": cfg.trainer.micro_batch_tokens,
+        "chunk_tokens": cfg.trainer.logprob_chunk_tokens,
+        "grad_clip": cfg.optim.grad_clip,
+        "policy": cfg.device_policy,
+    }
 
 
 def _reading_stage(cfg: Config, model, tokenizer, *, progress: bool) -> dict:
@@ -104,14 +113,27 @@ def _reading_stage(cfg: Config, model, tokenizer, *, progress: bool) -> dict:
     started = time.perf_counter()
     bar = _stage_bar(cfg, progress, s.reading_steps, "sft reading")
     batches = reading_batches(cfg, tokenizer, batch_size=s.reading_batch_size, curriculum=s.reading_curriculum)
-    reading = run_sft(model, None, tokenizer.pad_token_id, lr=s.lr, epochs=1, batch_size=s.reading_batch_size,
-                      schedule="constant", batches=batches, total_steps=s.reading_steps,
-                      on_step=lambda step, total, m: _bar_step(bar, m["sft/loss"]), **_sft_settings(cfg))
+    reading = run_sft(
+        model,
+        None,
+        tokenizer.pad_token_id,
+        lr=s.lr,
+        epochs=1,
+        batch_size=s.reading_batch_size,
+        schedule="constant",
+        batches=batches,
+        total_steps=s.reading_steps,
+        on_step=lambda step, total, m: _bar_step(bar, m["sft/loss"]),
+        **_sft_settings(cfg),
+    )
     if bar is not None:
         bar.close()
     reading["seconds"] = time.perf_counter() - started
-    print(f"reading pre-training: {s.reading_steps} steps in {reading['seconds']:.0f}s, answer loss "
-          f"{reading['first_steps_loss']:.3f} -> {reading['last_steps_loss']:.3f}", flush=True)
+    print(
+        f"reading pre-training: {s.reading_steps} steps in {reading['seconds']:.0f}s, answer loss "
+        f"{reading['first_steps_loss']:.3f} -> {reading['last_steps_loss']:.3f}",
+        flush=True,
+    )
     return reading
 
 
@@ -175,16 +197,25 @@ def _demo_plan(cfg: Config, tokenizer, task, tally: DemoTally) -> DemoPlan:
         if s.reading_mix:
             # Rehearsal: without it, demonstrations erase the reading stage's copying in a few hundred steps
             # (held-out reading accuracy 1.00 -> 0.00 by step 200 on one world; docs/lab.md).
-            rehearsal = reading_batches(cfg, tokenizer, batch_size=s.reading_mix, curriculum=0,
-                                        first_world=REHEARSAL_WORLD_OFFSET)
+            rehearsal = reading_batches(
+                cfg, tokenizer, batch_size=s.reading_mix, curriculum=0, first_world=REHEARSAL_WORLD_OFFSET
+            )
             stream = (demos + reads for demos, reads in zip(stream, rehearsal))
         sample = next(stream)
         return DemoPlan(sample, None, tally.counted(itertools.chain([sample], stream)), s.steps)
-    demos = render_demonstrations(task.train, tokenizer, build_task_retriever(cfg, task), num_demos=s.num_demos,
-                                  topk=cfg.retrieval.topk, max_obs_tokens=cfg.rollout.max_obs_tokens,
-                                  no_search_fraction=s.no_search_fraction, wrong_hop_fraction=s.wrong_hop_fraction,
-                                  early_answer_fraction=s.early_answer_fraction, seed=s.seed,
-                                  prompt_template=cfg.rollout.prompt_template)
+    demos = render_demonstrations(
+        task.train,
+        tokenizer,
+        build_task_retriever(cfg, task),
+        num_demos=s.num_demos,
+        topk=cfg.retrieval.topk,
+        max_obs_tokens=cfg.rollout.max_obs_tokens,
+        no_search_fraction=s.no_search_fraction,
+        wrong_hop_fraction=s.wrong_hop_fraction,
+        early_answer_fraction=s.early_answer_fraction,
+        seed=s.seed,
+        prompt_template=cfg.rollout.prompt_template,
+    )
     shortfall = demo_shortfall(s.num_demos, len(demos), len(task.train))
     if shortfall:
         print(shortfall, flush=True)
@@ -195,12 +226,17 @@ def _demo_plan(cfg: Config, tokenizer, task, tally: DemoTally) -> DemoPlan:
 def _write_sample(path: Path, sample: list[Demonstration], tokenizer) -> None:
     with open(path, "w") as f:
         for d in sample[:5]:
-            f.write(json.dumps({"kind": d.kind, "example_id": d.example_id, **d.meta,
-                                "text": tokenizer.decode(d.response_ids)}) + "\n")
+            f.write(
+                json.dumps(
+                    {"kind": d.kind, "example_id": d.example_id, **d.meta, "text": tokenizer.decode(d.response_ids)}
+                )
+                + "\n"
+            )
 
 
-def _demo_stage(cfg: Config, model, tokenizer, plan: DemoPlan, out_dir: Path, *,
-                progress: bool) -> tuple[dict, list[ProbeResult]]:
+def _demo_stage(
+    cfg: Config, model, tokenizer, plan: DemoPlan, out_dir: Path, *, progress: bool
+) -> tuple[dict, list[ProbeResult]]:
     """Fine-tune on the plan's demonstrations (until the probe passes, with ``sft.probe_every``); returns the
     optimizer loop's summary and the probes."""
     s = cfg.sft
@@ -213,10 +249,22 @@ def _demo_stage(cfg: Config, model, tokenizer, plan: DemoPlan, out_dir: Path, *,
         logger.log(step, metrics)
         _bar_step(bar, metrics["sft/loss"])
 
-    result = run_sft(model, plan.demos, tokenizer.pad_token_id, lr=s.lr, epochs=s.epochs, batch_size=s.batch_size,
-                     schedule=s.schedule, observation_weight=s.observation_loss, batches=plan.batches,
-                     total_steps=plan.total_steps if plan.batches is not None else None, on_step=on_step,
-                     done=done, max_steps=s.step_limit, **_sft_settings(cfg))
+    result = run_sft(
+        model,
+        plan.demos,
+        tokenizer.pad_token_id,
+        lr=s.lr,
+        epochs=s.epochs,
+        batch_size=s.batch_size,
+        schedule=s.schedule,
+        observation_weight=s.observation_loss,
+        batches=plan.batches,
+        total_steps=plan.total_steps if plan.batches is not None else None,
+        on_step=on_step,
+        done=done,
+        max_steps=s.step_limit,
+        **_sft_settings(cfg),
+    )
     if bar is not None:
         bar.close()
     logger.close()
@@ -247,10 +295,17 @@ def warm_start(cfg: Config, out_dir, *, progress: bool = True) -> dict:
     if probes and not probes[-1].passed(s.probe_min_em):
         raise WarmStartFailed(probes[-1], s.probe_min_em, result["steps"], s.step_limit, out_dir)
     path = save_pretrained_model(model, tokenizer, out_dir / "model")
-    summary = {**result, "model": str(path), "source": s.source, "reading": reading,
-               "num_demos": sum(tally.kinds.values()), "demo_kinds": dict(tally.kinds),
-               "policy_tokens": tally.policy_tokens, "probes": [dataclasses.asdict(p) for p in probes],
-               "probe_passed": bool(probes) and probes[-1].passed(s.probe_min_em),
-               "seconds": time.perf_counter() - started}
+    summary = {
+        **result,
+        "model": str(path),
+        "source": s.source,
+        "reading": reading,
+        "num_demos": sum(tally.kinds.values()),
+        "demo_kinds": dict(tally.kinds),
+        "policy_tokens": tally.policy_tokens,
+        "probes": [dataclasses.asdict(p) for p in probes],
+        "probe_passed": bool(probes) and probes[-1].passed(s.probe_min_em),
+        "seconds": time.perf_counter() - started,
+    }
     (out_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

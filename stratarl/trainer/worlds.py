@@ -8,11 +8,10 @@ have their own offsets), so no fact of the task is ever trained on.
 from __future__ import annotations
 
 import random
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from stratarl.data.synth import generate_knowledge_base
 from stratarl.trainer.demos import Demonstration, render_demonstrations, render_reading_examples
-
 
 # Demonstration worlds of task seed s are seeds WORLD_SEED_STRIDE * (s + 1) + i, i = 0, 1, ...: far
 # from any task seed a user writes, so the task's own world is never among them (checked, too).
@@ -30,14 +29,18 @@ def _world(cfg, index: int, **overrides):
     try:
         kb = generate_knowledge_base(seed=world_seed(cfg.data.synthetic.seed, index), **options)
     except TypeError as error:
-        raise ValueError(f"sft.world_options {cfg.sft.world_options!r} do not fit generate_knowledge_base: {error}. "
-                         "Fix: use its keyword arguments (size, num_train, hop_mix, ...)") from None
+        raise ValueError(
+            f"sft.world_options {cfg.sft.world_options!r} do not fit generate_knowledge_base: {error}. "
+            "Fix: use its keyword arguments (size, num_train, hop_mix, ...)"
+        ) from None
     from stratarl.retrieval.bm25 import BM25Retriever  # bm25s is optional (gpu_check.py)
+
     return kb, BM25Retriever.from_passages(kb.passages)
 
 
-def _mixed_batches(render: Callable[[int, int], list[Demonstration]], *, batch_size: int, mix_worlds: int,
-                   rng: random.Random) -> Iterator[list[Demonstration]]:
+def _mixed_batches(
+    render: Callable[[int, int], list[Demonstration]], *, batch_size: int, mix_worlds: int, rng: random.Random
+) -> Iterator[list[Demonstration]]:
     """Endless batches drawn from a shuffled pool that holds at least ``mix_worlds`` batches' worth:
     ``render(world_index, batches_so_far)`` refills it one fresh world at a time (so one batch is not
     one world's facts)."""
@@ -53,8 +56,9 @@ def _mixed_batches(render: Callable[[int, int], list[Demonstration]], *, batch_s
         yield batch
 
 
-def reading_batches(cfg, tokenizer, *, batch_size: int, curriculum: int, mix_worlds: int = 4,
-                    first_world: int | None = None) -> Iterator[list[Demonstration]]:
+def reading_batches(
+    cfg, tokenizer, *, batch_size: int, curriculum: int, mix_worlds: int = 4, first_world: int | None = None
+) -> Iterator[list[Demonstration]]:
     """Endless batches of reading examples (``render_reading_examples``) from fresh single-hop worlds; a world
     rendered after i batches shortens observations to one sentence with probability max(0, 1 - i / curriculum).
     Reading worlds are numbered from ``first_world`` (default ``READING_WORLD_OFFSET``, the far end of the
@@ -66,11 +70,18 @@ def reading_batches(cfg, tokenizer, *, batch_size: int, curriculum: int, mix_wor
 
     def render(index: int, produced: int) -> list[Demonstration]:
         kb, retriever = _world(cfg, first_world + index, hop_mix=(1.0, 0.0, 0.0))
-        return render_reading_examples(kb.train, tokenizer, retriever, {p.id: p.contents for p in kb.passages},
-                                       topk=cfg.retrieval.topk, max_obs_tokens=cfg.rollout.max_obs_tokens, rng=rng,
-                                       sentence_probability=max(0.0, 1.0 - produced / curriculum) if curriculum else 0.0,
-                                       agent_probability=cfg.sft.reading_agent_fraction,
-                                       prompt_template=cfg.rollout.prompt_template)
+        return render_reading_examples(
+            kb.train,
+            tokenizer,
+            retriever,
+            {p.id: p.contents for p in kb.passages},
+            topk=cfg.retrieval.topk,
+            max_obs_tokens=cfg.rollout.max_obs_tokens,
+            rng=rng,
+            sentence_probability=max(0.0, 1.0 - produced / curriculum) if curriculum else 0.0,
+            agent_probability=cfg.sft.reading_agent_fraction,
+            prompt_template=cfg.rollout.prompt_template,
+        )
 
     return _mixed_batches(render, batch_size=batch_size, mix_worlds=mix_worlds, rng=rng)
 
@@ -89,14 +100,27 @@ def world_demonstrations(cfg, tokenizer, index: int) -> list[Demonstration]:
     kb, retriever = _world(cfg, index)
     seed = world_seed(cfg.data.synthetic.seed, index)
     s = cfg.sft
-    return render_demonstrations(kb.train, tokenizer, retriever, num_demos=len(kb.train), topk=cfg.retrieval.topk,
-                                 max_obs_tokens=cfg.rollout.max_obs_tokens, no_search_fraction=s.no_search_fraction,
-                                 wrong_hop_fraction=s.wrong_hop_fraction, early_answer_fraction=s.early_answer_fraction,
-                                 seed=seed, prompt_template=cfg.rollout.prompt_template)
+    return render_demonstrations(
+        kb.train,
+        tokenizer,
+        retriever,
+        num_demos=len(kb.train),
+        topk=cfg.retrieval.topk,
+        max_obs_tokens=cfg.rollout.max_obs_tokens,
+        no_search_fraction=s.no_search_fraction,
+        wrong_hop_fraction=s.wrong_hop_fraction,
+        early_answer_fraction=s.early_answer_fraction,
+        seed=seed,
+        prompt_template=cfg.rollout.prompt_template,
+    )
 
 
 def world_batches(cfg, tokenizer, *, batch_size: int, mix_worlds: int = 4) -> Iterator[list[Demonstration]]:
     """Endless batches of demonstrations never seen before: worlds 0, 1, 2, ... are rendered on demand and
     each batch draws from ``mix_worlds`` worlds at a time (so one batch is not one world's facts)."""
-    return _mixed_batches(lambda index, _: world_demonstrations(cfg, tokenizer, index), batch_size=batch_size,
-                          mix_worlds=mix_worlds, rng=random.Random(cfg.sft.seed))
+    return _mixed_batches(
+        lambda index, _: world_demonstrations(cfg, tokenizer, index),
+        batch_size=batch_size,
+        mix_worlds=mix_worlds,
+        rng=random.Random(cfg.sft.seed),
+    )

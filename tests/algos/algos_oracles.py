@@ -98,7 +98,6 @@ def _units_loop(mask, ids, b, level):
     return [[t for t in range(mask.shape[1]) if mask[b, t]]] if bool(mask[b].any()) else []
 
 
-
 def ppo_loss_loop(log_probs, old_log_probs, advantages, mask, level, clip_low, clip_high, dual_clip=None):
     """Token-mean of −min(rA, clip(r)A) (with dual clip) computed with min/max one token at a time;
     at turn/sequence level the whole turn's surrogate w·Σ_t A_t is clipped at once (its sign decides)."""
@@ -141,8 +140,9 @@ def correction_loop(kind, old_log_probs, behaviour_log_probs, mask, cap, level="
     for b in range(mask.shape[0]):
         units = _units_loop(mask, ids, b, level)
         for tokens in units:
-            diffs = [min(max(old_log_probs[b, t].item() - behaviour_log_probs[b, t].item(), -20.0), 20.0)
-                     for t in tokens]
+            diffs = [
+                min(max(old_log_probs[b, t].item() - behaviour_log_probs[b, t].item(), -20.0), 20.0) for t in tokens
+            ]
             r = math.exp(sum(diffs) / len(diffs))
             truncated = masked = False
             if kind == "tis":
@@ -160,8 +160,11 @@ def correction_loop(kind, old_log_probs, behaviour_log_probs, mask, cap, level="
             n_masked += len(tokens) * masked
     total = float(weights.sum())
     denominator = max(n_tokens, 1)
-    metrics = {"offpolicy/is_weight_mean": total / denominator, "offpolicy/truncated_frac": n_truncated / denominator,
-               "offpolicy/masked_frac": n_masked / denominator}
+    metrics = {
+        "offpolicy/is_weight_mean": total / denominator,
+        "offpolicy/truncated_frac": n_truncated / denominator,
+        "offpolicy/masked_frac": n_masked / denominator,
+    }
     return weights, metrics
 
 
@@ -177,8 +180,19 @@ def policy_runs_loop(mask_row):
     return runs
 
 
-def gigpo_loop(rewards, group_ids, mask, step_states, *, gamma=1.0, step_weight=1.0, eps=1e-6, std_ddof=1,
-               scale_by_std=True, similarity_threshold=None):
+def gigpo_loop(
+    rewards,
+    group_ids,
+    mask,
+    step_states,
+    *,
+    gamma=1.0,
+    step_weight=1.0,
+    eps=1e-6,
+    std_ddof=1,
+    scale_by_std=True,
+    similarity_threshold=None,
+):
     """GiGPO one step at a time, in float64 (arXiv 2505.10978 Eq. 3-8, verl-agent's grouping):
     A^E from grpo_loop; step (b, k) of a K-turn rollout has return gamma**(K-1-k) * R_b; inside each prompt
     group the steps, taken rollout by rollout and turn by turn, join the first cluster whose first state is
@@ -190,8 +204,9 @@ def gigpo_loop(rewards, group_ids, mask, step_states, *, gamma=1.0, step_weight=
         runs = policy_runs_loop(mask[b])
         assert len(runs) == len(step_states[b])
         for k, tokens in enumerate(runs):
-            steps.append((b, k, tokens, int(group_ids[b]), step_states[b][k],
-                          gamma ** (len(runs) - 1 - k) * float(rewards[b])))
+            steps.append(
+                (b, k, tokens, int(group_ids[b]), step_states[b][k], gamma ** (len(runs) - 1 - k) * float(rewards[b]))
+            )
     cluster = {}
     for gid in set(s[3] for s in steps):
         firsts = []
@@ -199,8 +214,11 @@ def gigpo_loop(rewards, group_ids, mask, step_states, *, gamma=1.0, step_weight=
             if group != gid:
                 continue
             for j, first in enumerate(firsts):
-                if (state == first if similarity_threshold is None
-                        else SequenceMatcher(None, state, first).ratio() >= similarity_threshold):
+                if (
+                    state == first
+                    if similarity_threshold is None
+                    else SequenceMatcher(None, state, first).ratio() >= similarity_threshold
+                ):
                     cluster[b, k] = (gid, j)
                     break
             else:

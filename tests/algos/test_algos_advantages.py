@@ -148,9 +148,7 @@ class TestStratifiedAdvantages:
         assert_close(centered_global - centered_stratum, bias)
         # Variance: Var(R − mean R) − Var(R − mean_Bk R) = (1/K) Σ_k n_k (mean_Bk R − mean R)² ≥ 0.
         lhs = centered_global.var(correction=0) - centered_stratum.var(correction=0)
-        rhs = torch.stack(
-            [(strata == s).sum() * bias[strata == s][0] ** 2 for s in strata.unique()]
-        ).sum() / k
+        rhs = torch.stack([(strata == s).sum() * bias[strata == s][0] ** 2 for s in strata.unique()]).sum() / k
         assert_close(lhs, rhs)
         assert lhs >= 0
 

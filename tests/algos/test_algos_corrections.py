@@ -66,8 +66,9 @@ class TestHandDerived:
         # token, C = 2: min(r, 2) = [2, 2, ·, 0.25, 0.4]; 8 > 2 truncated (2.0 sits at the cap: not truncated).
         out = tis_weights(old, behav, self.MASK)
         assert_close(out.weights, torch.tensor([[2.0, 2.0, 0.0, 0.25, 0.4]], dtype=torch.float64))
-        assert metrics_of(out) == pytest.approx({CORRECTION_METRICS[0]: 4.65 / 4, CORRECTION_METRICS[1]: 1 / 4,
-                                                 CORRECTION_METRICS[2]: 0.0})
+        assert metrics_of(out) == pytest.approx(
+            {CORRECTION_METRICS[0]: 4.65 / 4, CORRECTION_METRICS[1]: 1 / 4, CORRECTION_METRICS[2]: 0.0}
+        )
         # turn: turn 0 geometric mean √(2·8) = 4 → 2 (both tokens truncated); turn 1 √(0.25·0.4) = √0.1.
         out = tis_weights(old, behav, self.MASK, level="turn")
         g1 = math.sqrt(0.1)
@@ -75,18 +76,20 @@ class TestHandDerived:
         assert metrics_of(out)[CORRECTION_METRICS[1]] == pytest.approx(2 / 4)
         # sequence: (2·8·0.25·0.4)^(1/4) = 1.6^(1/4) ≈ 1.1247 < 2 on all four tokens, none truncated.
         out = tis_weights(old, behav, self.MASK, level="sequence")
-        s = 1.6 ** 0.25
+        s = 1.6**0.25
         assert_close(out.weights, torch.tensor([[s, s, 0.0, s, s]], dtype=torch.float64))
-        assert metrics_of(out) == pytest.approx({CORRECTION_METRICS[0]: s, CORRECTION_METRICS[1]: 0.0,
-                                                 CORRECTION_METRICS[2]: 0.0})
+        assert metrics_of(out) == pytest.approx(
+            {CORRECTION_METRICS[0]: s, CORRECTION_METRICS[1]: 0.0, CORRECTION_METRICS[2]: 0.0}
+        )
 
     def test_mis_three_levels(self):
         old, behav = from_ratios(self.RATIOS)
         # token, C = 2: keep r ∈ [0.5, 2]: [2 ✓ (bound), 8 ✗, ·, 0.25 ✗, 0.4 ✗] → [1, 0, 0, 0, 0]; 3 of 4 masked.
         out = mis_weights(old, behav, self.MASK)
         assert torch.equal(out.weights, torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0]], dtype=torch.float64))
-        assert metrics_of(out) == pytest.approx({CORRECTION_METRICS[0]: 1 / 4, CORRECTION_METRICS[1]: 0.0,
-                                                 CORRECTION_METRICS[2]: 3 / 4})
+        assert metrics_of(out) == pytest.approx(
+            {CORRECTION_METRICS[0]: 1 / 4, CORRECTION_METRICS[1]: 0.0, CORRECTION_METRICS[2]: 3 / 4}
+        )
         # turn: turn 0 (geo mean 4) dropped, turn 1 (√0.1 ≈ 0.316 < 0.5) dropped; with C = 4 turn 0 is kept whole
         # (though its token 8 alone would be dropped) and turn 1 (0.316 ≥ 0.25) too.
         out = mis_weights(old, behav, self.MASK, level="turn")
@@ -103,8 +106,9 @@ class TestHandDerived:
         mask = torch.tensor([[1, 1, 1, 1, 0]])
         out = decoupled_weights(old, behav, mask)
         assert_close(out.weights, torch.tensor([[0.1, 1.0, 4.0, 0.0, 0.0]], dtype=torch.float64))
-        assert metrics_of(out) == pytest.approx({CORRECTION_METRICS[0]: 5.1 / 4, CORRECTION_METRICS[1]: 0.0,
-                                                 CORRECTION_METRICS[2]: 1 / 4})
+        assert metrics_of(out) == pytest.approx(
+            {CORRECTION_METRICS[0]: 5.1 / 4, CORRECTION_METRICS[1]: 0.0, CORRECTION_METRICS[2]: 1 / 4}
+        )
         uncapped = decoupled_weights(old, behav, mask, cap=None)
         assert_close(uncapped.weights, torch.tensor([[0.1, 1.0, 4.0, 6.0, 0.0]], dtype=torch.float64))
         assert metrics_of(uncapped)[CORRECTION_METRICS[2]] == 0.0
@@ -202,8 +206,9 @@ class TestEdgeCases:
             out = tis_weights(old, behav, mask, level=level)
             assert torch.equal(out.weights[1], torch.zeros(2, dtype=torch.float64))
         out = tis_weights(old, behav, mask)
-        assert metrics_of(out) == pytest.approx({CORRECTION_METRICS[0]: 1.5, CORRECTION_METRICS[1]: 0.5,
-                                                 CORRECTION_METRICS[2]: 0.0})
+        assert metrics_of(out) == pytest.approx(
+            {CORRECTION_METRICS[0]: 1.5, CORRECTION_METRICS[1]: 0.5, CORRECTION_METRICS[2]: 0.0}
+        )
 
     def test_huge_ratios_are_clamped_not_inf(self):
         # ρ = ±1000 is clamped to ±20 before exp: exp(20) ≈ 4.85e8, exp(−20) ≈ 2.06e−9, both finite.
@@ -212,8 +217,9 @@ class TestEdgeCases:
         tis = tis_weights(old, behav, mask)
         assert_close(tis.weights, torch.tensor([[2.0, math.exp(-20), 1.0]]))
         assert torch.equal(mis_weights(old, behav, mask).weights, torch.tensor([[0.0, 0.0, 1.0]]))
-        assert_close(decoupled_weights(old, behav, mask, cap=None).weights,
-                     torch.tensor([[math.exp(20), math.exp(-20), 1.0]]))
+        assert_close(
+            decoupled_weights(old, behav, mask, cap=None).weights, torch.tensor([[math.exp(20), math.exp(-20), 1.0]])
+        )
         assert torch.equal(decoupled_weights(old, behav, mask).weights[0, 0], torch.tensor(0.0))
         for level in ("turn", "sequence"):  # mean of clamped token log-ratios: (20 − 20 + 0)/3 = 0 → weight 1
             assert torch.equal(tis_weights(old, behav, mask, level=level).weights, torch.ones(1, 3))
@@ -283,8 +289,9 @@ class TestTokenWeightsInLoss:
     def test_unit_weights_are_bit_identical_to_none(self, level, agg):
         new, old, _, adv, mask = self.loss_inputs(1)
         plain = clipped_policy_loss(new, old, adv, mask, level=level, agg=agg, dual_clip=3.0)
-        ones = clipped_policy_loss(new, old, adv, mask, level=level, agg=agg, dual_clip=3.0,
-                                   token_weights=torch.ones_like(old))
+        ones = clipped_policy_loss(
+            new, old, adv, mask, level=level, agg=agg, dual_clip=3.0, token_weights=torch.ones_like(old)
+        )
         assert torch.equal(plain.loss, ones.loss) and torch.equal(plain.clip_bias, ones.clip_bias)
         assert plain.metrics.keys() == ones.metrics.keys()
         assert all(torch.equal(plain.metrics[k], ones.metrics[k]) for k in plain.metrics)
@@ -360,7 +367,7 @@ class TestRegistry:
         def halve(old_log_probs, behaviour_log_probs, response_mask, *, factor: float = 0.5):
             weights = response_mask.float() * factor
             zero = torch.zeros(())
-            return CorrectionOutput(weights, {k: zero for k in CORRECTION_METRICS})
+            return CorrectionOutput(weights, dict.fromkeys(CORRECTION_METRICS, zero))
 
         assert "zz-test-halve" in behaviour_correction_names()
         old, behav, mask = random_inputs(0)

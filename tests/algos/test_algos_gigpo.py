@@ -55,12 +55,14 @@ def test_hand_derived():
     e, s0, sa = 1e-6, math.sqrt(0.546875 / 3) + 1e-6, math.sqrt(0.5) + 1e-6
     ae = [0.25 / (0.5 + e), -0.75 / (0.5 + e), 0.25 / (0.5 + e), 0.25 / (0.5 + e)]
     w = 2.0
-    expected = torch.tensor([
-        [ae[0] + w * 0.0625 / s0] * 2 + [0.0, ae[0] + w * 0.5 / sa, 0.0],
-        [ae[1] - w * 0.4375 / s0, 0.0] + [ae[1] - w * 0.5 / sa] * 3,
-        [ae[2] + w * 0.5625 / s0] * 3 + [0.0, 0.0],
-        [ae[3] - w * 0.1875 / s0, 0.0, ae[3], 0.0, ae[3]],
-    ])
+    expected = torch.tensor(
+        [
+            [ae[0] + w * 0.0625 / s0] * 2 + [0.0, ae[0] + w * 0.5 / sa, 0.0],
+            [ae[1] - w * 0.4375 / s0, 0.0] + [ae[1] - w * 0.5 / sa] * 3,
+            [ae[2] + w * 0.5625 / s0] * 3 + [0.0, 0.0],
+            [ae[3] - w * 0.1875 / s0, 0.0, ae[3], 0.0, ae[3]],
+        ]
+    )
     out = gigpo_advantages(REWARDS, GROUPS, MASK, _ids(), gamma=0.5, step_weight=w)
     assert_close(out, expected)
 
@@ -88,7 +90,7 @@ def random_case(seed, groups=4, group_size=5, max_turns=4, T=14, alphabet="abc",
             length = int(torch.randint(1, 3, (1,), generator=gen))
             if t + length > T:
                 break
-            mask[b, t:t + length] = 1
+            mask[b, t : t + length] = 1
             row.append(anchor_state(history))
             t += length + 1  # one observation token after every turn
             letter = alphabet[int(torch.randint(0, len(alphabet), (1,), generator=gen))]
@@ -105,10 +107,12 @@ def random_case(seed, groups=4, group_size=5, max_turns=4, T=14, alphabet="abc",
 def test_matches_loop_oracle(seed, gamma, weight, scale, ddof):
     rewards, groups, mask, states = random_case(seed)
     ids = _ids(states, groups, mask)
-    out = gigpo_advantages(rewards, groups, mask, ids, gamma=gamma, step_weight=weight, scale_by_std=scale,
-                           std_ddof=ddof)
-    expected, clusters = gigpo_loop(rewards, groups, mask, states, gamma=gamma, step_weight=weight,
-                                    scale_by_std=scale, std_ddof=ddof)
+    out = gigpo_advantages(
+        rewards, groups, mask, ids, gamma=gamma, step_weight=weight, scale_by_std=scale, std_ddof=ddof
+    )
+    expected, clusters = gigpo_loop(
+        rewards, groups, mask, states, gamma=gamma, step_weight=weight, scale_by_std=scale, std_ddof=ddof
+    )
     assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
     assert sorted(step_group_metrics_sizes(states, groups)) == sorted(len(c) for c in clusters)
     assert any(len(c) > 1 for c in clusters) and any(len(c) == 1 for c in clusters)  # both kinds occur
@@ -186,8 +190,9 @@ def test_singletons_all_equal_and_empty_give_zero_never_nan():
     states = (STATES[0], (), STATES[2], STATES[3])
     out = gigpo_advantages(REWARDS, GROUPS, mask, _ids(states, mask=mask), gamma=0.5)
     assert torch.isfinite(out).all() and torch.equal(out[1], torch.zeros(5))
-    empty = gigpo_advantages(torch.zeros(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, 3),
-                             torch.zeros(0, 3, dtype=torch.long))
+    empty = gigpo_advantages(
+        torch.zeros(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, 3), torch.zeros(0, 3, dtype=torch.long)
+    )
     assert empty.shape == (0, 3)
     assert torch.equal(step_advantages(REWARDS, GROUPS, torch.zeros(4, 5), torch.full((4, 5), -1)), torch.zeros(4, 5))
 
@@ -209,13 +214,16 @@ def test_equal_states_in_different_prompt_groups_never_pool():
     for g in (0, 1):
         rows = (groups == g).nonzero().flatten()
         sub_states = tuple(STATES[i] for i in rows.tolist())
-        alone = gigpo_advantages(REWARDS[rows], groups[rows], MASK[rows], _ids(sub_states, groups[rows], MASK[rows]),
-                                 gamma=0.5)
+        alone = gigpo_advantages(
+            REWARDS[rows], groups[rows], MASK[rows], _ids(sub_states, groups[rows], MASK[rows]), gamma=0.5
+        )
         assert torch.equal(together[rows], alone)
     same = torch.where(MASK.bool(), 0, -1)  # one id for every turn of both prompts
     separate = torch.where(MASK.bool(), groups[:, None].expand_as(MASK), -1)  # ids that differ per prompt
-    assert torch.equal(step_advantages(REWARDS, groups, MASK, same, gamma=0.5),
-                       step_advantages(REWARDS, groups, MASK, separate, gamma=0.5))
+    assert torch.equal(
+        step_advantages(REWARDS, groups, MASK, same, gamma=0.5),
+        step_advantages(REWARDS, groups, MASK, separate, gamma=0.5),
+    )
 
 
 @pytest.mark.parametrize("scale", [2.5, 0.1])
@@ -224,8 +232,9 @@ def test_scaling_rewards_leaves_the_normalised_advantages_unchanged(scale):
     ids = _ids(states, groups, mask)
     for gamma in (1.0, 0.8):
         base = gigpo_advantages(rewards, groups, mask, ids, gamma=gamma, eps=0.0)
-        assert_close(gigpo_advantages(rewards * scale, groups, mask, ids, gamma=gamma, eps=0.0), base,
-                     rtol=1e-4, atol=1e-4)
+        assert_close(
+            gigpo_advantages(rewards * scale, groups, mask, ids, gamma=gamma, eps=0.0), base, rtol=1e-4, atol=1e-4
+        )
 
 
 def test_shifting_rewards_is_invariant_only_without_discount():
@@ -236,8 +245,9 @@ def test_shifting_rewards_is_invariant_only_without_discount():
     base = gigpo_advantages(rewards, groups, mask, ids, eps=0.0)
     assert_close(gigpo_advantages(rewards + 3.0, groups, mask, ids, eps=0.0), base, rtol=1e-4, atol=1e-4)
     discounted = gigpo_advantages(rewards, groups, mask, ids, gamma=0.8, eps=0.0)
-    assert not torch.allclose(gigpo_advantages(rewards + 3.0, groups, mask, ids, gamma=0.8, eps=0.0), discounted,
-                              atol=1e-3)
+    assert not torch.allclose(
+        gigpo_advantages(rewards + 3.0, groups, mask, ids, gamma=0.8, eps=0.0), discounted, atol=1e-3
+    )
 
 
 def test_inputs_are_checked_and_never_mutated():
@@ -266,13 +276,20 @@ def test_anchor_state_and_step_groups():
     assert anchor_state(["a", "b"]) != anchor_state(["ab"])
     # Turn 0 of every rollout of a prompt shares one state; A (r0, r1) pools; B, B C are alone.
     assert step_groups(STATES, GROUPS) == ((0, 1), (0, 1), (0,), (0, 2, 3))
-    assert torch.equal(_ids(), torch.tensor([[0, 0, -1, 1, -1], [0, -1, 1, 1, 1], [0, 0, 0, -1, -1],
-                                             [0, -1, 2, -1, 3]]))
+    assert torch.equal(
+        _ids(), torch.tensor([[0, 0, -1, 1, -1], [0, -1, 1, 1, 1], [0, 0, 0, -1, -1], [0, -1, 2, -1, 3]])
+    )
 
 
 def test_registered_estimator_its_parameters_and_metrics():
-    assert keyword_params(get_advantage("gigpo")) == {"gamma": 1.0, "step_weight": 1.0, "eps": 1e-6, "std_ddof": 1,
-                                                      "scale_by_std": True, "similarity_threshold": None}
+    assert keyword_params(get_advantage("gigpo")) == {
+        "gamma": 1.0,
+        "step_weight": 1.0,
+        "eps": 1e-6,
+        "std_ddof": 1,
+        "scale_by_std": True,
+        "similarity_threshold": None,
+    }
     info = advantage_info("gigpo")
     assert info.group_relative and info.needs_step_states and not info.needs_values and info.metrics is not None
     adv, ret = get_advantage("gigpo")(_batch(), gamma=0.5, step_weight=2.0)
@@ -281,11 +298,17 @@ def test_registered_estimator_its_parameters_and_metrics():
         get_advantage("gigpo")(_batch(step_states=None))
     # Groups: turn 0 (4 steps), A (2), B (1), B C (1): mean size 2, 2 of 8 steps alone, 2 of 4 later steps alone.
     metrics = info.metrics(_batch(), gamma=0.5, similarity_threshold=None)
-    assert metrics == {"gigpo/step_group_size_mean": 2.0, "gigpo/step_group_size_max": 4.0,
-                       "gigpo/singleton_step_frac": 0.25, "gigpo/later_singleton_step_frac": 0.5,
-                       "gigpo/step_groups": 4.0, "gigpo/step_group_size_frac/1": 0.5,
-                       "gigpo/step_group_size_frac/2": 0.25, "gigpo/step_group_size_frac/3": 0.0,
-                       "gigpo/step_group_size_frac/4+": 0.25}
+    assert metrics == {
+        "gigpo/step_group_size_mean": 2.0,
+        "gigpo/step_group_size_max": 4.0,
+        "gigpo/singleton_step_frac": 0.25,
+        "gigpo/later_singleton_step_frac": 0.5,
+        "gigpo/step_groups": 4.0,
+        "gigpo/step_group_size_frac/1": 0.5,
+        "gigpo/step_group_size_frac/2": 0.25,
+        "gigpo/step_group_size_frac/3": 0.0,
+        "gigpo/step_group_size_frac/4+": 0.25,
+    }
     assert step_group_metrics(())["gigpo/singleton_step_frac"] == 0.0  # empty batch: zeros
 
 

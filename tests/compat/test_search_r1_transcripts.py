@@ -18,10 +18,10 @@ import pytest
 from stratarl.data.search_r1 import load_examples
 from stratarl.retrieval.base import Passage
 from stratarl.rewards import em_reward
+from stratarl.rollout.collect import encode_prompts
 from stratarl.rollout.engine import RolloutConfig, RolloutEngine
 from stratarl.rollout.generation import Generation, Generator
 from stratarl.rollout.prompt import build_prompt, encode_messages
-from stratarl.rollout.collect import encode_prompts
 
 SEARCH_R1_COMMIT = "a14dc3a4ffc6fe88c1e95038d9738e21ba3f7a06"
 EOS = "<EOS>"  # in a scripted turn: the model ends the turn with its end-of-sequence token
@@ -43,14 +43,19 @@ def search_r1_nq_search_row(example: dict, idx: int, split: str) -> dict:
     # scripts/data_process/nq_search.py, make_map_fn(split).process_fn(example, idx); datasets.map keeps
     # the FlashRAG columns (id, question, golden_answers) beside the new ones.
     example = dict(example)
-    example['question'] = example['question'].strip()
-    if example['question'][-1] != '?':
-        example['question'] += '?'
-    question = search_r1_make_prefix(example['question'])
-    solution = {"target": example['golden_answers']}
-    return {**example, "data_source": "nq", "prompt": [{"role": "user", "content": question}],
-            "ability": "fact-reasoning", "reward_model": {"style": "rule", "ground_truth": solution},
-            "extra_info": {'split': split, 'index': idx}}
+    example["question"] = example["question"].strip()
+    if example["question"][-1] != "?":
+        example["question"] += "?"
+    question = search_r1_make_prefix(example["question"])
+    solution = {"target": example["golden_answers"]}
+    return {
+        **example,
+        "data_source": "nq",
+        "prompt": [{"role": "user", "content": question}],
+        "ability": "fact-reasoning",
+        "reward_model": {"style": "rule", "ground_truth": solution},
+        "extra_info": {"split": split, "index": idx},
+    }
 
 
 def search_r1_prompt_ids(tokenizer, chat: list[dict]) -> list[int]:
@@ -59,8 +64,8 @@ def search_r1_prompt_ids(tokenizer, chat: list[dict]) -> list[int]:
     if tokenizer.chat_template:
         prompt_with_chat_template = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     else:
-        prompt_with_chat_template = chat[0]['content']
-    return list(tokenizer(prompt_with_chat_template, add_special_tokens=False)['input_ids'])
+        prompt_with_chat_template = chat[0]["content"]
+    return list(tokenizer(prompt_with_chat_template, add_special_tokens=False)["input_ids"])
 
 
 def search_r1_normalize_answer(s):
@@ -78,14 +83,14 @@ def search_r1_normalize_answer(s):
     return white_space_fix(remove_articles(remove_punc(s.lower())))
 
 
-def search_r1_compute_score_em(solution_str, ground_truth, format_score=0., score=1.):
+def search_r1_compute_score_em(solution_str, ground_truth, format_score=0.0, score=1.0):
     # verl/utils/reward_score/qa_em.py, extract_solution + em_check + compute_score_em (prints left out).
     # solution_str is prompt + response, decoded (verl/trainer/main_ppo.py, RewardManager.__call__).
-    matches = list(re.finditer(r'<answer>(.*?)</answer>', solution_str, re.DOTALL))
+    matches = list(re.finditer(r"<answer>(.*?)</answer>", solution_str, re.DOTALL))
     if len(matches) <= 1:
         return 0
     answer = matches[-1].group(1).strip()
-    golden_answers = ground_truth['target']
+    golden_answers = ground_truth["target"]
     if isinstance(golden_answers, str):
         golden_answers = [golden_answers]
     normalized_prediction = search_r1_normalize_answer(answer)
@@ -95,31 +100,36 @@ def search_r1_compute_score_em(solution_str, ground_truth, format_score=0., scor
     return format_score
 
 
-SEARCH_R1_INVALID = '\nMy previous action is invalid. \
+SEARCH_R1_INVALID = "\nMy previous action is invalid. \
 If I want to search, I should put the query between <search> and </search>. \
-If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n'
+If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
 
 
 def search_r1_postprocess_response(resp: str) -> str:
     # search_r1/llm_agent/generation.py, _postprocess_responses (after decode with skip_special_tokens=True)
-    return (resp.split('</search>')[0] + '</search>' if '</search>' in resp
-            else resp.split('</answer>')[0] + '</answer>' if '</answer>' in resp else resp)
+    return (
+        resp.split("</search>")[0] + "</search>"
+        if "</search>" in resp
+        else resp.split("</answer>")[0] + "</answer>"
+        if "</answer>" in resp
+        else resp
+    )
 
 
 def search_r1_postprocess_prediction(prediction: str):
     # search_r1/llm_agent/generation.py, postprocess_predictions (one prediction)
-    match = re.search(r'<(search|answer)>(.*?)</\1>', prediction, re.DOTALL)
-    return (match.group(1), match.group(2).strip()) if match else (None, '')
+    match = re.search(r"<(search|answer)>(.*?)</\1>", prediction, re.DOTALL)
+    return (match.group(1), match.group(2).strip()) if match else (None, "")
 
 
 def search_r1_passages2string(retrieval_result) -> str:
     # search_r1/llm_agent/generation.py, _passages2string
-    format_reference = ''
+    format_reference = ""
     for idx, doc_item in enumerate(retrieval_result):
-        content = doc_item['document']['contents']
+        content = doc_item["document"]["contents"]
         title = content.split("\n")[0]
         text = "\n".join(content.split("\n")[1:])
-        format_reference += f"Doc {idx+1}(Title: {title}) {text}\n"
+        format_reference += f"Doc {idx + 1}(Title: {title}) {text}\n"
     return format_reference
 
 
@@ -143,13 +153,13 @@ def search_r1_rollout(model_turns: list[str], server, max_turns: int, topk: int 
         if not active:
             break
         text, action, content = generate()
-        if action == 'answer':
-            next_obs, active = '', False
-        elif action == 'search':
+        if action == "answer":
+            next_obs, active = "", False
+        elif action == "search":
             payload = {"queries": [content], "topk": topk, "return_scores": True}
             requests.append(payload)
-            result = server(payload)['result'][0]
-            next_obs = f'\n\n<information>{search_r1_passages2string(result).strip()}</information>\n\n'
+            result = server(payload)["result"][0]
+            next_obs = f"\n\n<information>{search_r1_passages2string(result).strip()}</information>\n\n"
             queries.append(content)
         else:
             next_obs = SEARCH_R1_INVALID
@@ -159,8 +169,13 @@ def search_r1_rollout(model_turns: list[str], server, max_turns: int, topk: int 
     if active:  # final LLM rollout: execute_predictions(..., do_search=False); its observation is dropped
         text, action, _ = generate()
         response += text
-    return {"turns": generations, "queries": queries, "observations": observations, "response": response,
-            "requests": requests}
+    return {
+        "turns": generations,
+        "queries": queries,
+        "observations": observations,
+        "response": response,
+        "requests": requests,
+    }
 
 
 # --------------------------------------------------------------------------- the shared world
@@ -168,8 +183,10 @@ def search_r1_rollout(model_turns: list[str], server, max_turns: int, topk: int 
 # A /retrieve server's answers (Search-R1's response shape); "many results" returns more than topk,
 # as Search-R1's SerpAPI server does (organic + related results).
 HITS = {
-    "hamlet author": [("0", '"Hamlet"\nHamlet is a tragedy written by William Shakespeare.'),
-                      ("1", '"Shakespeare"\nWilliam Shakespeare was an English playwright.')],
+    "hamlet author": [
+        ("0", '"Hamlet"\nHamlet is a tragedy written by William Shakespeare.'),
+        ("1", '"Shakespeare"\nWilliam Shakespeare was an English playwright.'),
+    ],
     "capital of france": [("2", '"Paris"\nParis is the capital of France.')],
     "many results": [(str(10 + i), f'"Result {i}"\nline one of {i}\nline two of {i}') for i in range(5)],
     "": [("3", '"Empty"\nWhat an empty query finds.')],
@@ -177,8 +194,12 @@ HITS = {
 
 
 def server(payload: dict) -> dict:
-    return {"result": [[{"document": {"id": i, "contents": c}, "score": 1.0} for i, c in HITS.get(q, [])]
-                       for q in payload["queries"]]}
+    return {
+        "result": [
+            [{"document": {"id": i, "contents": c}, "score": 1.0} for i, c in HITS.get(q, [])]
+            for q in payload["queries"]
+        ]
+    }
 
 
 class ServerRetriever:
@@ -190,8 +211,10 @@ class ServerRetriever:
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         payload = {"queries": list(queries), "topk": k, "return_scores": True}
         self.requests.append(payload)
-        return [[Passage(hit["document"]["id"], hit["document"]["contents"]) for hit in hits]
-                for hits in server(payload)["result"]]
+        return [
+            [Passage(hit["document"]["id"], hit["document"]["contents"]) for hit in hits]
+            for hits in server(payload)["result"]
+        ]
 
 
 class ScriptedModel(Generator):
@@ -199,12 +222,12 @@ class ScriptedModel(Generator):
 
     def __init__(self, tokenizer, turns_by_prompt: dict[tuple[int, ...], list[str]]):
         self.tokenizer, self.turns_by_prompt = tokenizer, turns_by_prompt
-        self.played = {prompt: 0 for prompt in turns_by_prompt}
+        self.played = dict.fromkeys(turns_by_prompt, 0)
 
     def generate(self, prompts, params, max_new_tokens=None) -> list[Generation]:
         out = []
         for history in prompts:
-            prompt = next(p for p in self.turns_by_prompt if tuple(history[:len(p)]) == p)
+            prompt = next(p for p in self.turns_by_prompt if tuple(history[: len(p)]) == p)
             text = self.turns_by_prompt[prompt][self.played[prompt]]
             self.played[prompt] += 1
             ids = list(self.tokenizer(text.replace(EOS, ""), add_special_tokens=False)["input_ids"])
@@ -222,25 +245,62 @@ class ScriptedModel(Generator):
 # (question, golds, the model's turns, max_turns); each turn ends where a model stops: at </search>,
 # </answer> or EOS (a turn without any is one that ran out of tokens).
 SCENARIOS = {
-    "search then answer": ("who wrote hamlet", ["William Shakespeare"],
-                           ["<think>I need the author.</think>\n<search> hamlet author </search>",
-                            "<think>Found it.</think>\n<answer> William Shakespeare </answer>"], 2),
+    "search then answer": (
+        "who wrote hamlet",
+        ["William Shakespeare"],
+        [
+            "<think>I need the author.</think>\n<search> hamlet author </search>",
+            "<think>Found it.</think>\n<answer> William Shakespeare </answer>",
+        ],
+        2,
+    ),
     "two searches, both turns used, answer in the final turn": (
-        "capital of france", ["Paris"],
-        ["<search>capital of france</search>", "<search> hamlet author </search>", "<answer>Paris</answer>"], 2),
+        "capital of france",
+        ["Paris"],
+        ["<search>capital of france</search>", "<search> hamlet author </search>", "<answer>Paris</answer>"],
+        2,
+    ),
     "searching in the final turn runs no search": (
-        "capital of france", ["Paris"],
-        ["<search>capital of france</search>", "<search>capital of france</search>",
-         "<search>capital of france</search>"], 2),
-    "max_turns 0: one turn that cannot search": ("capital of france", ["Paris"], ["<search>capital of france</search>"], 0),
-    "invalid, then search, then answer": ("who wrote hamlet", ["Shakespeare"],
-                                          ["I think it is", "<search>hamlet author</search>", "<answer>Shakespeare</answer>"], 4),
+        "capital of france",
+        ["Paris"],
+        [
+            "<search>capital of france</search>",
+            "<search>capital of france</search>",
+            "<search>capital of france</search>",
+        ],
+        2,
+    ),
+    "max_turns 0: one turn that cannot search": (
+        "capital of france",
+        ["Paris"],
+        ["<search>capital of france</search>"],
+        0,
+    ),
+    "invalid, then search, then answer": (
+        "who wrote hamlet",
+        ["Shakespeare"],
+        ["I think it is", "<search>hamlet author</search>", "<answer>Shakespeare</answer>"],
+        4,
+    ),
     "EOS without an action gets the feedback and goes on": (
-        "who wrote hamlet", ["Shakespeare"], ["no idea" + EOS, "<answer>shakespeare</answer>"], 4),
+        "who wrote hamlet",
+        ["Shakespeare"],
+        ["no idea" + EOS, "<answer>shakespeare</answer>"],
+        4,
+    ),
     "EOS in the final turn ends the rollout": ("who wrote hamlet", ["Shakespeare"], ["hmm" + EOS, "still no" + EOS], 1),
-    "every hit the server returns is shown": ("what is there", ["Result 4"],
-                                              ["<search>many results</search>", "<answer>Result 4</answer>"], 1),
-    "an empty query is still a search": ("what is empty", ["nothing"], ["<search> </search>", "<answer>nothing</answer>"], 1),
+    "every hit the server returns is shown": (
+        "what is there",
+        ["Result 4"],
+        ["<search>many results</search>", "<answer>Result 4</answer>"],
+        1,
+    ),
+    "an empty query is still a search": (
+        "what is empty",
+        ["nothing"],
+        ["<search> </search>", "<answer>nothing</answer>"],
+        1,
+    ),
     "an empty gold answer: EM 1 for 'the'": ("what is it", ["", "Paris"], ["<answer> the </answer>"], 2),
     "a wrong answer": ("capital of france", ["Paris"], ["<answer>Lyon</answer>"], 2),
     "never valid": ("who wrote hamlet", ["Shakespeare"], ["a", "b", "c"], 2),
@@ -268,8 +328,9 @@ def test_scripted_rollout_replays_identically(name, tok, tmp_path):
     path, row = _example_file(tmp_path, question, golds)
     reference = search_r1_rollout(model_turns, server, max_turns)
     reference_prompt = search_r1_prompt_ids(tok, row["prompt"])
-    reference_reward = search_r1_compute_score_em(tok.decode(reference_prompt) + reference["response"],
-                                                  row["reward_model"]["ground_truth"])
+    reference_reward = search_r1_compute_score_em(
+        tok.decode(reference_prompt) + reference["response"], row["reward_model"]["ground_truth"]
+    )
 
     (example,) = load_examples(path)
     (prompt,) = encode_prompts(tok, [example])
@@ -280,8 +341,11 @@ def test_scripted_rollout_replays_identically(name, tok, tmp_path):
     assert prompt == reference_prompt
     assert len(rollout.turns) == reference["turns"] == sum(model.played.values())
     assert rollout.queries == reference["queries"] and retriever.requests == reference["requests"]
-    observations = [tok.decode(rollout.response_ids[slice(*t.observation_span)]) for t in rollout.turns
-                    if t.observation_span is not None]
+    observations = [
+        tok.decode(rollout.response_ids[slice(*t.observation_span)])
+        for t in rollout.turns
+        if t.observation_span is not None
+    ]
     assert observations == reference["observations"]
     assert tok.decode(rollout.response_ids, skip_special_tokens=True) == reference["response"]
     assert em_reward(rollout.response_text, example.golden_answers) == reference_reward
@@ -327,8 +391,10 @@ def test_no_chat_template_no_special_tokens():
 
 
 def test_chat_template_prompt_equals_rl_dataset(tok):
-    chat = [{"role": "system", "content": "You are a search agent."},
-            {"role": "user", "content": search_r1_make_prefix("who wrote hamlet?")}]
+    chat = [
+        {"role": "system", "content": "You are a search agent."},
+        {"role": "user", "content": search_r1_make_prefix("who wrote hamlet?")},
+    ]
     assert encode_messages(tok, chat) == search_r1_prompt_ids(tok, chat)
 
 
@@ -343,46 +409,56 @@ def test_several_messages_without_chat_template_is_a_clear_error():
 
 def test_the_files_own_prompt_is_used_and_rebuild_prompt_rebuilds_it(tok, tmp_path):
     # A row written by scripts/data_process/nq.py: the same columns, a prompt without search.
-    nq_prefix = ("Answer the given question. You should first have a reasoning process in mind and then provides "
-                 "the answer. Show your reasoning in <think> </think> tags and return the final answer in <answer> "
-                 "</answer> tags, for example <answer> Beijing </answer>. Question: who wrote hamlet?\n")
+    nq_prefix = (
+        "Answer the given question. You should first have a reasoning process in mind and then provides "
+        "the answer. Show your reasoning in <think> </think> tags and return the final answer in <answer> "
+        "</answer> tags, for example <answer> Beijing </answer>. Question: who wrote hamlet?\n"
+    )
     import json
 
-    row = {**search_r1_nq_search_row({"question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}, 0, "train"),
-           "prompt": [{"role": "user", "content": nq_prefix}]}
+    row = {
+        **search_r1_nq_search_row({"question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}, 0, "train"),
+        "prompt": [{"role": "user", "content": nq_prefix}],
+    }
     path = tmp_path / "nq.jsonl"
     path.write_text(json.dumps(row) + "\n")
     (example,) = load_examples(path)
     assert example.question == "who wrote hamlet?"
     assert encode_prompts(tok, [example]) == [search_r1_prompt_ids(tok, row["prompt"])]
     rebuilt = encode_prompts(tok, [example], rebuild=True)
-    assert rebuilt == [search_r1_prompt_ids(tok, [{"role": "user", "content": search_r1_make_prefix("who wrote hamlet?")}])]
+    assert rebuilt == [
+        search_r1_prompt_ids(tok, [{"role": "user", "content": search_r1_make_prefix("who wrote hamlet?")}])
+    ]
 
 
 def test_golds_are_read_as_the_reward_reads_them(tmp_path):
     path, row = _example_file(tmp_path, "what is it", ["", "Paris", "  Paris city "])
     (example,) = load_examples(path)
     # Stripping changes no score: normalize_answer collapses whitespace.
-    assert [search_r1_normalize_answer(g) for g in example.golden_answers] == \
-        [search_r1_normalize_answer(g) for g in row["reward_model"]["ground_truth"]["target"]]
+    assert [search_r1_normalize_answer(g) for g in example.golden_answers] == [
+        search_r1_normalize_answer(g) for g in row["reward_model"]["ground_truth"]["target"]
+    ]
 
 
 # --------------------------------------------------------------------------- reward extraction
 
 
-@pytest.mark.parametrize(("response", "golds"), [
-    ("<answer> Paris </answer>", ["Paris"]),
-    ("<answer>paris.</answer>", ["Paris"]),
-    ("<answer>The Paris</answer>", ["paris"]),
-    ("<answer>Lyon</answer> then <answer>Paris</answer>", ["Paris"]),
-    ("<answer>Paris</answer> then <answer>Lyon</answer>", ["Paris"]),
-    ("no answer at all", ["Paris"]),
-    ("<answer>unclosed", ["Paris"]),
-    ("<answer>\nParis\n</answer>", ["Paris"]),
-    ("<answer>the</answer>", ["", "Paris"]),
-    ("<answer></answer>", [""]),
-    ("<answer>Paris</answer>", "Paris"),
-])
+@pytest.mark.parametrize(
+    ("response", "golds"),
+    [
+        ("<answer> Paris </answer>", ["Paris"]),
+        ("<answer>paris.</answer>", ["Paris"]),
+        ("<answer>The Paris</answer>", ["paris"]),
+        ("<answer>Lyon</answer> then <answer>Paris</answer>", ["Paris"]),
+        ("<answer>Paris</answer> then <answer>Lyon</answer>", ["Paris"]),
+        ("no answer at all", ["Paris"]),
+        ("<answer>unclosed", ["Paris"]),
+        ("<answer>\nParis\n</answer>", ["Paris"]),
+        ("<answer>the</answer>", ["", "Paris"]),
+        ("<answer></answer>", [""]),
+        ("<answer>Paris</answer>", "Paris"),
+    ],
+)
 def test_em_reward_equals_compute_score_em(response, golds, tok):
     prompt = tok.decode(search_r1_prompt_ids(tok, [{"role": "user", "content": search_r1_make_prefix("q?")}]))
     assert em_reward(response, golds) == search_r1_compute_score_em(prompt + response, {"target": golds})
@@ -397,25 +473,45 @@ def test_em_reward_equals_compute_score_em(response, golds, tok):
 # stratarl the text up to </answer>. Each case: what the model would write in one turn, unstopped ->
 # (Search-R1's action, stratarl's action); an action is (kind, content), kind None / "invalid" for neither.
 CROSSING = {
-    "(a) answer, then a search": (
-        "<answer>x</answer> then <search>q</search>", ("answer", "x"), ("answer", "x")),
+    "(a) answer, then a search": ("<answer>x</answer> then <search>q</search>", ("answer", "x"), ("answer", "x")),
     "(a2) answer, another answer, then a search": (
-        "<answer>x</answer> <answer>y</answer> <search>q</search>", ("answer", "x"), ("answer", "x")),
+        "<answer>x</answer> <answer>y</answer> <search>q</search>",
+        ("answer", "x"),
+        ("answer", "x"),
+    ),
     "(b) answer nested inside an open search": (
-        "<search>q <answer>x</answer> </search>", ("search", "q <answer>x</answer>"), ("answer", "x")),
+        "<search>q <answer>x</answer> </search>",
+        ("search", "q <answer>x</answer>"),
+        ("answer", "x"),
+    ),
     "(c) search nested inside an open answer": (
-        "<answer>x <search>q</search> </answer>", ("search", "q"), ("search", "q")),
+        "<answer>x <search>q</search> </answer>",
+        ("search", "q"),
+        ("search", "q"),
+    ),
     "(d) mismatched close, no later </search>": ("<search>q</answer> more", (None, ""), ("invalid", "")),
     "(d2) mismatched close, a later </search>": (
-        "<search>q</answer> more</search>", ("search", "q</answer> more"), ("invalid", "")),
+        "<search>q</answer> more</search>",
+        ("search", "q</answer> more"),
+        ("invalid", ""),
+    ),
     "(e) a stray </answer>, then a search": (
-        "<think>done</answer></think> <search>q</search>", ("search", "q"), ("invalid", "")),
+        "<think>done</answer></think> <search>q</search>",
+        ("search", "q"),
+        ("invalid", ""),
+    ),
     "(f) a stray </answer>, an answer, then a search": (
-        "x</answer> <answer>y</answer> <search>q</search>", ("answer", "y"), ("invalid", "")),
+        "x</answer> <answer>y</answer> <search>q</search>",
+        ("answer", "y"),
+        ("invalid", ""),
+    ),
     "(g) a stray </answer>, a stray </search>": ("x</answer> y</search>", (None, ""), ("invalid", "")),
     "(h) answer closed by </search>": ("<answer>x</search> y</answer>", (None, ""), ("invalid", "")),
     "(i) search first, then an answer: no crossing": (
-        "<search>q</search> <answer>x</answer>", ("search", "q"), ("search", "q")),
+        "<search>q</search> <answer>x</answer>",
+        ("search", "q"),
+        ("search", "q"),
+    ),
 }
 
 
@@ -441,12 +537,15 @@ def test_crossing_stop_tags(name, tok):
     # The turn ends with the token that completes its first stop string (text after the stop inside that
     # token stays: "<think>done</answer></" in case (e)).
     stop = find_stop(generation)
-    assert generation.startswith(text) and text.startswith(generation[:stop[0]] if stop else generation)
+    assert generation.startswith(text) and text.startswith(generation[: stop[0]] if stop else generation)
     action = parse_action(text)
     assert (action.kind, action.content) == stratarl_action
     # The turns differ exactly when </answer> completes before a later </search>.
-    crossing = "</search>" in generation and generation.find("</answer>") != -1 and \
-        generation.find("</answer>") + len("</answer>") <= generation.find("</search>")
+    crossing = (
+        "</search>" in generation
+        and generation.find("</answer>") != -1
+        and generation.find("</answer>") + len("</answer>") <= generation.find("</search>")
+    )
     assert (text != reference_text) == crossing
 
 
@@ -455,8 +554,9 @@ def _crossing_rollouts(tok, tmp_path, generations, golds, max_turns):
     path, row = _example_file(tmp_path, "what is it", golds)
     reference = search_r1_rollout(generations, server, max_turns)
     reference_prompt = search_r1_prompt_ids(tok, row["prompt"])
-    reference_reward = search_r1_compute_score_em(tok.decode(reference_prompt) + reference["response"],
-                                                  row["reward_model"]["ground_truth"])
+    reference_reward = search_r1_compute_score_em(
+        tok.decode(reference_prompt) + reference["response"], row["reward_model"]["ground_truth"]
+    )
     (example,) = load_examples(path)
     (prompt,) = encode_prompts(tok, [example])
     model = ScriptedModel(tok, {tuple(prompt): [stratarl_turn(tok, g) for g in generations]})
@@ -471,8 +571,13 @@ def test_crossing_stop_tags_can_end_a_rollout_a_turn_earlier_with_another_reward
     generations = ["<search>q <answer>x</answer> </search>", "<answer>y</answer>"]
     reference, reference_reward, rollout, reward = _crossing_rollouts(tok, tmp_path, generations, ["y"], 2)
     assert (reference["turns"], reference["queries"], reference_reward) == (2, ["q <answer>x</answer>"], 1)
-    assert (len(rollout.turns), rollout.queries, rollout.answer, rollout.end_reason, reward) == \
-        (1, [], "x", "answer", 0)
+    assert (len(rollout.turns), rollout.queries, rollout.answer, rollout.end_reason, reward) == (
+        1,
+        [],
+        "x",
+        "answer",
+        0,
+    )
 
 
 def test_crossing_stop_tags_in_the_final_turn_score_the_same(tok, tmp_path):

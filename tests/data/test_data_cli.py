@@ -15,22 +15,40 @@ from stratarl.retrieval.corpus import load_corpus
 
 
 def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "stratarl.cli", "data", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "stratarl.cli", "data", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 @pytest.fixture(scope="module")
 def synth_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("synth")
-    result = run_cli("synth", "--out", str(out), "--seed", "3", "--size", "300", "--num-train", "40",
-                     "--num-test", "20", "--check-retrieval")
+    result = run_cli(
+        "synth",
+        "--out",
+        str(out),
+        "--seed",
+        "3",
+        "--size",
+        "300",
+        "--num-train",
+        "40",
+        "--num-test",
+        "20",
+        "--check-retrieval",
+    )
     assert result.returncode == 0, result.stderr
     return out
 
 
 def test_synth_writes_all_files(synth_dir):
     assert sorted(p.name for p in synth_dir.iterdir()) == [
-        "README.md", "corpus.jsonl", "stats.json", "test.parquet", "train.parquet"]
+        "README.md",
+        "corpus.jsonl",
+        "stats.json",
+        "test.parquet",
+        "train.parquet",
+    ]
     stats = json.loads((synth_dir / "stats.json").read_text())
     assert stats["config"]["seed"] == 3 and stats["passages"] == 300
     assert stats["bm25_hop_recall"]["all"]["top3"] >= 0.9
@@ -57,15 +75,19 @@ def test_convert_to_jsonl_and_back(synth_dir, tmp_path, capsys):
     converted = load_examples(tmp_path / "t.jsonl")
     original = load_examples(synth_dir / "test.parquet", limit=5)
     assert [(e.id, e.question, e.golden_answers) for e in converted] == [
-        (e.id, e.question, e.golden_answers) for e in original]
+        (e.id, e.question, e.golden_answers) for e in original
+    ]
 
 
 def test_errors_are_one_line_not_tracebacks(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "q"}\n')
     stderr = {}
-    for args in (("convert", str(bad), str(tmp_path / "o.parquet")), ("inspect", str(bad)),
-                 ("synth", "--out", str(tmp_path / "x"), "--size", "tiny")):
+    for args in (
+        ("convert", str(bad), str(tmp_path / "o.parquet")),
+        ("inspect", str(bad)),
+        ("synth", "--out", str(tmp_path / "x"), "--size", "tiny"),
+    ):
         result = run_cli(*args)
         assert result.returncode == 2, args
         assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr, result.stderr

@@ -25,8 +25,10 @@ def trivia(row, *, row_index, id_=None):
                    data_source="trivia")
 '''
 
-TRIVIA_ROWS = [{"Q": "Who wrote Hamlet?", "A": "Shakespeare|William Shakespeare"},
-               {"Q": "Capital of France?", "A": "Paris"}]
+TRIVIA_ROWS = [
+    {"Q": "Who wrote Hamlet?", "A": "Shakespeare|William Shakespeare"},
+    {"Q": "Capital of France?", "A": "Paris"},
+]
 
 
 @pytest.fixture
@@ -58,8 +60,11 @@ def test_each_row_goes_to_its_format():
         {"question": "q1", "golden_answers": ["a"], "data_source": "nq"},
         {"question": "q2", "options": {"A": "x", "B": "y"}, "answer_idx": "B"},
         {"question": "q3", "opa": "1", "opb": "2", "opc": "3", "opd": "4", "cop": 0},
-        {"prompt": [{"role": "user", "content": "Question: q4\n"}],
-         "reward_model": {"ground_truth": {"target": ["b"]}}, "data_source": "searchR1_hotpotqa"},
+        {
+            "prompt": [{"role": "user", "content": "Question: q4\n"}],
+            "reward_model": {"ground_truth": {"target": ["b"]}},
+            "data_source": "searchR1_hotpotqa",
+        },
     ]
     examples = examples_from_rows(rows, origin="mixed.jsonl")
     assert [e.metadata["format"] for e in examples] == ["search_r1", "medqa", "medmcqa", "verl"]
@@ -71,7 +76,8 @@ def test_a_users_format_is_read_by_the_loaders(users_format, trivia_file):
     examples = load_examples(trivia_file)
     assert [(e.id, e.question, e.golden_answers, e.data_source) for e in examples] == [
         ("trivia-0", "Who wrote Hamlet?", ("Shakespeare", "William Shakespeare"), "trivia"),
-        ("trivia-1", "Capital of France?", ("Paris",), "trivia")]
+        ("trivia-1", "Capital of France?", ("Paris",), "trivia"),
+    ]
     assert [(e.metadata["format"], e.metadata["row"]) for e in examples] == [("trivia", 0), ("trivia", 1)]
     # Rows of the built-in formats in the same file are read as before.
     mixed = examples_from_rows([TRIVIA_ROWS[0], {"question": "q", "golden_answers": ["a"]}], origin="m.jsonl")
@@ -83,8 +89,10 @@ def test_a_users_format_wins_over_the_built_ins_for_the_rows_it_matches(users_fo
     def shouting(row, *, row_index):
         return Example(id=f"loud-{row_index}", question=row["question"].upper(), golden_answers=("A",))
 
-    rows = [{"question": "why", "golden_answers": ["a"], "data_source": "loud"},
-            {"question": "why", "golden_answers": ["a"], "data_source": "quiet"}]
+    rows = [
+        {"question": "why", "golden_answers": ["a"], "data_source": "loud"},
+        {"question": "why", "golden_answers": ["a"], "data_source": "quiet"},
+    ]
     assert [e.question for e in examples_from_rows(rows, origin="f")] == ["WHY", "why"]
     # Chosen by name, one format reads every row.
     assert [e.question for e in examples_from_rows(rows, origin="f", format="shouting")] == ["WHY", "WHY"]
@@ -128,7 +136,9 @@ def test_data_inspect_and_convert_read_a_users_format_with_import(tmp_path, triv
     assert convert.returncode == 0, convert.stderr
     converted = load_examples(out)  # Search-R1 rows now: read without the user's module
     assert [(e.id, e.golden_answers, e.metadata["format"]) for e in converted] == [
-        ("trivia-0", ("Shakespeare", "William Shakespeare"), "search_r1"), ("trivia-1", ("Paris",), "search_r1")]
+        ("trivia-0", ("Shakespeare", "William Shakespeare"), "search_r1"),
+        ("trivia-1", ("Paris",), "search_r1"),
+    ]
 
     # Without the module the rows are read as Search-R1 rows, which they are not: one line naming the row.
     without = stratarl_cli("data", "inspect", trivia_file)
@@ -136,10 +146,13 @@ def test_data_inspect_and_convert_read_a_users_format_with_import(tmp_path, triv
     assert "row 0: no question" in without.stderr
     unknown = stratarl_cli("data", "inspect", trivia_file, "--format", "trivia")
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
-    assert unknown.stderr.strip() == ("error: unknown dataset format 'trivia'; registered: medmcqa, medqa, search_r1 "
-                                      "(a format of your own: register_dataset_format in a module loaded with --import)")
-    chosen = stratarl_cli("data", "convert", trivia_file, tmp_path / "t.jsonl", "--format", "trivia",
-                          f"--import={plugin}")
+    assert unknown.stderr.strip() == (
+        "error: unknown dataset format 'trivia'; registered: medmcqa, medqa, search_r1 "
+        "(a format of your own: register_dataset_format in a module loaded with --import)"
+    )
+    chosen = stratarl_cli(
+        "data", "convert", trivia_file, tmp_path / "t.jsonl", "--format", "trivia", f"--import={plugin}"
+    )
     assert chosen.returncode == 0, chosen.stderr
 
 
@@ -159,8 +172,11 @@ def test_the_readme_retriever_and_format_are_right_and_register_by_name(monkeypa
     notes.write_text("Hamlet was written by Shakespeare\nParis is the capital of France\n")
     retriever = build_retriever({"kind": "notes", "path": str(notes)})
     hits = retriever.search(["who wrote hamlet", "capital of france", "nothing"], 1)
-    assert [[p.text for p in h] for h in hits] == [["Hamlet was written by Shakespeare"],
-                                                   ["Paris is the capital of France"], []]
+    assert [[p.text for p in h] for h in hits] == [
+        ["Hamlet was written by Shakespeare"],
+        ["Paris is the capital of France"],
+        [],
+    ]
     examples = examples_from_rows(TRIVIA_ROWS, origin="trivia.jsonl")
     assert [e.golden_answers for e in examples] == [("Shakespeare", "William Shakespeare"), ("Paris",)]
     assert {e.metadata["format"] for e in examples} == {"trivia"}

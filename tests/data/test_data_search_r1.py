@@ -97,8 +97,10 @@ class TestExtractQuestion:
 
 class TestLoadFormats:
     def test_search_r1_parquet(self, tmp_path):
-        rows = [search_r1_row("who wrote hamlet", ["Shakespeare"], index=0),
-                search_r1_row("capital of france", ["Paris", "paris city"], source="triviaqa", index=1, split="test")]
+        rows = [
+            search_r1_row("who wrote hamlet", ["Shakespeare"], index=0),
+            search_r1_row("capital of france", ["Paris", "paris city"], source="triviaqa", index=1, split="test"),
+        ]
         examples = load_examples(write_parquet(tmp_path / "d.parquet", rows))
         assert [e.question for e in examples] == ["who wrote hamlet?", "capital of france?"]
         assert examples[1].golden_answers == ("Paris", "paris city")
@@ -138,8 +140,14 @@ class TestLoadFormats:
 
     def test_json_list_and_string_ground_truth(self, tmp_path):
         path = tmp_path / "d.json"
-        path.write_text(json.dumps([{"question": "q1", "reward_model": {"ground_truth": {"target": "one"}}},
-                                    {"question": "q2", "answer": ["two"]}]))
+        path.write_text(
+            json.dumps(
+                [
+                    {"question": "q1", "reward_model": {"ground_truth": {"target": "one"}}},
+                    {"question": "q2", "answer": ["two"]},
+                ]
+            )
+        )
         assert [e.golden_answers for e in load_examples(path)] == [("one",), ("two",)]
 
     def test_split_filter_limit_and_folder(self, tmp_path):
@@ -166,7 +174,9 @@ class TestIds:
     def test_ids_stay_unique_across_files(self, tmp_path):
         # Two sources, each with ids unique inside its own file but equal across files.
         nq = write_parquet(tmp_path / "nq_train.parquet", [search_r1_row("a", ["x"], id="train_0")])
-        hp = write_parquet(tmp_path / "hotpot_train.parquet", [search_r1_row("b", ["y"], source="hotpotqa", id="train_0")])
+        hp = write_parquet(
+            tmp_path / "hotpot_train.parquet", [search_r1_row("b", ["y"], source="hotpotqa", id="train_0")]
+        )
         assert [e.id for e in load_example_files([nq])] == ["train_0"]  # no collision: ids untouched
         with pytest.warns(UserWarning, match="collide"):
             examples = load_example_files([nq, hp])
@@ -237,7 +247,9 @@ class TestWriters:
         assert rows[1]["extra_info"] == {"split": "test", "index": 1}
         assert rows[0]["ability"] == "fact-reasoning" and rows[1]["data_source"] == "synthkb"
 
-    @pytest.mark.parametrize("writer,name", [(write_search_r1_parquet, "o.parquet"), (write_search_r1_jsonl, "o.jsonl")])
+    @pytest.mark.parametrize(
+        "writer,name", [(write_search_r1_parquet, "o.parquet"), (write_search_r1_jsonl, "o.jsonl")]
+    )
     def test_round_trip(self, tmp_path, writer, name):
         loaded = load_examples(writer(self.EXAMPLES, tmp_path / name))
         assert [(e.id, e.question, e.golden_answers, e.data_source) for e in loaded] == [

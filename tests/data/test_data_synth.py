@@ -136,9 +136,18 @@ def test_hop_recall_hand_case(kb):
     from stratarl.data.examples import Example
 
     examples = [
-        Example("a", "q", ("x",), metadata={"question_type": "single_hop", "hops": [{"query": "q", "passage_id": "7"}]}),
-        Example("b", "q", ("x",), metadata={"question_type": "multi_hop_2", "hops": [
-            {"query": "q", "passage_id": "3"}, {"query": "q", "passage_id": "5"}]}),
+        Example(
+            "a", "q", ("x",), metadata={"question_type": "single_hop", "hops": [{"query": "q", "passage_id": "7"}]}
+        ),
+        Example(
+            "b",
+            "q",
+            ("x",),
+            metadata={
+                "question_type": "multi_hop_2",
+                "hops": [{"query": "q", "passage_id": "3"}, {"query": "q", "passage_id": "5"}],
+            },
+        ),
     ]
     table = hop_recall(examples, _FixedRetriever(["7", "3", "9"]), ks=(1, 3))
     assert table["all"] == {"hops": 3, "top1": 1 / 3, "top3": 2 / 3}
@@ -154,7 +163,9 @@ def test_written_files_load_back(kb, tmp_path):
     paths = write_synthetic_kb(kb, tmp_path / "kb")
     assert load_corpus(paths["corpus"]) == kb.passages
     test = load_examples(paths["test"])
-    assert [(e.id, e.question, e.golden_answers) for e in test] == [(e.id, e.question, e.golden_answers) for e in kb.test]
+    assert [(e.id, e.question, e.golden_answers) for e in test] == [
+        (e.id, e.question, e.golden_answers) for e in kb.test
+    ]
     assert test[0].metadata["hops"] == kb.test[0].metadata["hops"]
     assert load_examples(tmp_path / "kb", split="train")[0].metadata["split"] == "train"
     assert '"seed": 0' in paths["stats"].read_text()
@@ -167,7 +178,9 @@ class TestMultipleChoiceFamily:
 
     def test_same_world_and_questions_as_without_options(self, kb, mc):
         assert mc.passages == kb.passages
-        assert [(e.question, e.metadata["hops"]) for e in mc.train] == [(e.question, e.metadata["hops"]) for e in kb.train]
+        assert [(e.question, e.metadata["hops"]) for e in mc.train] == [
+            (e.question, e.metadata["hops"]) for e in kb.train
+        ]
         assert "options" not in kb.train[0].metadata and kb.train[0].data_source == "synthkb"
 
     def test_options_hold_the_answer_once_among_wrong_answers_of_its_type(self, kb, mc):
@@ -196,8 +209,9 @@ class TestMultipleChoiceFamily:
     def test_written_and_loaded_back_with_options(self, mc, tmp_path):
         paths = write_synthetic_kb(mc, tmp_path)
         loaded = load_examples(paths["test"])
-        assert [(e.golden_answers, e.metadata["options"]) for e in loaded] == \
-            [(e.golden_answers, e.metadata["options"]) for e in mc.test]
+        assert [(e.golden_answers, e.metadata["options"]) for e in loaded] == [
+            (e.golden_answers, e.metadata["options"]) for e in mc.test
+        ]
 
 
 def _answer_pool_of(kb, kind):
@@ -205,8 +219,11 @@ def _answer_pool_of(kb, kind):
     from stratarl.data.synth import build_world
     from stratarl.data.synth.options import _answer_pools
 
-    world = build_world(random.Random(0), num_countries=kb.config["num_countries"],
-                        **{k: kb.config[k] for k in ("num_people", "num_works", "num_orgs", "num_cities")})
+    world = build_world(
+        random.Random(0),
+        num_countries=kb.config["num_countries"],
+        **{k: kb.config[k] for k in ("num_people", "num_works", "num_orgs", "num_cities")},
+    )
     return _answer_pools(world)[kind]
 
 
@@ -214,8 +231,9 @@ def test_shared_countries_are_the_same_words_in_every_world_and_nothing_else_is(
     from stratarl.data.synth.knowledge_base import generate_knowledge_base
     from stratarl.data.synth.names import name_pool_words
 
-    options = dict(size=300, num_countries=3, num_train=60, num_test=10, hop_mix=(0.0, 1.0, 0.0), guessable="only",
-                   name_pool=1000)
+    options = dict(
+        size=300, num_countries=3, num_train=60, num_test=10, hop_mix=(0.0, 1.0, 0.0), guessable="only", name_pool=1000
+    )
     a = generate_knowledge_base(seed=1, shared_countries=True, **options)
     b = generate_knowledge_base(seed=2, shared_countries=True, **options)
     countries = set(name_pool_words(1000)[:3])
@@ -228,9 +246,11 @@ def test_shared_countries_are_the_same_words_in_every_world_and_nothing_else_is(
     assert a.passages[5].text != b.passages[5].text and text_a != text_b
     # the default is unchanged: countries differ between worlds, and the config does not name the option
     plain_a, plain_b = (generate_knowledge_base(seed=s, **options) for s in (1, 2))
-    assert {e.golden_answers[0] for e in plain_a.train}.isdisjoint({e.golden_answers[0] for e in plain_b.train}) or \
-        {e.golden_answers[0] for e in plain_a.train} != {e.golden_answers[0] for e in plain_b.train}
+    assert {e.golden_answers[0] for e in plain_a.train}.isdisjoint({e.golden_answers[0] for e in plain_b.train}) or {
+        e.golden_answers[0] for e in plain_a.train
+    } != {e.golden_answers[0] for e in plain_b.train}
     assert "shared_countries" not in plain_a.config
     import pytest
+
     with pytest.raises(ValueError, match="shared_countries needs name_pool"):
         generate_knowledge_base(seed=1, shared_countries=True, **{**options, "name_pool": None})

@@ -73,11 +73,14 @@ def test_piece_counts_do_not_depend_on_batching():
         assert count_pieces(texts, batch_chars=batch_chars) == expected
 
 
-@pytest.mark.parametrize("text", [
-    "plain ascii: Ann's  (1850) city\n\tX_y",
-    "(1850\u20131910) \u00e9cole caf\u00e9",        # en-dash, precomposed accents: both engines agree
-    "e\u0301cole x\u00b2 \u2167 a\u203fb \x1cz",   # combining mark, No, Nl, Pc, \x1c: they do not
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain ascii: Ann's  (1850) city\n\tX_y",
+        "(1850\u20131910) \u00e9cole caf\u00e9",  # en-dash, precomposed accents: both engines agree
+        "e\u0301cole x\u00b2 \u2167 a\u203fb \x1cz",  # combining mark, No, Nl, Pc, \x1c: they do not
+    ],
+)
 def test_split_pieces_matches_the_tokenizers_pre_tokenizer(text):
     from stratarl.data.wordlevel import _pre_tokenizer, split_pieces
 
@@ -218,8 +221,10 @@ def test_rollout_engine_runs_over_the_word_tokenizer_without_unk(tokenizer, kb):
 
     example = next(e for e in kb.train if len(e.metadata["hops"]) == 2)
     hops = example.metadata["hops"]
-    turns = [f"<search> {h['query']} </search>" for h in hops] + ["<think> I have the answer. </think>",
-                                                                   f"<answer> {example.golden_answers[0]} </answer>"]
+    turns = [f"<search> {h['query']} </search>" for h in hops] + [
+        "<think> I have the answer. </think>",
+        f"<answer> {example.golden_answers[0]} </answer>",
+    ]
     by_id = {p.id: p for p in kb.passages}
 
     class Scripted(Generator):
@@ -254,7 +259,10 @@ def test_save_and_load_round_trip_writes_no_pickles(tokenizer, kb, tmp_path):
     loaded = load_tokenizer(str(tmp_path))
     assert loaded.get_vocab() == tokenizer.get_vocab()
     assert (loaded.eos_token_id, loaded.pad_token_id, loaded.unk_token_id) == (
-        tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id)
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        tokenizer.unk_token_id,
+    )
     question = kb.test[1].question
     assert encode_prompt(loaded, question) == encode_prompt(tokenizer, question)
     text = kb.passages[7].contents + "  \n<search> city , city . country ? </search>"
@@ -281,7 +289,8 @@ def test_word_model_forward_backward_and_generation(tokenizer, kb, tmp_path):
         torch.testing.assert_close(load_model(str(tmp_path))(input_ids=ids).logits, model(input_ids=ids).logits)
     # The generator's EOS / PAD handling works with this tokenizer.
     [generation] = KVCacheGenerator(model, tokenizer, seed=0).generate(
-        [ids[0].tolist()], SamplingParams(max_new_tokens=5))
+        [ids[0].tolist()], SamplingParams(max_new_tokens=5)
+    )
     assert 1 <= len(generation.token_ids) <= 5
 
 

@@ -29,20 +29,34 @@ def _write_run(root, arm, seed, rewards, condition="taskA", eval_em=None):
     (d / "arm.json").write_text(json.dumps({"arm": arm, "seed": seed, "condition": condition}))
     with open(d / "metrics.jsonl", "w") as f:
         for step, r in enumerate(rewards, start=1):
-            f.write(json.dumps({"step": step, "reward/mean": r, "reward/em": r / 2, "rollout/valid_action_rate": 1.0,
-                                "loss/clip_frac": 0.1 * seed, "reward/em_by_type/single_hop": r}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "reward/mean": r,
+                        "reward/em": r / 2,
+                        "rollout/valid_action_rate": 1.0,
+                        "loss/clip_frac": 0.1 * seed,
+                        "reward/em_by_type/single_hop": r,
+                    }
+                )
+                + "\n"
+            )
         f.write(json.dumps({"step": len(rewards), "eval/synthkb/em": 0.5}) + "\n")  # an eval row: not a train step
     if eval_em is not None:
         (d / "eval").mkdir()
-        (d / "eval" / "after.json").write_text(json.dumps({"per_source": {"synthkb": {"em": eval_em}},
-                                                           "per_type": {"single_hop": {"em": eval_em}}}))
+        (d / "eval" / "after.json").write_text(
+            json.dumps({"per_source": {"synthkb": {"em": eval_em}}, "per_type": {"single_hop": {"em": eval_em}}})
+        )
     return d
 
 
 @pytest.fixture
 def runs(tmp_path):
-    dirs = [_write_run(tmp_path, arm, seed, curve, eval_em=0.1 * seed + (0.2 if arm == "better" else 0.0))
-            for (arm, seed), curve in CURVES.items()]
+    dirs = [
+        _write_run(tmp_path, arm, seed, curve, eval_em=0.1 * seed + (0.2 if arm == "better" else 0.0))
+        for (arm, seed), curve in CURVES.items()
+    ]
     return tmp_path, dirs
 
 
@@ -105,8 +119,10 @@ def test_missing_baseline_is_reported(runs):
 def test_cli_writes_json_markdown_plots_and_page(runs, capsys):
     root, dirs = runs
     out = root / "agg" / "page.html"
-    assert main(["report", "--aggregate", "--baseline", "grpo", "--final-window", "2", "--out", str(out),
-                 *map(str, dirs)]) == 0
+    assert (
+        main(["report", "--aggregate", "--baseline", "grpo", "--final-window", "2", "--out", str(out), *map(str, dirs)])
+        == 0
+    )
     data = json.loads((root / "agg" / "aggregate.json").read_text())
     assert data["baseline"] == "grpo" and data["final_window"] == 2
     md = (root / "agg" / "aggregate.md").read_text()

@@ -34,16 +34,33 @@ METRICS = {"em_after": ("", lambda r: r.get("em_after")), "clip_frac": ("", lamb
 
 
 def _exp(**pilot_fields):
-    pilot = {"world_from": 4101, "seeds": 3, "arms": ["grpo"],
-             "checks": {"headroom": {"metric": "em_after", "arm": "grpo", "max": 0.85}}}
+    pilot = {
+        "world_from": 4101,
+        "seeds": 3,
+        "arms": ["grpo"],
+        "checks": {"headroom": {"metric": "em_after", "arm": "grpo", "max": 0.85}},
+    }
     pilot.update(pilot_fields)
-    return {"name": "demo_exp", "baseline": "grpo", "arms": {"grpo": {}, "ppo": {}}, "conditions": {"c": {"task": "t"}},
-            "tasks": {"t": {}}, "world_from": 5001, "seeds": 8, "pilot": pilot}
+    return {
+        "name": "demo_exp",
+        "baseline": "grpo",
+        "arms": {"grpo": {}, "ppo": {}},
+        "conditions": {"c": {"task": "t"}},
+        "tasks": {"t": {}},
+        "world_from": 5001,
+        "seeds": 8,
+        "pilot": pilot,
+    }
 
 
 def test_mean_and_share_checks(pilot):
     assert pilot.evaluate({"max": 0.85}, [0.5, 0.9, 0.7]) == {
-        "n": 3, "values": [0.5, 0.9, 0.7], "mean": 0.7, "passed": True, "why": "mean 0.7000, wanted <= 0.85"}
+        "n": 3,
+        "values": [0.5, 0.9, 0.7],
+        "mean": 0.7,
+        "passed": True,
+        "why": "mean 0.7000, wanted <= 0.85",
+    }
     assert not pilot.evaluate({"min": 0.01}, [0.002, 0.004])["passed"]
     assert pilot.evaluate({"min": 0.01, "max": 1}, [0.02])["passed"]
     # "escapes on some worlds, not all, and not none"
@@ -58,29 +75,44 @@ def test_mean_and_share_checks(pilot):
 
 def test_validate_refuses_bad_sections_with_the_field_named(pilot):
     assert pilot.validate(_exp(), METRICS)["arms"] == ["grpo"]
-    cases = [({"world_from": 5003}, "overlap the sweep's worlds"), ({"world_from": -1}, "world_from = -1"),
-             ({"arms": ["so_ppo"]}, "pilot.arms names ['so_ppo']"), ({"checks": {}}, "at least one check"),
-             ({"checks": {"x": {"metric": "nope", "max": 1}}}, "checks.x.metric 'nope' is unknown"),
-             ({"checks": {"x": {"metric": "em_after", "above": 0.5}}}, "share: [low, high]"),
-             ({"checks": {"x": {"metric": "em_after"}}}, "give min, max"),
-             ({"checks": {"x": {"metric": "em_after", "arm": "ppo", "max": 1}}}, "not a pilot arm"),
-             ({"checks": {"x": {"metric": "em_after", "maximum": 1}}}, "checks.x")]
+    cases = [
+        ({"world_from": 5003}, "overlap the sweep's worlds"),
+        ({"world_from": -1}, "world_from = -1"),
+        ({"arms": ["so_ppo"]}, "pilot.arms names ['so_ppo']"),
+        ({"checks": {}}, "at least one check"),
+        ({"checks": {"x": {"metric": "nope", "max": 1}}}, "checks.x.metric 'nope' is unknown"),
+        ({"checks": {"x": {"metric": "em_after", "above": 0.5}}}, "share: [low, high]"),
+        ({"checks": {"x": {"metric": "em_after"}}}, "give min, max"),
+        ({"checks": {"x": {"metric": "em_after", "arm": "ppo", "max": 1}}}, "not a pilot arm"),
+        ({"checks": {"x": {"metric": "em_after", "maximum": 1}}}, "checks.x"),
+    ]
     for fields, message in cases:
         with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
             pilot.validate(_exp(**fields), METRICS)
 
 
 def test_judge_reads_every_condition_and_each_checks_own_arm(pilot):
-    exp = _exp(arms=["grpo", "ppo"], checks={"headroom": {"metric": "em_after", "arm": "grpo", "max": 0.85},
-                                             "clipping": {"metric": "clip_frac", "arm": "ppo", "min": 0.01}})
+    exp = _exp(
+        arms=["grpo", "ppo"],
+        checks={
+            "headroom": {"metric": "em_after", "arm": "grpo", "max": 0.85},
+            "clipping": {"metric": "clip_frac", "arm": "ppo", "min": 0.01},
+        },
+    )
     exp["conditions"]["d"] = {"task": "t"}
     section = pilot.validate(exp, METRICS)
-    runs = {"c": {"grpo": {s: {"em_after": 0.5} for s in range(3)}, "ppo": {s: {"clip": 0.02} for s in range(3)}},
-            "d": {"grpo": {s: {"em_after": 0.5} for s in range(3)}, "ppo": {s: {"clip": 0.002} for s in range(3)}}}
+    runs = {
+        "c": {"grpo": {s: {"em_after": 0.5} for s in range(3)}, "ppo": {s: {"clip": 0.02} for s in range(3)}},
+        "d": {"grpo": {s: {"em_after": 0.5} for s in range(3)}, "ppo": {s: {"clip": 0.002} for s in range(3)}},
+    }
     record = pilot.judge(exp, section, runs, METRICS)
     assert record["worlds"] == [4101, 4102, 4103] and record["conditions"] == ["c", "d"]
     assert {k: v["passed"] for k, v in record["checks"].items()} == {
-        "c/headroom": True, "c/clipping": True, "d/headroom": True, "d/clipping": False}
+        "c/headroom": True,
+        "c/clipping": True,
+        "d/headroom": True,
+        "d/clipping": False,
+    }
     assert not record["admitted"]
     # a pilot seed that never ran counts against the check
     del runs["d"]["ppo"][2]
@@ -100,13 +132,26 @@ def test_gate_needs_an_admitted_record_of_this_very_design(pilot, tmp_path):
     pilot.record_path(exp, tmp_path).write_text(json.dumps(record))
     assert pilot.gate(exp, tmp_path) is None
     # any change of the regime after its pilot (a pilot arm's settings, a task setting, the steps) needs a new pilot
-    for changed in ({**exp, "arms": {**exp["arms"], "grpo": {"optim.lr": 1e-3}}}, {**exp, "steps": 50},
-                    {**exp, "tasks": {"t": {"sft.wrong_hop_fraction": 0.3}}}):
+    for changed in (
+        {**exp, "arms": {**exp["arms"], "grpo": {"optim.lr": 1e-3}}},
+        {**exp, "steps": 50},
+        {**exp, "tasks": {"t": {"sft.wrong_hop_fraction": 0.3}}},
+    ):
         assert "admitted another design" in pilot.gate(changed, tmp_path)
     # ... but not what the pilot does not vouch for: an arm it did not run (added, or set from its measurements),
     # the description, the tables' metrics
-    assert pilot.gate({**exp, "arms": {**exp["arms"], "so_ppo": {"algo.sorl_delta": 0.4}}, "description": "new",
-                       "metrics": {"primary": "em_after"}}, tmp_path) is None
+    assert (
+        pilot.gate(
+            {
+                **exp,
+                "arms": {**exp["arms"], "so_ppo": {"algo.sorl_delta": 0.4}},
+                "description": "new",
+                "metrics": {"primary": "em_after"},
+            },
+            tmp_path,
+        )
+        is None
+    )
 
 
 def test_pilot_experiment_runs_the_design_on_the_pilot_worlds(pilot):
@@ -118,6 +163,7 @@ def test_pilot_experiment_runs_the_design_on_the_pilot_worlds(pilot):
 
 def test_committed_designs_with_a_pilot_validate_and_never_tune_on_sweep_worlds(pilot):
     import yaml
+
     tables = _load("evidence_tables_for_pilot", "tables.py")
     for path in sorted(EVIDENCE.glob("*.yaml")):
         exp = yaml.safe_load(path.read_text())
@@ -135,18 +181,26 @@ def test_the_runner_refuses_a_sweep_before_its_pilot_then_runs_the_pilot_and_wri
     """End to end at CI sizes: the sweep is refused without a record; `--pilot` trains the pilot arms on the pilot
     worlds only (under <name>-pilot) and writes the record from their summaries."""
     import yaml
+
     runner = _load("evidence_run_for_pilot", "run.py")
     exp = yaml.safe_load((EVIDENCE / "lab_offpolicy_lag.yaml").read_text())
     exp["base"] = str((EVIDENCE / exp["base"]).resolve())
-    exp["pilot"].update(seeds=1, arms=["grpo"], checks={"headroom": {"metric": "em_after", "arm": "grpo", "max": 0.85},
-                                                       "clipping": {"metric": "clip_frac", "arm": "grpo", "min": 0.5}})
+    exp["pilot"].update(
+        seeds=1,
+        arms=["grpo"],
+        checks={
+            "headroom": {"metric": "em_after", "arm": "grpo", "max": 0.85},
+            "clipping": {"metric": "clip_frac", "arm": "grpo", "min": 0.5},
+        },
+    )
     path = tmp_path / "offpolicy_small.yaml"
     path.write_text(yaml.safe_dump(exp))
     results = tmp_path / "results"
     with pytest.raises(SystemExit, match="no pilot record"):
         runner.main([str(path), "--out", str(tmp_path / "runs"), "--results", str(results)])
-    rc = runner.main([str(path), "--pilot", "--reduced", "--out", str(tmp_path / "runs"), "--results", str(results),
-                      "--jobs", "1"])
+    rc = runner.main(
+        [str(path), "--pilot", "--reduced", "--out", str(tmp_path / "runs"), "--results", str(results), "--jobs", "1"]
+    )
     out = capsys.readouterr().out
     assert rc == 2 and "NOT ADMITTED" in out  # 3 steps at policy lag 2 clip nothing: the clipping check fails
     summaries = sorted(p.relative_to(results).as_posix() for p in results.glob("*/*/*.json"))

@@ -30,10 +30,17 @@ def runner():
 
 
 def test_override_values_round_trip_through_the_config_parser(runner):
-    assert runner.flatten({"algo": {"name": "grpo", "alpha": 0.5}, "data": {"synthetic": {"options": {"size": 1}}}}) == {
-        "algo.name": "grpo", "algo.alpha": 0.5, "data.synthetic.options": {"size": 1}}
-    overrides = runner.as_overrides({"optim.lr": 3.0e-4, "algo.sorl_normalize": False, "algo.stratum_cap": None,
-                                     "data.synthetic.options": {"size": "small", "hop_mix": [0.2, 0.8, 0.0]}})
+    assert runner.flatten(
+        {"algo": {"name": "grpo", "alpha": 0.5}, "data": {"synthetic": {"options": {"size": 1}}}}
+    ) == {"algo.name": "grpo", "algo.alpha": 0.5, "data.synthetic.options": {"size": 1}}
+    overrides = runner.as_overrides(
+        {
+            "optim.lr": 3.0e-4,
+            "algo.sorl_normalize": False,
+            "algo.stratum_cap": None,
+            "data.synthetic.options": {"size": "small", "hop_mix": [0.2, 0.8, 0.0]},
+        }
+    )
     cfg = load_config(None, ["model.name=tiny-random", *overrides])
     assert cfg.optim.lr == 3.0e-4 and cfg.algo.normalizer == "none" and cfg.algo.stratum_cap is None
     assert cfg.data.synthetic.options == {"size": "small", "hop_mix": [0.2, 0.8, 0.0]}
@@ -48,8 +55,12 @@ def test_full_plan_covers_every_arm_condition_seed_with_valid_configs(runner, tm
     assert [s.seed for s in specs] == sorted(s.seed for s in specs)  # seed-major
     for spec in specs:
         # The arm's settings come after the condition's and the task's; seed / steps / init_from last.
-        assert spec.overrides[-5:-1] == ["trainer.seed=%d" % spec.seed, "trainer.steps=7", "trainer.num_threads=1",
-                                         "sft.enabled=false"]
+        assert spec.overrides[-5:-1] == [
+            "trainer.seed=%d" % spec.seed,
+            "trainer.steps=7",
+            "trainer.num_threads=1",
+            "sft.enabled=false",
+        ]
         assert spec.overrides[-1] == f"model.init_from={tmp_path / 'warmstart' / spec.task / 'model'}"
         cfg = load_config(exp["base_path"], spec.overrides[:-1])  # init_from does not exist yet
         assert cfg.trainer.seed == spec.seed
@@ -72,8 +83,9 @@ def test_full_plan_covers_every_arm_condition_seed_with_valid_configs(runner, tm
 
 def test_arm_and_condition_filters(runner, tmp_path):
     exp = runner.load_experiment("sorl")
-    _, specs = runner.plan(exp, tmp_path, seeds=1, steps=2, reduced=False, extra=["trainer.save_every=1"],
-                           arms=["ppo"], conditions=["low"])
+    _, specs = runner.plan(
+        exp, tmp_path, seeds=1, steps=2, reduced=False, extra=["trainer.save_every=1"], arms=["ppo"], conditions=["low"]
+    )
     assert [(s.condition, s.arm) for s in specs] == [("low", "ppo")]
     assert "trainer.save_every=1" in specs[0].overrides
     with pytest.raises(SystemExit, match="unknown arms"):
@@ -90,9 +102,11 @@ def test_an_experiment_file_with_a_yaml_syntax_error_is_one_line_naming_it(runne
     path.write_text("conditions:\n  a: {task: x\n")
     with pytest.raises(SystemExit) as info:
         runner.load_experiment(str(path))
-    assert str(info.value) == (f"error: experiment file {path} is not valid YAML at line 3, column 1: expected ',' or "
-                               "'}', but got '<stream end>' (while parsing a flow mapping that starts at line 2, "
-                               "column 6). Fix: correct the YAML syntax there")
+    assert str(info.value) == (
+        f"error: experiment file {path} is not valid YAML at line 3, column 1: expected ',' or "
+        "'}', but got '<stream end>' (while parsing a flow mapping that starts at line 2, "
+        "column 6). Fix: correct the YAML syntax there"
+    )
 
 
 def test_finished_requires_all_steps(runner, tmp_path):
@@ -105,15 +119,22 @@ def test_finished_requires_all_steps(runner, tmp_path):
 
 def test_warmstart_file_contributes_only_the_warm_start_settings(runner, tmp_path, monkeypatch):
     path = tmp_path / "warmstart.yaml"
-    path.write_text("model: {name: word-tiny, tiny_hidden_size: 64}\n"
-                    "data: {max_eval_examples: 7, synthetic: {options: {size: 2500, num_train: 1200}}}\n"
-                    "rollout: {group_size: 3, max_obs_tokens: 99}\n"
-                    "trainer: {prompts_per_step: 99}\noptim: {lr: 1.0}\n"
-                    "sft: {enabled: true, num_demos: 1200, lr: 3.0e-3}\n")
+    path.write_text(
+        "model: {name: word-tiny, tiny_hidden_size: 64}\n"
+        "data: {max_eval_examples: 7, synthetic: {options: {size: 2500, num_train: 1200}}}\n"
+        "rollout: {group_size: 3, max_obs_tokens: 99}\n"
+        "trainer: {prompts_per_step: 99}\noptim: {lr: 1.0}\n"
+        "sft: {enabled: true, num_demos: 1200, lr: 3.0e-3}\n"
+    )
     monkeypatch.setattr(runner, "WARMSTART", path)
     assert runner.warmstart_overrides() == [
-        "model.name=word-tiny", "model.tiny_hidden_size=64", "data.synthetic.options={num_train: 1200, size: 2500}",
-        "rollout.max_obs_tokens=99", "sft.num_demos=1200", "sft.lr=0.003"]
+        "model.name=word-tiny",
+        "model.tiny_hidden_size=64",
+        "data.synthetic.options={num_train: 1200, size: 2500}",
+        "rollout.max_obs_tokens=99",
+        "sft.num_demos=1200",
+        "sft.lr=0.003",
+    ]
     monkeypatch.setattr(runner, "WARMSTART", tmp_path / "missing.yaml")
     assert runner.warmstart_overrides() == []
 
@@ -204,7 +225,10 @@ def test_shared_warmstart_trains_one_warm_start_for_every_world(runner, tmp_path
     assert list(sft) == ["lab"] and not any(o.startswith("data.synthetic.seed=") for o in sft["lab"])
     assert [s.task for s in specs] == ["lab"] * 3
     assert [next(o for o in s.overrides if o.startswith("data.synthetic.seed=")) for s in specs] == [
-        "data.synthetic.seed=5101", "data.synthetic.seed=5102", "data.synthetic.seed=5103"]
+        "data.synthetic.seed=5101",
+        "data.synthetic.seed=5102",
+        "data.synthetic.seed=5103",
+    ]
     assert {s.overrides[-1] for s in specs} == {f"model.init_from={tmp_path / 'warmstart' / 'lab' / 'model'}"}
     # without it, one warm start per world (v3's lab_stratified_twohop)
     exp.pop("shared_warmstart")

@@ -16,9 +16,19 @@ RUNNER = Path(__file__).resolve().parents[2] / "benchmarks" / "evidence" / "run.
 
 @pytest.mark.slow
 def test_a_reduced_experiment_runs_as_one_population(tmp_path):
-    common = ["stratified", "--reduced", "--jobs", "1", "--out", str(tmp_path / "runs"), "--cache", str(tmp_path / "kb")]
-    out = subprocess.run([sys.executable, str(RUNNER), *common, "--population", "2"], capture_output=True, text=True,
-                         timeout=300)
+    common = [
+        "stratified",
+        "--reduced",
+        "--jobs",
+        "1",
+        "--out",
+        str(tmp_path / "runs"),
+        "--cache",
+        str(tmp_path / "kb"),
+    ]
+    out = subprocess.run(
+        [sys.executable, str(RUNNER), *common, "--population", "2"], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("[done] guessable/") == 2 and "0 failed" in out.stdout
     (spec,) = (tmp_path / "runs" / "populations").glob("population-*.out.json")
@@ -30,12 +40,17 @@ def test_a_reduced_experiment_runs_as_one_population(tmp_path):
         assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
         assert json.loads((run_dir / "arm.json").read_text())["arm"] == arm
         assert "step 2/2" in (run_dir / "train.log").read_text()
-        summary = json.loads((tmp_path / "runs" / "results" / "stratified" / "guessable" / f"{arm}-s0.json").read_text())
+        summary = json.loads(
+            (tmp_path / "runs" / "results" / "stratified" / "guessable" / f"{arm}-s0.json").read_text()
+        )
         # a member's clock runs while the other member computes: its time is its share of the population's wall
         own = json.loads((run_dir / "summary.json").read_text())["train_seconds"]
         assert summary["population"] == 2 and summary["train_seconds"] == pytest.approx(own / 2, rel=1e-3)
-    assert set(json.loads((root / "aggregate" / "aggregate.json").read_text())["conditions"]["guessable"]["arms"]) == \
-        {"grpo", "stratified"}
-    rerun = subprocess.run([sys.executable, str(RUNNER), *common, "--population", "2"], capture_output=True, text=True,
-                           timeout=120)
+    assert set(json.loads((root / "aggregate" / "aggregate.json").read_text())["conditions"]["guessable"]["arms"]) == {
+        "grpo",
+        "stratified",
+    }
+    rerun = subprocess.run(
+        [sys.executable, str(RUNNER), *common, "--population", "2"], capture_output=True, text=True, timeout=120
+    )
     assert rerun.returncode == 0 and rerun.stdout.count("[skip (summary)]") == 2, rerun.stdout + rerun.stderr

@@ -76,10 +76,19 @@ def _fake_run(run_dir: Path) -> None:
     rows = []
     for step in range(1, 13):
         c2 = 6.0 if step <= 10 else 8.0
-        rows.append({"step": step, "reward/mean": 0.1 * (step % 3), "rollout/num": 8.0,
-                     "stratum/1/count": 8.0 - c2, "stratum/1/reward_mean": 0.0,
-                     "stratum/2/count": c2, "stratum/2/reward_mean": (0.5 if step % 2 else 0.25) if step <= 10 else 1.0,
-                     "rollout/search_calls_frac/2": c2 / 8.0, "rollout/search_calls_frac/1": 1 - c2 / 8.0})
+        rows.append(
+            {
+                "step": step,
+                "reward/mean": 0.1 * (step % 3),
+                "rollout/num": 8.0,
+                "stratum/1/count": 8.0 - c2,
+                "stratum/1/reward_mean": 0.0,
+                "stratum/2/count": c2,
+                "stratum/2/reward_mean": (0.5 if step % 2 else 0.25) if step <= 10 else 1.0,
+                "rollout/search_calls_frac/2": c2 / 8.0,
+                "rollout/search_calls_frac/1": 1 - c2 / 8.0,
+            }
+        )
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run_dir / "summary.json").write_text(json.dumps({"steps": 12, "train_seconds": 1.0}))
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"rollout": {"group_size": 4}}))
@@ -141,10 +150,13 @@ def test_admission_check_names_each_violated_bound():
     finally:
         sys.path.remove(str(HERE))
     row = {"rollout/search_calls_frac/2": 0.4, "reward/mean": 0.2}
-    failures = admission.check(row, {"two_search_share": [0.6, 1.0], "success_given_2": [0.25, 0.65],
-                                     "reward": [0.0, 1.0]})
-    assert failures == ["two_search_share (rollout/search_calls_frac/2) = 0.400, outside [0.6, 1.0]",
-                        "success_given_2 (stratum/2/reward_mean) is missing from the warm start's first step"]
+    failures = admission.check(
+        row, {"two_search_share": [0.6, 1.0], "success_given_2": [0.25, 0.65], "reward": [0.0, 1.0]}
+    )
+    assert failures == [
+        "two_search_share (rollout/search_calls_frac/2) = 0.400, outside [0.6, 1.0]",
+        "success_given_2 (stratum/2/reward_mean) is missing from the warm start's first step",
+    ]
     assert admission.check({**row, "rollout/search_calls_frac/2": 0.7}, {"two_search_share": [0.6, 1.0]}) == []
     with pytest.raises(ValueError, match="low <= high"):
         admission.validate({"bounds": {"reward": [1.0, 0.0]}}, "x.yaml")
@@ -181,7 +193,9 @@ def test_twohop_regime_and_its_metrics(ev, tmp_path):
     groups = set()
     for spec in specs[:8]:
         cfg = load_config(exp["base_path"], spec.overrides[:-1])
-        assert cfg.data.synthetic.options["hop_mix"] == [0.0, 1.0, 0.0] and cfg.sft.wrong_hop_fraction == 0.3  # retuned by the admission check
+        assert (
+            cfg.data.synthetic.options["hop_mix"] == [0.0, 1.0, 0.0] and cfg.sft.wrong_hop_fraction == 0.3
+        )  # retuned by the admission check
         groups.add(cfg.rollout.group_size)
     assert groups == {4, 8}
     design = exp["metrics"]
@@ -191,11 +205,21 @@ def test_twohop_regime_and_its_metrics(ev, tmp_path):
 
 @pytest.mark.slow
 def test_reduced_v3_experiments_run_and_write_the_new_summary_fields(tmp_path):
-    common = ["--reduced", "--jobs", "1", "--cache", str(tmp_path / "kb"), "--results", str(tmp_path / "results"),
-              "--out", str(tmp_path / "runs")]
+    common = [
+        "--reduced",
+        "--jobs",
+        "1",
+        "--cache",
+        str(tmp_path / "kb"),
+        "--results",
+        str(tmp_path / "results"),
+        "--out",
+        str(tmp_path / "runs"),
+    ]
     for name in ("lab_sorl_reuse", "lab_stratified_twohop"):
-        out = subprocess.run([sys.executable, str(HERE / "run.py"), name, *common], capture_output=True, text=True,
-                             timeout=600)
+        out = subprocess.run(
+            [sys.executable, str(HERE / "run.py"), name, *common], capture_output=True, text=True, timeout=600
+        )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     reuse = json.loads((tmp_path / "results" / "lab_sorl_reuse" / "d4" / "so_ppo_floor-s0.json").read_text())
     assert reuse["steps"] == 1 and len(reuse["provenance"]["base_config_sha256"]) == 64

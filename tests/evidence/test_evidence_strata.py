@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stratarl.algos import cross_stratum_variance, shuffle_strata_within_groups, stratified_advantages, zero_san_fraction
+from stratarl.algos import (
+    cross_stratum_variance,
+    shuffle_strata_within_groups,
+    stratified_advantages,
+    zero_san_fraction,
+)
 
 
 def _slow_cross_var(rewards, groups, strata):
@@ -67,7 +72,11 @@ def test_zero_san_frac_matches_slow_loop_and_the_advantages(seed):
 def test_hand_case():
     # One group of 4: strata {0: [1, 1], 1: [0, 0]} -> mean 0.5, cells 1 and 0: (2·0.25 + 2·0.25) / 4 = 0.25.
     # Both cells are uniform, so every SAN advantage is 0.
-    rewards, groups, strata = torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.zeros(4, dtype=torch.long), torch.tensor([0, 0, 1, 1])
+    rewards, groups, strata = (
+        torch.tensor([1.0, 1.0, 0.0, 0.0]),
+        torch.zeros(4, dtype=torch.long),
+        torch.tensor([0, 0, 1, 1]),
+    )
     torch.testing.assert_close(cross_stratum_variance(rewards, groups, strata), torch.tensor(0.25))
     assert float(zero_san_fraction(rewards, groups, strata)) == 1.0
     # Mixing the strata removes the structural part: cells [1, 0] and [1, 0] have the group's mean.
@@ -97,7 +106,9 @@ def test_random_strata_keep_sizes_per_group_and_are_deterministic():
     for g in groups.unique():
         rows = groups == g
         assert sorted(a[rows].tolist()) == sorted(strata[rows].tolist())
-    assert a.dtype == strata.dtype and strata.tolist() == _random_batch(0, groups=8, size=8)[2].tolist()  # input untouched
+    assert (
+        a.dtype == strata.dtype and strata.tolist() == _random_batch(0, groups=8, size=8)[2].tolist()
+    )  # input untouched
 
 
 def test_random_strata_break_the_link_between_structure_and_reward():
@@ -140,7 +151,7 @@ def _slow_live_groups(rewards, groups, strata, low=0.05, high=0.95):
 def test_live_groups_hand_derived():
     # group 0: stratum 1 mean 0.5, stratum 2 mean 0.5 -> live; group 1: stratum 1 all 0, stratum 2 mean 0.5 -> not;
     # group 2: one stratum, mean 0.5 -> not (one live stratum only); group 3: two one-rollout strata (0, 1) -> not.
-    rewards = torch.tensor([1., 0., 1., 0., 0., 0., 1., 0., 1., 0., 1., 0., 0., 1.])
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3])
     strata = torch.tensor([1, 1, 2, 2, 1, 1, 2, 2, 2, 2, 2, 2, 1, 2])
     assert float(live_strata_group_fraction(rewards, groups, strata)) == pytest.approx(0.25)
@@ -154,7 +165,8 @@ def test_live_groups_matches_slow_loop(seed):
     fast = float(live_strata_group_fraction(rewards, groups, strata))
     assert fast == pytest.approx(_slow_live_groups(rewards.tolist(), groups.tolist(), strata.tolist()))
     assert float(live_strata_group_fraction(rewards, groups, strata, low=0.2, high=0.7)) == pytest.approx(
-        _slow_live_groups(rewards.tolist(), groups.tolist(), strata.tolist(), 0.2, 0.7))
+        _slow_live_groups(rewards.tolist(), groups.tolist(), strata.tolist(), 0.2, 0.7)
+    )
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -174,7 +186,8 @@ def test_live_groups_edge_cases():
     empty, ids = torch.zeros(0), torch.zeros(0, dtype=torch.long)
     assert float(live_strata_group_fraction(empty, ids, ids)) == 0.0
     with pytest.raises(ValueError, match="low <= high"):
-        live_strata_group_fraction(torch.ones(2), torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long),
-                                   low=0.9, high=0.1)
+        live_strata_group_fraction(
+            torch.ones(2), torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long), low=0.9, high=0.1
+        )
     with pytest.raises(ValueError):
         live_strata_group_fraction(torch.ones(3), torch.zeros(2, dtype=torch.long), torch.zeros(3, dtype=torch.long))

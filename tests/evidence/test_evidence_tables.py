@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TABLES = REPO / "benchmarks" / "evidence" / "tables.py"
 # A finder in front of every other one that refuses torch, as on a machine without it.
-NO_TORCH = f'''
+NO_TORCH = f"""
 import runpy, sys
 class NoTorch:
     def find_spec(self, name, path=None, target=None):
@@ -28,7 +28,7 @@ else:
     raise SystemExit("the blocker let torch through")
 sys.argv = [{str(TABLES)!r}, *sys.argv[1:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -56,17 +56,31 @@ def test_one_command_checks_every_experiment_with_summaries(tables, capsys):
 
 
 def _summary(arm: str, seed: int, em: float) -> dict:
-    return {"arm": arm, "condition": "c", "seed": seed, "eval": {"after": {"em": em}, "before": {"em": 0.1}},
-            "per_step": {"reward/mean": [em]}}
+    return {
+        "arm": arm,
+        "condition": "c",
+        "seed": seed,
+        "eval": {"after": {"em": em}, "before": {"em": 0.1}},
+        "per_step": {"reward/mean": [em]},
+    }
 
 
 def test_contrasts_pair_arms_by_seed_and_the_headline_shows_them_per_metric(tables):
     """A contrast 'a - b' is the paired difference over the seeds both arms have (hand-computed here), and a
     headline with `metrics` has one row per metric with the contrast's column."""
-    exp = {"name": "x", "baseline": "grpo", "arms": {"grpo": {}, "ppo": {}, "so_ppo": {}},
-           "conditions": {"c": {}}, "metrics": {"primary": "em_after", "secondary": ["em_gain"], "diagnostics": ["em_before"]},
-           "contrasts": ["so_ppo - ppo"],
-           "headline": {"label": "degree", "metrics": ["em_after", "em_gain"], "columns": {"so_ppo - ppo": "SO-PPO − PPO"}}}
+    exp = {
+        "name": "x",
+        "baseline": "grpo",
+        "arms": {"grpo": {}, "ppo": {}, "so_ppo": {}},
+        "conditions": {"c": {}},
+        "metrics": {"primary": "em_after", "secondary": ["em_gain"], "diagnostics": ["em_before"]},
+        "contrasts": ["so_ppo - ppo"],
+        "headline": {
+            "label": "degree",
+            "metrics": ["em_after", "em_gain"],
+            "columns": {"so_ppo - ppo": "SO-PPO − PPO"},
+        },
+    }
     ems = {"grpo": [0.5, 0.5, 0.5], "ppo": [0.4, 0.6, 0.5], "so_ppo": [0.5, 0.8, 0.6]}  # so_ppo - ppo: 0.1, 0.2, 0.1
     arms = {arm: {s: _summary(arm, s, em) for s, em in enumerate(v)} for arm, v in ems.items()}
     table = tables.condition_tables(exp, "c", arms)
@@ -74,7 +88,9 @@ def test_contrasts_pair_arms_by_seed_and_the_headline_shows_them_per_metric(tabl
     assert d["n"] == 3 and d["mean"] == pytest.approx(0.4 / 3)
     assert table["contrasts"]["so_ppo - ppo"]["em_gain"]["mean"] == pytest.approx(0.4 / 3)  # before is equal
     del arms["so_ppo"][2]  # an unpaired seed drops out of the contrast
-    assert tables.condition_tables(exp, "c", arms)["contrasts"]["so_ppo - ppo"]["em_after"]["mean"] == pytest.approx(0.15)
+    assert tables.condition_tables(exp, "c", arms)["contrasts"]["so_ppo - ppo"]["em_after"]["mean"] == pytest.approx(
+        0.15
+    )
     rows = tables.headline_table(exp, [table]).splitlines()
     assert rows[0].startswith("| degree | metric | warm start | grpo | SO-PPO − PPO |")
     assert [r.split(" | ")[1] for r in rows[2:]] == ["em_after", "em_gain"]
@@ -84,8 +100,9 @@ def test_contrasts_pair_arms_by_seed_and_the_headline_shows_them_per_metric(tabl
     assert no_warm[0].startswith("| degree | metric | grpo | SO-PPO − PPO |") and no_warm[1] == "|---|---|---|---|---|"
     assert no_warm[2].startswith("| c | em_after | 0.500 ± 0.000 | +0.133")
     # A single-arm pilot (no columns): the baseline's values, and as many headings as cells in every row.
-    alone = tables.headline_table({**exp, "headline": {"label": "candidate", "before": None, "columns": {},
-                                                       "metrics": ["em_after"]}}, [table]).splitlines()
+    alone = tables.headline_table(
+        {**exp, "headline": {"label": "candidate", "before": None, "columns": {}, "metrics": ["em_after"]}}, [table]
+    ).splitlines()
     assert alone == ["| candidate | metric | grpo |", "|---|---|---|", "| c | em_after | 0.500 ± 0.000 |"]
     # without `contrasts` the table has no such key, so older committed tables stay byte-identical
     assert "contrasts" not in tables.condition_tables({**exp, "contrasts": []}, "c", arms)
@@ -95,7 +112,9 @@ def test_the_results_page_table_is_generated_between_its_markers(tables):
     page = tables.RESULTS_PAGE.read_text()
     assert page.count("<!-- tables:lab_stratified begin -->") == 1
     exp = tables.load_experiment("lab_stratified")
-    texts, _ = tables.outputs(exp, tables.load_runs(exp, tables.RESULTS), tables.DOCS, tables.RESULTS_PAGE, figures=False)
+    texts, _ = tables.outputs(
+        exp, tables.load_runs(exp, tables.RESULTS), tables.DOCS, tables.RESULTS_PAGE, figures=False
+    )
     generated = texts[tables.RESULTS_PAGE]
     assert "| guessable | 0.110 | 0.112 ± 0.022 |" in generated and "**−0.467 [−0.490, −0.444]**" in generated
     assert "| 0.031-0.046 |" in generated  # the detectable range over every arm, SAN only included
@@ -119,7 +138,13 @@ def test_replace_marked_needs_one_pair_of_markers(tables):
 
 
 def test_tables_run_without_torch(tmp_path):
-    result = subprocess.run([sys.executable, "-c", NO_TORCH, "lab_stratified", "--check"], capture_output=True,
-                            text=True, timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, "lab_stratified", "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "lab_stratified: 3 files match the summaries" in result.stdout

@@ -11,17 +11,25 @@ import pytest
 import torch
 
 from stratarl.data.examples import Example
-from stratarl.trainer.batch import collate_sequences
-from stratarl.trainer.config import ConfigError, load_config
 from stratarl.evaluation.greedy import aggregate, eval_metrics
 from stratarl.rollout.collect import Scoring
+from stratarl.trainer.batch import collate_sequences
+from stratarl.trainer.config import ConfigError, load_config
 from stratarl.trainer.step import advantage_strata, em_by_type, stratum_metrics
 from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch
 
 
 def _cfg(*overrides):
-    return load_config(None, ["model.name=tiny-random", "algo.kl_coef=0.0", "trainer.logprob_chunk_tokens=7",
-                              "algo.sorl_delta=1e-6", *overrides])
+    return load_config(
+        None,
+        [
+            "model.name=tiny-random",
+            "algo.kl_coef=0.0",
+            "trainer.logprob_chunk_tokens=7",
+            "algo.sorl_delta=1e-6",
+            *overrides,
+        ],
+    )
 
 
 def _clipped_batch(learner, cfg, seed=0, rows=6):
@@ -36,8 +44,17 @@ def _clipped_batch(learner, cfg, seed=0, rows=6):
     return dataclasses.replace(batch, old_logprobs=batch.old_logprobs - 2.0 * batch.response_mask)
 
 
-@pytest.mark.parametrize("name, flag, expected", [("grpo", None, False), ("ppo", None, False), ("so_grpo", None, True),
-                                                  ("so_ppo", None, True), ("grpo", True, True), ("so_grpo", False, False)])
+@pytest.mark.parametrize(
+    "name, flag, expected",
+    [
+        ("grpo", None, False),
+        ("ppo", None, False),
+        ("so_grpo", None, True),
+        ("so_ppo", None, True),
+        ("grpo", True, True),
+        ("so_grpo", False, False),
+    ],
+)
 def test_sorl_normalize_defaults_and_overrides(name, flag, expected):
     overrides = [f"algo.name={name}"] + ([f"algo.sorl_normalize={str(flag).lower()}"] if flag is not None else [])
     assert _cfg(*overrides).algorithm.uses_normalizer is expected
@@ -102,7 +119,7 @@ def test_random_strata_collect_the_search_counts_and_permute_per_step():
     first, again, later = (advantage_strata(cfg, observed, groups, s) for s in (0, 0, 1))
     assert first == again and first != later and first != observed
     for g in (0, 1):
-        assert sorted(first[g * 6:(g + 1) * 6]) == sorted(observed[g * 6:(g + 1) * 6])
+        assert sorted(first[g * 6 : (g + 1) * 6]) == sorted(observed[g * 6 : (g + 1) * 6])
     assert advantage_strata(plain, observed, groups, 0) == observed
 
 
@@ -114,8 +131,11 @@ class _Collected:
 def test_stratum_metrics_of_a_step():
     collected = _Collected([1.0, 1.0, 0.0, 0.0], [0, 0, 0, 0], [1, 1, 0, 0])
     m = stratum_metrics(_cfg(), collected, collected.strata)
-    assert m == {"stratum/cross_var": pytest.approx(0.25), "stratum/zero_san_frac": 1.0,
-                 "stratum/live_groups_frac": 0.0}
+    assert m == {
+        "stratum/cross_var": pytest.approx(0.25),
+        "stratum/zero_san_frac": 1.0,
+        "stratum/live_groups_frac": 0.0,
+    }
     m = stratum_metrics(_cfg("algo.stratum_key=random"), collected, [1, 0, 1, 0])
     assert m["stratum/cross_var"] == pytest.approx(0.0) and m["stratum/cross_var_observed"] == pytest.approx(0.25)
     # live strata are read on the observed strata whatever the advantage used: two live strata in one group
@@ -126,19 +146,28 @@ def test_stratum_metrics_of_a_step():
 
 
 def _example(i, question_type):
-    return Example(id=str(i), question="q", golden_answers=("a",), metadata={"question_type": question_type} if question_type else {})
+    return Example(
+        id=str(i),
+        question="q",
+        golden_answers=("a",),
+        metadata={"question_type": question_type} if question_type else {},
+    )
 
 
 def test_em_by_type():
     examples = [_example(0, "single_hop"), _example(1, "multi_hop_2"), _example(2, "multi_hop_2"), _example(3, None)]
-    assert em_by_type(examples, [1.0, 0.0, 1.0, 1.0]) == {"reward/em_by_type/multi_hop_2": 0.5,
-                                                          "reward/em_by_type/single_hop": 1.0}
+    assert em_by_type(examples, [1.0, 0.0, 1.0, 1.0]) == {
+        "reward/em_by_type/multi_hop_2": 0.5,
+        "reward/em_by_type/single_hop": 1.0,
+    }
     assert em_by_type([_example(0, None)], [1.0]) == {}
 
 
 def test_eval_metrics_include_question_types():
-    scores = [{"em": 1.0, "subem": 1.0, "f1": 1.0, "searches": 1.0, "answered": 1.0},
-              {"em": 0.0, "subem": 0.0, "f1": 0.0, "searches": 3.0, "answered": 0.0}]
+    scores = [
+        {"em": 1.0, "subem": 1.0, "f1": 1.0, "searches": 1.0, "answered": 1.0},
+        {"em": 0.0, "subem": 0.0, "f1": 0.0, "searches": 3.0, "answered": 0.0},
+    ]
     per_type = aggregate(scores, ["single_hop", "multi_hop_2"], with_all=False)
     assert set(per_type) == {"single_hop", "multi_hop_2"}
     result = {"per_source": aggregate(scores, ["kb", "kb"]), "per_type": per_type}
@@ -179,7 +208,9 @@ def test_running_pg_rule_is_scale_free(k):
     c, m = torch.tensor(0.8), 0.3
     base = float(sorl_scale(c, delta=1.5, rule="running_pg", pg_norm_ema=m)[0])
     assert base < 1.0
-    assert math.isclose(float(sorl_scale(c * k, delta=1.5, rule="running_pg", pg_norm_ema=m * k)[0]), base, rel_tol=1e-6)
+    assert math.isclose(
+        float(sorl_scale(c * k, delta=1.5, rule="running_pg", pg_norm_ema=m * k)[0]), base, rel_tol=1e-6
+    )
     assert float(sorl_scale(c * k, delta=0.5)[0]) != float(sorl_scale(c, delta=0.5)[0])
 
 
@@ -221,12 +252,14 @@ def _sgd_step_delta(tiny_model, *overrides):
 def test_sorl_order_before_clip_is_undone_by_tight_clipping_and_after_clip_is_not(tiny_model):
     plain, _ = _sgd_step_delta(tiny_model, "algo.name=grpo")
     before, m_before = _sgd_step_delta(tiny_model, "algo.name=grpo", "algo.sorl_normalize=true")
-    after, m_after = _sgd_step_delta(tiny_model, "algo.name=grpo", "algo.sorl_normalize=true", "algo.sorl_order=after_clip")
+    after, m_after = _sgd_step_delta(
+        tiny_model, "algo.name=grpo", "algo.sorl_normalize=true", "algo.sorl_order=after_clip"
+    )
     scale = m_after["sorl/scale"]
     assert scale < 0.5 and m_before["sorl/scale"] == scale  # the factor is the same; only where it acts differs
     for p, b, a in zip(plain, before, after):
-        torch.testing.assert_close(b, p)            # clipping to 1e-4 rescales away the factor
-        torch.testing.assert_close(a, p * scale)    # after clipping, the factor reaches the step
+        torch.testing.assert_close(b, p)  # clipping to 1e-4 rescales away the factor
+        torch.testing.assert_close(a, p * scale)  # after clipping, the factor reaches the step
 
 
 def test_optimizer_choice_is_validated():

@@ -4,23 +4,30 @@ reliability tests, and a reward with variance written to a file (named by path, 
 from __future__ import annotations
 
 import pytest
-
 from fault_injection import STEPS, TINY, FlakyServer, HangingServer
 
-REWARD = '''
+REWARD = """
 def length_parity_reward(response_text, golds):
     return float(len(response_text) % 2 == 0)
-'''
+"""
 
 
 @pytest.fixture(scope="session")
 def base_overrides(tmp_path_factory):
     root = tmp_path_factory.mktemp("reliability")
     (root / "reward.py").write_text(REWARD)
-    return [f"data.synthetic.cache_dir={root / 'kb'}", f"algo.reward={root / 'reward.py'}:length_parity_reward",
-            f"trainer.steps={STEPS}", "trainer.save_every=1", "trainer.keep_last=2", "logging.tensorboard=false",
-            "logging.num_transcripts=0", "data.synthetic.options.num_train=8", "rollout.group_size=2",
-            "trainer.epochs=1"]
+    return [
+        f"data.synthetic.cache_dir={root / 'kb'}",
+        f"algo.reward={root / 'reward.py'}:length_parity_reward",
+        f"trainer.steps={STEPS}",
+        "trainer.save_every=1",
+        "trainer.keep_last=2",
+        "logging.tensorboard=false",
+        "logging.num_transcripts=0",
+        "data.synthetic.options.num_train=8",
+        "rollout.group_size=2",
+        "trainer.epochs=1",
+    ]
 
 
 @pytest.fixture(scope="session")

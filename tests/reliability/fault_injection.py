@@ -173,8 +173,9 @@ HELD_SOCKETS: list = []
 """Listening sockets that make a port busy for the "port in use" case (closed with the process)."""
 
 
-def bad_input_cases(root: Path, tiny_config: Path, kb_dir: Path, run_without_checkpoint: Path,
-                    trained_run: Path) -> list[tuple]:
+def bad_input_cases(
+    root: Path, tiny_config: Path, kb_dir: Path, run_without_checkpoint: Path, trained_run: Path
+) -> list[tuple]:
     """(name, argv, text the one-line error must contain) for every bad input, with the files they
     need written under ``root``."""
     root.mkdir(parents=True, exist_ok=True)
@@ -210,7 +211,11 @@ def bad_input_cases(root: Path, tiny_config: Path, kb_dir: Path, run_without_che
         ("algo.value_clip=-1", [*train, "algo.value_clip=-1"], "algo.value_clip"),
         ("rollout.temperature=nan", [*train, "rollout.temperature=.nan"], "rollout.temperature"),
         ("retrieval.step_budget_s=0", [*train, "retrieval.step_budget_s=0"], "retrieval.step_budget_s"),
-        ("reward with the wrong signature", [*train, f"algo.reward={root / 'wrong_sig.py'}:reward"], "cannot be called with 2"),
+        (
+            "reward with the wrong signature",
+            [*train, f"algo.reward={root / 'wrong_sig.py'}:reward"],
+            "cannot be called with 2",
+        ),
         ("--run-dir under a file", ["train", *tiny, "--run-dir", str(a_file / "run")], "a_file"),
         ("trainer.output_dir is a file", ["train", *tiny, f"trainer.output_dir={a_file}"], "a_file"),
         ("duplicate YAML key", ["train", str(root / "dup.yaml")], "key `trainer` appears twice"),
@@ -219,29 +224,64 @@ def bad_input_cases(root: Path, tiny_config: Path, kb_dir: Path, run_without_che
         ("--start-over without --resume", [*train, "--start-over"], "--start-over only applies"),
         ("eval a run without a checkpoint", ["eval", str(run_without_checkpoint)], "no loadable checkpoint"),
         ("eval --out under a file", ["eval", str(trained_run), "--out", str(a_file / "eval")], "a_file"),
-        ("serve --port 99999", ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--port", "99999"], "--port 99999"),
-        ("index build over its own corpus", ["index", "build", "--corpus", str(corpus_dir / "corpus.jsonl"), "--out",
-                                             str(corpus_dir)], f"e.g. --out {corpus_dir / 'corpus_index'}"),
-        ("serve on a port in use", ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--port", str(busy_port)],
-         f"--port {busy_port}: 127.0.0.1:{busy_port} is already in use"),
-        ("--resume with another model size", ["train", "--resume", str(trained_copy), "model.tiny_hidden_size=32"],
-         f"is [64, 64] there but [32, 32] in this one and 19 more. Fix: use the model settings the run was trained "
-         f"with (model.* in {trained_copy / 'config.yaml'})"),
-        ("serve --request-timeout 0", ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--request-timeout", "0"],
-         "--request-timeout 0.0: must be a positive number of seconds. Fix: use e.g. 5"),
-        ("train against a dead retriever", [*train, f"retrieval.spec={dead_url}"],
-         f"the probe search to {dead_url} failed (ConnectError: Connection refused)"),
-        ("eval against a dead retriever", ["eval", str(trained_copy), f"retrieval.spec={dead_url}"],
-         f"the probe search to {dead_url} failed (ConnectError: Connection refused)"),
-        ("non-UTF-8 corpus", ["index", "build", "--corpus", str(root / "bad.jsonl"), "--out", str(root / "idx")],
-         "bad.jsonl, line 2: not UTF-8"),
-        ("plain file named .jsonl.gz", ["index", "build", "--corpus", str(root / "fake.jsonl.gz"), "--out",
-                                        str(root / "idx")], "fake.jsonl.gz: not a readable gzip file"),
+        (
+            "serve --port 99999",
+            ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--port", "99999"],
+            "--port 99999",
+        ),
+        (
+            "index build over its own corpus",
+            ["index", "build", "--corpus", str(corpus_dir / "corpus.jsonl"), "--out", str(corpus_dir)],
+            f"e.g. --out {corpus_dir / 'corpus_index'}",
+        ),
+        (
+            "serve on a port in use",
+            ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--port", str(busy_port)],
+            f"--port {busy_port}: 127.0.0.1:{busy_port} is already in use",
+        ),
+        (
+            "--resume with another model size",
+            ["train", "--resume", str(trained_copy), "model.tiny_hidden_size=32"],
+            f"is [64, 64] there but [32, 32] in this one and 19 more. Fix: use the model settings the run was trained "
+            f"with (model.* in {trained_copy / 'config.yaml'})",
+        ),
+        (
+            "serve --request-timeout 0",
+            ["serve", "--corpus", str(corpus_dir / "corpus.jsonl"), "--request-timeout", "0"],
+            "--request-timeout 0.0: must be a positive number of seconds. Fix: use e.g. 5",
+        ),
+        (
+            "train against a dead retriever",
+            [*train, f"retrieval.spec={dead_url}"],
+            f"the probe search to {dead_url} failed (ConnectError: Connection refused)",
+        ),
+        (
+            "eval against a dead retriever",
+            ["eval", str(trained_copy), f"retrieval.spec={dead_url}"],
+            f"the probe search to {dead_url} failed (ConnectError: Connection refused)",
+        ),
+        (
+            "non-UTF-8 corpus",
+            ["index", "build", "--corpus", str(root / "bad.jsonl"), "--out", str(root / "idx")],
+            "bad.jsonl, line 2: not UTF-8",
+        ),
+        (
+            "plain file named .jsonl.gz",
+            ["index", "build", "--corpus", str(root / "fake.jsonl.gz"), "--out", str(root / "idx")],
+            "fake.jsonl.gz: not a readable gzip file",
+        ),
         ("data inspect a non-UTF-8 corpus", ["data", "inspect", str(root / "bad.jsonl")], "line 2: not UTF-8"),
         ("data synth --out is a file", ["data", "synth", "--out", str(a_file)], "is a file"),
-        ("data synth --num-train -1", ["data", "synth", "--out", str(root / "synth"), "--num-train", "-1"], "--num-train -1"),
-        ("data convert to a path under a file", ["data", "convert", str(root / "questions.jsonl"),
-                                                 str(a_file / "out.jsonl")], "a_file"),
+        (
+            "data synth --num-train -1",
+            ["data", "synth", "--out", str(root / "synth"), "--num-train", "-1"],
+            "--num-train -1",
+        ),
+        (
+            "data convert to a path under a file",
+            ["data", "convert", str(root / "questions.jsonl"), str(a_file / "out.jsonl")],
+            "a_file",
+        ),
     ]
     if not torch.cuda.is_available():
         cases.append(("trainer.device=cuda on a CPU build", [*train, "trainer.device=cuda"], "trainer.device"))
@@ -263,7 +303,7 @@ def run_cli(argv: list[str]) -> tuple[int, str]:
             code = main(argv)
         except SystemExit as error:
             code = error.code if isinstance(error.code, int) else 1
-        except Exception:  # noqa: BLE001 - the point is to show what escaped
+        except Exception:
             return 1, err.getvalue() + traceback.format_exc()
     return code, err.getvalue()
 
@@ -272,8 +312,14 @@ def clear_error(code: int, stderr: str, expected: str) -> bool:
     """A non-zero exit, no traceback, and exactly one error line, which contains ``expected``, no raw
     errno text, and at most one fix."""
     lines = [line for line in stderr.splitlines() if "error:" in line]
-    return (code != 0 and "Traceback" not in stderr and len(lines) == 1 and expected in lines[0]
-            and lines[0].count("Fix:") <= 1 and "[Errno" not in lines[0])
+    return (
+        code != 0
+        and "Traceback" not in stderr
+        and len(lines) == 1
+        and expected in lines[0]
+        and lines[0].count("Fix:") <= 1
+        and "[Errno" not in lines[0]
+    )
 
 
 # --------------------------------------------------------------------------- retrieval servers that fail
@@ -291,13 +337,14 @@ class FlakyServer:
         self.failing = False
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's name
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if owner.failing:
                     status, payload = 500, b'{"error": "outage"}'
                 else:
-                    hits = [[{"document": {"id": "0", "contents": '"T"\nsome text'}, "score": 1.0}]
-                            for _ in body["queries"]]
+                    hits = [
+                        [{"document": {"id": "0", "contents": '"T"\nsome text'}, "score": 1.0}] for _ in body["queries"]
+                    ]
                     status, payload = 200, json.dumps({"result": hits}).encode()
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(payload)))
@@ -353,7 +400,7 @@ class SearchThenAnswerGenerator(Generator):
         self.calls = 0
 
     def generate(self, prompts, params, max_new_tokens=None):
-        from stratarl.rollout.generation import Generation, Generator
+        from stratarl.rollout.generation import Generation
 
         budgets = list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
         out = []
@@ -370,7 +417,9 @@ def scripted_parts():
     """Run parts whose rollouts come from `SearchThenAnswerGenerator` (the real model still trains)."""
     from stratarl.trainer.run import RunParts
 
-    return RunParts(make_generator=lambda model, tokenizer, backend, seed, **kwargs: SearchThenAnswerGenerator(tokenizer))
+    return RunParts(
+        make_generator=lambda model, tokenizer, backend, seed, **kwargs: SearchThenAnswerGenerator(tokenizer)
+    )
 
 
 def scripted_policy(monkeypatch) -> None:
@@ -383,5 +432,6 @@ def scripted_policy(monkeypatch) -> None:
 
 def remote_spec(url: str, **options) -> str:
     """A `retrieval.spec=` override for the remote retriever at ``url`` (one retry, short backoff)."""
-    return "retrieval.spec=" + json.dumps({"kind": "remote", "url": url, "timeout_s": 5, "max_retries": 1,
-                                           "backoff_s": 0.01, **options})
+    return "retrieval.spec=" + json.dumps(
+        {"kind": "remote", "url": url, "timeout_s": 5, "max_retries": 1, "backoff_s": 0.01, **options}
+    )

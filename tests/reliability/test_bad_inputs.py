@@ -4,7 +4,6 @@ resume leaves config.yaml as it was; a module planted in the current directory i
 from __future__ import annotations
 
 import pytest
-
 from fault_injection import TINY, bad_input_cases, clear_error, run_cli
 
 
@@ -20,8 +19,9 @@ def run_without_checkpoint(tmp_path_factory, tiny_cfg):
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory, run_without_checkpoint, tiny_cfg, straight_run):
-    table = bad_input_cases(tmp_path_factory.mktemp("bad"), TINY, tiny_cfg.data.synthetic.cache_dir,
-                            run_without_checkpoint, straight_run)
+    table = bad_input_cases(
+        tmp_path_factory.mktemp("bad"), TINY, tiny_cfg.data.synthetic.cache_dir, run_without_checkpoint, straight_run
+    )
     return {name: (argv, expected) for name, argv, expected in table}
 
 
@@ -53,7 +53,8 @@ def test_a_module_planted_in_the_current_directory_is_not_imported(tmp_path, mon
     from stratarl.infra.callables import resolve_callable
 
     (tmp_path / "planted_reward_mod.py").write_text(
-        "import pathlib\npathlib.Path(__file__).with_name('RAN').touch()\ndef reward(t, g):\n    return 1.0\n")
+        "import pathlib\npathlib.Path(__file__).with_name('RAN').touch()\ndef reward(t, g):\n    return 1.0\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend("")  # what `python -m` puts first
     monkeypatch.delenv("PYTHONPATH", raising=False)
@@ -69,8 +70,11 @@ def test_an_os_error_that_carries_its_fix_gets_no_second_one():
 
     from stratarl.commands import describe_os_error
 
-    disk_full = OSError(errno.ENOSPC, "disk full while writing a checkpoint under runs/x; the previous checkpoint is "
-                                      "intact. Fix: free space, then `stratarl train --resume RUN_DIR`")
+    disk_full = OSError(
+        errno.ENOSPC,
+        "disk full while writing a checkpoint under runs/x; the previous checkpoint is "
+        "intact. Fix: free space, then `stratarl train --resume RUN_DIR`",
+    )
     assert describe_os_error(disk_full).count("Fix:") == 1
     plain = OSError(errno.ENOSPC, "No space left on device", "runs/x/metrics.jsonl")
     assert describe_os_error(plain) == "No space left on device: runs/x/metrics.jsonl. Fix: free disk space"
@@ -88,45 +92,81 @@ def more_cases(tmp_path_factory, tiny_cfg):
     (pickled / "pytorch_model.bin").write_bytes(b"a pickle is never loaded")
     (root / "syntax.yaml").write_text("trainer:\n  steps: [1\n")
     (root / "int.jsonl").write_text('{"question": "how many?", "golden_answers": 42}\n')
-    (root / "int_list.jsonl").write_text('{"question": "a?", "golden_answers": ["a"]}\n'
-                                         '{"question": "how many?", "golden_answers": ["x", 42]}\n')
+    (root / "int_list.jsonl").write_text(
+        '{"question": "a?", "golden_answers": ["a"]}\n{"question": "how many?", "golden_answers": ["x", 42]}\n'
+    )
     (root / "empty.jsonl").write_text("")
     corpus = root / "corpus.jsonl"
     corpus.write_text('{"id": "0", "contents": "\\"T\\"\\nsome text"}\n')
-    tiny = [str(TINY), f"data.synthetic.cache_dir={tiny_cfg.data.synthetic.cache_dir}",
-            f"trainer.output_dir={root / 'runs'}"]
+    tiny = [
+        str(TINY),
+        f"data.synthetic.cache_dir={tiny_cfg.data.synthetic.cache_dir}",
+        f"trainer.output_dir={root / 'runs'}",
+    ]
     return [
-        ("a model folder with only pickle weights", ["train", *tiny, f"model.name={pickled}"],
-         f"error: model folder {pickled}: holds only pickle weights (pytorch_model.bin) and stratarl loads only "
-         "safetensors (a pickle can run code when read). Fix: if you trust the file, convert it once with "
-         "transformers: `AutoModelForCausalLM.from_pretrained(FOLDER, use_safetensors=False)"
-         ".save_pretrained(FOLDER, safe_serialization=True)`"),
-        ("a YAML syntax error", ["train", str(root / "syntax.yaml")],
-         f"error: config file {root / 'syntax.yaml'} is not valid YAML at line 3, column 1: expected ',' or ']', "
-         "but got '<stream end>' (while parsing a flow sequence that starts at line 2, column 10). Fix: correct "
-         "the YAML syntax there"),
-        ("a YAML syntax error in a population spec", ["population", str(root / "syntax.yaml")],
-         f"error: population spec {root / 'syntax.yaml'} is not valid YAML at line 3, column 1"),
-        ("an integer gold answer", ["data", "inspect", str(root / "int.jsonl")],
-         f"error: {root / 'int.jsonl'}: row 0: field 'golden_answers': the gold answer 42 is a number, not text. "
-         'Fix: write gold answers as strings, e.g. ["42"]'),
-        ("an integer in a list of gold answers", ["data", "convert", str(root / "int_list.jsonl"),
-                                                  str(root / "out.jsonl")],
-         f"error: {root / 'int_list.jsonl'}: row 1: field 'golden_answers': the gold answer 42 is a number"),
-        ("data inspect a 0-row file", ["data", "inspect", str(root / "empty.jsonl")],
-         f"error: {root / 'empty.jsonl'}: contains no rows. Fix: pass a question file with at least one row"),
-        ("data convert a 0-row file", ["data", "convert", str(root / "empty.jsonl"), str(root / "out.jsonl")],
-         f"error: {root / 'empty.jsonl'}: contains no rows. Fix: pass a question file with at least one row"),
-        ("index build --out is a file", ["index", "build", "--corpus", str(corpus), "--out", str(a_file)],
-         f"stratarl index: error: {a_file}: already exists and is in the way of a folder or file to be created "
-         "here. Fix: choose another path, or move it away"),
-        ("index build --out under a file", ["index", "build", "--corpus", str(corpus), "--out", str(a_file / "x")],
-         f"stratarl index: error: {a_file / 'x'}: a part of this path is a file, not a folder. Fix: choose "
-         "another path"),
-        ("serve --max-topk 0", ["serve", "--corpus", str(corpus), "--max-topk", "0"],
-         "stratarl serve: error: --max-topk 0: must be a positive integer. Fix: pass e.g. --max-topk 100"),
-        ("serve --topk above --max-topk", ["serve", "--corpus", str(corpus), "--topk", "5", "--max-topk", "3"],
-         "stratarl serve: error: --topk 5 is more than --max-topk 3. Fix: lower --topk or raise --max-topk"),
+        (
+            "a model folder with only pickle weights",
+            ["train", *tiny, f"model.name={pickled}"],
+            f"error: model folder {pickled}: holds only pickle weights (pytorch_model.bin) and stratarl loads only "
+            "safetensors (a pickle can run code when read). Fix: if you trust the file, convert it once with "
+            "transformers: `AutoModelForCausalLM.from_pretrained(FOLDER, use_safetensors=False)"
+            ".save_pretrained(FOLDER, safe_serialization=True)`",
+        ),
+        (
+            "a YAML syntax error",
+            ["train", str(root / "syntax.yaml")],
+            f"error: config file {root / 'syntax.yaml'} is not valid YAML at line 3, column 1: expected ',' or ']', "
+            "but got '<stream end>' (while parsing a flow sequence that starts at line 2, column 10). Fix: correct "
+            "the YAML syntax there",
+        ),
+        (
+            "a YAML syntax error in a population spec",
+            ["population", str(root / "syntax.yaml")],
+            f"error: population spec {root / 'syntax.yaml'} is not valid YAML at line 3, column 1",
+        ),
+        (
+            "an integer gold answer",
+            ["data", "inspect", str(root / "int.jsonl")],
+            f"error: {root / 'int.jsonl'}: row 0: field 'golden_answers': the gold answer 42 is a number, not text. "
+            'Fix: write gold answers as strings, e.g. ["42"]',
+        ),
+        (
+            "an integer in a list of gold answers",
+            ["data", "convert", str(root / "int_list.jsonl"), str(root / "out.jsonl")],
+            f"error: {root / 'int_list.jsonl'}: row 1: field 'golden_answers': the gold answer 42 is a number",
+        ),
+        (
+            "data inspect a 0-row file",
+            ["data", "inspect", str(root / "empty.jsonl")],
+            f"error: {root / 'empty.jsonl'}: contains no rows. Fix: pass a question file with at least one row",
+        ),
+        (
+            "data convert a 0-row file",
+            ["data", "convert", str(root / "empty.jsonl"), str(root / "out.jsonl")],
+            f"error: {root / 'empty.jsonl'}: contains no rows. Fix: pass a question file with at least one row",
+        ),
+        (
+            "index build --out is a file",
+            ["index", "build", "--corpus", str(corpus), "--out", str(a_file)],
+            f"stratarl index: error: {a_file}: already exists and is in the way of a folder or file to be created "
+            "here. Fix: choose another path, or move it away",
+        ),
+        (
+            "index build --out under a file",
+            ["index", "build", "--corpus", str(corpus), "--out", str(a_file / "x")],
+            f"stratarl index: error: {a_file / 'x'}: a part of this path is a file, not a folder. Fix: choose "
+            "another path",
+        ),
+        (
+            "serve --max-topk 0",
+            ["serve", "--corpus", str(corpus), "--max-topk", "0"],
+            "stratarl serve: error: --max-topk 0: must be a positive integer. Fix: pass e.g. --max-topk 100",
+        ),
+        (
+            "serve --topk above --max-topk",
+            ["serve", "--corpus", str(corpus), "--topk", "5", "--max-topk", "3"],
+            "stratarl serve: error: --topk 5 is more than --max-topk 3. Fix: lower --topk or raise --max-topk",
+        ),
     ]
 
 
@@ -148,8 +188,11 @@ def test_os_errors_say_what_happened_and_the_fix():
 
     assert describe_os_error(FileExistsError(errno.EEXIST, "File exists", "runs/x")) == (
         "runs/x: already exists and is in the way of a folder or file to be created here. Fix: choose another "
-        "path, or move it away")
+        "path, or move it away"
+    )
     assert describe_os_error(NotADirectoryError(errno.ENOTDIR, "Not a directory", "a_file/x")) == (
-        "a_file/x: a part of this path is a file, not a folder. Fix: choose another path")
+        "a_file/x: a part of this path is a file, not a folder. Fix: choose another path"
+    )
     assert describe_os_error(FileNotFoundError(errno.ENOENT, "No such file or directory", "data/q.jsonl")) == (
-        "data/q.jsonl: no such file or folder. Fix: check the path")
+        "data/q.jsonl: no such file or folder. Fix: check the path"
+    )

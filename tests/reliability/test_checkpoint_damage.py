@@ -39,8 +39,9 @@ def test_every_file_has_a_checksum_in_the_manifest(two_steps):
     assert all(len(entry["sha256"]) == 64 for entry in manifest["files"].values())
 
 
-@pytest.mark.parametrize("damage", ["bit flip in model", "bit flip in state", "torn model", "missing state",
-                                    "damaged manifest"])
+@pytest.mark.parametrize(
+    "damage", ["bit flip in model", "bit flip in state", "torn model", "missing state", "damaged manifest"]
+)
 def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(two_steps, damage):
     newest = two_steps / "step_000002"
     if damage == "bit flip in model":
@@ -135,8 +136,9 @@ def test_safetensors_storage_full_reads_disk_full(two_steps, monkeypatch):
     from safetensors import SafetensorError
 
     def storage_full(*args, **kwargs):
-        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space '
-                              'left on device" })')
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
 
     monkeypatch.setattr(ckpt, "save_model", storage_full)
     with pytest.raises(OSError, match="disk full"):

@@ -10,12 +10,11 @@ import json
 
 import pytest
 import torch
-from fault_injection import (TINY, SearchThenAnswerGenerator, remote_spec, run_cli,
-                             scripted_parts, scripted_policy)
+from fault_injection import TINY, SearchThenAnswerGenerator, remote_spec, run_cli, scripted_parts, scripted_policy
 
+from stratarl.rollout.collect import CollectedBatch, faulty_rollouts, without_rollouts
 from stratarl.rollout.engine import Rollout
 from stratarl.trainer.step import fault_metrics
-from stratarl.rollout.collect import CollectedBatch, faulty_rollouts, without_rollouts
 
 
 def _rows(run_dir):
@@ -23,9 +22,11 @@ def _rows(run_dir):
 
 
 def _snapshot(run) -> dict:
-    return {"model": {k: v.detach().clone() for k, v in run.model.state_dict().items()},
-            "optimizer": copy.deepcopy(run.learner.optimizer.state_dict()),
-            "scheduler": copy.deepcopy(run.learner.scheduler.state_dict())}
+    return {
+        "model": {k: v.detach().clone() for k, v in run.model.state_dict().items()},
+        "optimizer": copy.deepcopy(run.learner.optimizer.state_dict()),
+        "scheduler": copy.deepcopy(run.learner.scheduler.state_dict()),
+    }
 
 
 def _assert_same(a: dict, b: dict) -> None:
@@ -54,10 +55,12 @@ def _train_with_outage(tmp_path, monkeypatch, base_overrides, server, failing_st
     return summary, before
 
 
-def test_an_outage_of_two_steps_leaves_weights_and_optimizer_untouched(flaky_server, tmp_path, monkeypatch,
-                                                                      base_overrides, capsys):
-    summary, before = _train_with_outage(tmp_path, monkeypatch, base_overrides, flaky_server, {2, 3},
-                                         ["trainer.steps=4", "trainer.save_every=0"])
+def test_an_outage_of_two_steps_leaves_weights_and_optimizer_untouched(
+    flaky_server, tmp_path, monkeypatch, base_overrides, capsys
+):
+    summary, before = _train_with_outage(
+        tmp_path, monkeypatch, base_overrides, flaky_server, {2, 3}, ["trainer.steps=4", "trainer.save_every=0"]
+    )
     assert summary["exit_code"] == 0 and summary["steps"] == 4
     _assert_same(before[2], before[4])  # steps 2 and 3 (the outage) changed nothing
     with pytest.raises(AssertionError):  # while healthy steps do move the weights and the optimizer
@@ -74,8 +77,14 @@ def test_an_outage_of_two_steps_leaves_weights_and_optimizer_untouched(flaky_ser
 def test_a_stop_in_an_outage_checkpoints_the_last_healthy_update(flaky_server, tmp_path, monkeypatch, base_overrides):
     from stratarl.trainer.stops import RETRIEVAL_STOP_CODE
 
-    summary, before = _train_with_outage(tmp_path, monkeypatch, base_overrides, flaky_server, {2, 3, 4, 5},
-                                         ["trainer.steps=5", "trainer.save_every=1", "retrieval.max_failed_steps=2"])
+    summary, before = _train_with_outage(
+        tmp_path,
+        monkeypatch,
+        base_overrides,
+        flaky_server,
+        {2, 3, 4, 5},
+        ["trainer.steps=5", "trainer.save_every=1", "retrieval.max_failed_steps=2"],
+    )
     assert summary["exit_code"] == RETRIEVAL_STOP_CODE and summary["steps"] == 3
     ckpts = tmp_path / "run" / "checkpoints"
     assert summary["checkpoint"] == str(ckpts / "step_000001") and summary["checkpoint_step"] == 1
@@ -91,8 +100,9 @@ def test_a_stop_in_an_outage_checkpoints_the_last_healthy_update(flaky_server, t
     assert state["sampler"] == sampler.state_dict()
 
 
-def test_a_resume_after_the_outage_ends_where_a_run_without_it_ends(flaky_server, tmp_path, monkeypatch,
-                                                                   base_overrides):
+def test_a_resume_after_the_outage_ends_where_a_run_without_it_ends(
+    flaky_server, tmp_path, monkeypatch, base_overrides
+):
     from stratarl.trainer.config import load_config
     from stratarl.trainer.rl import train
 
@@ -112,23 +122,37 @@ def test_a_resume_after_the_outage_ends_where_a_run_without_it_ends(flaky_server
 
 
 def test_faulty_rollouts_are_kept_out_of_the_batch():
-    rollouts = [Rollout([1], tool_errors=0, num_searches=0), Rollout([2], tool_errors=1, num_searches=1),
-                Rollout([3], tool_errors=0, num_searches=2)]
+    rollouts = [
+        Rollout([1], tool_errors=0, num_searches=0),
+        Rollout([2], tool_errors=1, num_searches=1),
+        Rollout([3], tool_errors=0, num_searches=2),
+    ]
     assert faulty_rollouts(rollouts) == [False, True, False]  # asking nothing is not a fault
-    batch = CollectedBatch(rollouts, ["e0", "e1", "e2"], [0, 0, 1], [1.0, 0.0, 0.5], [1.0, 0.0, 0.0], [0, 1, 2], 1.0, 2.0)
+    batch = CollectedBatch(
+        rollouts, ["e0", "e1", "e2"], [0, 0, 1], [1.0, 0.0, 0.5], [1.0, 0.0, 0.0], [0, 1, 2], 1.0, 2.0
+    )
     kept = without_rollouts(batch, faulty_rollouts(rollouts))
     assert (kept.rollouts, kept.examples, kept.group_ids, kept.rewards, kept.em, kept.strata) == (
-        [rollouts[0], rollouts[2]], ["e0", "e2"], [0, 1], [1.0, 0.5], [1.0, 0.0], [0, 2])
+        [rollouts[0], rollouts[2]],
+        ["e0", "e2"],
+        [0, 1],
+        [1.0, 0.5],
+        [1.0, 0.0],
+        [0, 2],
+    )
     assert len(batch.rollouts) == 3  # the argument is not changed
 
 
-@pytest.mark.parametrize("faulty, fraction, mini_batches, skipped", [
-    ([False] * 4, 0.5, 2, 0.0),
-    ([True, True, False, False], 0.5, 2, 0.0),  # exactly the fraction: still updates, on the 2 clean ones
-    ([True, True, True, False], 0.5, 2, 1.0),  # passes it
-    ([True, False, False, False], 0.0, 1, 1.0),  # max_failed_fraction=0: any fault skips
-    ([True, False, False, False], 0.5, 4, 1.0),  # 3 clean rollouts cannot fill 4 mini-batches
-])
+@pytest.mark.parametrize(
+    "faulty, fraction, mini_batches, skipped",
+    [
+        ([False] * 4, 0.5, 2, 0.0),
+        ([True, True, False, False], 0.5, 2, 0.0),  # exactly the fraction: still updates, on the 2 clean ones
+        ([True, True, True, False], 0.5, 2, 1.0),  # passes it
+        ([True, False, False, False], 0.0, 1, 1.0),  # max_failed_fraction=0: any fault skips
+        ([True, False, False, False], 0.5, 4, 1.0),  # 3 clean rollouts cannot fill 4 mini-batches
+    ],
+)
 def test_fault_metrics(faulty, fraction, mini_batches, skipped):
     metrics = fault_metrics(faulty, fraction, mini_batches)
     assert metrics == {"retrieval/faulty_rollout_frac": sum(faulty) / 4, "update/skipped": skipped}
@@ -143,8 +167,8 @@ def test_the_scripted_policy_searches_then_answers():
             return {"input_ids": list(text)}
 
     generator = SearchThenAnswerGenerator(Tok())
-    first, = generator.generate([list("question")], None, [100])
-    second, = generator.generate([list("question</information>\n\n")], None, [100])
+    (first,) = generator.generate([list("question")], None, [100])
+    (second,) = generator.generate([list("question</information>\n\n")], None, [100])
     assert "".join(first.token_ids).startswith("<search>") and "".join(second.token_ids).startswith("<answer>")
 
 
@@ -155,12 +179,25 @@ scheduling of a loaded machine (the unbudgeted cost here would be 5 s timeout x 
 
 
 def test_a_hanging_server_costs_the_budget_per_step_then_stops_the_cli_with_exit_3(
-        hanging_server, tmp_path, monkeypatch, base_overrides, capsys):
+    hanging_server, tmp_path, monkeypatch, base_overrides, capsys
+):
     scripted_policy(monkeypatch)
     run_dir = tmp_path / "run"
-    code, err = run_cli(["train", str(TINY), *base_overrides, remote_spec(hanging_server.url), "trainer.steps=5",
-                         "trainer.save_every=0", "retrieval.max_failed_steps=2", f"retrieval.step_budget_s={BUDGET_S}",
-                         "--run-dir", str(run_dir), "--no-retriever-check"])
+    code, err = run_cli(
+        [
+            "train",
+            str(TINY),
+            *base_overrides,
+            remote_spec(hanging_server.url),
+            "trainer.steps=5",
+            "trainer.save_every=0",
+            "retrieval.max_failed_steps=2",
+            f"retrieval.step_budget_s={BUDGET_S}",
+            "--run-dir",
+            str(run_dir),
+            "--no-retriever-check",
+        ]
+    )
     assert code == 3
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["update/skipped"] == 1.0 for r in rows)
@@ -177,8 +214,9 @@ def test_the_cli_probes_a_remote_retriever_before_any_work(hanging_server, dead_
     # Exit code 3, as when retrieval failures stop a run during training.
     for url, why in ((dead_url, "ConnectError"), (hanging_server.url, "no answer within 0.5 s")):
         run_dir = tmp_path / why.split()[0]
-        code, err = run_cli(["train", str(TINY), *base_overrides, remote_spec(url, timeout_s=0.5),
-                             "--run-dir", str(run_dir)])
+        code, err = run_cli(
+            ["train", str(TINY), *base_overrides, remote_spec(url, timeout_s=0.5), "--run-dir", str(run_dir)]
+        )
         error = [line for line in err.splitlines() if "error:" in line]
         assert code == 3 and len(error) == 1 and url in error[0] and why in error[0], err
         assert "--no-retriever-check" in error[0] and error[0].count("Fix:") == 1
@@ -193,15 +231,17 @@ def test_the_probe_says_what_a_failing_or_wrong_server_answered(flaky_server, tm
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     flaky_server.failing = True
-    code, err = run_cli(["train", str(TINY), *base_overrides, remote_spec(flaky_server.url), "--run-dir",
-                         str(tmp_path / "a")])
+    code, err = run_cli(
+        ["train", str(TINY), *base_overrides, remote_spec(flaky_server.url), "--run-dir", str(tmp_path / "a")]
+    )
     assert code == 3 and err.splitlines()[-1] == (
         f"error: retrieval.spec: the probe search to {flaky_server.url} failed (the server answered HTTP 500: "
         '{"error": "outage"}). Fix: the server is running but failing: see its log; --no-retriever-check skips '
-        "this check")
+        "this check"
+    )
 
     class Html(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
+        def do_POST(self):
             payload = b"<html>not a retriever</html>"
             self.send_response(200)
             self.send_header("Content-Length", str(len(payload)))
@@ -222,4 +262,5 @@ def test_the_probe_says_what_a_failing_or_wrong_server_answered(flaky_server, tm
     assert code == 3 and err.splitlines()[-1] == (
         f"error: retrieval.spec: the probe search to {url} failed (the reply is not JSON: '<html>not a retriever"
         "</html>'). Fix: correct retrieval.spec (the URL of a stratarl or Search-R1 /retrieve server); "
-        "--no-retriever-check skips this check")
+        "--no-retriever-check skips this check"
+    )

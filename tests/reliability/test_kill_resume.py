@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from fault_injection import STEPS, compare_runs, count_calls, random_targets, run_killed
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="needs fork and SIGKILL")]

@@ -14,15 +14,23 @@ from fault_injection import TINY, compare_runs, final_weights, run_killed
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs fork and SIGKILL")
 
 STEPS = 2
-OVERRIDES = ["algo.name=so_ppo", "algo.sorl_delta_rule=running_pg",  # SORL with its running statistic, and
-             # a value head (the GAE critic)
-             "trainer.epochs=2", "algo.clip_low=0.02", "algo.clip_high=0.02", "algo.sorl_delta=0.01",  # the
-             # second epoch clips, so the clip-bias gradient exceeds the statistic's floor and SORL scales steps
-             "optim.grad_clip=0",  # clipping every step to norm 1 would hide SORL's scale
-             "optim.warmup_steps=6", "optim.schedule=cosine",  # 8 optimizer steps: the resume (after 4) is
-             # inside the warm-up, the last 2 decay
-             "trainer.prompts_per_step=3",  # 8 training questions: step 1 ends mid-epoch (position 3 of 8)
-             "trainer.save_every=1", f"trainer.steps={STEPS}"]
+OVERRIDES = [
+    "algo.name=so_ppo",
+    "algo.sorl_delta_rule=running_pg",  # SORL with its running statistic, and
+    # a value head (the GAE critic)
+    "trainer.epochs=2",
+    "algo.clip_low=0.02",
+    "algo.clip_high=0.02",
+    "algo.sorl_delta=0.01",  # the
+    # second epoch clips, so the clip-bias gradient exceeds the statistic's floor and SORL scales steps
+    "optim.grad_clip=0",  # clipping every step to norm 1 would hide SORL's scale
+    "optim.warmup_steps=6",
+    "optim.schedule=cosine",  # 8 optimizer steps: the resume (after 4) is
+    # inside the warm-up, the last 2 decay
+    "trainer.prompts_per_step=3",  # 8 training questions: step 1 ends mid-epoch (position 3 of 8)
+    "trainer.save_every=1",
+    f"trainer.steps={STEPS}",
+]
 
 
 def _fresh(run, piece: str):

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 class _Lying(BaseHTTPRequestHandler):
     mode = "500"
 
-    def do_POST(self):  # noqa: N802 - http.server's name
+    def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.mode == "500":
             self._send(500, b"internal error")
@@ -90,14 +90,27 @@ def _train_against(url, tmp_path, monkeypatch, base_overrides, extra=()):
 
     parts = RunParts(make_generator=lambda model, tokenizer, backend, seed, **kwargs: SearchingGenerator(tokenizer))
     spec = json.dumps({"kind": "remote", "url": url, "timeout_s": 5, "max_retries": 1, "backoff_s": 0.01})
-    cfg = load_config(TINY, [*base_overrides, f"retrieval.spec={spec}", "trainer.steps=5", "trainer.save_every=0",
-                             "retrieval.max_failed_steps=2", *extra])
+    cfg = load_config(
+        TINY,
+        [
+            *base_overrides,
+            f"retrieval.spec={spec}",
+            "trainer.steps=5",
+            "trainer.save_every=0",
+            "retrieval.max_failed_steps=2",
+            *extra,
+        ],
+    )
     summary = train(cfg, tmp_path / "run", parts=parts)
     assert summary["exit_code"] == RETRIEVAL_STOP_CODE
     return summary
 
 
-LIES = {"500": "HTTP 500", "not json": "the response is not JSON", "wrong count": "sent 4 queries but got 3 result lists"}
+LIES = {
+    "500": "HTTP 500",
+    "not json": "the response is not JSON",
+    "wrong count": "sent 4 queries but got 3 result lists",
+}
 
 
 @pytest.mark.parametrize("lying_server", list(LIES), indirect=True)

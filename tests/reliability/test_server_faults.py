@@ -41,12 +41,16 @@ def server():
         yield running
 
 
-@pytest.mark.parametrize("body", [
-    b"[" * 100_000 + b"]" * 100_000,  # nested past the parser's recursion limit
-    b'{"queries": ["a"], "topk": ' + b"9" * 5001 + b"}",  # an integer too long to convert
-    b'{"queries": ["a"], "topk": 1e999}',
-    b"\xff\xfe not json",
-], ids=["deep nesting", "5001-digit topk", "infinite topk", "binary"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000 + b"]" * 100_000,  # nested past the parser's recursion limit
+        b'{"queries": ["a"], "topk": ' + b"9" * 5001 + b"}",  # an integer too long to convert
+        b'{"queries": ["a"], "topk": 1e999}',
+        b"\xff\xfe not json",
+    ],
+    ids=["deep nesting", "5001-digit topk", "infinite topk", "binary"],
+)
 def test_malformed_requests_get_a_4xx_with_a_json_error(server, body):
     response = httpx.post(f"{server.url}/retrieve", content=body, timeout=30)
     assert 400 <= response.status_code < 500
@@ -86,8 +90,10 @@ def test_a_client_that_disconnects_mid_body_is_logged_in_one_line(server, caplog
     caplog.set_level(logging.WARNING)
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 1000\r\n\r\n{\"queries\": [")
+        sock.sendall(
+            b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"queries": ['
+        )
     deadline = time.monotonic() + 30
     while not any("disconnected" in r.getMessage() for r in caplog.records):
         assert time.monotonic() < deadline, "the disconnect was never logged"
@@ -138,9 +144,11 @@ def test_slow_clients_are_closed_while_normal_clients_are_served():
     retriever = EchoRetriever()
     with ServerThread(create_app(retriever), request_timeout_s=0.5) as running:
         host, port = running.url.removeprefix("http://").split(":")
-        starts = [b"POST /retrieve HTTP/1.1\r\nHo",  # headers byte by byte
-                  b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",  # a body that never ends
-                  b""]  # connects and says nothing
+        starts = [
+            b"POST /retrieve HTTP/1.1\r\nHo",  # headers byte by byte
+            b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",  # a body that never ends
+            b"",
+        ]  # connects and says nothing
         slow = [socket.create_connection((host, int(port))) for _ in range(100)]
         for i, sock in enumerate(slow):
             sock.sendall(starts[i % 3])
@@ -158,7 +166,9 @@ def test_slow_clients_are_closed_while_normal_clients_are_served():
         threading.Thread(target=trickle, daemon=True).start()
         try:
             for _ in range(3):  # normal clients are served meanwhile
-                ok = httpx.post(f"{running.url}/retrieve", json={"queries": ["a"], "topk": 1, "return_scores": True}, timeout=30)
+                ok = httpx.post(
+                    f"{running.url}/retrieve", json={"queries": ["a"], "topk": 1, "return_scores": True}, timeout=30
+                )
                 assert ok.status_code == 200 and ok.json()["result"][0][0]["document"]["id"] == "a#0"
             for sock in slow:
                 sock.settimeout(30)  # bounds a hang only: the server closes them after 0.5 s
@@ -170,7 +180,9 @@ def test_slow_clients_are_closed_while_normal_clients_are_served():
         # A request that has arrived is never cut, however long its search takes.
         retriever.release.clear()
         threading.Timer(1.5, retriever.release.set).start()
-        slow_search = httpx.post(f"{running.url}/retrieve", json={"queries": ["b"], "topk": 1, "return_scores": True}, timeout=30)
+        slow_search = httpx.post(
+            f"{running.url}/retrieve", json={"queries": ["b"], "topk": 1, "return_scores": True}, timeout=30
+        )
         assert slow_search.status_code == 200 and slow_search.json()["result"][0][0]["document"]["id"] == "b#0"
 
 

@@ -26,7 +26,9 @@ def reference_bm25_scores(passages, query, *, stemmer, stopwords, k1=1.5, b=0.75
     import Stemmer
 
     stem = Stemmer.Stemmer(stemmer) if stemmer else None
-    docs = bm25s.tokenize([p.contents for p in passages], stopwords=stopwords, stemmer=stem, return_ids=False, show_progress=False)
+    docs = bm25s.tokenize(
+        [p.contents for p in passages], stopwords=stopwords, stemmer=stem, return_ids=False, show_progress=False
+    )
     (query_tokens,) = bm25s.tokenize([query], stopwords=stopwords, stemmer=stem, return_ids=False, show_progress=False)
     n = len(docs)
     avgdl = sum(len(d) for d in docs) / n
@@ -60,7 +62,9 @@ def test_hand_derived_scores():
     torch.testing.assert_close(f32([p.score for p in apple]), f32([math.log(1.2) * 2 / 3.875, math.log(1.2) / 2.125]))
 
 
-@pytest.mark.parametrize("query", ["capital city of France", "running races", "the music of New Orleans", "mammals as pets"])
+@pytest.mark.parametrize(
+    "query", ["capital city of France", "running races", "the music of New Orleans", "mammals as pets"]
+)
 def test_matches_reference_implementation(small_passages, bm25_retriever, query):
     expected = reference_bm25_scores(small_passages, query, stemmer="english", stopwords="en")
     (hits,) = bm25_retriever.search([query], k=len(small_passages))
@@ -126,7 +130,8 @@ def test_tokenizer_matches_bm25s(small_passages):
     import bm25s
     import Stemmer
 
-    from stratarl.retrieval.bm25_text import stopword_set as _stopword_set, tokenize_to_ids
+    from stratarl.retrieval.bm25_text import stopword_set as _stopword_set
+    from stratarl.retrieval.bm25_text import tokenize_to_ids
 
     texts = [p.contents for p in small_passages] + ["The CATS were running; it's 42 km!", ""]
     stemmer = Stemmer.Stemmer("english")
@@ -147,13 +152,17 @@ def test_index_scores_equal_a_native_bm25s_index(small_passages, bm25_retriever)
 
     stemmer = Stemmer.Stemmer("english")
     native = bm25s.BM25()
-    native.index(bm25s.tokenize([p.contents for p in small_passages], stemmer=stemmer, show_progress=False), show_progress=False)
+    native.index(
+        bm25s.tokenize([p.contents for p in small_passages], stemmer=stemmer, show_progress=False), show_progress=False
+    )
     n = len(small_passages)
     for query in ["capital city of France", "cats pets", "highest mountain energy capital"]:
         (tokens,) = bm25s.tokenize([query], stemmer=stemmer, return_ids=False, show_progress=False)
         expected = native.get_scores(tokens)
         terms = [bm25_retriever._vocab[t] for t in tokens]
-        scores, indices = sparse_top_k(bm25_retriever._weights, bm25_retriever._doc_ids, bm25_retriever._term_ptr, n, [terms], n)
+        scores, indices = sparse_top_k(
+            bm25_retriever._weights, bm25_retriever._doc_ids, bm25_retriever._term_ptr, n, [terms], n
+        )
         ours = torch.zeros(n).scatter_(0, indices[0], scores[0])
         torch.testing.assert_close(ours, torch.from_numpy(expected))
 

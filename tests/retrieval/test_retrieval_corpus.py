@@ -25,7 +25,9 @@ def test_gzip_round_trip(tmp_path, small_passages):
 
 def test_search_r1_line_gives_title_and_text(tmp_path):
     # The wiki-18 corpus stores the quoted title on the first line of "contents".
-    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "7", "contents": '"Ada Lovelace"\nFirst programmer.\nMore.'}) + "\n")
+    (tmp_path / "c.jsonl").write_text(
+        json.dumps({"id": "7", "contents": '"Ada Lovelace"\nFirst programmer.\nMore.'}) + "\n"
+    )
     (passage,) = load_corpus(tmp_path / "c.jsonl")
     assert (passage.id, passage.title, passage.text) == ("7", "Ada Lovelace", "First programmer.\nMore.")
 

@@ -60,7 +60,13 @@ def test_embeddings_are_unit_norm_and_batch_invariant(dense_retriever):
 @needs_minilm
 def test_search_equals_brute_force_oracle(dense_retriever, small_passages):
     assert isinstance(dense_retriever, Retriever)
-    queries = ["feline pets", "tallest peak in the world", "French capital", "who wrote the Python language", "blues and swing"]
+    queries = [
+        "feline pets",
+        "tallest peak in the world",
+        "French capital",
+        "who wrote the Python language",
+        "blues and swing",
+    ]
     results = dense_retriever.search(queries, k=3)
     query_emb = dense_retriever.encoder.encode(queries)
     for q, hits in enumerate(results):
@@ -83,7 +89,8 @@ def test_chunked_top_k_equals_one_block(dense_retriever):
     assert [[p.id for p in hits] for hits in got] == [[p.id for p in hits] for hits in expected]
     # Different matmul shapes round differently in the last bits.
     torch.testing.assert_close(
-        torch.tensor([[p.score for p in hits] for hits in got]), torch.tensor([[p.score for p in hits] for hits in expected])
+        torch.tensor([[p.score for p in hits] for hits in got]),
+        torch.tensor([[p.score for p in hits] for hits in expected]),
     )
     # k above the corpus size is clamped; k must be positive.
     assert len(chunked.search(["x"], k=50)[0]) == len(dense_retriever.passages)
@@ -99,7 +106,9 @@ def test_embedding_cache_is_hit_and_keyed_by_settings(tmp_path, small_passages, 
     encoder = dense_retriever.encoder
     calls = []
     original = dense.TextEncoder.encode
-    monkeypatch.setattr(dense.TextEncoder, "encode", lambda self, texts: calls.append(len(texts)) or original(self, texts))
+    monkeypatch.setattr(
+        dense.TextEncoder, "encode", lambda self, texts: calls.append(len(texts)) or original(self, texts)
+    )
     first = dense.DenseRetriever.from_passages(small_passages, cache_dir=tmp_path, encoder=encoder)
     assert calls == [len(small_passages)] and len(list(tmp_path.glob("*.safetensors"))) == 1
     second = dense.DenseRetriever.from_passages(small_passages, cache_dir=tmp_path, encoder=encoder)
@@ -121,7 +130,11 @@ def test_prefixes_are_applied(small_passages, monkeypatch, dense_retriever):
     monkeypatch.setattr(dense.TextEncoder, "encode", lambda self, texts: seen.extend(texts) or original(self, texts))
     retriever = dense.DenseRetriever.from_passages(small_passages[:2], prefixes="e5", cache_dir=False, encoder=encoder)
     retriever.search(["where is paris"], k=1)
-    assert seen == ["passage: " + small_passages[0].contents, "passage: " + small_passages[1].contents, "query: where is paris"]
+    assert seen == [
+        "passage: " + small_passages[0].contents,
+        "passage: " + small_passages[1].contents,
+        "query: where is paris",
+    ]
     custom = dense.DenseRetriever.from_passages(
         small_passages[:2], prefixes="e5", query_prefix="Q> ", cache_dir=False, encoder=encoder
     )
@@ -147,7 +160,9 @@ def test_save_load_round_trip(tmp_path, dense_retriever):
     (index_dir / INDEX_META_FILE).write_text(json.dumps(meta))
     with pytest.raises(FileNotFoundError, match="--model PATH"):
         DenseRetriever.load(index_dir)
-    assert DenseRetriever.load(index_dir, model=dense_retriever.encoder.settings.model).search(queries, k=2) == loaded.search(queries, k=2)
+    assert DenseRetriever.load(index_dir, model=dense_retriever.encoder.settings.model).search(
+        queries, k=2
+    ) == loaded.search(queries, k=2)
 
 
 def test_mismatched_embeddings_are_rejected():

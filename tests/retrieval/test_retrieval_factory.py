@@ -13,7 +13,12 @@ def test_bm25_from_corpus_and_from_index(tmp_path, small_corpus_path, bm25_retri
     from_corpus = build_retriever({"kind": "bm25", "corpus": str(small_corpus_path)})
     assert isinstance(from_corpus, BM25Retriever)
     index_dir = from_corpus.save(tmp_path / "idx")
-    for spec in ({"kind": "bm25", "index": str(index_dir)}, {"index": str(index_dir)}, str(index_dir), str(small_corpus_path)):
+    for spec in (
+        {"kind": "bm25", "index": str(index_dir)},
+        {"index": str(index_dir)},
+        str(index_dir),
+        str(small_corpus_path),
+    ):
         retriever = build_retriever(spec)
         assert isinstance(retriever, BM25Retriever)
         assert retriever.search(["capital of Germany"], 2) == bm25_retriever.search(["capital of Germany"], 2)
@@ -31,7 +36,10 @@ def test_remote_specs():
     ("spec", "message"),
     [
         ({"kind": "splade", "corpus": "c.jsonl"}, "unknown retriever kind 'splade'; valid kinds: bm25, dense, remote"),
-        ({"kind": "bm25", "corpus": "c.jsonl", "topk": 3}, r"unknown key\(s\) \['topk'\] for a bm25 retriever; valid keys"),
+        (
+            {"kind": "bm25", "corpus": "c.jsonl", "topk": 3},
+            r"unknown key\(s\) \['topk'\] for a bm25 retriever; valid keys",
+        ),
         ({"kind": "bm25"}, "exactly one of 'index'"),
         ({"kind": "bm25", "index": "a", "corpus": "b"}, "exactly one of 'index'"),
         ({"kind": "remote"}, "needs 'url'"),

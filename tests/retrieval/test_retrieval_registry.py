@@ -71,7 +71,11 @@ SPECS_BEFORE = [
     ("index folder string", lambda c, i: str(i), BM25Retriever),
     ("index folder Path", lambda c, i: Path(i), BM25Retriever),
     ("corpus file string", lambda c, i: str(c), BM25Retriever),
-    ("remote dict", lambda c, i: {"kind": "remote", "url": "http://127.0.0.1:9/retrieve", "timeout_s": 2}, RemoteRetriever),
+    (
+        "remote dict",
+        lambda c, i: {"kind": "remote", "url": "http://127.0.0.1:9/retrieve", "timeout_s": 2},
+        RemoteRetriever,
+    ),
     ("http URL", lambda c, i: "http://127.0.0.1:9", RemoteRetriever),
     ("https URL", lambda c, i: "https://example.invalid/retrieve", RemoteRetriever),
 ]
@@ -105,8 +109,11 @@ def test_a_users_kind_from_the_training_config(users_kind, tmp_path):
 
 
 def test_a_users_kind_key_errors_are_one_line(users_kind):
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['wrods'\] for a wordlist retriever; valid keys: "
-                                         r"\['kind', 'tag', 'words'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown key\(s\) \['wrods'\] for a wordlist retriever; valid keys: "
+        r"\['kind', 'tag', 'words'\]",
+    ):
         build_retriever({"kind": "wordlist", "wrods": "a"})
 
     @register_retriever("needs_path")
@@ -136,8 +143,11 @@ def test_unknown_and_duplicate_kinds_are_one_line_errors_that_list_the_registere
     assert "registered: bm25, dense, remote, wordlist" in str(duplicate.value) and "\n" not in str(duplicate.value)
     assert get_retriever_builder("bm25") is factory._bm25  # the refused one replaced nothing
     load_extension(str(users_kind))  # the same file again (e.g. --import twice): loaded once, no error
-    with pytest.raises(ValueError, match="is not a URL, an index directory or a corpus file; .*registered kind "
-                                         r"\(bm25, dense, remote, wordlist\)"):
+    with pytest.raises(
+        ValueError,
+        match="is not a URL, an index directory or a corpus file; .*registered kind "
+        r"\(bm25, dense, remote, wordlist\)",
+    ):
         build_retriever("wordlits")
 
 
@@ -146,8 +156,9 @@ def test_a_users_kind_answers_stratarl_index_search_with_import(tmp_path, strata
     plugin.write_text(MY_RETRIEVER)
     out = stratarl_cli("index", "search", "wordlist", "gamma rays", "--json", "--import", plugin)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["result"] == [[{"document": {"id": "w2", "contents": '"gamma"\ngamma is a word.'},
-                                                   "score": None}]]
+    assert json.loads(out.stdout)["result"] == [
+        [{"document": {"id": "w2", "contents": '"gamma"\ngamma is a word.'}, "score": None}]
+    ]
     text = stratarl_cli("--import", plugin, "index", "search", "wordlist", "gamma rays")  # a passage without a score
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines() == ["query: gamma rays", "  Doc 1(Title: gamma) gamma is a word.  [id w2]"]

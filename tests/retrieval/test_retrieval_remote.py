@@ -63,11 +63,17 @@ def test_gives_up_after_the_last_retry_with_a_clear_error():
 
 def test_timeouts_are_retried_then_reported():
     app = scripted_app(["stall"], stall_s=1.0)
-    with ServerThread(app) as server, RemoteRetriever(server.url, timeout_s=0.2, max_retries=1, backoff_s=0.01) as client:
+    with (
+        ServerThread(app) as server,
+        RemoteRetriever(server.url, timeout_s=0.2, max_retries=1, backoff_s=0.01) as client,
+    ):
         assert [hits[0].id for hits in client.search(["a"], k=1)] == ["a"]
         assert len(app.state.calls) == 2
     app = scripted_app(["stall"] * 5, stall_s=1.0)
-    with ServerThread(app) as server, RemoteRetriever(server.url, timeout_s=0.2, max_retries=1, backoff_s=0.01) as client:
+    with (
+        ServerThread(app) as server,
+        RemoteRetriever(server.url, timeout_s=0.2, max_retries=1, backoff_s=0.01) as client,
+    ):
         with pytest.raises(RetrievalError, match=r"failed after 2 attempt\(s\).*timed out after 0.2 s"):
             client.search(["a"], k=1)
 
@@ -116,7 +122,9 @@ def test_parse_both_response_shapes():
     bare = {"result": [[{"id": "1", "contents": '"T"\nx', "title": "T"}]]}
     assert parse_retrieve_response(bare, 1) == [[Passage("1", '"T"\nx')]]
     # Pyserini-style servers without stored contents send title/text.
-    assert parse_retrieve_response({"result": [[{"id": 3, "title": "T", "text": "x"}]]}, 1) == [[Passage("3", '"T"\nx')]]
+    assert parse_retrieve_response({"result": [[{"id": 3, "title": "T", "text": "x"}]]}, 1) == [
+        [Passage("3", '"T"\nx')]
+    ]
     with pytest.raises(RetrievalError, match="sent 2 queries but got 1 result lists"):
         parse_retrieve_response({"result": [[]]}, 2)
     with pytest.raises(RetrievalError, match="'result' list"):

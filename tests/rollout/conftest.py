@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from rollout_fakes import DictRetriever
 
 
@@ -22,10 +21,17 @@ def varied_model(smollm2_tokenizer):
 
     tokenizer = smollm2_tokenizer
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False, initializer_range=0.5,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        initializer_range=0.5,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

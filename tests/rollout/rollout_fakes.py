@@ -44,7 +44,7 @@ class ScriptedGenerator(Generator):
     def __init__(self, tokenizer, scripts: dict[tuple[int, ...], list[str]]):
         self.tokenizer = tokenizer
         self.scripts = scripts
-        self.turns: dict[tuple[int, ...], int] = {key: 0 for key in scripts}
+        self.turns: dict[tuple[int, ...], int] = dict.fromkeys(scripts, 0)
         self.calls: list[dict] = []
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens=None):

@@ -27,12 +27,14 @@ def test_step_limit_reads_weights_and_kv_cache_or_is_compute_bound(bench):
     config = SimpleNamespace(num_attention_heads=2, num_key_value_heads=1, hidden_size=8, num_hidden_layers=3)
     # head_dim 4; K and V: 2 * 3 layers * batch 2 * 1 head * 10 tokens * 4 dims * 4 bytes = 1920 bytes,
     # plus 80 weight bytes = 2000 bytes at 1000 B/s.
-    seconds, bound = bench.step_limit(config, weight_bytes=80, params=100, batch=2, context=10,
-                                      bandwidth=1000.0, flops=1e9)
+    seconds, bound = bench.step_limit(
+        config, weight_bytes=80, params=100, batch=2, context=10, bandwidth=1000.0, flops=1e9
+    )
     assert (seconds, bound) == (pytest.approx(2.0), "memory")
     # FLOPs: 2 * 100 * 2 + attention 4 * 3 * 2 * 2 * 4 * 10 = 400 + 1920 = 2320 at 1000 FLOP/s.
-    seconds, bound = bench.step_limit(config, weight_bytes=80, params=100, batch=2, context=10,
-                                      bandwidth=1e9, flops=1000.0)
+    seconds, bound = bench.step_limit(
+        config, weight_bytes=80, params=100, batch=2, context=10, bandwidth=1e9, flops=1000.0
+    )
     assert (seconds, bound) == (pytest.approx(2.32), "compute")
 
 

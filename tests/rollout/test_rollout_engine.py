@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rollout_fakes import DictRetriever, FailingRetriever, ScriptedGenerator
 
+from stratarl.retrieval.base import Passage
 from stratarl.rollout import (
     INVALID_ACTION_OBSERVATION,
     KVCacheGenerator,
@@ -16,10 +18,7 @@ from stratarl.rollout import (
     transcript,
     transcript_text,
 )
-from stratarl.retrieval.base import Passage
 from stratarl.rollout.parsing import INFORMATION_SUFFIX, TRUNCATION_MARKER
-
-from rollout_fakes import DictRetriever, FailingRetriever, ScriptedGenerator
 
 P1, P2, P3 = (101, 102), (201, 202, 203), (301,)
 
@@ -51,7 +50,9 @@ def check_invariants(rollout, tokenizer):
     # Observation blocks = searches + invalid-action feedback that was appended.
     blocks = [t.observation_span for t in rollout.turns if t.observation_span is not None]
     assert zero_runs(rollout.response_mask) == len(blocks)
-    info_blocks = [s for s in blocks if decode(tokenizer, rollout.response_ids[s[0]:s[1]]).startswith("\n\n<information>")]
+    info_blocks = [
+        s for s in blocks if decode(tokenizer, rollout.response_ids[s[0] : s[1]]).startswith("\n\n<information>")
+    ]
     assert rollout.num_searches == len(info_blocks) == len(rollout.queries) == len(rollout.passages)
     assert rollout.response_text == decode(tokenizer, rollout.response_ids)
 
@@ -59,12 +60,20 @@ def check_invariants(rollout, tokenizer):
 class TestProtocol:
     def test_search_then_answer(self, smollm2_tokenizer):
         tok = smollm2_tokenizer
-        scripts = {P1: ["<think>need info</think><search> capital of France </search>",
-                        "<think>got it</think><answer> Paris </answer>"]}
+        scripts = {
+            P1: [
+                "<think>need info</think><search> capital of France </search>",
+                "<think>got it</think><answer> Paris </answer>",
+            ]
+        }
         (rollout,), generator = run(tok, scripts)
         check_invariants(rollout, tok)
         assert rollout.queries == ["capital of France"]
-        assert [p.id for p in rollout.passages[0]] == ["capital of France#0", "capital of France#1", "capital of France#2"]
+        assert [p.id for p in rollout.passages[0]] == [
+            "capital of France#0",
+            "capital of France#1",
+            "capital of France#2",
+        ]
         assert (rollout.answered, rollout.answer, rollout.end_reason) == (True, "Paris", "answer")
         assert not rollout.truncated and not rollout.hit_max_turns
         # Text lines up with the mask: policy runs are the scripted turns (+ EOS after the
@@ -79,7 +88,7 @@ class TestProtocol:
         for start, end in rollout.turn_spans:
             assert rollout.sampling_logprobs[start:end] == [-(j + 1) / 100 for j in range(end - start)]
         # Turn 2's input is prompt + the exact response tokens so far (no re-tokenization).
-        assert generator.calls[1]["inputs"][0] == list(P1) + rollout.response_ids[:second[0]]
+        assert generator.calls[1]["inputs"][0] == list(P1) + rollout.response_ids[: second[0]]
 
     def test_invalid_action_gets_feedback_and_continues(self, smollm2_tokenizer):
         tok = smollm2_tokenizer
@@ -87,7 +96,7 @@ class TestProtocol:
         check_invariants(rollout, tok)
         assert rollout.invalid_actions == 1 and rollout.num_searches == 0 and rollout.answered
         span = rollout.turns[0].observation_span
-        assert decode(tok, rollout.response_ids[span[0]:span[1]]) == INVALID_ACTION_OBSERVATION
+        assert decode(tok, rollout.response_ids[span[0] : span[1]]) == INVALID_ACTION_OBSERVATION
 
     def test_eos_without_action_is_invalid_and_the_loop_goes_on(self, smollm2_tokenizer):
         # Search-R1 (generation.py, a14dc3a): a turn without an action gets the feedback, whatever ended it,
@@ -97,7 +106,9 @@ class TestProtocol:
         check_invariants(rollout, tok)
         assert (rollout.end_reason, rollout.answer, rollout.invalid_actions) == ("answer", "x", 1)
         first = rollout.turns[0]
-        assert first.finish_reason == "eos" and decode(tok, rollout.response_ids[first.start:first.end]) == "just text"
+        assert (
+            first.finish_reason == "eos" and decode(tok, rollout.response_ids[first.start : first.end]) == "just text"
+        )
         assert decode(tok, rollout.response_ids[slice(*first.observation_span)]) == INVALID_ACTION_OBSERVATION
         assert tok.eos_token_id not in generator.calls[1]["inputs"][0]
 
@@ -107,7 +118,7 @@ class TestProtocol:
         (rollout,), _ = run(tok, {P1: ["<EOS>", "<answer>x</answer>"]})
         check_invariants(rollout, tok)
         first = rollout.turns[0]
-        assert rollout.response_ids[first.start:first.end] == [tok.eos_token_id] and rollout.answer == "x"
+        assert rollout.response_ids[first.start : first.end] == [tok.eos_token_id] and rollout.answer == "x"
 
     def test_eos_without_action_ends_the_rollout_with_stop_on_eos(self, smollm2_tokenizer):
         (rollout,), _ = run(smollm2_tokenizer, {P1: ["just text<EOS>", "<answer>x</answer>"]}, stop_on_eos=True)
@@ -146,9 +157,11 @@ class TestProtocol:
 
     def test_batch_of_mixed_rollouts_in_one_call_per_turn(self, smollm2_tokenizer):
         tok = smollm2_tokenizer
-        scripts = {P1: ["<search>q1</search>", "<answer>a</answer>"],
-                   P2: ["<answer>b</answer>"],
-                   P3: ["<search>q3</search>", "<search>q4</search>", "<answer>c</answer>"]}
+        scripts = {
+            P1: ["<search>q1</search>", "<answer>a</answer>"],
+            P2: ["<answer>b</answer>"],
+            P3: ["<search>q3</search>", "<search>q4</search>", "<answer>c</answer>"],
+        }
         retriever = DictRetriever()
         rollouts, generator = run(tok, scripts, retriever)
         assert [c["batch"] for c in generator.calls] == [3, 2, 1]  # live rollouts batched per turn
@@ -223,12 +236,15 @@ class TestRetrieverCalls:
         assert retriever.calls == [(["q"], 3)]
         assert [p.id for p in rollout.passages[0]] == [f"q#{i}" for i in range(7)]
         observation = decode(tok, rollout.response_ids[slice(*rollout.turns[0].observation_span)])
-        assert observation == information_observation(rollout.passages[0]) and "Doc 7(Title: \"T6\") fact 6." in observation
+        assert (
+            observation == information_observation(rollout.passages[0]) and 'Doc 7(Title: "T6") fact 6.' in observation
+        )
 
 
 class TestToolErrors:
-    @pytest.mark.parametrize("retriever", [FailingRetriever(ConnectionError("retriever down")),
-                                           FailingRetriever(TimeoutError("timed out"))])
+    @pytest.mark.parametrize(
+        "retriever", [FailingRetriever(ConnectionError("retriever down")), FailingRetriever(TimeoutError("timed out"))]
+    )
     def test_failure_becomes_observation(self, smollm2_tokenizer, retriever):
         tok = smollm2_tokenizer
         (rollout,), _ = run(tok, {P1: ["<search>q</search>", "<answer>x</answer>"]}, retriever)
@@ -270,9 +286,13 @@ class TestWithTinyModel:
         tok = smollm2_tokenizer
         temperature = 0.8
         generator = KVCacheGenerator(tiny_model, tok, seed=0)
-        engine = RolloutEngine(generator, DictRetriever(), tok,
-                               RolloutConfig(max_turns=2, max_tokens_per_turn=6, temperature=temperature))
-        prompts = [tok("Question: who?", add_special_tokens=False)["input_ids"], tok("x y z", add_special_tokens=False)["input_ids"]]
+        engine = RolloutEngine(
+            generator, DictRetriever(), tok, RolloutConfig(max_turns=2, max_tokens_per_turn=6, temperature=temperature)
+        )
+        prompts = [
+            tok("Question: who?", add_special_tokens=False)["input_ids"],
+            tok("x y z", add_special_tokens=False)["input_ids"],
+        ]
         rollouts = engine.run(prompts)
         # The third turn read only the new feedback: the rest of each history (all but turn 2's
         # last token, never fed) came from the prefix cache.
@@ -289,7 +309,9 @@ class TestWithTinyModel:
             assert rollout.invalid_actions == 3 and zero_runs(rollout.response_mask) == 2 and rollout.hit_max_turns
             ids = torch.tensor([prompt + rollout.response_ids])
             with torch.no_grad():
-                logits = tiny_model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-            logp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, torch.tensor(rollout.response_ids)[:, None])[:, 0]
+                logits = tiny_model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            logp = torch.log_softmax(logits / temperature, dim=-1).gather(
+                -1, torch.tensor(rollout.response_ids)[:, None]
+            )[:, 0]
             mask = torch.tensor(rollout.response_mask, dtype=torch.bool)
             torch.testing.assert_close(torch.tensor(rollout.sampling_logprobs)[mask], logp[mask])

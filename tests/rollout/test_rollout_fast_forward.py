@@ -19,9 +19,18 @@ from stratarl.rollout.generation import (
 
 
 def _config_kwargs(tokenizer):
-    return dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False, initializer_range=0.3)
+    return dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        initializer_range=0.3,
+    )
 
 
 def _build(kind: str, tokenizer):
@@ -147,8 +156,10 @@ def test_lora_adapters_are_merged_and_followed(smollm2_tokenizer):
     """A peft LoRA policy decodes on the fast path with W + scaling * B A, also after B changes."""
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(_build("llama_gqa", smollm2_tokenizer),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
+    model = get_peft_model(
+        _build("llama_gqa", smollm2_tokenizer),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]),
+    )
     assert unsupported_reason(model) is None
     pad = smollm2_tokenizer.pad_token_id
     ids, mask = left_pad(PROMPTS, pad, "cpu")
@@ -240,9 +251,9 @@ def test_identical_prompts_are_prefilled_once_and_give_the_same_cache(smollm2_to
         # One prompt at a time, no sharing possible: the same logits and cache rows.
         for row, prompt in enumerate(prompts):
             single = FastDecoder(model)
-            one_ids, one_mask = ids[row:row + 1], mask[row:row + 1]
-            torch.testing.assert_close(logits[row:row + 1], single.prefill(one_ids, one_mask, ids.shape[1] + 2))
-            torch.testing.assert_close(grouped.k_cache[:, row:row + 1], single.k_cache)
+            one_ids, one_mask = ids[row : row + 1], mask[row : row + 1]
+            torch.testing.assert_close(logits[row : row + 1], single.prefill(one_ids, one_mask, ids.shape[1] + 2))
+            torch.testing.assert_close(grouped.k_cache[:, row : row + 1], single.k_cache)
         tokens = logits.argmax(-1)
         rows = [list(p) + [t] for p, t in zip(prompts, tokens.tolist())]
         torch.testing.assert_close(grouped.decode(tokens), _reference_logits(model, rows, pad), rtol=1e-4, atol=1e-4)
@@ -259,7 +270,7 @@ class TestPrefixCache:
             first.prefill(ids, mask, capacity=ids.shape[1] + 1)
             # Rows 0 and 2 reuse their prompt's KV; row 1 is computed from scratch.
             prefixes = [first.row_cache(0, len(PROMPTS[0])), None, first.row_cache(2, len(PROMPTS[2]))]
-            new_tokens = [histories[0][len(PROMPTS[0]):], histories[1], histories[2][len(PROMPTS[2]):]]
+            new_tokens = [histories[0][len(PROMPTS[0]) :], histories[1], histories[2][len(PROMPTS[2]) :]]
             ids, mask = left_pad(new_tokens, pad, "cpu")
             second = FastDecoder(model)
             logits = second.prefill(ids, mask, capacity=6 + ids.shape[1] + 2, prefixes=prefixes)
@@ -308,8 +319,10 @@ class TestPrefixCache:
             generator.generate(PROMPTS, params, cache_keys=[0, 1])
 
 
-@pytest.mark.skipif(not __import__("stratarl.rollout.fast_forward", fromlist=["x"]).packing_available(),
-                    reason="this torch build has no oneDNN weight packing")
+@pytest.mark.skipif(
+    not __import__("stratarl.rollout.fast_forward", fromlist=["x"]).packing_available(),
+    reason="this torch build has no oneDNN weight packing",
+)
 def test_packed_weights_give_the_same_logits(smollm2_tokenizer):
     model = _build("qwen2_bias", smollm2_tokenizer)  # biases go through the packed op too
     ids, mask = left_pad(PROMPTS, smollm2_tokenizer.pad_token_id, "cpu")
@@ -377,13 +390,14 @@ def test_greedy_ids_equal_hf_generate_at_several_batch_sizes(batch, smollm2_toke
     compared = 0
     for prompt, a, b in zip(prompts, ours, reference):
         with torch.inference_mode():
-            logits = model(input_ids=torch.tensor([prompt + b.token_ids])).logits[0, len(prompt) - 1:-1]
+            logits = model(input_ids=torch.tensor([prompt + b.token_ids])).logits[0, len(prompt) - 1 : -1]
         top2 = logits.topk(2, dim=-1).values
         ties = ((top2[:, 0] - top2[:, 1]) < 1e-3).nonzero()
         clear = int(ties[0]) if len(ties) else len(b.token_ids)  # steps before the first near tie
         assert a.token_ids[:clear] == b.token_ids[:clear]
-        torch.testing.assert_close(torch.tensor(a.logprobs[:clear]), torch.tensor(b.logprobs[:clear]),
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            torch.tensor(a.logprobs[:clear]), torch.tensor(b.logprobs[:clear]), rtol=1e-4, atol=1e-4
+        )
         compared += clear
     assert compared >= 0.8 * batch * params.max_new_tokens
 
@@ -400,11 +414,13 @@ def test_a_batch_of_one_or_two_rows_packs_nothing_and_a_larger_batch_packs(smoll
             logits = decoder.prefill(ids, mask, capacity=ids.shape[1] + 1)
             assert (decoder._lm_head.packed is not None) == (packed and packing_available())
             assert decoder._lm_head.weight is None or packed  # no stacked copy for small batches
-            torch.testing.assert_close(logits, _reference_logits(model, [list(p) for p in prompts], pad),
-                                       rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                logits, _reference_logits(model, [list(p) for p in prompts], pad), rtol=1e-4, atol=1e-4
+            )
             rows = [list(p) + [t] for p, t in zip(prompts, logits.argmax(-1).tolist())]
-            torch.testing.assert_close(decoder.decode(logits.argmax(-1)), _reference_logits(model, rows, pad),
-                                       rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                decoder.decode(logits.argmax(-1)), _reference_logits(model, rows, pad), rtol=1e-4, atol=1e-4
+            )
 
 
 # --------------------------------------------------------------------------- bf16 weights

@@ -40,7 +40,8 @@ class TestGreedyBackendsAgree:
         tiny_model = varied_model
         prompts = prompts_of(smollm2_tokenizer)
         free = KVCacheGenerator(tiny_model, smollm2_tokenizer).generate(
-            prompts, SamplingParams(max_new_tokens=10, greedy=True, stop_strings=()))
+            prompts, SamplingParams(max_new_tokens=10, greedy=True, stop_strings=())
+        )
         # A stop string that spans generated tokens 2..4 of row 1 and ends inside token 4.
         text = smollm2_tokenizer.decode(free[1].token_ids[2:5])
         stop = text[:-1] if len(smollm2_tokenizer.decode(free[1].token_ids[4:5])) > 1 else text
@@ -72,23 +73,29 @@ class TestSamplingLogprobs:
     def test_hf_backend_sampled_logprobs_equal_fresh_forward(self, tiny_model, smollm2_tokenizer):
         prompts = prompts_of(smollm2_tokenizer)
         params = SamplingParams(max_new_tokens=6, temperature=0.7, top_p=0.9, stop_strings=())
-        for prompt, generation in zip(prompts, HFGenerator(tiny_model, smollm2_tokenizer, seed=3).generate(prompts, params)):
+        for prompt, generation in zip(
+            prompts, HFGenerator(tiny_model, smollm2_tokenizer, seed=3).generate(prompts, params)
+        ):
             expected = fresh_logprobs(tiny_model, prompt, generation.token_ids, 0.7)
             torch.testing.assert_close(torch.tensor(generation.logprobs), expected)
 
     def test_seeded_and_reproducible(self, tiny_model, smollm2_tokenizer):
         prompts = prompts_of(smollm2_tokenizer)
         params = SamplingParams(max_new_tokens=8, stop_strings=())
-        run = lambda seed: [g.token_ids for g in KVCacheGenerator(tiny_model, smollm2_tokenizer, seed=seed).generate(prompts, params)]  # noqa: E731
+        run = lambda seed: [
+            g.token_ids for g in KVCacheGenerator(tiny_model, smollm2_tokenizer, seed=seed).generate(prompts, params)
+        ]
         assert run(1) == run(1)
         assert run(1) != run(2)
 
     def test_top_p_tiny_keeps_only_argmax(self, tiny_model, smollm2_tokenizer):
         prompts = prompts_of(smollm2_tokenizer)
         greedy = KVCacheGenerator(tiny_model, smollm2_tokenizer).generate(
-            prompts, SamplingParams(max_new_tokens=6, greedy=True, stop_strings=()))
+            prompts, SamplingParams(max_new_tokens=6, greedy=True, stop_strings=())
+        )
         nucleus = KVCacheGenerator(tiny_model, smollm2_tokenizer, seed=5).generate(
-            prompts, SamplingParams(max_new_tokens=6, top_p=1e-6, stop_strings=()))
+            prompts, SamplingParams(max_new_tokens=6, top_p=1e-6, stop_strings=())
+        )
         assert [g.token_ids for g in greedy] == [g.token_ids for g in nucleus]
 
 
@@ -97,7 +104,8 @@ class TestEosAndBudgets:
         tiny_model = varied_model
         prompts = prompts_of(smollm2_tokenizer)
         free = KVCacheGenerator(tiny_model, smollm2_tokenizer).generate(
-            prompts, SamplingParams(max_new_tokens=6, greedy=True, stop_strings=()))
+            prompts, SamplingParams(max_new_tokens=6, greedy=True, stop_strings=())
+        )
         # Declare the row-0 token at step 3 to be the EOS: the row must end right there.
         fake_eos = free[0].token_ids[3]
         generator = KVCacheGenerator(tiny_model, smollm2_tokenizer)
@@ -124,9 +132,13 @@ class TestEosAndBudgets:
 
     @pytest.mark.parametrize(
         ("kwargs", "message"),
-        [({"temperature": 0.0}, "temperature must be > 0"), ({"top_p": 0.0}, "top_p"),
-         ({"max_new_tokens": 0}, "max_new_tokens"), ({"stop_strings": ("",)}, "empty string"),
-         ({"eos_after": ("</x>",)}, "must also be in stop_strings")],
+        [
+            ({"temperature": 0.0}, "temperature must be > 0"),
+            ({"top_p": 0.0}, "top_p"),
+            ({"max_new_tokens": 0}, "max_new_tokens"),
+            ({"stop_strings": ("",)}, "empty string"),
+            ({"eos_after": ("</x>",)}, "must also be in stop_strings"),
+        ],
     )
     def test_params_validation(self, kwargs, message):
         with pytest.raises(ValueError, match=message):
@@ -154,8 +166,9 @@ class TestInverseCdfSampler:
         generator = torch.Generator().manual_seed(0)
         draws = sample_categorical(weights.repeat_interleave(100_000, dim=0), generator).view(2, -1)
         first = torch.bincount(draws[0], minlength=6).double() / draws.shape[1]
-        torch.testing.assert_close(first, torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0], dtype=torch.float64),
-                                   atol=5e-3, rtol=0)  # 5 standard errors at n = 100k
+        torch.testing.assert_close(
+            first, torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0], dtype=torch.float64), atol=5e-3, rtol=0
+        )  # 5 standard errors at n = 100k
         assert (draws[1] == 5).all()
 
     def test_seeded_draws_repeat(self):

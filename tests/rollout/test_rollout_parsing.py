@@ -51,7 +51,8 @@ class TestParseAction:
         # alone: in a rollout the </search> ends the turn first, and the turn is that search, as in
         # Search-R1; tests/compat/test_search_r1_transcripts.py, test_crossing_stop_tags, case (c).)
         assert parse_action("<answer>use <search>x</search> here</answer>") == Action(
-            "answer", "use <search>x</search> here")
+            "answer", "use <search>x</search> here"
+        )
         assert parse_action("<answer>the <b>bold</b> one</answer>") == Action("answer", "the <b>bold</b> one")
 
     def test_huge_query(self):
@@ -70,8 +71,11 @@ class TestFindStop:
 class TestObservations:
     def test_documents_byte_exact(self):
         # Search-R1 _passages2string: title = first line as is (quotes kept), text = the rest.
-        passages = [Passage("1", '"Paris"\nCapital of France.'), Passage("2", '"Notitle"'),
-                    Passage("3", '"Multi"\nline one\nline two')]
+        passages = [
+            Passage("1", '"Paris"\nCapital of France.'),
+            Passage("2", '"Notitle"'),
+            Passage("3", '"Multi"\nline one\nline two'),
+        ]
         assert format_documents(passages) == (
             'Doc 1(Title: "Paris") Capital of France.\n'
             'Doc 2(Title: "Notitle") \n'
@@ -93,7 +97,10 @@ class TestObservations:
 
     def test_tool_error_is_an_information_block(self):
         text = tool_error_observation(TimeoutError("read timed out\nafter 5 s"))
-        assert text == "\n\n<information>Search failed (TimeoutError: read timed out after 5 s). No results.</information>\n\n"
+        assert (
+            text
+            == "\n\n<information>Search failed (TimeoutError: read timed out after 5 s). No results.</information>\n\n"
+        )
 
 
 class TestPrompt:

@@ -29,5 +29,8 @@ def reward_path(tmp_path, monkeypatch):
 @pytest.fixture
 def tiny_overrides(tmp_path, reward_path):
     """Overrides that keep a tiny run's files under tmp_path and give it a varied reward."""
-    return [f"data.synthetic.cache_dir={tmp_path / 'kb'}", f"trainer.output_dir={tmp_path / 'runs'}",
-            "algo.reward=stratarl_test_rewards:length_parity_reward"]
+    return [
+        f"data.synthetic.cache_dir={tmp_path / 'kb'}",
+        f"trainer.output_dir={tmp_path / 'runs'}",
+        "algo.reward=stratarl_test_rewards:length_parity_reward",
+    ]

@@ -16,13 +16,12 @@ import math
 import pytest
 import torch
 
-from stratarl.models import build_tiny_model
+from stratarl.infra.precision import check_placement
+from stratarl.models import build_tiny_model, freeze_all_but_last_layers
 from stratarl.rollout.generation import KVCacheGenerator, SamplingParams
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import load_config
 from stratarl.trainer.logprobs import response_logprobs
-from stratarl.infra.precision import check_placement
-from stratarl.models import freeze_all_but_last_layers
 from stratarl.trainer.update import batch_prefix, build_learner, score_batch, update_policy
 
 # bf16 keeps 8 bits of mantissa: through the 4 layers of this random model (log-probs around -6) token
@@ -60,10 +59,20 @@ def _grouped_batch(seed: int = 0, groups: int = 3, group_size: int = 4):
 
 
 def _cfg(precision: str, *overrides):
-    return load_config(None, ["model.name=tiny-random", "rollout.temperature=0.8", "algo.kl_coef=0.0",
-                              "algo.old_logprobs=recompute", f"trainer.precision={precision}",
-                              "trainer.micro_batch_tokens=60", "trainer.epochs=1", "trainer.mini_batches=1",
-                              *overrides])
+    return load_config(
+        None,
+        [
+            "model.name=tiny-random",
+            "rollout.temperature=0.8",
+            "algo.kl_coef=0.0",
+            "algo.old_logprobs=recompute",
+            f"trainer.precision={precision}",
+            "trainer.micro_batch_tokens=60",
+            "trainer.epochs=1",
+            "trainer.mini_batches=1",
+            *overrides,
+        ],
+    )
 
 
 @pytest.mark.parametrize("algo,mini_batches", [("grpo", 1), ("so_grpo", 1), ("grpo", 2), ("so_grpo", 2)])
@@ -150,11 +159,13 @@ def test_bf16_decoders_sampling_logprobs_are_within_the_bound_of_the_fp32_traine
     generator = KVCacheGenerator(model, smollm2_tokenizer, seed=0, dtype=torch.bfloat16)
     prompts = [[5, 17, 230, 99], [7, 8, 9], [300, 301, 302, 303, 304]] * 2
     outputs = generator.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.8))
-    batch = collate_sequences(prompts, [o.token_ids for o in outputs], [[1] * len(o.token_ids) for o in outputs],
-                              pad_id=0)
+    batch = collate_sequences(
+        prompts, [o.token_ids for o in outputs], [[1] * len(o.token_ids) for o in outputs], pad_id=0
+    )
     with torch.no_grad():
-        fp32 = response_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
-                                 batch.response_mask, temperature=0.8)["logprobs"]
+        fp32 = response_logprobs(
+            model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, batch.response_mask, temperature=0.8
+        )["logprobs"]
     errors = [abs(float(fp32[row, t]) - lp) for row, o in enumerate(outputs) for t, lp in enumerate(o.logprobs)]
     assert errors and all(math.isfinite(e) for e in errors)
     assert 0 < max(errors) < BF16_LOGPROB_BOUND, max(errors)

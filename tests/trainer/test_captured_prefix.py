@@ -10,11 +10,10 @@ import copy
 import pytest
 import torch
 
-from stratarl.models import build_tiny_model
+from stratarl.models import build_tiny_model, freeze_all_but_last_layers
 from stratarl.rollout.generation import KVCacheGenerator, SamplingParams
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.prefix import captured_prefix, frozen_prefix, lowest_trainable_layer
-from stratarl.models import freeze_all_but_last_layers
 
 LAYERS, TRAINABLE = 4, 2
 
@@ -49,7 +48,9 @@ def _two_turns(model, tokenizer, dtype=torch.float32):
     second = generator.generate(histories, params, [6, 2, 4, 8, 3, 5], cache_keys=keys, capture_layer=k)
     reused = generator.last_reused_tokens
     responses = [f.token_ids + o + s.token_ids for f, o, s in zip(first, observation, second)]
-    masks = [[1] * len(f.token_ids) + [0] * len(o) + [1] * len(s.token_ids) for f, o, s in zip(first, observation, second)]
+    masks = [
+        [1] * len(f.token_ids) + [0] * len(o) + [1] * len(s.token_ids) for f, o, s in zip(first, observation, second)
+    ]
     return rows, responses, masks, [s.frozen_states for s in second], reused
 
 
@@ -76,8 +77,9 @@ def test_captured_prefix_equals_frozen_prefix(frozen_model, smollm2_tokenizer):
     R = computed.response_hidden.shape[1]
     assert captured.response_hidden.shape == computed.response_hidden.shape
     used = torch.arange(R)[None] < (computed.response_lengths - 1)[:, None]  # the columns that predict a token
-    torch.testing.assert_close(captured.response_hidden * used[..., None], computed.response_hidden * used[..., None],
-                               atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        captured.response_hidden * used[..., None], computed.response_hidden * used[..., None], atol=2e-5, rtol=1e-4
+    )
 
 
 def test_bf16_capture_stays_within_bf16_rounding(frozen_model, smollm2_tokenizer):

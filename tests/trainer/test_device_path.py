@@ -13,10 +13,10 @@ import torch
 
 from stratarl.config_errors import ConfigError
 from stratarl.infra import precision as precision_module
-from stratarl.trainer.config import load_config
-from stratarl.rollout.backends import AutocastGenerator, make_generator
 from stratarl.infra.precision import DevicePolicy, check_placement, resolve_precision
+from stratarl.rollout.backends import AutocastGenerator, make_generator
 from stratarl.rollout.generation import Generator
+from stratarl.trainer.config import load_config
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
@@ -24,9 +24,19 @@ TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 def _tiny_llama(vocab: int = 50, hidden: int = 16, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 
@@ -51,12 +61,15 @@ def test_auto_is_bf16_on_a_cuda_device_that_supports_it(monkeypatch):
         resolve_precision("cuda", "bf16")
 
 
-@pytest.mark.parametrize("override, message", [
-    ("trainer.precision=fp16", r"trainer.precision.*did you mean 'bf16'.*auto, fp32, bf16"),
-    ("trainer.precision=int8", r"trainer.precision.*int8"),
-    ("trainer.device=mps", r"trainer.device.*cuda:N"),
-    ("trainer.device=cuda:x", r"trainer.device.*cuda:N"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.precision=fp16", r"trainer.precision.*did you mean 'bf16'.*auto, fp32, bf16"),
+        ("trainer.precision=int8", r"trainer.precision.*int8"),
+        ("trainer.device=mps", r"trainer.device.*cuda:N"),
+        ("trainer.device=cuda:x", r"trainer.device.*cuda:N"),
+    ],
+)
 def test_bad_device_or_precision_is_a_one_line_config_error(override, message):
     with pytest.raises(ConfigError, match=message) as info:
         load_config(TINY, [override])
@@ -117,8 +130,9 @@ def test_make_generator_on_cuda_builds_the_generic_loop_under_autocast(smollm2_t
     on_cpu = make_generator(model, smollm2_tokenizer, "kv_cache", seed=0, policy=DevicePolicy.create("cpu", "auto"))
     assert isinstance(on_cpu, KVCacheGenerator) and on_cpu.fast_decoder is not None  # the CPU fast path
     # The model stays on the CPU; the policy says CUDA, as it would for a model on the GPU.
-    on_cuda = make_generator(model, smollm2_tokenizer, "kv_cache", seed=0,
-                             policy=DevicePolicy(torch.device("cuda"), "bf16"))
+    on_cuda = make_generator(
+        model, smollm2_tokenizer, "kv_cache", seed=0, policy=DevicePolicy(torch.device("cuda"), "bf16")
+    )
     assert isinstance(on_cuda, AutocastGenerator) and on_cuda.policy.device.type == "cuda"
     assert isinstance(on_cuda.inner, KVCacheGenerator) and on_cuda.inner.fast_decoder is None
     assert on_cuda.supports_cache_keys is False and on_cuda.rng is on_cuda.inner.rng  # attributes pass through
@@ -179,7 +193,9 @@ def test_advantage_inputs_are_built_on_the_batch_device():
     tokens = tokens.to("meta")
     zeros = torch.zeros(tokens.response_mask.shape, device="meta")
     scored = ScoredBatch(**vars(tokens), old_logprobs=zeros, on_policy=False, ref_logprobs=None, old_values=zeros)
-    batch = compute_advantages(estimator, scored, advantage_inputs(scored, [1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], [0, 1, 0, 1]))
+    batch = compute_advantages(
+        estimator, scored, advantage_inputs(scored, [1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], [0, 1, 0, 1])
+    )
     assert {"rewards", "group_ids", "response_mask", "strata_ids", "values"} <= seen.keys()
     assert set(seen.values()) == {"meta"}
     assert batch.advantages.device.type == "meta"
@@ -244,8 +260,9 @@ def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close
         sampling = scatter_response_values([[0.0] * 4, [0.0] * 2, [0.0] * 3], tokens.response_lengths)
         scored = score_batch(learner, tokens, cfg, sampling)
         assert scored.old_logprobs.dtype == scored.ref_logprobs.dtype == scored.old_values.dtype == torch.float32
-        batch = compute_advantages(bound_advantage(cfg.algorithm), scored,
-                                   advantage_inputs(scored, [1.0, 0.0, 0.5], [0, 0, 1], [0, 0, 0]))
+        batch = compute_advantages(
+            bound_advantage(cfg.algorithm), scored, advantage_inputs(scored, [1.0, 0.0, 0.5], [0, 0, 1], [0, 0, 0])
+        )
         # Keep the accumulated gradient: zero_grad runs inside optimizer_step, so record it from a hook.
         params = dict(model.named_parameters())
         for name, p in params.items():
@@ -267,21 +284,29 @@ def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close
 
 @pytest.mark.parametrize("algo", sorted(__import__("stratarl.algos.presets", fromlist=["PRESETS"]).PRESETS))
 def test_every_preset_scores_and_updates_under_bf16(algo):
+    from stratarl.algos.registry import advantage_info
+    from stratarl.trainer.algorithm import bound_advantage
     from stratarl.trainer.step import advantage_inputs, compute_advantages
     from stratarl.trainer.update import build_learner, score_batch, update_policy
 
-    from stratarl.algos.registry import advantage_info
-    from stratarl.trainer.algorithm import bound_advantage
-
-    cfg = load_config(TINY, [f"algo.name={algo}", "algo.kl_coef=0.01", "trainer.precision=bf16",
-                             "trainer.epochs=1", "trainer.mini_batches=1"])
+    cfg = load_config(
+        TINY,
+        [
+            f"algo.name={algo}",
+            "algo.kl_coef=0.01",
+            "trainer.precision=bf16",
+            "trainer.epochs=1",
+            "trainer.mini_batches=1",
+        ],
+    )
     model = _tiny_llama()
     learner = build_learner(model, cfg, total_optimizer_steps=1)
     scored = score_batch(learner, _batch(), cfg)
     # GiGPO reads each turn's anchor state (rollout 0 has two turns, the others one).
     states = [("", "\x1eobs"), ("",), ("",)] if advantage_info(cfg.algorithm.advantage).needs_step_states else None
-    batch = compute_advantages(bound_advantage(cfg.algorithm), scored,
-                               advantage_inputs(scored, [1.0, 0.0, 0.5], [0, 0, 1], [0, 1, 0], states))
+    batch = compute_advantages(
+        bound_advantage(cfg.algorithm), scored, advantage_inputs(scored, [1.0, 0.0, 0.5], [0, 0, 1], [0, 1, 0], states)
+    )
     before = [p.detach().clone() for p in model.parameters()]
     metrics = update_policy(learner, batch, cfg, torch.Generator().manual_seed(0))
     assert math.isfinite(metrics["loss/policy"]) and metrics["optim/skipped_steps"] == 0.0
@@ -299,8 +324,9 @@ def test_sft_step_under_bf16_gives_fp32_gradients_close_to_fp32():
     grads = {}
     for precision in ("fp32", "bf16"):
         model = _tiny_llama()
-        stats = sft_step(model, demos, 0, micro_batch_tokens=64, chunk_tokens=8,
-                         policy=DevicePolicy.create("cpu", precision))
+        stats = sft_step(
+            model, demos, 0, micro_batch_tokens=64, chunk_tokens=8, policy=DevicePolicy.create("cpu", precision)
+        )
         assert math.isfinite(stats["loss"])
         grads[precision] = model.lm_head.weight.grad
     assert grads["bf16"].dtype == torch.float32
@@ -321,8 +347,20 @@ def test_train_with_bf16_on_a_cpu(algo, tmp_path, tiny_overrides, reward_path):
     from safetensors.torch import load_file
 
     run = tmp_path / algo
-    command = [sys.executable, "-m", "stratarl.cli", "train", str(TINY), *tiny_overrides, f"algo.name={algo}",
-               "trainer.precision=bf16", "trainer.steps=1", "logging.tensorboard=false", "--run-dir", str(run)]
+    command = [
+        sys.executable,
+        "-m",
+        "stratarl.cli",
+        "train",
+        str(TINY),
+        *tiny_overrides,
+        f"algo.name={algo}",
+        "trainer.precision=bf16",
+        "trainer.steps=1",
+        "logging.tensorboard=false",
+        "--run-dir",
+        str(run),
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TINY.parents[1]), str(reward_path)])}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -360,10 +398,15 @@ def test_cpu_bf16_matmul_reads_the_cpu_flags(monkeypatch, tmp_path):
     import builtins
 
     real_open = builtins.open
-    for flags, expected in (("fpu avx512f avx512_bf16", "AVX512-BF16"), ("fpu amx_bf16 avx512_bf16", "AMX"),
-                            ("fpu avx2", None)):
+    for flags, expected in (
+        ("fpu avx512f avx512_bf16", "AVX512-BF16"),
+        ("fpu amx_bf16 avx512_bf16", "AMX"),
+        ("fpu avx2", None),
+    ):
         cpuinfo = tmp_path / "cpuinfo"
         cpuinfo.write_text(f"processor : 0\nflags\t\t: {flags}\n")
-        monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path, *a, **k))
+        monkeypatch.setattr(
+            builtins, "open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path, *a, **k)
+        )
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
         assert precision_module.cpu_bf16_matmul() == expected

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from stratarl.trainer.config import load_config
-from stratarl.trainer.population import Member, run_population, train_member
+from stratarl.trainer.population import Member, run_population
 from stratarl.trainer.rl import train
 from stratarl.trainer.step import rl_step
 
@@ -25,9 +25,11 @@ def length_parity_reward(response_text, golds):
     return float(len(response_text) % 2 == 0)
 '''
 # (name, trainer.seed, world = data.synthetic.seed, overrides): members differ in seed, world, arm and lr.
-MEMBERS = [("grpo-w0-s0", 0, 0, ["algo.name=grpo"]),
-           ("strat-w1-s1", 1, 1, ["algo.name=stratified_grpo", "optim.lr=3e-4"]),
-           ("ppo-w0-s2", 2, 0, ["algo.name=ppo"])]
+MEMBERS = [
+    ("grpo-w0-s0", 0, 0, ["algo.name=grpo"]),
+    ("strat-w1-s1", 1, 1, ["algo.name=stratified_grpo", "optim.lr=3e-4"]),
+    ("ppo-w0-s2", 2, 0, ["algo.name=ppo"]),
+]
 # Metrics that are timings (a member's include the time it waited for the others).
 TIMING = ("time/", "perf/")
 
@@ -35,13 +37,27 @@ TIMING = ("time/", "perf/")
 def overrides(root: Path, seed: int, world: int, steps: int = 3) -> list[str]:
     """configs/lab.yaml at test size (random 32-wide word-level policy, a 120-passage world, no warm start)."""
     return [
-        "model.tiny_hidden_size=32", "model.tiny_intermediate_size=64", "model.tiny_num_heads=2",
+        "model.tiny_hidden_size=32",
+        "model.tiny_intermediate_size=64",
+        "model.tiny_num_heads=2",
         "data.synthetic.options={size: 120, num_train: 30, num_test: 6, hop_mix: [0.3, 0.7, 0.0], guessable: none, "
-        "name_pool: 300}", f"data.synthetic.seed={world}", f"data.synthetic.cache_dir={root / f'kb-w{world}'}",  # an explicit cache_dir is the world's folder
-        "data.max_eval_examples=6", "eval.batch_size=6", "eval.before_after=true", "sft.enabled=false",
-        f"trainer.steps={steps}", "trainer.prompts_per_step=2", "trainer.eval_every=2", "trainer.save_every=2",
-        "rollout.group_size=3", "rollout.max_tokens_per_turn=12", "logging.progress=false",
-        "logging.num_transcripts=2", f"trainer.seed={seed}", f"trainer.output_dir={root / 'runs'}",
+        "name_pool: 300}",
+        f"data.synthetic.seed={world}",
+        f"data.synthetic.cache_dir={root / f'kb-w{world}'}",  # an explicit cache_dir is the world's folder
+        "data.max_eval_examples=6",
+        "eval.batch_size=6",
+        "eval.before_after=true",
+        "sft.enabled=false",
+        f"trainer.steps={steps}",
+        "trainer.prompts_per_step=2",
+        "trainer.eval_every=2",
+        "trainer.save_every=2",
+        "rollout.group_size=3",
+        "rollout.max_tokens_per_turn=12",
+        "logging.progress=false",
+        "logging.num_transcripts=2",
+        f"trainer.seed={seed}",
+        f"trainer.output_dir={root / 'runs'}",
         "algo.reward=stratarl_test_rewards:length_parity_reward",
     ]
 
@@ -58,8 +74,10 @@ def root(tmp_path_factory):
 
 
 def members(root: Path, folder: str, steps: int = 3, specs=MEMBERS) -> list[Member]:
-    return [Member(name, load_config(LAB, overrides(root, seed, world, steps) + extra), root / folder / name)
-            for name, seed, world, extra in specs]
+    return [
+        Member(name, load_config(LAB, overrides(root, seed, world, steps) + extra), root / folder / name)
+        for name, seed, world, extra in specs
+    ]
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -94,7 +112,9 @@ def test_unstacked_members_equal_their_solo_runs_bit_for_bit(root, solo):
         a, b = rows(solo / name), rows(root / "alone" / name)
         assert [numbers(r) for r in a] == [numbers(r) for r in b], name
         for tag in ("before", "step_000002", "after"):
-            assert (solo / name / "eval" / f"{tag}.json").is_file() and (root / "alone" / name / "eval" / f"{tag}.json").is_file()
+            assert (solo / name / "eval" / f"{tag}.json").is_file() and (
+                root / "alone" / name / "eval" / f"{tag}.json"
+            ).is_file()
         after = [json.loads((d / name / "eval" / "after.json").read_text()) for d in (solo, root / "alone")]
         assert after[0]["per_question"] == after[1]["per_question"]
         for step in (1, 2, 3):
@@ -118,8 +138,9 @@ def test_stacked_members_step_one_equals_solo_within_float_tolerance(root, solo,
         assert (solo / name / "transcripts" / "step_000001.jsonl").read_text().count("example_id") == 2
         solo_t = [json.loads(x) for x in (solo / name / "transcripts" / "step_000001.jsonl").read_text().splitlines()]
         pop_t = [json.loads(x) for x in (stacked / name / "transcripts" / "step_000001.jsonl").read_text().splitlines()]
-        assert [(t["turns"], t["reward"], t["advantage"]) for t in solo_t] == \
-               [(t["turns"], t["reward"], pytest.approx(t["advantage"], rel=1e-5, abs=1e-6)) for t in pop_t]
+        assert [(t["turns"], t["reward"], t["advantage"]) for t in solo_t] == [
+            (t["turns"], t["reward"], pytest.approx(t["advantage"], rel=1e-5, abs=1e-6)) for t in pop_t
+        ]
 
 
 def test_a_members_run_directory_is_laid_out_as_a_solo_runs(solo, stacked):
@@ -149,13 +170,17 @@ def test_members_never_share_a_model_an_optimizer_a_world_or_a_group(root):
 
     def storages(run) -> set[int]:
         params = {p.data_ptr() for p in run.model.parameters()}
-        moments = {t.data_ptr() for s in run.learner.optimizer.state.values() for t in s.values()
-                   if isinstance(t, torch.Tensor) and t.dim() > 0}
+        moments = {
+            t.data_ptr()
+            for s in run.learner.optimizer.state.values()
+            for t in s.values()
+            if isinstance(t, torch.Tensor) and t.dim() > 0
+        }
         return params | moments
 
     for i, a in enumerate(states):
         assert a.learner.optimizer.state, "the optimizer took a step"
-        for b in states[i + 1:]:
+        for b in states[i + 1 :]:
             assert storages(a).isdisjoint(storages(b))
             for attr in ("model", "learner", "retriever", "task", "sampler", "shuffle_rng", "logger", "prompt_cache"):
                 assert getattr(a, attr) is not getattr(b, attr), attr
@@ -165,8 +190,12 @@ def test_members_never_share_a_model_an_optimizer_a_world_or_a_group(root):
     for name, _, world, _ in MEMBERS:
         run = runs[name]
         own = {(e.question, tuple(e.golden_answers)) for e in run.task.train}
-        other_worlds = {(e.question, tuple(e.golden_answers)) for r in runs.values()
-                        if r.cfg.data.synthetic.seed != world for e in r.task.train}
+        other_worlds = {
+            (e.question, tuple(e.golden_answers))
+            for r in runs.values()
+            if r.cfg.data.synthetic.seed != world
+            for e in r.task.train
+        }
         assert own and len(own & other_worlds) < len(own) / 2  # another world (names of one pool may repeat)
         for line in (root / "isolation" / name / "transcripts" / "step_000001.jsonl").read_text().splitlines():
             record = json.loads(line)
@@ -185,7 +214,9 @@ def test_a_population_resumes_per_member(root, stack):
     straight = run_population(members(root, f"{folder}/straight", steps=4, specs=specs), stack=stack)
     first = run_population(members(root, f"{folder}/parts", steps=2, specs=specs), stack=stack)
     assert all(r.ok for r in straight.members + first.members)
-    resumed = [Member(m.name, m.cfg, m.run_dir, resume=True) for m in members(root, f"{folder}/parts", steps=4, specs=specs)]
+    resumed = [
+        Member(m.name, m.cfg, m.run_dir, resume=True) for m in members(root, f"{folder}/parts", steps=4, specs=specs)
+    ]
     second = run_population(resumed, stack=stack)
     assert all(r.ok for r in second.members), [r.error for r in second.members]
     for result in second.members:
@@ -202,8 +233,11 @@ def test_a_failing_member_is_dropped_and_the_others_finish(root):
     trains to the end, with the numbers it has alone."""
     good, broken, poisoned = members(root, "failures", steps=3)
     (root / "not-a-model").mkdir(exist_ok=True)
-    broken = Member(broken.name, load_config(LAB, overrides(root, 1, 1) + [f"model.init_from={root / 'not-a-model'}"]),
-                    broken.run_dir)
+    broken = Member(
+        broken.name,
+        load_config(LAB, overrides(root, 1, 1) + [f"model.init_from={root / 'not-a-model'}"]),
+        broken.run_dir,
+    )
 
     def pipeline(cfg, run_dir, *, resume, start_over, parts):
         def step(run):
@@ -222,7 +256,9 @@ def test_a_failing_member_is_dropped_and_the_others_finish(root):
     assert [r["step"] for r in rows(root / "failures" / poisoned.name) if "optim/grad_norm" in r] == [1]
     alone = run_population(members(root, "failures-alone", steps=3)[:1], stack=True)
     assert alone.members[0].ok
-    first = [next(r for r in rows(root / d / good.name) if "optim/grad_norm" in r) for d in ("failures", "failures-alone")]
+    first = [
+        next(r for r in rows(root / d / good.name) if "optim/grad_norm" in r) for d in ("failures", "failures-alone")
+    ]
     assert first[0]["reward/mean"] == first[1]["reward/mean"]
     assert first[0]["optim/grad_norm"] == pytest.approx(first[1]["optim/grad_norm"], rel=1e-4)
 
@@ -231,11 +267,19 @@ def test_the_command_line_trains_a_population_that_report_aggregate_reads(root, 
     from stratarl.cli import main
 
     runs = []
-    for name, seed, world, extra in [("grpo-s0", 0, 0, ["algo.name=grpo"]), ("grpo-s1", 1, 1, ["algo.name=grpo"]),
-                                     ("strat-s0", 0, 0, ["algo.name=stratified_grpo"]),
-                                     ("strat-s1", 1, 1, ["algo.name=stratified_grpo"])]:
-        runs.append({"run_dir": str(root / "cli" / name), "config": str(LAB),
-                     "overrides": overrides(root, seed, world, steps=2) + extra})
+    for name, seed, world, extra in [
+        ("grpo-s0", 0, 0, ["algo.name=grpo"]),
+        ("grpo-s1", 1, 1, ["algo.name=grpo"]),
+        ("strat-s0", 0, 0, ["algo.name=stratified_grpo"]),
+        ("strat-s1", 1, 1, ["algo.name=stratified_grpo"]),
+    ]:
+        runs.append(
+            {
+                "run_dir": str(root / "cli" / name),
+                "config": str(LAB),
+                "overrides": overrides(root, seed, world, steps=2) + extra,
+            }
+        )
     spec = root / "cli-spec.json"
     spec.write_text(json.dumps({"runs": runs}))
     assert main(["population", str(spec), "--summary", str(root / "cli" / "population.json")]) == 0
@@ -244,7 +288,6 @@ def test_the_command_line_trains_a_population_that_report_aggregate_reads(root, 
     for run in runs:
         assert "step 2/2" in (Path(run["run_dir"]) / "train.log").read_text()
     out = root / "cli" / "aggregate" / "report.html"
-    assert main(["report", "--aggregate", "--baseline", "grpo", "--out", str(out),
-                 *[r["run_dir"] for r in runs]]) == 0
+    assert main(["report", "--aggregate", "--baseline", "grpo", "--out", str(out), *[r["run_dir"] for r in runs]]) == 0
     aggregate = json.loads((out.parent / "aggregate.json").read_text())
     assert "stratified_grpo" in json.dumps(aggregate) and "grpo" in json.dumps(aggregate)

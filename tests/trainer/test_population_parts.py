@@ -24,13 +24,27 @@ pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)
 def lab_overrides(tmp_path, seed: int = 0, world: int = 0) -> list[str]:
     """configs/lab.yaml at test size: a random 32-wide word-level policy, a 120-passage world, no warm start."""
     return [
-        "model.tiny_hidden_size=32", "model.tiny_intermediate_size=64", "model.tiny_num_heads=2",
+        "model.tiny_hidden_size=32",
+        "model.tiny_intermediate_size=64",
+        "model.tiny_num_heads=2",
         "data.synthetic.options={size: 120, num_train: 30, num_test: 6, hop_mix: [0.3, 0.7, 0.0], guessable: none, "
-        "name_pool: 300}", f"data.synthetic.seed={world}",
-        "data.max_eval_examples=6", "eval.batch_size=6", "eval.before_after=false", "sft.enabled=false",
-        "trainer.steps=2", "trainer.prompts_per_step=2", "trainer.eval_every=0", "trainer.save_every=0",
-        "rollout.group_size=3", "rollout.max_tokens_per_turn=12", "logging.progress=false", "logging.num_transcripts=1",
-        f"trainer.seed={seed}", f"data.synthetic.cache_dir={tmp_path / f'kb-w{world}'}", f"trainer.output_dir={tmp_path / 'runs'}",
+        "name_pool: 300}",
+        f"data.synthetic.seed={world}",
+        "data.max_eval_examples=6",
+        "eval.batch_size=6",
+        "eval.before_after=false",
+        "sft.enabled=false",
+        "trainer.steps=2",
+        "trainer.prompts_per_step=2",
+        "trainer.eval_every=0",
+        "trainer.save_every=0",
+        "rollout.group_size=3",
+        "rollout.max_tokens_per_turn=12",
+        "logging.progress=false",
+        "logging.num_transcripts=1",
+        f"trainer.seed={seed}",
+        f"data.synthetic.cache_dir={tmp_path / f'kb-w{world}'}",
+        f"trainer.output_dir={tmp_path / 'runs'}",
         "algo.reward=stratarl_test_rewards:length_parity_reward",
     ]
 
@@ -63,6 +77,7 @@ def test_lockstep_serves_kinds_in_priority_and_runs_one_member_at_a_time():
         def run(batch):
             log.append((kind, [i for i, _ in batch]))
             return [None] * len(batch)
+
         return run
 
     lockstep = Lockstep({"gen": handler("gen"), "upd": handler("upd")}, priority=("gen", "upd"))
@@ -90,8 +105,14 @@ def test_a_failing_member_is_reported_and_the_others_finish():
     def raises():
         raise RuntimeError("warm start refused")
 
-    outcomes = lockstep.run([lambda: lockstep.call("echo", "ok"), raises, lambda: lockstep.call("echo", "bad"),
-                             lambda: [lockstep.call("echo", "a"), lockstep.call("echo", "b")]])
+    outcomes = lockstep.run(
+        [
+            lambda: lockstep.call("echo", "ok"),
+            raises,
+            lambda: lockstep.call("echo", "bad"),
+            lambda: [lockstep.call("echo", "a"), lockstep.call("echo", "b")],
+        ]
+    )
     assert outcomes[0].value == "ok" and outcomes[0].error is None
     assert isinstance(outcomes[1].error, RuntimeError) and "warm start refused" in outcomes[1].trace
     assert isinstance(outcomes[2].error, ValueError)
@@ -141,22 +162,26 @@ def test_stacked_generation_samples_what_each_generator_samples_alone(policies, 
     """Same tokens, finish reasons and log-probs (1e-5) per member, over two turns: the second reuses each
     member's prefix cache (as alone), rows of different members end at different steps, and a member's
     finished rows leave its batch (drop_finished)."""
-    from stratarl.rollout.population_generate import GenerateCall, generate_together
-    from stratarl.rollout.generator import SamplingParams
     from stratarl.rollout.collect import encode_prompts
+    from stratarl.rollout.generator import SamplingParams
+    from stratarl.rollout.population_generate import GenerateCall, generate_together
 
     models, tokenizer, task, cfg = policies
     params = SamplingParams(max_new_tokens=12, temperature=1.0, stop_strings=cfg.rollout.sampling_params().stop_strings)
     alone = [KVCacheGenerator(m, tokenizer, seed=5 + k) for k, m in enumerate(models)]
     together = [KVCacheGenerator(m, tokenizer, seed=5 + k) for k, m in enumerate(models)]
-    prompts = [encode_prompts(tokenizer, task.train[k * 3:k * 3 + n], template=cfg.rollout.prompt_template)
-               for k, n in enumerate((3, 2, 3))]
+    prompts = [
+        encode_prompts(tokenizer, task.train[k * 3 : k * 3 + n], template=cfg.rollout.prompt_template)
+        for k, n in enumerate((3, 2, 3))
+    ]
     prompts = [[p for p in ps for _ in range(2)] for ps in prompts]  # groups of 2: identical prompts
     budgets = [[12 - (i % 5) for i in range(len(ps))] for ps in prompts]
     for turn in range(2):
         keys = [[(k, i) for i in range(len(ps))] for k, ps in enumerate(prompts)]
         expected = [g.generate(prompts[k], params, budgets[k], cache_keys=keys[k]) for k, g in enumerate(alone)]
-        got = generate_together([GenerateCall(g, prompts[k], params, budgets[k], keys[k]) for k, g in enumerate(together)])
+        got = generate_together(
+            [GenerateCall(g, prompts[k], params, budgets[k], keys[k]) for k, g in enumerate(together)]
+        )
         for k in range(3):
             assert not isinstance(got[k], BaseException), got[k]
             for a, b in zip(expected[k], got[k]):
@@ -180,8 +205,11 @@ def _recorded_update_calls(tmp_path, arms: list[tuple[int, str, list[str]]]):
     calls, solo = [], []
 
     def recorder(learner, batch, cfg, generator, **kw):
-        calls.append(UpdateCall(copy.deepcopy(learner), batch, cfg, copy.deepcopy(generator), kw.get("impl", "fast"),
-                                kw.get("prefix")))
+        calls.append(
+            UpdateCall(
+                copy.deepcopy(learner), batch, cfg, copy.deepcopy(generator), kw.get("impl", "fast"), kw.get("prefix")
+            )
+        )
         out = update_policy(learner, batch, cfg, generator, **kw)
         solo.append((out, learner))
         return out
@@ -193,11 +221,17 @@ def _recorded_update_calls(tmp_path, arms: list[tuple[int, str, list[str]]]):
     return calls, solo
 
 
-@pytest.mark.parametrize("arms", [
-    [(0, "grpo", []), (1, "stratified_grpo", ["optim.lr=3e-4"]), (2, "ppo", [])],
-    [(0, "so_grpo", ["trainer.epochs=2", "trainer.mini_batches=2", "optim.lr=0.01", "algo.sorl_delta=1e-8"]),
-     (1, "grpo", ["trainer.epochs=2", "trainer.mini_batches=3", "optim.lr=0.01"])],
-], ids=["on_policy_arms", "off_policy_sorl"])
+@pytest.mark.parametrize(
+    "arms",
+    [
+        [(0, "grpo", []), (1, "stratified_grpo", ["optim.lr=3e-4"]), (2, "ppo", [])],
+        [
+            (0, "so_grpo", ["trainer.epochs=2", "trainer.mini_batches=2", "optim.lr=0.01", "algo.sorl_delta=1e-8"]),
+            (1, "grpo", ["trainer.epochs=2", "trainer.mini_batches=3", "optim.lr=0.01"]),
+        ],
+    ],
+    ids=["on_policy_arms", "off_policy_sorl"],
+)
 def test_stacked_update_takes_each_members_solo_optimizer_steps(tmp_path, reward_path, arms):
     """Every metric (losses, clip fractions, SORL's C norm and scale, gradient norms, learning rates) and every
     weight after the update equal the member's own ``update_policy`` to float tolerance (weights: 1e-5 absolute,
@@ -227,8 +261,11 @@ def test_stacked_update_keeps_gradients_in_their_member(tmp_path, reward_path):
     from stratarl.trainer.population_update import update_together
 
     calls, _ = _recorded_update_calls(tmp_path, [(0, "grpo", []), (1, "grpo", []), (2, "grpo", [])])
-    lone = [dataclasses.replace(calls[0], learner=copy.deepcopy(calls[0].learner),
-                                generator=copy.deepcopy(calls[0].generator))]
+    lone = [
+        dataclasses.replace(
+            calls[0], learner=copy.deepcopy(calls[0].learner), generator=copy.deepcopy(calls[0].generator)
+        )
+    ]
     update_together(lone)
     update_together(calls)
     for a, b in zip(lone[0].learner.model.parameters(), calls[0].learner.model.parameters()):

@@ -18,10 +18,10 @@ import pytest
 
 from stratarl.data.examples import Example
 from stratarl.evaluation.greedy import aggregate, eval_metrics, question_record, save_eval
-from stratarl.infra.metrics import MetricsLogger
-from stratarl.evaluation.report import build_report, transcript_pair
 from stratarl.evaluation.headline import eval_points, format_ci, format_headline, headline
+from stratarl.evaluation.report import build_report, transcript_pair
 from stratarl.evaluation.stats import excludes_zero, paired_gain, rolling_band
+from stratarl.infra.metrics import MetricsLogger
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
@@ -31,27 +31,59 @@ AFTER = [1, 1, 0, 1, 1, 0, 1, 1, 0, 1]
 
 
 def _examples(n: int) -> list[Example]:
-    return [Example(id=f"q{i}", question=f"Where was person {i} born?", golden_answers=(f"town{i}",),
-                    data_source="synthkb", metadata={"question_type": "single_hop" if i % 2 else "multi_hop_2"})
-            for i in range(n)]
+    return [
+        Example(
+            id=f"q{i}",
+            question=f"Where was person {i} born?",
+            golden_answers=(f"town{i}",),
+            data_source="synthkb",
+            metadata={"question_type": "single_hop" if i % 2 else "multi_hop_2"},
+        )
+        for i in range(n)
+    ]
 
 
 def _eval_result(examples: list[Example], em: list[int], searches: float, answers: list[str]) -> dict:
     """What stratarl.evaluation.greedy.evaluate returns for these per-question scores (F1 = EM here)."""
     scores = [{"em": float(e), "subem": float(e), "f1": float(e), "searches": searches, "answered": 1.0} for e in em]
-    transcripts = [{"example_id": ex.id, "question": ex.question, "golds": list(ex.golden_answers),
-                    "turns": [{"text": f"<search> {ex.question} </search>", "action": "search",
-                               "observation": f"<information>Doc 1: person born in {ans}</information>"},
-                              {"text": f"<answer> {ans} </answer>", "action": "answer"}],
-                    "answer": ans, "reward": float(e), "num_searches": int(searches)}
-                   for ex, e, ans in zip(examples, em, answers)][:3]
-    return {"per_source": aggregate(scores, [ex.data_source for ex in examples]),
-            "per_type": {}, "per_question": [question_record(ex, s) for ex, s in zip(examples, scores)],
-            "transcripts": transcripts, "seconds": 1.0, "num_examples": len(examples)}
+    transcripts = [
+        {
+            "example_id": ex.id,
+            "question": ex.question,
+            "golds": list(ex.golden_answers),
+            "turns": [
+                {
+                    "text": f"<search> {ex.question} </search>",
+                    "action": "search",
+                    "observation": f"<information>Doc 1: person born in {ans}</information>",
+                },
+                {"text": f"<answer> {ans} </answer>", "action": "answer"},
+            ],
+            "answer": ans,
+            "reward": float(e),
+            "num_searches": int(searches),
+        }
+        for ex, e, ans in zip(examples, em, answers)
+    ][:3]
+    return {
+        "per_source": aggregate(scores, [ex.data_source for ex in examples]),
+        "per_type": {},
+        "per_question": [question_record(ex, s) for ex, s in zip(examples, scores)],
+        "transcripts": transcripts,
+        "seconds": 1.0,
+        "num_examples": len(examples),
+    }
 
 
-def fake_run(path: Path, before: list[int] | None = BEFORE, after: list[int] | None = AFTER, *, steps: int = 6,
-             eval_every: int = 3, mid: list[int] | None = None) -> Path:
+def fake_run(
+    path: Path,
+    before: list[int] | None = BEFORE,
+    after: list[int] | None = AFTER,
+    *,
+    steps: int = 6,
+    eval_every: int = 3,
+    mid: list[int] | None = None,
+) -> Path:
     """A run directory as `stratarl train ... eval.before_after=true trainer.eval_every=3` writes it:
     eval rows in metrics.jsonl at step 0, 3 and 6 next to the training rows, eval/<tag>.json + transcripts."""
     examples = _examples(len(before if before is not None else after or []))
@@ -67,9 +99,19 @@ def fake_run(path: Path, before: list[int] | None = BEFORE, after: list[int] | N
         run_eval("before", 0, before, 1.0)
     for step in range(1, steps + 1):
         reward = 0.1 * step
-        logger.log(step, {"reward/mean": reward, "reward/em": reward, "rollout/search_calls_mean": 1.0 + 0.1 * step,
-                          "stratum/0/reward_mean": reward / 2, "stratum/1/reward_mean": reward,
-                          "stratum/0/count": 4.0, "stratum/1/count": 12.0, "loss/policy": -reward})
+        logger.log(
+            step,
+            {
+                "reward/mean": reward,
+                "reward/em": reward,
+                "rollout/search_calls_mean": 1.0 + 0.1 * step,
+                "stratum/0/reward_mean": reward / 2,
+                "stratum/1/reward_mean": reward,
+                "stratum/0/count": 4.0,
+                "stratum/1/count": 12.0,
+                "loss/policy": -reward,
+            },
+        )
         if eval_every and step % eval_every == 0 and step < steps and mid is not None:
             run_eval(f"step_{step:06d}", step, mid, 1.5)
     if after is not None:
@@ -144,8 +186,10 @@ def test_headline_of_one_run(tmp_path):
     assert r["gain"]["searches"]["mean"] == pytest.approx(1.0)  # 1.0 -> 2.0 searches per question
     assert [(p["tag"], p["step"]) for p in r["evals"]] == [("before", 0), ("step_000003", 3), ("after", 6)]
     assert [p["em"]["mean"] for p in r["evals"]] == pytest.approx([0.3, 0.4, 0.7])
-    assert h["verdict"] == ("RL improved held-out EM by +0.400 [+0.03, +0.77] on 10 questions after 6 RL steps (4 up, 0 down; "
-                            "paired 95% CI over questions): the 95% CI excludes 0")
+    assert h["verdict"] == (
+        "RL improved held-out EM by +0.400 [+0.03, +0.77] on 10 questions after 6 RL steps (4 up, 0 down; "
+        "paired 95% CI over questions): the 95% CI excludes 0"
+    )
     assert h["across_runs"] is None
 
 
@@ -160,9 +204,11 @@ def test_verdict_inside_the_noise_and_no_change(tmp_path):
 
 def test_headline_across_seeds(tmp_path):
     # Per-seed gains 0.4, 0.2, 0.3: mean 0.3, s = 0.1, half = t_{0.975,2}·0.1/√3 = 4.303·0.057735 = 0.248434.
-    runs = [fake_run(tmp_path / "s0", BEFORE, AFTER),
-            fake_run(tmp_path / "s1", BEFORE, [1, 1, 0, 1, 1, 0, 1, 0, 0, 0]),
-            fake_run(tmp_path / "s2", BEFORE, [1, 1, 0, 1, 1, 0, 1, 1, 0, 0])]
+    runs = [
+        fake_run(tmp_path / "s0", BEFORE, AFTER),
+        fake_run(tmp_path / "s1", BEFORE, [1, 1, 0, 1, 1, 0, 1, 0, 0, 0]),
+        fake_run(tmp_path / "s2", BEFORE, [1, 1, 0, 1, 1, 0, 1, 1, 0, 0]),
+    ]
     h = headline(runs)
     across = h["across_runs"]
     assert across["n"] == 3 and across["gain"]["em"]["per_run"] == pytest.approx([0.4, 0.2, 0.3])
@@ -172,8 +218,10 @@ def test_headline_across_seeds(tmp_path):
     assert h["verdict"].startswith("RL improved held-out EM by +0.300 [+0.05, +0.55] over 3 runs of 6 RL steps")
     text = format_headline(h)
     assert "[s0] held-out EM (greedy, 10 questions, 6 RL steps)" in text
-    assert ("mean over 3 runs: held-out EM before RL 0.300 [0.30, 0.30] -> after RL 0.600 [0.35, 0.85]; "
-            "gain +0.300 [+0.05, +0.55] (95% t-interval over runs, excludes 0)") in text
+    assert (
+        "mean over 3 runs: held-out EM before RL 0.300 [0.30, 0.30] -> after RL 0.600 [0.35, 0.85]; "
+        "gain +0.300 [+0.05, +0.55] (95% t-interval over runs, excludes 0)"
+    ) in text
     assert "held-out F1" not in text  # several runs: EM per run, the rest in the report
 
 
@@ -181,9 +229,11 @@ def test_format_headline_is_the_demo_summary(tmp_path):
     run = fake_run(tmp_path / "run", mid=[1, 1, 0, 1, 0, 0, 1, 0, 0, 0])
     text = format_headline(headline([run]))
     lines = text.splitlines()
-    assert lines[0] == ("held-out EM (greedy, 10 questions, 6 RL steps): before RL 0.300 [0.00, 0.65] -> "
-                        "after RL 0.700 [0.35, 1.00]; gain +0.400 [+0.03, +0.77] (paired 95% CI, excludes 0; "
-                        "4 questions up, 0 down)")
+    assert lines[0] == (
+        "held-out EM (greedy, 10 questions, 6 RL steps): before RL 0.300 [0.00, 0.65] -> "
+        "after RL 0.700 [0.35, 1.00]; gain +0.400 [+0.03, +0.77] (paired 95% CI, excludes 0; "
+        "4 questions up, 0 down)"
+    )
     assert "held-out EM over training: step 0 0.300, step 3 0.400, step 6 0.700" in lines
     assert "searches/question 1.00 -> 2.00; answer rate 1.00 -> 1.00" in lines
     assert lines[-1].startswith("verdict: RL improved held-out EM by +0.400")
@@ -223,7 +273,7 @@ def test_format_ci():
 
 def _section(page: str) -> str:
     start = page.index('<h2 id="did-it-learn">')
-    return page[start:page.index('<h2 id="eval">')]
+    return page[start : page.index('<h2 id="eval">')]
 
 
 def test_report_opens_with_did_it_learn(tmp_path):
@@ -233,12 +283,18 @@ def test_report_opens_with_did_it_learn(tmp_path):
     assert page.index("Did it learn?") < page.index('<h2 id="reward">')  # before the full grid, which stays
     section = _section(page)
     assert "RL improved held-out EM by +0.400 [+0.03, +0.77] on 10 questions after 6 RL steps" in section
-    assert "<td>held-out EM</td><td>0.300 [0.00, 0.65]</td><td>0.700 [0.35, 1.00]</td><td>+0.400 [+0.03, +0.77]</td><td>yes</td>" in section
+    assert (
+        "<td>held-out EM</td><td>0.300 [0.00, 0.65]</td><td>0.700 [0.35, 1.00]</td><td>+0.400 [+0.03, +0.77]</td><td>yes</td>"
+        in section
+    )
     assert "<td>searches / question</td><td>1.000 [1.00, 1.00]</td><td>2.000 [2.00, 2.00]</td>" in section
     assert "RL steps: 6." in section and "6 RL steps, 3 held-out evals" in page
     assert section.count("data:image/png;base64,") == 3  # learning, searches, strata
     assert {p.name for p in (tmp_path / "r").glob("did_it_learn*.png")} == {
-        "did_it_learn.png", "did_it_learn_searches.png", "did_it_learn_strata.png"}
+        "did_it_learn.png",
+        "did_it_learn_searches.png",
+        "did_it_learn_strata.png",
+    }
     # The same question before and after: q1 is the first transcript whose EM changed (0 -> 1).
     assert "Question <code>q1</code>" in section
     before_col, after_col = re.findall(r'<div class="col">(.*?)</div>', section)
@@ -303,13 +359,18 @@ def test_real_tiny_run_gets_a_headline(tmp_path, tiny_overrides):
 def test_demo_prints_the_headline(tmp_path, tiny_overrides, capsys):
     from stratarl.commands.train import run_demo
 
-    args = argparse.Namespace(config=str(TINY), run_dir=str(tmp_path / "demo"),
-                              overrides=[*tiny_overrides, "trainer.steps=2", "eval.before_after=true",
-                                         "trainer.eval_every=1"])
+    args = argparse.Namespace(
+        config=str(TINY),
+        run_dir=str(tmp_path / "demo"),
+        overrides=[*tiny_overrides, "trainer.steps=2", "eval.before_after=true", "trainer.eval_every=1"],
+    )
     assert run_demo(args) == 0
     out = capsys.readouterr().out
-    summary = out[out.index("=== stratarl demo ==="):]
-    assert re.search(r"held-out EM \(greedy, 4 questions, 2 RL steps\): before RL \d\.\d{3}( \[\d\.\d\d, \d\.\d\d\])? -> "
-                     r"after RL \d\.\d{3}", summary)
+    summary = out[out.index("=== stratarl demo ===") :]
+    assert re.search(
+        r"held-out EM \(greedy, 4 questions, 2 RL steps\): before RL \d\.\d{3}( \[\d\.\d\d, \d\.\d\d\])? -> "
+        r"after RL \d\.\d{3}",
+        summary,
+    )
     assert re.search(r"held-out EM over training: step 0 \d\.\d{3}, step 1 \d\.\d{3}, step 2 \d\.\d{3}", summary)
     assert "verdict: " in summary and f"report: {tmp_path / 'demo' / 'report' / 'report.html'}" in summary

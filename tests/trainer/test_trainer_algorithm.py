@@ -4,7 +4,6 @@ signatures, the legacy knobs keep their meaning, and cross-part / cross-section 
 from __future__ import annotations
 
 import dataclasses
-
 import inspect
 from pathlib import Path
 
@@ -77,20 +76,33 @@ def test_presets_are_immutable_values():
 
 
 def test_shared_knobs_reach_exactly_the_parts_that_take_them():
-    spec = _spec("algo.name=stratified_grpo", "algo.alpha=0.25", "algo.epsilon=0.01", "algo.gamma=0.5",
-                 "algo.clip_high=0.28", "algo.sorl_delta=3.0")
+    spec = _spec(
+        "algo.name=stratified_grpo",
+        "algo.alpha=0.25",
+        "algo.epsilon=0.01",
+        "algo.gamma=0.5",
+        "algo.clip_high=0.28",
+        "algo.sorl_delta=3.0",
+    )
     assert dict(spec.advantage_params) == {"alpha": 0.25, "eps": 0.01}  # gamma is GAE's, not Stratified GRPO's
     assert spec.policy_loss_params["clip_high"] == 0.28
     assert spec.normalizer_params == {}  # no normaliser: delta goes nowhere
-    spec = _spec("algo.name=so_ppo", "algo.gamma=0.5", "algo.lam=0.9", "algo.alpha=0.1", "algo.sorl_delta=3.0",
-                 "algo.sorl_delta_rule=running_pg")
+    spec = _spec(
+        "algo.name=so_ppo",
+        "algo.gamma=0.5",
+        "algo.lam=0.9",
+        "algo.alpha=0.1",
+        "algo.sorl_delta=3.0",
+        "algo.sorl_delta_rule=running_pg",
+    )
     assert dict(spec.advantage_params) == {"gamma": 0.5, "lam": 0.9}
     assert dict(spec.normalizer_params) == {"delta": 3.0, "rule": "running_pg", "ema": 0.9}
 
 
 def test_explicit_parameters_reach_the_part_and_a_knobs_keyword_is_read_as_the_knob():
-    spec = _spec("algo.name=grpo", "algo.advantage_params={std_ddof: 0, eps: 0.5}",
-                 "algo.policy_loss_params.dual_clip=3.0")
+    spec = _spec(
+        "algo.name=grpo", "algo.advantage_params={std_ddof: 0, eps: 0.5}", "algo.policy_loss_params.dual_clip=3.0"
+    )
     assert dict(spec.advantage_params) == {"eps": 0.5, "std_ddof": 0}
     assert spec.policy_loss_params["dual_clip"] == 3.0
     cfg = load_config(None, ["algo.name=so_grpo", "algo.normalizer_params.delta=3"])
@@ -109,7 +121,9 @@ def test_unknown_parameter_lists_the_valid_ones():
     msg = str(info.value)
     assert "`algo.advantage_params.alpah`" in msg and "advantage 'grpo' has no parameter `alpah`" in msg
     assert "valid parameters: eps, std_ddof, scale_by_std" in msg
-    with pytest.raises(ConfigError, match=r"did you mean 'dual_clip'\? valid parameters: clip_low, clip_high, dual_clip\.$"):
+    with pytest.raises(
+        ConfigError, match=r"did you mean 'dual_clip'\? valid parameters: clip_low, clip_high, dual_clip\.$"
+    ):
         _spec("algo.policy_loss_params.dual_clp=3")
     with pytest.raises(ConfigError, match="valid parameters: delta, rule, ema"):
         _spec("algo.name=so_grpo", "algo.normalizer_params.beta=1")
@@ -120,7 +134,9 @@ def test_parameters_the_trainer_owns_point_to_their_field():
         _spec("algo.policy_loss_params.level=turn")
     with pytest.raises(ConfigError, match=r"set algo.loss_agg instead"):
         _spec("algo.policy_loss_params.agg=seq-mean-token-mean")
-    with pytest.raises(ConfigError, match=r"`algo.policy_loss_params.norm_length`.*set rollout.max_total_tokens instead"):
+    with pytest.raises(
+        ConfigError, match=r"`algo.policy_loss_params.norm_length`.*set rollout.max_total_tokens instead"
+    ):
         _spec("algo.policy_loss_params.norm_length=100")
     with pytest.raises(ConfigError, match=r"`algo.normalizer_params`.*no gradient normaliser is in use"):
         _spec("algo.name=grpo", "algo.normalizer_params.beta=2")
@@ -148,16 +164,23 @@ def test_unknown_parts_are_refused_with_the_registered_names():
     assert "use one of drgrpo, gae, gigpo, grpo, stratified" in msg and "--import" in msg
     with pytest.raises(ConfigError, match="did you mean 'ppo'"):
         _spec("algo.policy_loss=ppp")
-    with pytest.raises(ConfigError, match=r"`algo.ratio_level` = 'turns': not an allowed value. Fix: did you mean 'turn'\? use one of token, turn"):
+    with pytest.raises(
+        ConfigError,
+        match=r"`algo.ratio_level` = 'turns': not an allowed value. Fix: did you mean 'turn'\? use one of token, turn",
+    ):
         _spec("algo.ratio_level=turns")
     with pytest.raises(ConfigError, match="`algo.critic` = 'mlp': unknown critic"):
         _spec("algo.critic=mlp")
-    with pytest.raises(ConfigError, match="`algo.name` = 'stratified': unknown algorithm. Fix: did you mean 'stratified_grpo'"):
+    with pytest.raises(
+        ConfigError, match="`algo.name` = 'stratified': unknown algorithm. Fix: did you mean 'stratified_grpo'"
+    ):
         _spec("algo.name=stratified")
 
 
 def test_an_estimator_that_reads_values_needs_a_critic():
-    with pytest.raises(ConfigError, match="`algo.critic` = 'none': advantage estimator 'gae' reads the critic's values"):
+    with pytest.raises(
+        ConfigError, match="`algo.critic` = 'none': advantage estimator 'gae' reads the critic's values"
+    ):
         _spec("algo.name=grpo", "algo.advantage=gae")
     assert _spec("algo.name=grpo", "algo.advantage=gae", "algo.critic=value_head").uses_critic
     assert not _spec("algo.name=ppo", "algo.advantage=grpo", "algo.critic=none").uses_critic
@@ -211,13 +234,24 @@ def test_keyword_params_lists_keywords_with_defaults_and_required_ones():
 
     assert registry.keyword_params(fn) == {"b": 1, "c": inspect.Parameter.empty, "d": None}
     assert list(registry.keyword_params(registry.get_policy_loss("ppo"))) == [
-        "level", "clip_low", "clip_high", "dual_clip", "agg", "norm_length", "token_weights"]
+        "level",
+        "clip_low",
+        "clip_high",
+        "dual_clip",
+        "agg",
+        "norm_length",
+        "token_weights",
+    ]
 
 
 def test_describe_names_every_part():
     line = describe("so_ppo", _spec("algo.name=so_ppo"))
     assert line.startswith("so_ppo: advantage gae (gamma=1.0, lam=1.0), policy loss ppo (")
-    assert "ratio turn" in line and "normaliser sorl (delta=1.0, rule=fixed, ema=0.9)" in line and "critic value_head" in line
+    assert (
+        "ratio turn" in line
+        and "normaliser sorl (delta=1.0, rule=fixed, ema=0.9)" in line
+        and "critic value_head" in line
+    )
 
 
 # --------------------------------------------------------------------------- across sections
@@ -260,9 +294,16 @@ def test_the_trainer_calls_the_estimator_the_config_names_with_its_parameters(re
     registered("_ADVANTAGES", "scaled", scaled)
     cfg = load_config(None, ["algo.advantage=scaled", "algo.advantage_params.scale=3.0", "algo.epsilon=0.5"])
     tokens = collate_sequences([[5, 6], [7]], [[1, 2, 3], [4, 5]], [[1, 0, 1], [1, 1]], pad_id=0)
-    scored = ScoredBatch(**vars(tokens), old_logprobs=torch.zeros_like(tokens.response_mask), on_policy=False,
-                         ref_logprobs=None, old_values=None)
-    batch = compute_advantages(bound_advantage(cfg.algorithm), scored, advantage_inputs(scored, [1.0, -2.0], [0, 0], [0, 0]))
+    scored = ScoredBatch(
+        **vars(tokens),
+        old_logprobs=torch.zeros_like(tokens.response_mask),
+        on_policy=False,
+        ref_logprobs=None,
+        old_values=None,
+    )
+    batch = compute_advantages(
+        bound_advantage(cfg.algorithm), scored, advantage_inputs(scored, [1.0, -2.0], [0, 0], [0, 0])
+    )
     assert seen == {"eps": 0.5, "scale": 3.0}
     torch.testing.assert_close(batch.advantages, torch.tensor([[3.0, 0.0, 3.0], [-6.0, -6.0, 0.0]]))
 
@@ -321,12 +362,24 @@ def _real_step(tmp_path, tiny_overrides, *overrides, record=None):
 @pytest.mark.slow
 def test_gspo_and_dual_clip_reach_the_real_update(tmp_path, tiny_overrides):
     record = {}
-    _, metrics = _real_step(tmp_path, tiny_overrides, "algo.name=gspo", "algo.policy_loss_params.dual_clip=1.5",
-                            "algo.clip_low=0.05", record=record)
+    _, metrics = _real_step(
+        tmp_path,
+        tiny_overrides,
+        "algo.name=gspo",
+        "algo.policy_loss_params.dual_clip=1.5",
+        "algo.clip_low=0.05",
+        record=record,
+    )
     loss_kwargs = record["loss_calls"]
     assert loss_kwargs and {name for name, _ in loss_kwargs} == {"ppo"}
     for _, kwargs in loss_kwargs:
-        assert kwargs == {"level": "sequence", "clip_low": 0.05, "clip_high": 0.2, "agg": "token-mean", "dual_clip": 1.5}
+        assert kwargs == {
+            "level": "sequence",
+            "clip_low": 0.05,
+            "clip_high": 0.2,
+            "agg": "token-mean",
+            "dual_clip": 1.5,
+        }
     assert "loss/clip_frac_turn" not in metrics
 
 
@@ -352,9 +405,14 @@ def test_no_code_outside_the_resolution_compares_the_algorithms_name():
     root = Path(__file__).resolve().parents[2] / "stratarl"
 
     def is_algo_name(node) -> bool:
-        return isinstance(node, ast.Attribute) and node.attr == "name" and (
-            (isinstance(node.value, ast.Attribute) and node.value.attr == "algo")
-            or (isinstance(node.value, ast.Name) and node.value.id == "algo"))
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr == "name"
+            and (
+                (isinstance(node.value, ast.Attribute) and node.value.attr == "algo")
+                or (isinstance(node.value, ast.Name) and node.value.id == "algo")
+            )
+        )
 
     offenders = []
     for path in root.rglob("*.py"):

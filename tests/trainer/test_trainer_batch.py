@@ -9,7 +9,9 @@ from stratarl.trainer.batch import collate_sequences, micro_batches, mini_batch_
 
 
 def _batch():
-    return collate_sequences([[1, 2, 3], [4], [5, 6]], [[7, 8], [9, 10, 11, 12], []], [[1, 0], [1, 1, 0, 1], []], pad_id=0)
+    return collate_sequences(
+        [[1, 2, 3], [4], [5, 6]], [[7, 8], [9, 10, 11, 12], []], [[1, 0], [1, 1, 0, 1], []], pad_id=0
+    )
 
 
 def test_collate_layout():

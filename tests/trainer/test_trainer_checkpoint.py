@@ -99,7 +99,9 @@ def test_load_rejects_a_non_checkpoint(tmp_path):
 
 def test_load_rejects_a_different_model(tmp_path):
     path = ckpt.save_checkpoint(tmp_path, 1, model=_model(), state={})
-    with pytest.raises(ValueError, match="saved from a different model: it holds 2 tensor.s. the model lacks .e.g. 1.bias, 1.weight.") as error:
+    with pytest.raises(
+        ValueError, match="saved from a different model: it holds 2 tensor.s. the model lacks .e.g. 1.bias, 1.weight."
+    ) as error:
         ckpt.load_checkpoint(path, model=torch.nn.Sequential(torch.nn.Linear(3, 4)))
     assert str(error.value).count("Fix:") == 1 and "\n" not in str(error.value)
 
@@ -112,12 +114,20 @@ def test_a_checkpoint_of_another_model_size_is_one_line_naming_a_tensor_and_its_
     message = str(error.value)
     assert "\n" not in message and len(message) < 400 and message.count("Fix:") == 1
     # torch would say "size mismatch for 0.weight: copying a param with shape ..." once per tensor, on 4 lines
-    assert f"checkpoint {path} was saved from a different model: 0.weight is [4, 3] there but [5, 3] in this one and 2 more" in message
+    assert (
+        f"checkpoint {path} was saved from a different model: 0.weight is [4, 3] there but [5, 3] in this one and 2 more"
+        in message
+    )
     assert "model.* in the run's config.yaml" in message
 
 
-@pytest.mark.parametrize("change, cause", [(lambda b: b[:-7], "cut short: a torn write"),
-                                           (lambda b: b + b"extra", "it grew after the checkpoint was written")])
+@pytest.mark.parametrize(
+    "change, cause",
+    [
+        (lambda b: b[:-7], "cut short: a torn write"),
+        (lambda b: b + b"extra", "it grew after the checkpoint was written"),
+    ],
+)
 def test_a_size_mismatch_says_which_way_the_file_changed(tmp_path, change, cause):
     path = ckpt.save_checkpoint(tmp_path, 1, model=_model(), state={})
     model_file = path / "model.safetensors"

@@ -22,8 +22,14 @@ def _env(reward_path) -> dict:
 
 
 def _stratarl(*args, env, timeout=240, cwd=None):
-    return subprocess.run([sys.executable, "-m", "stratarl.cli", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "stratarl.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 def test_train_eval_report_in_subprocesses(tmp_path, tiny_overrides, reward_path):
@@ -63,9 +69,23 @@ def test_config_errors_are_one_clear_line(tmp_path, reward_path):
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path, tiny_overrides, reward_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "stratarl.cli", "train", str(TINY), *tiny_overrides,
-                             "trainer.steps=200", "--run-dir", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(reward_path))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stratarl.cli",
+            "train",
+            str(TINY),
+            *tiny_overrides,
+            "trainer.steps=200",
+            "--run-dir",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(reward_path),
+    )
     try:
         for line in proc.stdout:
             if line.startswith("step 1/"):

@@ -6,8 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from stratarl.trainer.config import (ALGORITHMS, Config, ConfigError, apply_overrides, config_from_dict, load_config,
-                                     parse_override, save_config)
+from stratarl.trainer.config import (
+    ALGORITHMS,
+    Config,
+    ConfigError,
+    apply_overrides,
+    config_from_dict,
+    load_config,
+    parse_override,
+    save_config,
+)
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -33,8 +41,17 @@ def test_shipped_configs_exist():
 
 
 def test_overrides_set_nested_fields_with_yaml_types():
-    cfg = load_config(None, ["algo.name=grpo", "trainer.steps=20", "model.lora.enabled=true",
-                             "optim.betas=[0.8,0.9]", "algo.stratum_cap=null", "optim.lr=3e-5"])
+    cfg = load_config(
+        None,
+        [
+            "algo.name=grpo",
+            "trainer.steps=20",
+            "model.lora.enabled=true",
+            "optim.betas=[0.8,0.9]",
+            "algo.stratum_cap=null",
+            "optim.lr=3e-5",
+        ],
+    )
     assert cfg.algo.name == "grpo" and cfg.trainer.steps == 20 and cfg.model.lora.enabled is True
     assert cfg.optim.betas == [0.8, 0.9] and cfg.algo.stratum_cap is None
     assert cfg.optim.lr == pytest.approx(3e-5) and isinstance(cfg.optim.lr, float)
@@ -71,17 +88,20 @@ def test_wrong_type_names_the_field():
         load_config(None, ["model.lora.enabled=3"])
 
 
-@pytest.mark.parametrize("override, field", [
-    ("algo.name=grpoo", "algo.name"),
-    ("algo.alpha=1.5", "algo.alpha"),
-    ("rollout.group_size=0", "rollout.group_size"),
-    ("optim.lr=-1", "optim.lr"),
-    ("algo.clip_low=1.2", "algo.clip_low"),
-    ("rollout.max_obs_tokens=4", "rollout.max_obs_tokens"),
-    ("data.source=web", "data.source"),
-    ("trainer.mini_batches=0", "trainer.mini_batches"),
-    ("sft.no_search_fraction=2", "sft.no_search_fraction"),
-])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("algo.name=grpoo", "algo.name"),
+        ("algo.alpha=1.5", "algo.alpha"),
+        ("rollout.group_size=0", "rollout.group_size"),
+        ("optim.lr=-1", "optim.lr"),
+        ("algo.clip_low=1.2", "algo.clip_low"),
+        ("rollout.max_obs_tokens=4", "rollout.max_obs_tokens"),
+        ("data.source=web", "data.source"),
+        ("trainer.mini_batches=0", "trainer.mini_batches"),
+        ("sft.no_search_fraction=2", "sft.no_search_fraction"),
+    ],
+)
 def test_validation_errors_name_field_and_fix(override, field):
     with pytest.raises(ConfigError) as info:
         load_config(None, [override])
@@ -136,8 +156,9 @@ def test_the_older_switches_are_rewritten_once_and_leave_the_dataclass():
 
     fields = {f.name for f in dataclasses.fields(AlgoConfig)}
     assert not fields & {"turn_level_ratio", "sorl_normalize"}
-    cfg = load_config(None, ["algo.name=grpo", "algo.turn_level_ratio=true", "algo.sorl_normalize=true",
-                             "algo.policy_loss=sorl"])
+    cfg = load_config(
+        None, ["algo.name=grpo", "algo.turn_level_ratio=true", "algo.sorl_normalize=true", "algo.policy_loss=sorl"]
+    )
     assert (cfg.algo.ratio_level, cfg.algo.normalizer, cfg.algo.policy_loss) == ("turn", "sorl", "ppo")
 
 

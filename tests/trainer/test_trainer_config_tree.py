@@ -28,8 +28,13 @@ def test_every_field_of_the_rollout_config_is_documented():
     tree = ast.parse(inspect.getsource(module))
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RolloutConfig"]
     body = cls.body
-    documented = {body[i].target.id for i in range(len(body) - 1) if isinstance(body[i], ast.AnnAssign)
-                  and isinstance(body[i + 1], ast.Expr) and isinstance(body[i + 1].value, ast.Constant)}
+    documented = {
+        body[i].target.id
+        for i in range(len(body) - 1)
+        if isinstance(body[i], ast.AnnAssign)
+        and isinstance(body[i + 1], ast.Expr)
+        and isinstance(body[i + 1].value, ast.Constant)
+    }
     assert documented == {f.name for f in dataclasses.fields(RolloutConfig)}
 
 
@@ -50,8 +55,9 @@ def test_passages_per_search_have_one_place():
 
 
 def test_a_saved_config_loads_back_with_its_rollout_section(tmp_path):
-    cfg = load_config(None, ["retrieval.topk=4", "rollout.backend=hf", "algo.name=gspo",
-                             "algo.policy_loss_params.dual_clip=3.0"])
+    cfg = load_config(
+        None, ["retrieval.topk=4", "rollout.backend=hf", "algo.name=gspo", "algo.policy_loss_params.dual_clip=3.0"]
+    )
     save_config(cfg, tmp_path / "config.yaml")
     again = load_config(tmp_path / "config.yaml")
     assert again.rollout == cfg.rollout and again.algo == cfg.algo and again.rollout.topk == 4
@@ -62,14 +68,19 @@ def test_rollout_errors_name_the_field_in_the_tree_and_in_the_engine():
         load_config(None, ["rollout.max_obs_tokens=4"])
     with pytest.raises(ConfigError, match=r"config field `RolloutConfig.max_obs_tokens` = 4"):
         RolloutConfig(max_obs_tokens=4)
-    with pytest.raises(ConfigError, match=r"`rollout.backend` = 'vllm': not an allowed value. Fix: use one of kv_cache"):
+    with pytest.raises(
+        ConfigError, match=r"`rollout.backend` = 'vllm': not an allowed value. Fix: use one of kv_cache"
+    ):
         load_config(None, ["rollout.backend=vllm"])
     with pytest.raises(ConfigError, match=r"`rollout.greedy` = True: training rollouts sample"):
         load_config(None, ["rollout.greedy=true"])
 
 
 def test_kl_estimator_and_aggregation_choices_list_the_valid_ones():
-    with pytest.raises(ConfigError, match=r"`algo.kl_estimator` = 'k4': not an allowed value. Fix: (did you mean 'k.'\? )?use one of k1, k2, k3"):
+    with pytest.raises(
+        ConfigError,
+        match=r"`algo.kl_estimator` = 'k4': not an allowed value. Fix: (did you mean 'k.'\? )?use one of k1, k2, k3",
+    ):
         load_config(None, ["algo.kl_estimator=k4"])
     assert load_config(None, ["algo.kl_coef=0", "algo.kl_estimator=k1"]).algo.kl_estimator == "k1"
     with pytest.raises(ConfigError, match=r"did you mean 'token-mean'"):
@@ -77,8 +88,8 @@ def test_kl_estimator_and_aggregation_choices_list_the_valid_ones():
 
 
 def test_observation_blocks_is_the_veRL_plugins_stratum_and_differs_from_num_searches_where_documented():
-    from stratarl.rollout.engine import Rollout
     from stratarl.rollout.collect import stratum_function
+    from stratarl.rollout.engine import Rollout
 
     invalid_then_answer = Rollout(prompt_ids=[1], response_ids=[5] * 5, response_mask=[1, 1, 0, 0, 1], num_searches=0)
     cut_after_search = Rollout(prompt_ids=[1], response_ids=[5] * 4, response_mask=[1, 1, 0, 0], num_searches=1)
@@ -102,7 +113,9 @@ def test_choices_are_literals_of_the_parts_own_tuples():
     assert typing.get_args(hints["sorl_delta_rule"]) == DELTA_RULES
     assert set(typing.get_args(hints["loss_agg"])) == set(AGG_MODES)
     assert typing.get_args(typing.get_type_hints(OptimConfig)["name"]) == ("adamw", "sgd")
-    with pytest.raises(ConfigError, match=r"`optim.schedule` = 'cosin': not an allowed value. Fix: did you mean 'cosine'"):
+    with pytest.raises(
+        ConfigError, match=r"`optim.schedule` = 'cosin': not an allowed value. Fix: did you mean 'cosine'"
+    ):
         load_config(None, ["optim.schedule=cosin"])
 
 

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from stratarl.data.examples import Example
-from stratarl.retrieval.bm25 import BM25Retriever
-from stratarl.retrieval.base import Passage
-from stratarl.trainer.demos import render_demonstration, render_demonstrations
-from stratarl.trainer.demos import Demonstration
-from stratarl.trainer.sft import demo_shortfall, run_sft, sft_step
 from stratarl.infra.schedules import sft_lr_factor
+from stratarl.retrieval.base import Passage
+from stratarl.retrieval.bm25 import BM25Retriever
+from stratarl.trainer.demos import Demonstration, render_demonstration, render_demonstrations
+from stratarl.trainer.sft import demo_shortfall, run_sft, sft_step
 
 PASSAGES = [
     Passage("0", '"Bavir Institute"\nBavir Institute was founded by Doushil Revedi.'),
@@ -24,10 +23,17 @@ PASSAGES = [
 
 
 def _example(i: int = 0) -> Example:
-    hops = [{"query": "Who founded Bavir Institute?", "passage_id": "0", "answer": "Doushil Revedi"},
-            {"query": "Where was Doushil Revedi born?", "passage_id": "1", "answer": "Likrix"}]
-    return Example(f"q{i}", "Where was the founder of Bavir Institute born?", ("Likrix",), "synthkb",
-                   {"hops": hops, "question_type": "multi_hop_2"})
+    hops = [
+        {"query": "Who founded Bavir Institute?", "passage_id": "0", "answer": "Doushil Revedi"},
+        {"query": "Where was Doushil Revedi born?", "passage_id": "1", "answer": "Likrix"},
+    ]
+    return Example(
+        f"q{i}",
+        "Where was the founder of Bavir Institute born?",
+        ("Likrix",),
+        "synthkb",
+        {"hops": hops, "question_type": "multi_hop_2"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +56,17 @@ def test_demonstration_layout_matches_the_protocol(smollm2_tokenizer, retriever)
     from stratarl.rollout.parsing import information_observation, parse_action
 
     tok = smollm2_tokenizer
-    demo = render_demonstration(_example(), tok, retriever, topk=2, max_obs_tokens=200, prompt_ids=[1, 2, 3],
-                                searches=[h["query"] for h in _example().metadata["hops"]], answer="Likrix", kind="correct")
+    demo = render_demonstration(
+        _example(),
+        tok,
+        retriever,
+        topk=2,
+        max_obs_tokens=200,
+        prompt_ids=[1, 2, 3],
+        searches=[h["query"] for h in _example().metadata["hops"]],
+        answer="Likrix",
+        kind="correct",
+    )
     segments = _segments(demo.response_mask)
     # policy, observation, policy, observation, policy (two searches then the answer).
     assert [s[0] for s in segments] == [1, 0, 1, 0, 1]
@@ -70,8 +85,17 @@ def test_demonstration_layout_matches_the_protocol(smollm2_tokenizer, retriever)
 
 def test_imperfect_demonstrations_are_mixed_in(smollm2_tokenizer, retriever):
     examples = [_example(i) for i in range(40)]
-    demos = render_demonstrations(examples, smollm2_tokenizer, retriever, num_demos=40, topk=2, max_obs_tokens=100,
-                                  no_search_fraction=0.3, wrong_hop_fraction=0.3, seed=0)
+    demos = render_demonstrations(
+        examples,
+        smollm2_tokenizer,
+        retriever,
+        num_demos=40,
+        topk=2,
+        max_obs_tokens=100,
+        no_search_fraction=0.3,
+        wrong_hop_fraction=0.3,
+        seed=0,
+    )
     kinds = {d.kind for d in demos}
     assert kinds == {"correct", "no_search", "wrong_hop"}
     for d in demos:
@@ -84,8 +108,17 @@ def test_imperfect_demonstrations_are_mixed_in(smollm2_tokenizer, retriever):
 def test_demonstrations_need_hops(smollm2_tokenizer, retriever):
     plain = Example("x", "What?", ("a",))
     with pytest.raises(ValueError, match="metadata\\['hops'\\]"):
-        render_demonstrations([plain], smollm2_tokenizer, retriever, num_demos=1, topk=1, max_obs_tokens=50,
-                              no_search_fraction=0, wrong_hop_fraction=0, seed=0)
+        render_demonstrations(
+            [plain],
+            smollm2_tokenizer,
+            retriever,
+            num_demos=1,
+            topk=1,
+            max_obs_tokens=50,
+            no_search_fraction=0,
+            wrong_hop_fraction=0,
+            seed=0,
+        )
 
 
 def _demo(ids, mask):
@@ -139,8 +172,20 @@ def test_run_sft_cosine_schedule_reaches_a_tenth_of_the_lr(tiny_model):
     model = copy.deepcopy(tiny_model)
     demos = [_demo([10, 11, 12, 13, 14], [1, 1, 0, 1, 1]), _demo([20, 21, 22], [1, 1, 1])]
     lrs = []
-    run_sft(model, demos, 0, lr=1e-2, epochs=4, batch_size=1, seed=0, micro_batch_tokens=64, chunk_tokens=8,
-            warmup_fraction=0.25, schedule="cosine", on_step=lambda step, total, m: lrs.append(m["sft/lr"]))
+    run_sft(
+        model,
+        demos,
+        0,
+        lr=1e-2,
+        epochs=4,
+        batch_size=1,
+        seed=0,
+        micro_batch_tokens=64,
+        chunk_tokens=8,
+        warmup_fraction=0.25,
+        schedule="cosine",
+        on_step=lambda step, total, m: lrs.append(m["sft/lr"]),
+    )
     # 8 steps, warm-up int(0.25 * 8) = 2 steps. get_last_lr after step s is the lr of step s + 1:
     # 1e-2 * [1 (s=2), ..., 0.1 (s=7)] from the second logged value on.
     assert len(lrs) == 8
@@ -166,16 +211,34 @@ def test_imperfect_demonstrations_borrow_from_the_same_family(smollm2_tokenizer)
     for e in kb.train:
         answers_of.setdefault(e.metadata["family"], set()).add(e.golden_answers[0])
     family = {e.id: e.metadata["family"] for e in kb.train}
-    guesses = render_demonstrations(kb.train, smollm2_tokenizer, retriever, num_demos=60, topk=2, max_obs_tokens=64,
-                                    no_search_fraction=1.0, wrong_hop_fraction=0.0, seed=0)
+    guesses = render_demonstrations(
+        kb.train,
+        smollm2_tokenizer,
+        retriever,
+        num_demos=60,
+        topk=2,
+        max_obs_tokens=64,
+        no_search_fraction=1.0,
+        wrong_hop_fraction=0.0,
+        seed=0,
+    )
     assert len(guesses) == 60 and {d.kind for d in guesses} == {"no_search"}
     size = {f: sum(family[i] == f for i in family) for f in answers_of}
     shared = [d for d in guesses if size[family[d.example_id]] > 1]  # a family of one borrows from any question
     # every guess is an answer of another question of the own family (a country for a country question, ...)
     assert all(d.meta["answer"] in answers_of[family[d.example_id]] for d in shared)
     assert len({family[d.example_id] for d in shared}) > 3  # several families, so the check has teeth
-    wrong = render_demonstrations(kb.train, smollm2_tokenizer, retriever, num_demos=60, topk=2, max_obs_tokens=64,
-                                  no_search_fraction=0.0, wrong_hop_fraction=1.0, seed=0)
+    wrong = render_demonstrations(
+        kb.train,
+        smollm2_tokenizer,
+        retriever,
+        num_demos=60,
+        topk=2,
+        max_obs_tokens=64,
+        no_search_fraction=0.0,
+        wrong_hop_fraction=1.0,
+        seed=0,
+    )
     hops_of = {e.id: e.metadata["hops"] for e in kb.train}
     wrong = [d for d in wrong if d.kind == "wrong_hop" and size[family[d.example_id]] > 1]
     assert len(wrong) > 10
@@ -184,7 +247,6 @@ def test_imperfect_demonstrations_borrow_from_the_same_family(smollm2_tokenizer)
         own = hops_of[d.example_id][-1]["query"]
         assert d.meta["searches"][-1].split()[:2] == own.split()[:2]
         assert d.meta["searches"][:-1] == [h["query"] for h in hops_of[d.example_id][:-1]]
-
 
 
 def test_demo_shortfall_names_the_fix():

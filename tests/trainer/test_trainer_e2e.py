@@ -34,8 +34,17 @@ def test_every_algorithm_trains(algo, tmp_path, tiny_overrides):
     rows = [json.loads(line) for line in (tmp_path / algo / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
-        for key in ("loss/policy", "loss/entropy", "loss/clip_frac", "optim/grad_norm", "reward/mean",
-                    "rollout/search_calls_mean", "time/generation", "time/update", "perf/update_tokens_per_s"):
+        for key in (
+            "loss/policy",
+            "loss/entropy",
+            "loss/clip_frac",
+            "optim/grad_norm",
+            "reward/mean",
+            "rollout/search_calls_mean",
+            "time/generation",
+            "time/update",
+            "perf/update_tokens_per_s",
+        ):
             assert isinstance(row[key], float) and math.isfinite(row[key]), (key, row.get(key))
         if algo not in ("ppo", "so_ppo"):  # group advantages: all groups flat -> all advantages 0 (GAE's need not be)
             assert row["reward/flat_group_frac"] < 1.0 or row["advantage/std"] == 0.0
@@ -80,15 +89,26 @@ def test_warm_start_then_train_from_it(tmp_path, tiny_overrides):
     assert summary["last_epoch_loss"] < summary["first_epoch_loss"]
     model_dir = tmp_path / "sft" / "model"
     assert (model_dir / "config.json").is_file() and list(model_dir.glob("*.safetensors"))
-    result = train(load_config(TINY, [*tiny_overrides, f"model.init_from={model_dir}", "trainer.steps=1"]),
-                   tmp_path / "rl")
+    result = train(
+        load_config(TINY, [*tiny_overrides, f"model.init_from={model_dir}", "trainer.steps=1"]), tmp_path / "rl"
+    )
     assert result["steps"] == 1
 
 
 def test_lora_run_uses_the_base_model_as_reference(tmp_path, tiny_overrides):
     pytest.importorskip("peft")
-    cfg = load_config(TINY, [*tiny_overrides, "algo.name=grpo", "model.lora.enabled=true", "model.lora.r=4",
-                             "model.lora.target_modules=[q_proj,v_proj]", "algo.kl_coef=0.01", "trainer.steps=1"])
+    cfg = load_config(
+        TINY,
+        [
+            *tiny_overrides,
+            "algo.name=grpo",
+            "model.lora.enabled=true",
+            "model.lora.r=4",
+            "model.lora.target_modules=[q_proj,v_proj]",
+            "algo.kl_coef=0.01",
+            "trainer.steps=1",
+        ],
+    )
     train(cfg, tmp_path / "lora")
     rows = [json.loads(x) for x in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
     # Two mini-batches: the second optimizer step sees a policy that moved away from the base model.
@@ -125,7 +145,9 @@ def test_word_level_model_warm_starts_and_trains(tmp_path, tiny_overrides):
     warm_start(cfg, tmp_path / "sft", progress=False)
     tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "sft" / "model"))
     assert tokenizer.unk_token is not None and len(tokenizer) < 5000  # word-level, not SmolLM2's 49k
-    rl_cfg = load_config(TINY, [*tiny_overrides, "model.name=word-tiny", f"model.init_from={tmp_path / 'sft' / 'model'}"])
+    rl_cfg = load_config(
+        TINY, [*tiny_overrides, "model.name=word-tiny", f"model.init_from={tmp_path / 'sft' / 'model'}"]
+    )
     summary = train(rl_cfg, tmp_path / "word")
     assert summary["steps"] == 2
     rows = (tmp_path / "word" / "transcripts" / "step_000002.jsonl").read_text().splitlines()

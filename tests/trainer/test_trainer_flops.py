@@ -6,11 +6,17 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from stratarl.trainer.batch import collate_sequences
-from stratarl.infra.flops import (LayerShape, head_flops, layer_call_flops, matmul_params, nominal_flops,
-                                    record_decoder_calls)
-from stratarl.trainer.logprobs import response_logprobs
+from stratarl.infra.flops import (
+    LayerShape,
+    head_flops,
+    layer_call_flops,
+    matmul_params,
+    nominal_flops,
+    record_decoder_calls,
+)
 from stratarl.models import freeze_all_but_last_layers
+from stratarl.trainer.batch import collate_sequences
+from stratarl.trainer.logprobs import response_logprobs
 
 # hidden H = 8, 2 heads of 4 (d = 8), 2 KV heads, MLP 16, vocabulary V = 50, 2 layers.
 # Matmul weights per layer p = q, k, v, o (4 x 8 x 8 = 256) + gate, up, down (3 x 8 x 16 = 384) = 640.
@@ -20,8 +26,17 @@ H, V, P_LAYER, D = 8, 50, 640, 8
 def _model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=V,
+        hidden_size=H,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     model.config.use_cache = False
@@ -79,7 +94,11 @@ def test_frozen_lower_layer_hand_count():
     # projection's input (norm(x) * w) does: dX is computed inside the layer all the same.
     #   prompt 4128 + dW 3840 + dX 3840 + attention 576 = 12384; response 5760 + 5120 + 5120 + 1280 = 17280
     assert [(layer, w, x) for layer, _, _, _, w, x in record.calls] == [
-        (0, False, False), (1, True, True), (0, False, False), (1, True, True)]
+        (0, False, False),
+        (1, True, True),
+        (0, False, False),
+        (1, True, True),
+    ]
     assert record.decoder_flops()["total"] == 9888.0 + 12384.0 + 17280.0
     # head: forward 3200 + dh 3200; the head (tied embedding) is frozen: no dW
     assert record.head == 6400.0
@@ -114,8 +133,12 @@ def test_matmul_part_matches_flop_counter_mode(smollm2_tokenizer, frozen):
         freeze_all_but_last_layers(model, 1)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, 500, (6,), generator=g).tolist()
-    b = collate_sequences([prompt] * 3 + [[4, 5, 6, 7]], [[8, 9, 10], [11, 12], [13, 14, 15, 16, 17], [18, 19, 20]],
-                          [[1, 1, 1], [1, 0], [1, 1, 0, 0, 1], [1, 1, 1]], pad_id=0)
+    b = collate_sequences(
+        [prompt] * 3 + [[4, 5, 6, 7]],
+        [[8, 9, 10], [11, 12], [13, 14, 15, 16, 17], [18, 19, 20]],
+        [[1, 1, 1], [1, 0], [1, 1, 0, 0, 1], [1, 1, 1]],
+        pad_id=0,
+    )
     with record_decoder_calls(model) as record, FlopCounterMode(display=False) as counter:
         out = response_logprobs(model, b.input_ids, b.attention_mask, b.prompt_lengths, b.response_mask)
         out["logprobs"].sum().backward()
@@ -123,8 +146,9 @@ def test_matmul_part_matches_flop_counter_mode(smollm2_tokenizer, frozen):
     for index, rows, queries, keys, weight_grad, input_grad in record.calls:
         shape = record.shapes[index]
         full = layer_call_flops(shape, rows, queries, keys, weight_grad=weight_grad, input_grad=input_grad)["total"]
-        no_attn = layer_call_flops(LayerShape(shape.params, 0), rows, queries, keys, weight_grad=weight_grad,
-                                   input_grad=input_grad)["total"]
+        no_attn = layer_call_flops(
+            LayerShape(shape.params, 0), rows, queries, keys, weight_grad=weight_grad, input_grad=input_grad
+        )["total"]
         ours_attention += full - no_attn
     ours_matmul = record.total() - ours_attention
     torch.testing.assert_close(float(_torch_matmul_flops(counter)), ours_matmul, rtol=1e-9, atol=0)
@@ -142,8 +166,9 @@ def test_attention_matches_flop_counter_mode_with_eager_attention(smollm2_tokeni
     freeze_all_but_last_layers(model, 2)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, 500, (7,), generator=g).tolist()
-    b = collate_sequences([prompt] * 3, [[8, 9, 10], [11, 12], [13, 14, 15, 16, 17]],
-                          [[1, 1, 1], [1, 0], [1, 1, 0, 0, 1]], pad_id=0)
+    b = collate_sequences(
+        [prompt] * 3, [[8, 9, 10], [11, 12], [13, 14, 15, 16, 17]], [[1, 1, 1], [1, 0], [1, 1, 0, 0, 1]], pad_id=0
+    )
     with record_decoder_calls(model) as record, FlopCounterMode(display=False) as counter:
         out = response_logprobs(model, b.input_ids, b.attention_mask, b.prompt_lengths, b.response_mask)
         out["logprobs"].sum().backward()

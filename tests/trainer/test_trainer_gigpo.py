@@ -25,13 +25,29 @@ ORACLES = Path(__file__).resolve().parents[1] / "algos" / "algos_oracles.py"
 def test_the_preset_resolves_with_its_parameters_and_knobs():
     spec = load_config(None, ["algo.name=gigpo"]).algorithm
     assert (spec.advantage, spec.policy_loss, spec.ratio_level, spec.normalizer, spec.critic) == (
-        "gigpo", "ppo", "token", "none", "none")
+        "gigpo",
+        "ppo",
+        "token",
+        "none",
+        "none",
+    )
     assert dict(spec.advantage_params) == {"gamma": 1.0, "eps": 1e-6}  # the knobs; the rest keep their defaults
-    spec = load_config(None, ["algo.name=gigpo", "algo.gamma=0.95", "algo.epsilon=1e-5",
-                              "algo.advantage_params.similarity_threshold=0.9",
-                              "algo.advantage_params.step_weight=0.5"]).algorithm
+    spec = load_config(
+        None,
+        [
+            "algo.name=gigpo",
+            "algo.gamma=0.95",
+            "algo.epsilon=1e-5",
+            "algo.advantage_params.similarity_threshold=0.9",
+            "algo.advantage_params.step_weight=0.5",
+        ],
+    ).algorithm
     assert {k: spec.advantage_params[k] for k in ("gamma", "eps", "similarity_threshold", "step_weight")} == {
-        "gamma": 0.95, "eps": 1e-5, "similarity_threshold": 0.9, "step_weight": 0.5}
+        "gamma": 0.95,
+        "eps": 1e-5,
+        "similarity_threshold": 0.9,
+        "step_weight": 0.5,
+    }
     with pytest.raises(ConfigError, match="has no parameter `omega`"):
         load_config(None, ["algo.name=gigpo", "algo.advantage_params.omega=1.0"])
     with pytest.raises(ConfigError, match="group_size"):
@@ -49,12 +65,18 @@ class _Letters:
 
 def test_step_states_are_the_observations_before_each_turn():
     # Response: turn 0 (ids 9 9), observation (0 1), turn 1 (9), invalid feedback (2), turn 2 (9 9), trailing obs (3).
-    rollout = Rollout(prompt_ids=[5, 5], response_ids=[9, 9, 0, 1, 9, 2, 9, 9, 3],
-                      response_mask=[1, 1, 0, 0, 1, 0, 1, 1, 0],
-                      turns=[Turn(0, 2, Action("search", "q"), "stop", (2, 4)),
-                             Turn(4, 5, Action("invalid", ""), "stop", (5, 6)),
-                             Turn(6, 8, Action("search", "r"), "stop", (8, 9))],
-                      queries=["q", "r"], passages=[[Passage("1", "x")], [Passage("2", "y")]])
+    rollout = Rollout(
+        prompt_ids=[5, 5],
+        response_ids=[9, 9, 0, 1, 9, 2, 9, 9, 3],
+        response_mask=[1, 1, 0, 0, 1, 0, 1, 1, 0],
+        turns=[
+            Turn(0, 2, Action("search", "q"), "stop", (2, 4)),
+            Turn(4, 5, Action("invalid", ""), "stop", (5, 6)),
+            Turn(6, 8, Action("search", "r"), "stop", (8, 9)),
+        ],
+        queries=["q", "r"],
+        passages=[[Passage("1", "x")], [Passage("2", "y")]],
+    )
     sep = "\x1e"
     assert step_states(rollout, _Letters()) == ("", sep + "ab", sep + "ab" + sep + "c")
 
@@ -87,8 +109,17 @@ def test_a_real_step_updates_with_gigpo_advantages_and_logs_the_step_groups(tmp_
     # step group would be its whole prompt group. The spy makes rollouts 2 and 3 of each group read a different
     # first feedback token (same length), as different searches would: their second turn is then alone in its
     # step group while rollouts 0 and 1 share one. (The frozen prefix is recomputed from the edited tokens.)
-    cfg = load_config(TINY, [*tiny_overrides, "trainer.prompts_per_step=4", "rollout.group_size=4",
-                             "algo.name=gigpo", "algo.gamma=0.8", "trainer.prefix_from_rollouts=false"])
+    cfg = load_config(
+        TINY,
+        [
+            *tiny_overrides,
+            "trainer.prompts_per_step=4",
+            "rollout.group_size=4",
+            "algo.name=gigpo",
+            "algo.gamma=0.8",
+            "trainer.prefix_from_rollouts=false",
+        ],
+    )
     run = build_run(cfg, tmp_path / "run")
     record = {}
     real_collect, real_update = run.parts.collect, run.parts.update
@@ -124,8 +155,9 @@ def test_a_real_step_updates_with_gigpo_advantages_and_logs_the_step_groups(tmp_
     differs = (batch.advantages - grpo).abs() > 1e-6
     acting = torch.zeros_like(differs)
     for members in clusters:
-        returns = {round(0.8 ** (len(oracles.policy_runs_loop(mask[b])) - 1 - k) * float(rewards[b]), 9)
-                   for b, k in members}
+        returns = {
+            round(0.8 ** (len(oracles.policy_runs_loop(mask[b])) - 1 - k) * float(rewards[b]), 9) for b, k in members
+        }
         if len(members) > 1 and len(returns) > 1:
             for b, k in members:
                 acting[b, oracles.policy_runs_loop(mask[b])[k]] = True

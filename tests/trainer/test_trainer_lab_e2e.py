@@ -13,14 +13,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("lab")]
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # The lab's own sections at a size that runs in seconds; every key exists in configs/lab.yaml.
 REDUCED = [
-    "model.tiny_hidden_size=32", "model.tiny_intermediate_size=64", "model.tiny_num_heads=2",
+    "model.tiny_hidden_size=32",
+    "model.tiny_intermediate_size=64",
+    "model.tiny_num_heads=2",
     "data.synthetic.options={size: 150, num_train: 40, num_test: 8, hop_mix: [0.3, 0.7, 0.0], guessable: none, "
     "name_pool: 300}",
-    "data.max_eval_examples=8", "eval.batch_size=8",
-    "sft.reading_steps=4", "sft.reading_curriculum=2", "sft.reading_batch_size=8", "sft.steps=4", "sft.batch_size=4",
+    "data.max_eval_examples=8",
+    "eval.batch_size=8",
+    "sft.reading_steps=4",
+    "sft.reading_curriculum=2",
+    "sft.reading_batch_size=8",
+    "sft.steps=4",
+    "sft.batch_size=4",
     "sft.world_options={size: 100, num_train: 20, num_test: 4}",
-    "sft.probe_every=2", "sft.probe_questions=2", "sft.probe_min_em=0.0",  # the probe runs, and passes at once
-    "trainer.steps=2", "trainer.prompts_per_step=2", "trainer.eval_every=1", "trainer.save_every=0",
+    "sft.probe_every=2",
+    "sft.probe_questions=2",
+    "sft.probe_min_em=0.0",  # the probe runs, and passes at once
+    "trainer.steps=2",
+    "trainer.prompts_per_step=2",
+    "trainer.eval_every=1",
+    "trainer.save_every=0",
     "rollout.group_size=2",
 ]
 
@@ -53,7 +65,11 @@ def test_lab_config_is_the_documented_recipe():
     assert cfg.sft.early_answer_fraction > 0.5  # the weak search policy RL improves on
     # The warm start ends when its reading probe passes, not after a fixed step count.
     assert cfg.sft.probe_every > 0 and cfg.sft.probe_min_em >= 0.6 and cfg.sft.probe_questions >= 100
-    assert cfg.rollout.group_size * cfg.trainer.prompts_per_step >= 32 and cfg.rollout.max_turns == 3 and cfg.rollout.stop_on_eos
+    assert (
+        cfg.rollout.group_size * cfg.trainer.prompts_per_step >= 32
+        and cfg.rollout.max_turns == 3
+        and cfg.rollout.stop_on_eos
+    )
     assert cfg.data.max_eval_examples >= 200 and cfg.data.synthetic.options["num_test"] >= 200
     demo = load_config(CONFIGS / "demo.yaml")
     from stratarl.trainer.warmstart import warm_start_cache_dir
@@ -71,8 +87,9 @@ def test_lab_trains_end_to_end_and_every_algorithm_reuses_its_warm_start(tmp_pat
     built = list((cache / "warmstart").iterdir())
     assert len(built) == 1
     for algo in ("stratified_grpo", "ppo", "so_ppo", "so_grpo"):
-        summary = _run(tmp_path, algo, [f"algo.name={algo}", "trainer.steps=1", "trainer.eval_every=0",
-                                        "eval.before_after=false"])
+        summary = _run(
+            tmp_path, algo, [f"algo.name={algo}", "trainer.steps=1", "trainer.eval_every=0", "eval.before_after=false"]
+        )
         assert summary["steps"] == 1 and "sft" not in summary  # warm start reused, not rebuilt
         assert summary["algo"] == algo
     assert list((cache / "warmstart").iterdir()) == built

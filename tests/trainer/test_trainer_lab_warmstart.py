@@ -18,18 +18,47 @@ from stratarl.trainer.worlds import world_batches, world_demonstrations, world_s
 
 POOL = 300
 LAB = {
-    "model": {"name": "word-tiny", "tiny_hidden_size": 32, "tiny_num_layers": 2, "tiny_num_heads": 2,
-              "tiny_intermediate_size": 64},
-    "data": {"source": "synthetic", "max_eval_examples": 6,
-             "synthetic": {"seed": 0, "options": {"size": 120, "num_train": 30, "num_test": 6,
-                                                  "hop_mix": [0.5, 0.5, 0.0], "guessable": "none", "name_pool": POOL}}},
+    "model": {
+        "name": "word-tiny",
+        "tiny_hidden_size": 32,
+        "tiny_num_layers": 2,
+        "tiny_num_heads": 2,
+        "tiny_intermediate_size": 64,
+    },
+    "data": {
+        "source": "synthetic",
+        "max_eval_examples": 6,
+        "synthetic": {
+            "seed": 0,
+            "options": {
+                "size": 120,
+                "num_train": 30,
+                "num_test": 6,
+                "hop_mix": [0.5, 0.5, 0.0],
+                "guessable": "none",
+                "name_pool": POOL,
+            },
+        },
+    },
     "retrieval": {"spec": "bm25", "topk": 2},
-    "rollout": {"group_size": 2, "max_turns": 2, "max_tokens_per_turn": 24, "max_obs_tokens": 64,
-                "max_total_tokens": 512},
+    "rollout": {
+        "group_size": 2,
+        "max_turns": 2,
+        "max_tokens_per_turn": 24,
+        "max_obs_tokens": 64,
+        "max_total_tokens": 512,
+    },
     "algo": {"name": "grpo", "kl_coef": 0.0},
     "trainer": {"steps": 1, "prompts_per_step": 2, "num_threads": 1, "micro_batch_tokens": 4096},
-    "sft": {"enabled": True, "source": "worlds", "steps": 3, "batch_size": 4, "lr": 1e-3,
-            "world_options": {"size": 100, "num_train": 20}, "early_answer_fraction": 0.5},
+    "sft": {
+        "enabled": True,
+        "source": "worlds",
+        "steps": 3,
+        "batch_size": 4,
+        "lr": 1e-3,
+        "world_options": {"size": 100, "num_train": 20},
+        "early_answer_fraction": 0.5,
+    },
     "eval": {"before_after": False, "batch_size": 6},
     "logging": {"tensorboard": False, "progress": False, "num_transcripts": 0},
 }
@@ -105,16 +134,17 @@ def test_world_stream_is_fresh_and_mixes_weak_search_demos():
 
 def test_observation_loss_weights_observation_tokens():
     torch.manual_seed(0)
-    from stratarl.models import build_tiny_model
     from stratarl.data.wordlevel import build_word_tokenizer
+    from stratarl.models import build_tiny_model
 
     tok = build_word_tokenizer(["a b c d e f g"])
     demos = [Demonstration([3, 4], [5, 6, 7, 8], [1, 0, 0, 1]), Demonstration([4], [6, 5, 7], [1, 1, 0])]
 
     def grads(weight):
         model = build_tiny_model(tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seed=0)
-        stats = sft_step(model, demos, tok.pad_token_id, micro_batch_tokens=64, chunk_tokens=8,
-                         observation_weight=weight)
+        stats = sft_step(
+            model, demos, tok.pad_token_id, micro_batch_tokens=64, chunk_tokens=8, observation_weight=weight
+        )
         return stats, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
     plain, g0 = grads(0.0)
@@ -131,7 +161,7 @@ def test_observation_loss_weights_observation_tokens():
             seq = torch.tensor([d.prompt_ids + d.response_ids])
             lp = torch.log_softmax(model(input_ids=seq).logits[0, :-1], -1)
             targets = seq[0, 1:]
-            row = lp.gather(-1, targets[:, None]).squeeze(-1)[len(d.prompt_ids) - 1:]
+            row = lp.gather(-1, targets[:, None]).squeeze(-1)[len(d.prompt_ids) - 1 :]
             logp.append((row, torch.tensor(d.response_mask, dtype=torch.float32)))
     num = sum(float((r * m).sum() + 0.5 * (r * (1 - m)).sum()) for r, m in logp)
     assert weighted["weighted_loss"] == pytest.approx(-num / (4 + 0.5 * 3), rel=1e-5)
@@ -169,8 +199,8 @@ def test_cached_warm_start_is_built_once_and_keyed_by_its_settings(tmp_path, mon
 
 
 def test_copy_init_sets_value_and_output_projections_to_the_identity():
-    from stratarl.models import build_tiny_model
     from stratarl.data.wordlevel import build_word_tokenizer
+    from stratarl.models import build_tiny_model
 
     tok = build_word_tokenizer(["a b c d e f g"])
     copied = build_tiny_model(tok, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, copy_init=1.0)
@@ -216,8 +246,9 @@ def test_reading_examples_in_the_agents_layout_are_single_hop_demonstrations():
 
     cfg = _cfg(sft={"reading_agent_fraction": 1.0}, rollout={"max_obs_tokens": 240})
     _, tokenizer = load_policy(cfg.model, task=load_task(cfg))
-    demos = [d for _ in range(3) for d in next(reading_batches(cfg, tokenizer, batch_size=8, curriculum=0,
-                                                               mix_worlds=1))]
+    demos = [
+        d for _ in range(3) for d in next(reading_batches(cfg, tokenizer, batch_size=8, curriculum=0, mix_worlds=1))
+    ]
     assert demos and all(d.kind == "reading_agent" for d in demos)
     copied = []
     for d in demos:
@@ -244,13 +275,26 @@ def test_reading_agent_fraction_mixes_both_layouts_and_zero_keeps_the_old_stream
 
     cfg0 = _cfg()
     _, tokenizer = load_policy(cfg0.model, task=load_task(cfg0))
-    half = [d for _ in range(6) for d in next(reading_batches(_cfg(sft={"reading_agent_fraction": 0.5}), tokenizer,
-                                                              batch_size=8, curriculum=0, mix_worlds=1))]
+    half = [
+        d
+        for _ in range(6)
+        for d in next(
+            reading_batches(
+                _cfg(sft={"reading_agent_fraction": 0.5}), tokenizer, batch_size=8, curriculum=0, mix_worlds=1
+            )
+        )
+    ]
     share = sum(d.kind == "reading_agent" for d in half) / len(half)
     assert 0.2 < share < 0.8
     plain = [next(reading_batches(cfg0, tokenizer, batch_size=8, curriculum=2, mix_worlds=1)) for _ in range(1)]
-    again = [next(reading_batches(_cfg(sft={"reading_agent_fraction": 0.0}), tokenizer, batch_size=8, curriculum=2,
-                                  mix_worlds=1)) for _ in range(1)]
+    again = [
+        next(
+            reading_batches(
+                _cfg(sft={"reading_agent_fraction": 0.0}), tokenizer, batch_size=8, curriculum=2, mix_worlds=1
+            )
+        )
+        for _ in range(1)
+    ]
     assert [d.response_ids for d in plain[0]] == [d.response_ids for d in again[0]]
     assert all(d.kind == "reading" for d in plain[0])
 
@@ -266,8 +310,9 @@ def test_reading_mix_adds_fresh_reading_examples_to_every_demonstration_batch(tm
     assert "reading" not in plain["demo_kinds"]
 
 
-@pytest.mark.parametrize("key, value", [("reading_agent_fraction", 1.5), ("reading_agent_fraction", -0.1),
-                                        ("reading_mix", -1)])
+@pytest.mark.parametrize(
+    "key, value", [("reading_agent_fraction", 1.5), ("reading_agent_fraction", -0.1), ("reading_mix", -1)]
+)
 def test_reading_knobs_are_validated(key, value):
     with pytest.raises(ConfigError, match=f"sft.{key}"):
         _cfg(sft={key: value})

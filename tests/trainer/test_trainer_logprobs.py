@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from stratarl.trainer.batch import collate_sequences
-from stratarl.trainer.logprobs import (chunked_head_logprobs, response_logprobs,
-                                       selective_log_softmax)
+from stratarl.trainer.logprobs import chunked_head_logprobs, response_logprobs, selective_log_softmax
 
 
 def test_selective_log_softmax_matches_full():
@@ -62,8 +61,15 @@ def test_response_logprobs_match_full_forward(tiny_model):
     # Two rows of different prompt/response lengths, right-padded, with an observation token (mask 0).
     batch = collate_sequences([[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14, 15]], [[1, 1, 0, 1], [1, 1]], pad_id=0)
     with torch.no_grad():
-        out = response_logprobs(tiny_model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
-                                batch.response_mask, chunk_tokens=2, with_entropy=True)
+        out = response_logprobs(
+            tiny_model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.prompt_lengths,
+            batch.response_mask,
+            chunk_tokens=2,
+            with_entropy=True,
+        )
         for b, (prompt, response) in enumerate([([5, 6, 7], [10, 11, 12, 13]), ([8, 9], [14, 15])]):
             ids = torch.tensor([prompt + response])
             logp = torch.log_softmax(tiny_model(input_ids=ids).logits[0].float(), -1)
@@ -79,8 +85,14 @@ def test_response_logprobs_match_full_forward(tiny_model):
 def test_temperature_scales_logits(tiny_model):
     batch = collate_sequences([[5, 6]], [[7, 8]], [[1, 1]], pad_id=0)
     with torch.no_grad():
-        out = response_logprobs(tiny_model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
-                                batch.response_mask, temperature=0.5)
+        out = response_logprobs(
+            tiny_model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.prompt_lengths,
+            batch.response_mask,
+            temperature=0.5,
+        )
         logits = tiny_model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits[0].float() / 0.5
         expected = torch.log_softmax(logits, -1)[[1, 2], [7, 8]]
     torch.testing.assert_close(out["logprobs"][0], expected)
@@ -98,8 +110,16 @@ def _both_ways(model, pad_id):
     results = {}
     for share in (False, True):
         model.zero_grad()
-        out = response_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
-                                batch.response_mask, with_entropy=True, return_hidden=True, share_prompts=share)
+        out = response_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.prompt_lengths,
+            batch.response_mask,
+            with_entropy=True,
+            return_hidden=True,
+            share_prompts=share,
+        )
         # Only policy positions count (the critic reads hidden states under the mask too).
         hidden = out["hidden"][batch.response_mask.bool()]
         (out["logprobs"].sum() + out["entropy"].sum() + hidden.square().mean()).backward()
@@ -141,10 +161,19 @@ def test_shared_prompt_pass_is_used_only_when_it_saves_work(tiny_model, smollm2_
     args = (batch.input_ids, batch.attention_mask, batch.prompt_lengths, batch.response_mask.shape[1])
     with torch.no_grad():
         assert _shared_prompt_hidden(decoder, *args) is not None
-        distinct = collate_sequences(SHARED_PROMPTS[2:4], SHARED_RESPONSES[2:4], SHARED_MASKS[2:4],
-                                     smollm2_tokenizer.pad_token_id)
-        assert _shared_prompt_hidden(decoder, distinct.input_ids, distinct.attention_mask, distinct.prompt_lengths,
-                                     distinct.response_mask.shape[1]) is None
+        distinct = collate_sequences(
+            SHARED_PROMPTS[2:4], SHARED_RESPONSES[2:4], SHARED_MASKS[2:4], smollm2_tokenizer.pad_token_id
+        )
+        assert (
+            _shared_prompt_hidden(
+                decoder,
+                distinct.input_ids,
+                distinct.attention_mask,
+                distinct.prompt_lengths,
+                distinct.response_mask.shape[1],
+            )
+            is None
+        )
 
 
 @pytest.mark.parametrize("keep", [False, True])
@@ -156,15 +185,16 @@ def test_closed_form_head_backward_equals_autograd(with_entropy, temperature, ke
     # keep: the log-softmax saved for backward, or recomputed there.
     import stratarl.trainer.logprobs as logprobs
 
-    monkeypatch.setattr(logprobs, "HEAD_KEEP_BYTES", 2 ** 30 if keep else 0)
+    monkeypatch.setattr(logprobs, "HEAD_KEEP_BYTES", 2**30 if keep else 0)
     g = torch.Generator().manual_seed(3)
     head = torch.nn.Linear(6, 11, bias=True)
     torch.nn.init.normal_(head.bias, generator=g)
     hidden = torch.randn(9, 6, generator=g, requires_grad=True)
     targets = torch.randint(0, 11, (9,), generator=g)
     w_lp, w_ent = torch.randn(9, generator=g), torch.randn(9, generator=g)
-    lp, ent = chunked_head_logprobs(hidden, head, targets, chunk_tokens=4, temperature=temperature,
-                                    with_entropy=with_entropy)
+    lp, ent = chunked_head_logprobs(
+        hidden, head, targets, chunk_tokens=4, temperature=temperature, with_entropy=with_entropy
+    )
     ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
     got = [t.grad.clone() for t in (hidden, head.weight, head.bias)]
     for t in (hidden, head.weight, head.bias):
@@ -193,8 +223,10 @@ def _brute_force_chunks(lengths, prompt_width, token_flops, pair_flops, pass_flo
                 current = []
             current.append(row)
         chunks.append(current)
-        cost = sum(pass_flops + len(c) * lengths[c[0]] * (token_flops + pair_flops * (prompt_width + lengths[c[0]]))
-                   for c in chunks)
+        cost = sum(
+            pass_flops + len(c) * lengths[c[0]] * (token_flops + pair_flops * (prompt_width + lengths[c[0]]))
+            for c in chunks
+        )
         best = cost if best is None else min(best, cost)
     return best
 
@@ -206,8 +238,10 @@ def test_response_chunks_are_the_cheapest_split(pass_flops):
     lengths = [7, 1, 30, 12, 12, 29, 3, 18]
     chunks = response_chunks(lengths, 5, token_flops=2.0, pair_flops=0.1, pass_flops=pass_flops)
     assert sorted(b for c in chunks for b in c) == list(range(len(lengths)))
-    cost = sum(pass_flops + len(c) * max(lengths[b] for b in c) * (2.0 + 0.1 * (5 + max(lengths[b] for b in c)))
-               for c in chunks)
+    cost = sum(
+        pass_flops + len(c) * max(lengths[b] for b in c) * (2.0 + 0.1 * (5 + max(lengths[b] for b in c)))
+        for c in chunks
+    )
     assert cost == pytest.approx(_brute_force_chunks(lengths, 5, 2.0, 0.1, pass_flops))
     if pass_flops == 1e9:
         assert len(chunks) == 1

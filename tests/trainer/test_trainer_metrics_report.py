@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from stratarl.infra.metrics import MetricsLogger, PhaseTimer, format_step_line, read_metrics
 from stratarl.evaluation.report import build_report
+from stratarl.infra.metrics import MetricsLogger, PhaseTimer, format_step_line, read_metrics
 
 
 def test_logger_writes_jsonl_and_tensorboard(tmp_path):
@@ -46,11 +46,22 @@ def _fake_run(path, rewards):
     path.mkdir()
     with open(path / "metrics.jsonl", "w") as f:
         for step, r in enumerate(rewards, 1):
-            f.write(json.dumps({"step": step, "reward/mean": r, "loss/policy": -r, "sorl/c_norm": 0.0,
-                                "stratum/0/reward_mean": r}) + "\n")
+            f.write(
+                json.dumps(
+                    {"step": step, "reward/mean": r, "loss/policy": -r, "sorl/c_norm": 0.0, "stratum/0/reward_mean": r}
+                )
+                + "\n"
+            )
     (path / "eval").mkdir()
-    (path / "eval" / "after.json").write_text(json.dumps({"per_source": {"nq": {
-        "em": 0.5, "subem": 0.5, "f1": 0.6, "searches_mean": 1.0, "answer_rate": 1.0, "count": 4}}}))
+    (path / "eval" / "after.json").write_text(
+        json.dumps(
+            {
+                "per_source": {
+                    "nq": {"em": 0.5, "subem": 0.5, "f1": 0.6, "searches_mean": 1.0, "answer_rate": 1.0, "count": 4}
+                }
+            }
+        )
+    )
 
 
 def test_report_overlays_runs_in_one_page(tmp_path):
@@ -60,9 +71,15 @@ def test_report_overlays_runs_in_one_page(tmp_path):
     page = out.read_text()
     assert page.count('curves" src="data:image/png;base64,') == 4  # the grid: reward, stratum, loss, sorl
     assert "grpo" in page and "stratified" in page and "<td>nq</td>" in page
-    assert {p.name for p in (tmp_path / "r").glob("*.png")} == {"reward.png", "stratum.png", "loss.png", "sorl.png",
-                                                               "did_it_learn.png", "did_it_learn_searches.png",
-                                                               "did_it_learn_strata.png"}
+    assert {p.name for p in (tmp_path / "r").glob("*.png")} == {
+        "reward.png",
+        "stratum.png",
+        "loss.png",
+        "sorl.png",
+        "did_it_learn.png",
+        "did_it_learn_searches.png",
+        "did_it_learn_strata.png",
+    }
 
 
 def test_report_needs_run_dirs(tmp_path):

@@ -125,8 +125,9 @@ def test_lag_for_step_is_bounded_seeded_and_varied():
 def test_behaviour_logprobs_are_a_fresh_forward_of_the_snapshot_and_not_the_learners(tmp_path, tiny_overrides):
     from stratarl.trainer.logprobs import response_logprobs
 
-    run = _build(tmp_path, tiny_overrides, "trainer.policy_lag=2", "trainer.epochs=1", "trainer.mini_batches=1",
-                 "optim.lr=0.02")
+    run = _build(
+        tmp_path, tiny_overrides, "trainer.policy_lag=2", "trainer.epochs=1", "trainer.mini_batches=1", "optim.lr=0.02"
+    )
     initial = copy.deepcopy(run.model).eval()
     record = _spy(run)
     metrics = _steps(run, 3)
@@ -135,8 +136,9 @@ def test_behaviour_logprobs_are_a_fresh_forward_of_the_snapshot_and_not_the_lear
     batch = record["batches"][2]  # step 2 sampled with version 0: the initial weights
     assert all(r.policy_version == 0 for r in record["collected"][2].rollouts)
     with torch.no_grad():
-        fresh = response_logprobs(initial, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
-                                  batch.response_mask)["logprobs"]
+        fresh = response_logprobs(
+            initial, batch.input_ids, batch.attention_mask, batch.prompt_lengths, batch.response_mask
+        )["logprobs"]
     mask = batch.response_mask.bool()
     torch.testing.assert_close(batch.behaviour_logprobs[mask], fresh[mask], rtol=1e-4, atol=1e-4)
     # The learner has taken two updates since: its log-probs are not the sampler's.
@@ -146,8 +148,16 @@ def test_behaviour_logprobs_are_a_fresh_forward_of_the_snapshot_and_not_the_lear
 
 
 def test_the_lag_bound_holds_on_every_batch(tmp_path, tiny_overrides):
-    run = _build(tmp_path, tiny_overrides, "trainer.policy_lag=2", "trainer.policy_lag_mode=uniform",
-                 "trainer.epochs=1", "trainer.mini_batches=1", "trainer.prompts_per_step=2", "rollout.group_size=2")
+    run = _build(
+        tmp_path,
+        tiny_overrides,
+        "trainer.policy_lag=2",
+        "trainer.policy_lag_mode=uniform",
+        "trainer.epochs=1",
+        "trainer.mini_batches=1",
+        "trainer.prompts_per_step=2",
+        "rollout.group_size=2",
+    )
     record = _spy(run)
     metrics = _steps(run, 7)
     lags = [m["offpolicy/lag"] for m in metrics]
@@ -164,8 +174,7 @@ def test_resume_with_a_lag_is_exact(tmp_path, tiny_overrides):
     checkpoint. Without them the resumed steps would sample with other weights."""
     from stratarl.trainer.rl import train
 
-    common = [*tiny_overrides, *SMALL, "trainer.policy_lag=2", "optim.lr=0.02",
-              "trainer.save_every=1"]
+    common = [*tiny_overrides, *SMALL, "trainer.policy_lag=2", "optim.lr=0.02", "trainer.save_every=1"]
     train(load_config(TINY, [*common, "trainer.steps=4"]), tmp_path / "straight")
     train(load_config(TINY, [*common, "trainer.steps=2"]), tmp_path / "half")
     train(load_config(TINY, [*common, "trainer.steps=4"]), tmp_path / "half", resume=True)
@@ -206,8 +215,9 @@ def test_sampler_numerics_make_a_mismatch_the_fp32_sampler_does_not(precision, t
     matmuls move them by far more. The int8 sampler's weights lie on the per-channel grid."""
     found = {}
     for p in ("fp32", precision):
-        run = _build(tmp_path, tiny_overrides, f"rollout.precision={p}", "trainer.epochs=1", "trainer.mini_batches=1",
-                     name=p)
+        run = _build(
+            tmp_path, tiny_overrides, f"rollout.precision={p}", "trainer.epochs=1", "trainer.mini_batches=1", name=p
+        )
         found[p] = _steps(run, 1)[0]
         if p == "int8":
             weight = run.behaviour.sampler.model.layers[0].mlp.up_proj.weight
@@ -269,8 +279,16 @@ def test_the_correction_weights_reach_the_loss(name, tmp_path, tiny_overrides):
 
 
 def test_sorl_against_the_behaviour_policy_uses_the_samplers_logprobs(tmp_path, tiny_overrides):
-    run = _build(tmp_path, tiny_overrides, "algo.name=so_grpo", "algo.old_logprobs=rollout", "trainer.policy_lag=1",
-                 "trainer.epochs=1", "trainer.mini_batches=1", "optim.lr=0.02")
+    run = _build(
+        tmp_path,
+        tiny_overrides,
+        "algo.name=so_grpo",
+        "algo.old_logprobs=rollout",
+        "trainer.policy_lag=1",
+        "trainer.epochs=1",
+        "trainer.mini_batches=1",
+        "optim.lr=0.02",
+    )
     record = _spy(run)
     metrics = _steps(run, 2)
     batch = record["batches"][1]
@@ -285,16 +303,19 @@ def test_sorl_against_the_behaviour_policy_uses_the_samplers_logprobs(tmp_path, 
 # --------------------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["trainer.policy_lag=-1"], "trainer.policy_lag"),
-    (["trainer.policy_lag_mode=sometimes"], "trainer.policy_lag_mode"),
-    (["rollout.precision=fp8"], "rollout.precision"),
-    (["algo.behaviour_correction=tiss"], "did you mean 'tis'"),
-    (["algo.behaviour_correction=tis", "algo.old_logprobs=rollout"], "old_logprobs=recompute"),
-    (["algo.behaviour_correction_params.cap=2"], "no behaviour correction is in use"),
-    (["algo.behaviour_correction=tis", "algo.behaviour_correction_params.caps=2"], "valid parameters"),
-    (["algo.policy_loss_params.token_weights=1"], "algo.behaviour_correction"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.policy_lag=-1"], "trainer.policy_lag"),
+        (["trainer.policy_lag_mode=sometimes"], "trainer.policy_lag_mode"),
+        (["rollout.precision=fp8"], "rollout.precision"),
+        (["algo.behaviour_correction=tiss"], "did you mean 'tis'"),
+        (["algo.behaviour_correction=tis", "algo.old_logprobs=rollout"], "old_logprobs=recompute"),
+        (["algo.behaviour_correction_params.cap=2"], "no behaviour correction is in use"),
+        (["algo.behaviour_correction=tis", "algo.behaviour_correction_params.caps=2"], "valid parameters"),
+        (["algo.policy_loss_params.token_weights=1"], "algo.behaviour_correction"),
+    ],
+)
 def test_bad_off_policy_settings_are_refused_in_one_line(overrides, message, tiny_overrides):
     with pytest.raises(ConfigError, match=message) as error:
         load_config(TINY, [*tiny_overrides, *overrides])
@@ -314,9 +335,25 @@ def test_off_policy_run_and_its_report_from_the_command_line(tmp_path, tiny_over
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(reward_path), os.environ.get("PYTHONPATH", "")])}
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "stratarl.cli", "train", str(TINY), *tiny_overrides,
-                          "trainer.policy_lag=1", "rollout.precision=int8", "algo.behaviour_correction=tis",
-                          "--run-dir", str(run_dir)], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stratarl.cli",
+            "train",
+            str(TINY),
+            *tiny_overrides,
+            "trainer.policy_lag=1",
+            "rollout.precision=int8",
+            "algo.behaviour_correction=tis",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "behaviour correction tis (cap=2.0, level=token)" in out.stdout
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -324,8 +361,13 @@ def test_off_policy_run_and_its_report_from_the_command_line(tmp_path, tiny_over
     assert [r["offpolicy/lag"] for r in steps] == [0.0, 1.0]
     assert all("offpolicy/mismatch_turn1" in r and "offpolicy/is_weight_mean" in r for r in steps)
     page_path = tmp_path / "report.html"
-    out = subprocess.run([sys.executable, "-m", "stratarl.cli", "report", str(run_dir), "--out", str(page_path)],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "stratarl.cli", "report", str(run_dir), "--out", str(page_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     page = page_path.read_text()
     assert "Off-policy regime" in page and "<td>0: 1, 1: 1</td>" in page

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from stratarl.rollout.prompt import encode_prompt
 from stratarl.rollout.collect import encode_prompts
+from stratarl.rollout.prompt import encode_prompt
 from stratarl.trainer.synthetic import load_synthetic_task
 
 
@@ -14,7 +14,8 @@ def test_synthetic_task_uses_the_runs_template_not_its_files_prompt(tmp_path, sm
     examples = [*task.train, *task.test]
     assert all(e.prompt is None for e in examples)
     assert encode_prompts(smollm2_tokenizer, examples, template="short") == [
-        encode_prompt(smollm2_tokenizer, e.question, "short") for e in examples]
+        encode_prompt(smollm2_tokenizer, e.question, "short") for e in examples
+    ]
 
 
 def test_multiple_choice_task_prompts_and_demonstrations_show_the_options(tmp_path, smollm2_tokenizer):
@@ -30,8 +31,17 @@ def test_multiple_choice_task_prompts_and_demonstrations_show_the_options(tmp_pa
         def search(self, queries, k):
             return [[by_query[q]] for q in queries]
 
-    demos = render_demonstrations(kb.train, tok, GoldRetriever(), num_demos=6, topk=1, max_obs_tokens=200,
-                                  no_search_fraction=0.0, wrong_hop_fraction=0.0, seed=0)
+    demos = render_demonstrations(
+        kb.train,
+        tok,
+        GoldRetriever(),
+        num_demos=6,
+        topk=1,
+        max_obs_tokens=200,
+        no_search_fraction=0.0,
+        wrong_hop_fraction=0.0,
+        seed=0,
+    )
     example = {e.id: e for e in kb.train}[demos[0].example_id]
     prompt = tok.decode(demos[0].prompt_ids)
     assert all(f"{letter}. {text}\n" in prompt for letter, text in example.metadata["options"].items())

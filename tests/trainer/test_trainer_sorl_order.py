@@ -15,9 +15,20 @@ from stratarl.trainer.update import build_learner, optimizer_step, score_batch
 
 
 def _step(tiny_model, *overrides):
-    cfg = load_config(None, ["model.name=tiny-random", "algo.kl_coef=0.0", "trainer.logprob_chunk_tokens=7",
-                             "algo.name=grpo", "algo.normalizer=sorl", "algo.sorl_delta=1e-6",
-                             "optim.name=sgd", "optim.lr=1.0", *overrides])
+    cfg = load_config(
+        None,
+        [
+            "model.name=tiny-random",
+            "algo.kl_coef=0.0",
+            "trainer.logprob_chunk_tokens=7",
+            "algo.name=grpo",
+            "algo.normalizer=sorl",
+            "algo.sorl_delta=1e-6",
+            "optim.name=sgd",
+            "optim.lr=1.0",
+            *overrides,
+        ],
+    )
     learner = build_learner(copy.deepcopy(tiny_model), cfg, total_optimizer_steps=1)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(4)]
@@ -49,6 +60,8 @@ def test_tight_clipping_undoes_the_factor_before_clip_but_not_after(tiny_model):
 def test_lora_dropout_is_refused_because_the_first_step_would_be_off_policy():
     from stratarl.trainer.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"`model.lora.dropout` = 0.1: the behaviour log-probs are computed without dropout"):
+    with pytest.raises(
+        ConfigError, match=r"`model.lora.dropout` = 0.1: the behaviour log-probs are computed without dropout"
+    ):
         load_config(None, ["model.lora.enabled=true", "model.lora.dropout=0.1"])
     assert load_config(None, ["model.lora.enabled=true"]).model.lora.dropout == 0.0

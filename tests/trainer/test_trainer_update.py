@@ -37,8 +37,16 @@ def _train_batch(learner, cfg, seed: int = 0, rows: int = 6):
 
 
 def _cfg(*overrides):
-    return load_config(None, ["model.name=tiny-random", "rollout.temperature=1.0", "algo.kl_coef=0.0",
-                              "trainer.logprob_chunk_tokens=7", *overrides])
+    return load_config(
+        None,
+        [
+            "model.name=tiny-random",
+            "rollout.temperature=1.0",
+            "algo.kl_coef=0.0",
+            "trainer.logprob_chunk_tokens=7",
+            *overrides,
+        ],
+    )
 
 
 def _grads(model):
@@ -91,9 +99,12 @@ def test_observation_tokens_never_contribute(tiny_model):
     reference = _grads(model)
     # Scribble on every masked (observation / padding) entry of the loss inputs.
     off = batch.response_mask == 0
-    batch = replace(batch, advantages=torch.where(off, torch.full_like(batch.advantages, 1e3), batch.advantages),
-                    old_logprobs=torch.where(off, torch.full_like(batch.old_logprobs, -50.0), batch.old_logprobs),
-                    ref_logprobs=torch.where(off, torch.full_like(batch.ref_logprobs, 7.0), batch.ref_logprobs))
+    batch = replace(
+        batch,
+        advantages=torch.where(off, torch.full_like(batch.advantages, 1e3), batch.advantages),
+        old_logprobs=torch.where(off, torch.full_like(batch.old_logprobs, -50.0), batch.old_logprobs),
+        ref_logprobs=torch.where(off, torch.full_like(batch.ref_logprobs, 7.0), batch.ref_logprobs),
+    )
     model.zero_grad(set_to_none=True)
     accumulate_gradients(learner, batch, cfg)
     for a, b in zip(reference, _grads(model)):
@@ -102,8 +113,9 @@ def test_observation_tokens_never_contribute(tiny_model):
 
 def test_so_grpo_logs_sorl_metrics_and_is_plain_ppo_when_nothing_clipped(tiny_model):
     cfg_so = _cfg("algo.name=so_grpo", "trainer.epochs=1", "trainer.mini_batches=1", "optim.grad_clip=0")
-    cfg_ppo = _cfg("algo.name=grpo", "algo.ratio_level=turn", "trainer.epochs=1", "trainer.mini_batches=1",
-                   "optim.grad_clip=0")
+    cfg_ppo = _cfg(
+        "algo.name=grpo", "algo.ratio_level=turn", "trainer.epochs=1", "trainer.mini_batches=1", "optim.grad_clip=0"
+    )
     finals = []
     for cfg in (cfg_so, cfg_ppo):
         model = copy.deepcopy(tiny_model)
@@ -193,8 +205,14 @@ def test_seq_mean_token_sum_norm_uses_one_constant_length_so_micro_batching_does
     assert any(g.abs().sum() > 0 for g in results[0][0])
     batch = results[0][2]
     # The same policy loss by hand: the token-level PPO terms summed per row, over B rows and L = 300.
-    seq_sum = clipped_policy_loss(batch.old_logprobs + 0.05, batch.old_logprobs, batch.advantages,
-                                     batch.response_mask, agg="seq-mean-token-sum", norm_length=None).loss
+    seq_sum = clipped_policy_loss(
+        batch.old_logprobs + 0.05,
+        batch.old_logprobs,
+        batch.advantages,
+        batch.response_mask,
+        agg="seq-mean-token-sum",
+        norm_length=None,
+    ).loss
     torch.testing.assert_close(torch.tensor(results[0][1]["loss/policy"]), seq_sum / 300, rtol=1e-4, atol=1e-7)
 
 
@@ -221,8 +239,9 @@ def _on_policy_gradient(tiny_model, name: str, advantages: torch.Tensor) -> list
     cfg = _cfg(f"algo.name={name}")
     learner = build_learner(model, cfg, total_optimizer_steps=1)
     tokens, _ = _batch(6)
-    batch = score_batch(learner, tokens, cfg).with_advantages(advantages * tokens.response_mask,
-                                                               advantages * tokens.response_mask)
+    batch = score_batch(learner, tokens, cfg).with_advantages(
+        advantages * tokens.response_mask, advantages * tokens.response_mask
+    )
     model.zero_grad(set_to_none=True)
     metrics = accumulate_gradients(learner, batch, cfg)
     assert metrics["loss/clip_frac"] == 0.0  # on-policy: nothing clipped, C = 0
@@ -235,8 +254,9 @@ def test_on_policy_so_grpo_equals_grpo_but_so_ppo_differs_from_ppo(tiny_model):
     so SO-PPO's is not PPO's: it is PPO's gradient with every advantage replaced by its turn's mean."""
     mask = _batch(6)[0].response_mask
     per_rollout = torch.randn(mask.shape[0], 1, generator=torch.Generator().manual_seed(1)).expand_as(mask).clone()
-    for a, b in zip(_on_policy_gradient(tiny_model, "so_grpo", per_rollout),
-                    _on_policy_gradient(tiny_model, "grpo", per_rollout)):
+    for a, b in zip(
+        _on_policy_gradient(tiny_model, "so_grpo", per_rollout), _on_policy_gradient(tiny_model, "grpo", per_rollout)
+    ):
         torch.testing.assert_close(a, b)
     per_token = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2))
     so_ppo = _on_policy_gradient(tiny_model, "so_ppo", per_token)

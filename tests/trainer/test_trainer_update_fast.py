@@ -10,12 +10,11 @@ import dataclasses
 import pytest
 import torch
 
-from stratarl.models import build_tiny_model
+from stratarl.infra.flops import record_decoder_calls
+from stratarl.models import build_tiny_model, freeze_all_but_last_layers
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import load_config
-from stratarl.infra.flops import record_decoder_calls
 from stratarl.trainer.prefix import frozen_prefix, group_micro_batches, unsupported_reason
-from stratarl.models import freeze_all_but_last_layers
 from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch, update_policy
 
 
@@ -53,9 +52,18 @@ def _train_batch(learner, cfg, seed: int = 0):
 
 
 def _cfg(*overrides):
-    return load_config(None, ["model.name=tiny-random", "rollout.temperature=0.8", "algo.kl_coef=0.0",
-                              "trainer.logprob_chunk_tokens=7", "trainer.micro_batch_tokens=60",
-                              "algo.entropy_coef=0.01", *overrides])
+    return load_config(
+        None,
+        [
+            "model.name=tiny-random",
+            "rollout.temperature=0.8",
+            "algo.kl_coef=0.0",
+            "trainer.logprob_chunk_tokens=7",
+            "trainer.micro_batch_tokens=60",
+            "algo.entropy_coef=0.01",
+            *overrides,
+        ],
+    )
 
 
 def _grads(model, value_head=None):
@@ -75,8 +83,14 @@ def _params_after_update(frozen_model, cfg, impl: str, *, batch_seed: int, optim
     return [p.detach().clone() for p in model.parameters()]
 
 
-ALGOS = [["algo.name=grpo"], ["algo.name=stratified_grpo"], ["algo.name=so_grpo"], ["algo.name=so_ppo"],
-         ["algo.name=ppo"], ["algo.name=grpo", "algo.loss_agg=seq-mean-token-mean"]]
+ALGOS = [
+    ["algo.name=grpo"],
+    ["algo.name=stratified_grpo"],
+    ["algo.name=so_grpo"],
+    ["algo.name=so_ppo"],
+    ["algo.name=ppo"],
+    ["algo.name=grpo", "algo.loss_agg=seq-mean-token-mean"],
+]
 
 
 def test_the_fast_path_runs_on_the_tiny_model(frozen_model):
@@ -110,13 +124,15 @@ def test_fast_gradients_equal_the_reference(frozen_model, overrides):
         torch.testing.assert_close(fast_metrics[key], ref_metrics[key], rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("overrides", [["algo.name=stratified_grpo"], ["algo.name=so_ppo"]],
-                         ids=["stratified_grpo", "so_ppo"])
+@pytest.mark.parametrize(
+    "overrides", [["algo.name=stratified_grpo"], ["algo.name=so_ppo"]], ids=["stratified_grpo", "so_ppo"]
+)
 def test_fast_update_policy_equals_the_reference_over_epochs_and_mini_batches(frozen_model, overrides):
     """K=2 epochs x M=2 mini-batches: the prefix computed once stays valid across optimizer steps."""
     cfg = _cfg("trainer.epochs=2", "trainer.mini_batches=2", *overrides)
-    params = [_params_after_update(frozen_model, cfg, impl, batch_seed=1, optimizer_steps=4)
-              for impl in ("reference", "fast")]
+    params = [
+        _params_after_update(frozen_model, cfg, impl, batch_seed=1, optimizer_steps=4) for impl in ("reference", "fast")
+    ]
     moved = [not torch.equal(a, b) for a, b in zip(params[0], frozen_model.parameters())]
     assert any(moved)
     for a, b in zip(params[0], params[1]):
@@ -183,9 +199,17 @@ def test_fast_update_under_bf16_runs_the_frozen_prefix_in_bf16_and_tracks_the_re
     bf16), and the fast update's parameter steps stay within bf16 rounding of the reference update's."""
     cfg = _cfg("trainer.precision=bf16", "algo.name=grpo")
     prefix_dtypes: list[torch.dtype] = []  # layer 0 is frozen: in the fast update it runs only in the prefix
-    params = [_params_after_update(frozen_model, cfg, "reference", batch_seed=2, optimizer_steps=1),
-              _params_after_update(frozen_model, cfg, "fast", batch_seed=2, optimizer_steps=1,
-                                   hook=lambda m, i, out: prefix_dtypes.append(out.dtype))]
+    params = [
+        _params_after_update(frozen_model, cfg, "reference", batch_seed=2, optimizer_steps=1),
+        _params_after_update(
+            frozen_model,
+            cfg,
+            "fast",
+            batch_seed=2,
+            optimizer_steps=1,
+            hook=lambda m, i, out: prefix_dtypes.append(out.dtype),
+        ),
+    ]
     assert prefix_dtypes and set(prefix_dtypes) == {torch.bfloat16}
     assert all(p.dtype == torch.float32 for p in params[1])
     moved = [not torch.equal(a, b) for a, b in zip(params[0], frozen_model.parameters())]

@@ -53,8 +53,9 @@ def _rloo_by_loop(rewards: list[float], groups: list[int], scale: float) -> list
 
 
 def _run(*args, env):
-    return subprocess.run([sys.executable, "-m", "stratarl.cli", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "stratarl.cli", *map(str, args)], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -62,22 +63,38 @@ def test_a_users_rloo_trains_from_the_command_line(tmp_path, tiny_overrides, rew
     plugin = tmp_path / "my_parts.py"
     plugin.write_text(RLOO)
     record = tmp_path / "rloo.jsonl"
-    env = {**os.environ, "RLOO_RECORD": str(record),
-           "PYTHONPATH": os.pathsep.join([str(reward_path), os.environ.get("PYTHONPATH", "")])}
-    where = subprocess.run([sys.executable, "-c", "import stratarl; print(stratarl.__file__)"], capture_output=True,
-                           text=True, env=env)
+    env = {
+        **os.environ,
+        "RLOO_RECORD": str(record),
+        "PYTHONPATH": os.pathsep.join([str(reward_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    where = subprocess.run(
+        [sys.executable, "-c", "import stratarl; print(stratarl.__file__)"], capture_output=True, text=True, env=env
+    )
     assert Path(where.stdout.strip()).resolve().is_relative_to(Path(__file__).resolve().parents[2])
 
     run_dir = tmp_path / "run"
-    out = _run("train", TINY, *tiny_overrides, "--import", plugin, "algo.advantage=rloo",
-               "algo.advantage_params.scale=2.0", "trainer.steps=1", "--run-dir", run_dir, env=env)
+    out = _run(
+        "train",
+        TINY,
+        *tiny_overrides,
+        "--import",
+        plugin,
+        "algo.advantage=rloo",
+        "algo.advantage_params.scale=2.0",
+        "trainer.steps=1",
+        "--run-dir",
+        run_dir,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(calls) == 1 and calls[0]["scale"] == 2.0
     call = calls[0]
     assert len(set(call["rewards"])) > 1  # the reward varies, so RLOO's advantages are not all 0
-    torch.testing.assert_close(torch.tensor(call["advantages"]),
-                               torch.tensor(_rloo_by_loop(call["rewards"], call["groups"], 2.0)))
+    torch.testing.assert_close(
+        torch.tensor(call["advantages"]), torch.tensor(_rloo_by_loop(call["rewards"], call["groups"], 2.0))
+    )
     saved = (run_dir / "config.yaml").read_text()
     assert "advantage: rloo" in saved
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -87,8 +104,16 @@ def test_a_users_rloo_trains_from_the_command_line(tmp_path, tiny_overrides, rew
 
     # The same with the environment variable instead of the flag.
     record.unlink()
-    out = _run("train", TINY, *tiny_overrides, "algo.advantage=rloo", "trainer.steps=1", "--run-dir", tmp_path / "env",
-               env={**env, "STRATARL_IMPORT": str(plugin)})
+    out = _run(
+        "train",
+        TINY,
+        *tiny_overrides,
+        "algo.advantage=rloo",
+        "trainer.steps=1",
+        "--run-dir",
+        tmp_path / "env",
+        env={**env, "STRATARL_IMPORT": str(plugin)},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(record.read_text().splitlines()[0])["scale"] == 1.0
 
@@ -109,7 +134,9 @@ def test_without_the_module_the_name_is_refused_in_one_line(tmp_path, reward_pat
 
 def test_split_import_args_takes_the_flag_anywhere():
     assert split_import_args(["train", "c.yaml", "--import", "a.py", "x=1", "--import=b.mod", "y=2"]) == (
-        ["a.py", "b.mod"], ["train", "c.yaml", "x=1", "y=2"])
+        ["a.py", "b.mod"],
+        ["train", "c.yaml", "x=1", "y=2"],
+    )
     with pytest.raises(ExtensionError, match="--import needs a value"):
         split_import_args(["train", "--import"])
     assert env_imports({"STRATARL_IMPORT": f"a.py{os.pathsep}{os.pathsep} pkg.mod "}) == ["a.py", "pkg.mod"]
@@ -196,17 +223,35 @@ def test_a_users_dataset_format_and_retriever_train_from_the_command_line(tmp_pa
     notes.write_text("item 0 is thing0\nitem 1 is thing1\n")
     record = tmp_path / "searches.jsonl"
     record.touch()
-    env = {**os.environ, "NOTES_RECORD": str(record),
-           "PYTHONPATH": os.pathsep.join([str(reward_path), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "NOTES_RECORD": str(record),
+        "PYTHONPATH": os.pathsep.join([str(reward_path), os.environ.get("PYTHONPATH", "")]),
+    }
     env.pop("STRATARL_IMPORT", None)
     run_dir = tmp_path / "run"
-    out = _run("train", TINY, *tiny_overrides, "--import", plugin, "data.source=files",
-               f"data.train_files=[{questions}]", f"data.test_files=[{questions}]",
-               f"retrieval.spec={{kind: notes, path: {notes}}}", "trainer.steps=1", "rollout.max_turns=1",
-               "--run-dir", run_dir, env=env)
+    out = _run(
+        "train",
+        TINY,
+        *tiny_overrides,
+        "--import",
+        plugin,
+        "data.source=files",
+        f"data.train_files=[{questions}]",
+        f"data.test_files=[{questions}]",
+        f"retrieval.spec={{kind: notes, path: {notes}}}",
+        "trainer.steps=1",
+        "rollout.max_turns=1",
+        "--run-dir",
+        run_dir,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    transcripts = [json.loads(line) for p in sorted((run_dir / "transcripts").glob("*.jsonl"))
-                   for line in p.read_text().splitlines()]
+    transcripts = [
+        json.loads(line)
+        for p in sorted((run_dir / "transcripts").glob("*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
     assert transcripts and all("What is item" in json.dumps(t) for t in transcripts)  # the user's format's questions
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     assert calls[0] == {"built": str(notes)}  # the user's retriever, built from retrieval.spec

@@ -67,9 +67,15 @@ def spy():
                 handle.remove()
 
         def policy_loss(logprobs, old_logprobs, advantages, mask, **kwargs):
-            record["loss_calls"].append({"name": name, "level": kwargs.get("level"),
-                                         "after_steps": record.get("optimizer_steps", 0),
-                                         "log_ratio": (logprobs - old_logprobs).detach() * mask, "mask": mask.clone()})
+            record["loss_calls"].append(
+                {
+                    "name": name,
+                    "level": kwargs.get("level"),
+                    "after_steps": record.get("optimizer_steps", 0),
+                    "log_ratio": (logprobs - old_logprobs).detach() * mask,
+                    "mask": mask.clone(),
+                }
+            )
             return real_loss(logprobs, old_logprobs, advantages, mask, **kwargs)
 
         run.parts = dataclasses.replace(run.parts, collect=collect, update=update_policy)
@@ -107,9 +113,12 @@ def _expected_advantages(name, record, cfg_alpha=0.6, strata=None):
     if name in ("grpo", "so_grpo"):
         return broadcast_to_tokens(grpo_advantages(rewards, groups, eps=1e-6), mask)
     if name == "stratified_grpo":
-        return broadcast_to_tokens(stratified_advantages(rewards, groups, torch.tensor(strata), alpha=cfg_alpha, eps=1e-6), mask)
-    advantages, _ = gae_advantages(outcome_to_token_rewards(rewards, mask), record["batch"].old_values, mask,
-                                   gamma=1.0, lam=1.0)
+        return broadcast_to_tokens(
+            stratified_advantages(rewards, groups, torch.tensor(strata), alpha=cfg_alpha, eps=1e-6), mask
+        )
+    advantages, _ = gae_advantages(
+        outcome_to_token_rewards(rewards, mask), record["batch"].old_values, mask, gamma=1.0, lam=1.0
+    )
     return advantages
 
 
@@ -135,12 +144,20 @@ def test_alpha_changes_the_update_exactly_when_strata_differ(tmp_path, tiny_over
     advantages = {}
     for key in (strata_key, "stratarl_test_one_stratum:same"):
         for alpha in (0.2, 0.9):
-            _step(tmp_path, tiny_overrides, "algo.name=stratified_grpo", f"algo.alpha={alpha}",
-                  f"algo.stratum_key={key}", name=f"{key.split(':')[1]}-{alpha}", spy=spy)
+            _step(
+                tmp_path,
+                tiny_overrides,
+                "algo.name=stratified_grpo",
+                f"algo.alpha={alpha}",
+                f"algo.stratum_key={key}",
+                name=f"{key.split(':')[1]}-{alpha}",
+                spy=spy,
+            )
             advantages[key, alpha] = spy["batch"].advantages
     assert not torch.allclose(advantages[strata_key, 0.2], advantages[strata_key, 0.9], atol=1e-4)
-    torch.testing.assert_close(advantages["stratarl_test_one_stratum:same", 0.2],
-                               advantages["stratarl_test_one_stratum:same", 0.9])
+    torch.testing.assert_close(
+        advantages["stratarl_test_one_stratum:same", 0.2], advantages["stratarl_test_one_stratum:same", 0.9]
+    )
 
 
 def _params(run):
@@ -151,15 +168,30 @@ def test_delta_changes_the_update_exactly_when_the_clip_bias_norm_exceeds_it(tmp
     """SO-GRPO at 4 optimizer steps per batch with SGD (no gradient clipping), against the same arm without the
     normalisation at lr / delta: while every ||C|| <= delta the factor is the constant 1 / delta, so the two take
     the same steps; with a delta below some ||C|| they do not."""
-    common = ["trainer.epochs=2", "trainer.mini_batches=2", "optim.name=sgd", "optim.grad_clip=0",
-              "optim.warmup_steps=0", "algo.kl_coef=0", "algo.clip_low=0.01", "algo.clip_high=0.01"]
+    common = [
+        "trainer.epochs=2",
+        "trainer.mini_batches=2",
+        "optim.name=sgd",
+        "optim.grad_clip=0",
+        "optim.warmup_steps=0",
+        "algo.kl_coef=0",
+        "algo.clip_low=0.01",
+        "algo.clip_high=0.01",
+    ]
     lr = 0.5
     for delta, same in ((1e3, True), (1e-9, False)):
         runs = {}
         for normalise in (True, False):
-            run, metrics = _step(tmp_path, tiny_overrides, *common, "algo.name=so_grpo",
-                                 f"algo.normalizer={'sorl' if normalise else 'none'}", f"algo.sorl_delta={delta}",
-                                 f"optim.lr={lr * delta if normalise else lr}", name=f"d{delta}-{normalise}")
+            run, metrics = _step(
+                tmp_path,
+                tiny_overrides,
+                *common,
+                "algo.name=so_grpo",
+                f"algo.normalizer={'sorl' if normalise else 'none'}",
+                f"algo.sorl_delta={delta}",
+                f"optim.lr={lr * delta if normalise else lr}",
+                name=f"d{delta}-{normalise}",
+            )
             runs[normalise] = (_params(run), metrics)
         metrics = runs[True][1]
         assert metrics["sorl/c_norm"] > 1e-7, "no clipping bias in the off-policy steps: deltas cannot be told apart"
@@ -178,8 +210,16 @@ def test_delta_changes_the_update_exactly_when_the_clip_bias_norm_exceeds_it(tmp
 @pytest.mark.parametrize("temperature", [0.7, 1.0, 1.3])
 @pytest.mark.parametrize("source", ["rollout", "recompute"])
 def test_first_optimizer_step_ratios_are_one(temperature, source, tmp_path, tiny_overrides, spy):
-    _step(tmp_path, tiny_overrides, "algo.name=grpo", f"rollout.temperature={temperature}",
-          f"algo.old_logprobs={source}", "trainer.epochs=1", "trainer.mini_batches=2", spy=spy)
+    _step(
+        tmp_path,
+        tiny_overrides,
+        "algo.name=grpo",
+        f"rollout.temperature={temperature}",
+        f"algo.old_logprobs={source}",
+        "trainer.epochs=1",
+        "trainer.mini_batches=2",
+        spy=spy,
+    )
     first = [c for c in spy["loss_calls"] if c["after_steps"] == 0]
     later = [c for c in spy["loss_calls"] if c["after_steps"] > 0]
     assert first and later
@@ -200,8 +240,9 @@ def test_observation_positions_never_move_the_gradient(tiny_model):
     from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch
 
     for name in ("grpo", "stratified_grpo", "ppo", "so_ppo", "so_grpo"):
-        cfg = load_config(None, ["model.name=tiny-random", f"algo.name={name}", "algo.kl_coef=0.01",
-                                 "trainer.logprob_chunk_tokens=7"])
+        cfg = load_config(
+            None, ["model.name=tiny-random", f"algo.name={name}", "algo.kl_coef=0.01", "trainer.logprob_chunk_tokens=7"]
+        )
         grads = []
         for poison in (0.0, 1.0):
             model = copy.deepcopy(tiny_model)
@@ -217,11 +258,14 @@ def test_observation_positions_never_move_the_gradient(tiny_model):
             obs[:, 8:] = 0.0
             assert obs.sum() == 8
             batch = dataclasses.replace(
-                batch, advantages=batch.advantages + poison * 50.0 * obs, returns=batch.returns - poison * 9.0 * obs,
+                batch,
+                advantages=batch.advantages + poison * 50.0 * obs,
+                returns=batch.returns - poison * 9.0 * obs,
                 # off-policy (clipping engages), and poisoned at the observation positions
                 old_logprobs=batch.old_logprobs - 0.3 * batch.response_mask + poison * 3.0 * obs,
                 ref_logprobs=batch.ref_logprobs - poison * 3.0 * obs,
-                old_values=None if batch.old_values is None else batch.old_values + poison * 7.0 * obs)
+                old_values=None if batch.old_values is None else batch.old_values + poison * 7.0 * obs,
+            )
             accumulate_gradients(learner, batch, cfg)
             grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
         assert grads[0]
@@ -232,9 +276,16 @@ def test_observation_positions_never_move_the_gradient(tiny_model):
 # --------------------------------------------------------------------------- which presets normalise
 
 
-@pytest.mark.parametrize("name, normalises, turn_level", [("grpo", False, False), ("stratified_grpo", False, False),
-                                                          ("ppo", False, False), ("so_ppo", True, True),
-                                                          ("so_grpo", True, True)])
+@pytest.mark.parametrize(
+    "name, normalises, turn_level",
+    [
+        ("grpo", False, False),
+        ("stratified_grpo", False, False),
+        ("ppo", False, False),
+        ("so_ppo", True, True),
+        ("so_grpo", True, True),
+    ],
+)
 def test_sorl_parts_of_each_preset_in_a_real_step(name, normalises, turn_level, tmp_path, tiny_overrides, spy):
     run, metrics = _step(tmp_path, tiny_overrides, f"algo.name={name}", spy=spy)
     assert (run.learner.normalizer is not None) is normalises
@@ -275,12 +326,21 @@ def test_held_out_eval_decodes_greedily(tmp_path, tiny_overrides):
     turn of a random model over a 49k vocabulary leaves the argmax path at once, so sampling fails this."""
     import json
 
+    from stratarl.rollout.prompt import encode_prompt
     from stratarl.trainer.rl import train
     from stratarl.trainer.setup import load_policy, load_task
-    from stratarl.rollout.prompt import encode_prompt
 
-    cfg = load_config(TINY, [*tiny_overrides, "trainer.steps=1", "eval.before_after=true", "eval.num_transcripts=4",
-                             "data.max_eval_examples=4", "rollout.temperature=1.0"])
+    cfg = load_config(
+        TINY,
+        [
+            *tiny_overrides,
+            "trainer.steps=1",
+            "eval.before_after=true",
+            "eval.num_transcripts=4",
+            "data.max_eval_examples=4",
+            "rollout.temperature=1.0",
+        ],
+    )
     run_dir = tmp_path / "run"
     train(cfg, run_dir)
     records = [json.loads(line) for line in (run_dir / "eval" / "before_transcripts.jsonl").read_text().splitlines()]
@@ -292,9 +352,14 @@ def test_held_out_eval_decodes_greedily(tmp_path, tiny_overrides):
         example = questions[record["example_id"]]
         prompt = torch.tensor([encode_prompt(tokenizer, example.question, cfg.rollout.prompt_template)])
         with torch.no_grad():
-            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                                 max_new_tokens=cfg.rollout.max_tokens_per_turn, pad_token_id=tokenizer.pad_token_id)
-        argmax_text = tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=False)
+            out = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=False,
+                max_new_tokens=cfg.rollout.max_tokens_per_turn,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        argmax_text = tokenizer.decode(out[0, prompt.shape[1] :], skip_special_tokens=False)
         first_turn = record["turns"][0]["text"]
         assert first_turn and argmax_text.startswith(first_turn), (first_turn, argmax_text)
 
@@ -318,6 +383,7 @@ def test_the_step_takes_the_frozen_prefix_from_its_rollouts(tmp_path, tiny_overr
 
 
 def test_the_step_computes_the_prefix_when_the_generator_cannot_capture(tmp_path, tiny_overrides):
-    _, metrics = _step(tmp_path, tiny_overrides, "algo.name=grpo", "model.trainable_layers=1",
-                       "rollout.backend=kv_cache_generic")
+    _, metrics = _step(
+        tmp_path, tiny_overrides, "algo.name=grpo", "model.trainable_layers=1", "rollout.backend=kv_cache_generic"
+    )
     assert metrics["perf/prefix_from_rollouts"] == 0.0

@@ -54,9 +54,20 @@ def test_kl_coef_weights_the_kl_term_of_the_loss(estimator, tiny_model):
     (k3: exp(-SHIFT) + SHIFT - 1). Catches ``loss + kl`` (weight 1) or any fixed weight in place of
     ``algo.kl_coef * kl`` in ``micro_batch_loss``."""
     coefs = (0.05, 0.5)
-    cfgs = [load_config(None, ["model.name=tiny-random", "algo.name=grpo", f"algo.kl_coef={c}",
-                               f"algo.kl_estimator={estimator}", "algo.entropy_coef=0", "algo.loss_agg=token-mean"])
-            for c in coefs]
+    cfgs = [
+        load_config(
+            None,
+            [
+                "model.name=tiny-random",
+                "algo.name=grpo",
+                f"algo.kl_coef={c}",
+                f"algo.kl_estimator={estimator}",
+                "algo.entropy_coef=0",
+                "algo.loss_agg=token-mean",
+            ],
+        )
+        for c in coefs
+    ]
     learner = build_learner(copy.deepcopy(tiny_model), cfgs[0], total_optimizer_steps=1)
     batch = _kl_batch(learner, cfgs[0])
     expected_kl = SHIFT if estimator == "k1" else float(torch.exp(torch.tensor(-SHIFT)) + SHIFT - 1)
@@ -80,8 +91,8 @@ def _mean_response_logprob(model, batch, temperature):
     total, count = logp.new_zeros(()), 0.0
     for b in range(batch.size):
         start, length = int(batch.prompt_lengths[b]), int(batch.response_lengths[b])
-        targets = batch.input_ids[b, start:start + length]
-        token_logp = logp[b, start - 1:start + length - 1].gather(-1, targets[:, None])[:, 0]
+        targets = batch.input_ids[b, start : start + length]
+        token_logp = logp[b, start - 1 : start + length - 1].gather(-1, targets[:, None])[:, 0]
         mask = batch.response_mask[b, :length]
         total = total + (token_logp * mask).sum()
         count += float(mask.sum())
@@ -97,11 +108,27 @@ def test_kl_coef_scales_the_kl_gradient_of_a_real_step(tmp_path, tiny_overrides)
     coefs, lr = (0.05, 0.5), 1.0
     runs = {}
     for c in coefs:
-        cfg = load_config(TINY, [*tiny_overrides, "algo.name=grpo", f"algo.kl_coef={c}", "algo.kl_estimator=k1",
-                                 "algo.entropy_coef=0", "algo.loss_agg=token-mean", "trainer.epochs=1",
-                                 "trainer.mini_batches=1", "optim.name=sgd", f"optim.lr={lr}", "optim.grad_clip=0",
-                                 "optim.warmup_steps=0", "optim.weight_decay=0", "rollout.temperature=1.0",
-                                 "trainer.prompts_per_step=2", "rollout.group_size=4"])
+        cfg = load_config(
+            TINY,
+            [
+                *tiny_overrides,
+                "algo.name=grpo",
+                f"algo.kl_coef={c}",
+                "algo.kl_estimator=k1",
+                "algo.entropy_coef=0",
+                "algo.loss_agg=token-mean",
+                "trainer.epochs=1",
+                "trainer.mini_batches=1",
+                "optim.name=sgd",
+                f"optim.lr={lr}",
+                "optim.grad_clip=0",
+                "optim.warmup_steps=0",
+                "optim.weight_decay=0",
+                "rollout.temperature=1.0",
+                "trainer.prompts_per_step=2",
+                "rollout.group_size=4",
+            ],
+        )
         seen = {}
 
         def update(learner, batch, cfg, generator, _seen=seen, **kwargs):
@@ -125,13 +152,15 @@ def test_kl_coef_scales_the_kl_gradient_of_a_real_step(tmp_path, tiny_overrides)
     model.train()
     mean_logprob = _mean_response_logprob(model, seen_a["batch"], temperature=1.0)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    grads = torch.autograd.grad(mean_logprob, [p for n, p in model.named_parameters() if p.requires_grad],
-                                allow_unused=True)
+    grads = torch.autograd.grad(
+        mean_logprob, [p for n, p in model.named_parameters() if p.requires_grad], allow_unused=True
+    )
     moved = 0.0
     for name, grad in zip(names, grads):
         expected = -lr * (coefs[1] - coefs[0]) * (torch.zeros_like(after_a[name]) if grad is None else grad)
-        torch.testing.assert_close(after_b[name] - after_a[name], expected, rtol=1e-3, atol=2e-6,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            after_b[name] - after_a[name], expected, rtol=1e-3, atol=2e-6, msg=lambda m, name=name: f"{name}: {m}"
+        )
         moved = max(moved, float(expected.abs().max()))
     assert moved > 1e-3  # the KL gradient moves some weight far above the tolerance
 
@@ -202,12 +231,26 @@ def test_only_the_rollouts_whose_search_failed_leave_the_update(tmp_path, tiny_o
         seen["updates"].append(copy.deepcopy(batch))
         return RunParts().update(learner, batch, cfg, generator, **kwargs)
 
-    parts = RunParts(make_generator=lambda model, tokenizer, backend, seed, **kwargs: TwoSearchGenerator(tokenizer),
-                     collect=collect, update=update)
-    cfg = load_config(TINY, [*tiny_overrides, "algo.name=grpo", "trainer.prompts_per_step=4", "rollout.group_size=4",
-                             "rollout.max_turns=2", "rollout.max_tokens_per_turn=16",
-                             "retrieval.max_failed_fraction=0.5", "trainer.epochs=1", "trainer.mini_batches=2",
-                             "logging.num_transcripts=0"])
+    parts = RunParts(
+        make_generator=lambda model, tokenizer, backend, seed, **kwargs: TwoSearchGenerator(tokenizer),
+        collect=collect,
+        update=update,
+    )
+    cfg = load_config(
+        TINY,
+        [
+            *tiny_overrides,
+            "algo.name=grpo",
+            "trainer.prompts_per_step=4",
+            "rollout.group_size=4",
+            "rollout.max_turns=2",
+            "rollout.max_tokens_per_turn=16",
+            "retrieval.max_failed_fraction=0.5",
+            "trainer.epochs=1",
+            "trainer.mini_batches=2",
+            "logging.num_transcripts=0",
+        ],
+    )
     run = build_run(cfg, tmp_path / "run", parts=parts)
     retriever = run.retriever.inner = PoisonedRetriever(run.retriever.inner)
     try:
@@ -239,6 +282,9 @@ def test_only_the_rollouts_whose_search_failed_leave_the_update(tmp_path, tiny_o
     collected = seen["collected"]
     rewards = torch.tensor([collected.rewards[i] for i in kept], dtype=torch.float32)
     groups = torch.tensor([collected.group_ids[i] for i in kept])
-    torch.testing.assert_close(batch.advantages,
-                               broadcast_to_tokens(grpo_advantages(rewards, groups, eps=1e-6), batch.response_mask),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        batch.advantages,
+        broadcast_to_tokens(grpo_advantages(rewards, groups, eps=1e-6), batch.response_mask),
+        rtol=1e-5,
+        atol=1e-6,
+    )

@@ -9,15 +9,15 @@ import pytest
 # "verl.trainer…", not "verl": in the main venv this folder itself is importable as a namespace package "verl".
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from verl import DataProto  # noqa: E402
-from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from verl import DataProto
+from verl.trainer.ppo.ray_trainer import compute_advantage
 
-import stratarl.integrations.verl  # noqa: E402,F401  (registers the estimator)
-from stratarl.algos import stratified_advantages  # noqa: E402
-from stratarl.integrations.verl.config import StratifiedAlgoConfig, StratifiedGRPOConfig  # noqa: E402
+import stratarl.integrations.verl  # noqa: F401  (registers the estimator)
+from stratarl.algos import stratified_advantages
+from stratarl.integrations.verl.config import StratifiedAlgoConfig, StratifiedGRPOConfig
 
 T = 12
 
@@ -71,10 +71,12 @@ def test_dispatch_matches_stratarl_stratified_advantages(rollouts):
 
 def test_alpha_zero_matches_verl_builtin_grpo(rollouts):
     rewards, searches, uids = rollouts
-    ours = compute_advantage(make_batch(rewards, searches, uids), adv_estimator="stratified_grpo",
-                             config=algorithm_config(alpha=0.0))
-    verl_grpo = compute_advantage(make_batch(rewards, searches, uids), adv_estimator="grpo",
-                                  config=algorithm_config("grpo"))
+    ours = compute_advantage(
+        make_batch(rewards, searches, uids), adv_estimator="stratified_grpo", config=algorithm_config(alpha=0.0)
+    )
+    verl_grpo = compute_advantage(
+        make_batch(rewards, searches, uids), adv_estimator="grpo", config=algorithm_config("grpo")
+    )
     torch.testing.assert_close(ours.batch["advantages"], verl_grpo.batch["advantages"])
 
 
@@ -95,25 +97,34 @@ def test_groups_come_from_uid_not_row_order():
     searches = [0, 1, 1, 0, 1, 1]
     uids = ["a", "a", "a", "b", "b", "b"]
     perm = [3, 0, 5, 1, 4, 2]
-    out = compute_advantage(make_batch(rewards, searches, uids), adv_estimator="stratified_grpo",
-                            config=algorithm_config())
+    out = compute_advantage(
+        make_batch(rewards, searches, uids), adv_estimator="stratified_grpo", config=algorithm_config()
+    )
     out_perm = compute_advantage(
         make_batch([rewards[i] for i in perm], [searches[i] for i in perm], [uids[i] for i in perm]),
-        adv_estimator="stratified_grpo", config=algorithm_config(),
+        adv_estimator="stratified_grpo",
+        config=algorithm_config(),
     )
     torch.testing.assert_close(out_perm.batch["advantages"][:, 0], out.batch["advantages"][perm, 0])
 
 
 def test_strata_cap_merges_high_counts():
     rewards, searches = [1.0, 0.0, 1.0, 0.0], [2, 3, 2, 3]
-    capped = compute_advantage(make_batch(rewards, searches, ["g"] * 4), adv_estimator="stratified_grpo",
-                               config=algorithm_config(alpha=1.0, strata_cap=2))
-    one_stratum = compute_advantage(make_batch(rewards, [2, 2, 2, 2], ["g"] * 4), adv_estimator="stratified_grpo",
-                                    config=algorithm_config(alpha=1.0))
+    capped = compute_advantage(
+        make_batch(rewards, searches, ["g"] * 4),
+        adv_estimator="stratified_grpo",
+        config=algorithm_config(alpha=1.0, strata_cap=2),
+    )
+    one_stratum = compute_advantage(
+        make_batch(rewards, [2, 2, 2, 2], ["g"] * 4),
+        adv_estimator="stratified_grpo",
+        config=algorithm_config(alpha=1.0),
+    )
     # The masks differ (2 vs 3 observations), so compare the per-rollout scalar (first token).
     torch.testing.assert_close(capped.batch["advantages"][:, 0], one_stratum.batch["advantages"][:, 0])
-    uncapped = compute_advantage(make_batch(rewards, searches, ["g"] * 4), adv_estimator="stratified_grpo",
-                                 config=algorithm_config(alpha=1.0))
+    uncapped = compute_advantage(
+        make_batch(rewards, searches, ["g"] * 4), adv_estimator="stratified_grpo", config=algorithm_config(alpha=1.0)
+    )
     # Without the cap each stratum's rewards are all equal → pure SAN is 0 everywhere.
     torch.testing.assert_close(uncapped.batch["advantages"], torch.zeros(4, T))
 
@@ -121,21 +132,30 @@ def test_strata_cap_merges_high_counts():
 def test_dataclass_config_and_mean_only_mode(rollouts):
     rewards, searches, uids = rollouts
     config = StratifiedAlgoConfig(
-        adv_estimator="stratified_grpo", norm_adv_by_std_in_grpo=False,
+        adv_estimator="stratified_grpo",
+        norm_adv_by_std_in_grpo=False,
         stratified_grpo=StratifiedGRPOConfig(alpha=0.3),
     )
-    out = compute_advantage(make_batch(rewards, searches, uids), adv_estimator="stratified_grpo",
-                            norm_adv_by_std_in_grpo=False, config=config)
+    out = compute_advantage(
+        make_batch(rewards, searches, uids),
+        adv_estimator="stratified_grpo",
+        norm_adv_by_std_in_grpo=False,
+        config=config,
+    )
     group_ids = torch.tensor([0 if u == uids[0] else 1 for u in uids])
-    expected = stratified_advantages(torch.tensor(rewards), group_ids, torch.tensor(searches),
-                                     alpha=0.3, scale_by_std=False)
+    expected = stratified_advantages(
+        torch.tensor(rewards), group_ids, torch.tensor(searches), alpha=0.3, scale_by_std=False
+    )
     torch.testing.assert_close(out.batch["advantages"][:, 0], expected)
 
 
 def test_defaults_without_a_config_block(rollouts):
     rewards, searches, uids = rollouts
-    out = compute_advantage(make_batch(rewards, searches, uids), adv_estimator="stratified_grpo",
-                            config=OmegaConf.create({"adv_estimator": "stratified_grpo"}))
+    out = compute_advantage(
+        make_batch(rewards, searches, uids),
+        adv_estimator="stratified_grpo",
+        config=OmegaConf.create({"adv_estimator": "stratified_grpo"}),
+    )
     group_ids = torch.tensor([0 if u == uids[0] else 1 for u in uids])
     expected = stratified_advantages(torch.tensor(rewards), group_ids, torch.tensor(searches), alpha=0.6)
     torch.testing.assert_close(out.batch["advantages"][:, 0], expected)
@@ -177,6 +197,7 @@ def test_rejection_sampling_that_rewrites_the_mask_is_refused():
     config.rollout_correction = {"rollout_rs": None, "bypass_mode": False}
     compute_advantage(batch, adv_estimator="stratified_grpo", config=config)  # null: fine
     with pytest.raises(ValueError, match="rollout_rs"):
-        StratifiedAlgoConfig(adv_estimator="stratified_grpo",
-                             rollout_correction=RolloutCorrectionConfig(rollout_rs="seq_mean_k1"))
+        StratifiedAlgoConfig(
+            adv_estimator="stratified_grpo", rollout_correction=RolloutCorrectionConfig(rollout_rs="seq_mean_k1")
+        )
     StratifiedAlgoConfig(adv_estimator="grpo", rollout_correction=RolloutCorrectionConfig(rollout_rs="seq_mean_k1"))

@@ -10,23 +10,34 @@ import pytest
 
 pq = pytest.importorskip("pyarrow.parquet")
 
+from stratarl.data.examples import Example  # noqa: E402
 from stratarl.data.search_r1 import load_examples  # noqa: E402
 from stratarl.integrations.verl_data import VERL_USER_TEMPLATE, verl_search_row  # noqa: E402
-from stratarl.data.examples import Example  # noqa: E402
 
 
 def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "stratarl.cli", "verl", *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "stratarl.cli", "verl", *args], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
 
 
 @pytest.fixture()
 def search_r1_jsonl(tmp_path):
     rows = [
-        {"id": "nq-7", "question": "who wrote hamlet", "golden_answers": ["Shakespeare", "William Shakespeare"],
-         "data_source": "nq", "extra_info": {"split": "train", "index": 0}},
-        {"id": "hotpot-1", "question": "Which river flows through Paris?", "golden_answers": ["Seine"],
-         "data_source": "hotpotqa", "extra_info": {"split": "train", "index": 0}},
+        {
+            "id": "nq-7",
+            "question": "who wrote hamlet",
+            "golden_answers": ["Shakespeare", "William Shakespeare"],
+            "data_source": "nq",
+            "extra_info": {"split": "train", "index": 0},
+        },
+        {
+            "id": "hotpot-1",
+            "question": "Which river flows through Paris?",
+            "golden_answers": ["Seine"],
+            "data_source": "hotpotqa",
+            "extra_info": {"split": "train", "index": 0},
+        },
     ]
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")

@@ -7,21 +7,28 @@ import pytest
 # "verl.trainer…", not "verl": in the main venv this folder itself is importable as a namespace package "verl".
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-import torch  # noqa: E402
-from verl.trainer.ppo import core_algos  # noqa: E402
-from verl.workers.config import FSDPActorConfig  # noqa: E402
+import torch
+from verl.trainer.ppo import core_algos
+from verl.workers.config import FSDPActorConfig
 
-import stratarl.integrations.verl  # noqa: E402,F401  (registers the losses)
-from stratarl.algos import clipped_policy_loss  # noqa: E402
-from stratarl.integrations.verl.config import SORLPolicyLossConfig  # noqa: E402
-from stratarl.integrations.verl.losses import verl_aggregation_factor  # noqa: E402
+import stratarl.integrations.verl  # noqa: F401  (registers the losses)
+from stratarl.algos import clipped_policy_loss
+from stratarl.integrations.verl.config import SORLPolicyLossConfig
+from stratarl.integrations.verl.losses import verl_aggregation_factor
 
 VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"]
 
 
 def actor_config(loss_mode: str = "turn_ppo", **overrides) -> FSDPActorConfig:
-    fields = dict(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=1,
-                  clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28)
+    fields = dict(
+        strategy="fsdp",
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=2,
+        rollout_n=1,
+        clip_ratio=0.2,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+    )
     fields.update(overrides)
     return FSDPActorConfig(policy_loss=SORLPolicyLossConfig(loss_mode=loss_mode), **fields)
 
@@ -72,8 +79,11 @@ def test_turn_ppo_matches_stratarl_clipped_policy_loss():
 
     ours, ours_grad = value_and_grad(lambda lp: turn_ppo(old, lp, adv, mask, "token-mean", config)[0], log_prob)
     ref, ref_grad = value_and_grad(
-        lambda lp: clipped_policy_loss(lp, old, adv, mask, level="turn", clip_low=0.2, clip_high=0.28,
-                                       dual_clip=3.0, agg="token-mean").loss,
+        lambda lp: (
+            clipped_policy_loss(
+                lp, old, adv, mask, level="turn", clip_low=0.2, clip_high=0.28, dual_clip=3.0, agg="token-mean"
+            ).loss
+        ),
         log_prob,
     )
     torch.testing.assert_close(ours, ref)
@@ -94,8 +104,9 @@ def test_one_token_turns_equal_verl_vanilla_in_every_aggregation(mode, global_in
     config = actor_config()
     if global_info:
         # This micro-batch is part of a global mini-batch of 3× the tokens / rollouts on 2 ranks.
-        config.global_batch_info.update(dp_size=2, batch_num_tokens=int(mask.sum()) * 3,
-                                        global_batch_size=mask.shape[0] * 3, loss_scale_factor=7)
+        config.global_batch_info.update(
+            dp_size=2, batch_num_tokens=int(mask.sum()) * 3, global_batch_size=mask.shape[0] * 3, loss_scale_factor=7
+        )
     ours_fn = core_algos.get_policy_loss_fn("turn_ppo")
     verl_fn = core_algos.get_policy_loss_fn("vanilla")
     ours, ours_grad = value_and_grad(lambda lp: ours_fn(old, lp, adv, mask, mode, config)[0], log_prob)

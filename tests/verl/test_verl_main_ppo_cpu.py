@@ -20,11 +20,11 @@ import pytest
 
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-import torch  # noqa: E402
+import torch
 
-from stratarl.algos import stratified_advantages  # noqa: E402
-from stratarl.integrations.verl.smoke import SORL_DELTA, STRATIFIED_EPS  # noqa: E402
-from stratarl.integrations.verl.smoke_multiturn import step_metrics  # noqa: E402
+from stratarl.algos import stratified_advantages
+from stratarl.integrations.verl.smoke import SORL_DELTA, STRATIFIED_EPS
+from stratarl.integrations.verl.smoke_multiturn import step_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,10 @@ def expected_extremes(rollouts: Path, *, alpha: float, eps: float) -> tuple[floa
 def test_main_ppo_runs_two_steps_on_cpu_with_stratified_grpo_and_sorl(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "stratarl.integrations.verl.smoke", "--workdir", str(tmp_path), "--steps", "2"],
-        capture_output=True, text=True, timeout=900, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
     )
     log = (tmp_path / "main_ppo.log").read_text() if (tmp_path / "main_ppo.log").exists() else ""
     assert result.returncode == 0, (result.stderr + log)[-6000:]

@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-from stratarl.integrations.verl import smoke_multiturn as mt  # noqa: E402
+from stratarl.integrations.verl import smoke_multiturn as mt
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,9 +38,22 @@ def run(request, tmp_path_factory):
     trainer, ranks = request.param
     workdir = tmp_path_factory.mktemp(f"verl-multiturn-{trainer}")
     result = subprocess.run(
-        [sys.executable, "-m", "stratarl.integrations.verl.smoke_multiturn", "--workdir", str(workdir),
-         "--trainer", trainer, "--ranks", str(ranks)],
-        capture_output=True, text=True, timeout=1200, cwd=REPO, env={**os.environ},
+        [
+            sys.executable,
+            "-m",
+            "stratarl.integrations.verl.smoke_multiturn",
+            "--workdir",
+            str(workdir),
+            "--trainer",
+            trainer,
+            "--ranks",
+            str(ranks),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=REPO,
+        env={**os.environ},
     )
     log = (workdir / "main_ppo.log").read_text() if (workdir / "main_ppo.log").exists() else ""
     assert result.returncode == 0, (result.stdout + result.stderr + log)[-6000:]
@@ -87,7 +100,9 @@ def test_strata_from_the_mask_equal_the_agent_loops_tool_rounds_and_the_searches
 
 @pytest.mark.slow
 def test_some_group_holds_several_strata(run):
-    distinct = [len({k for _, k, _ in group["agent"]}) for groups in mt.groups_by_step(run).values() for group in groups]
+    distinct = [
+        len({k for _, k, _ in group["agent"]}) for groups in mt.groups_by_step(run).values() for group in groups
+    ]
     assert max(distinct) >= 2
 
 
@@ -112,8 +127,14 @@ def test_logged_advantages_are_stratified_grpo_on_the_agent_loops_counts(run):
 @pytest.mark.slow
 def test_sorl_ran_turn_level_over_multi_turn_rows(run):
     for m in run["metrics"].values():
-        for key in ("actor/sorl/c_norm", "actor/sorl/scale", "actor/turn_clipfrac", "actor/turn_ratio_mean",
-                    "actor/pg_loss", "actor/grad_norm"):
+        for key in (
+            "actor/sorl/c_norm",
+            "actor/sorl/scale",
+            "actor/turn_clipfrac",
+            "actor/turn_ratio_mean",
+            "actor/pg_loss",
+            "actor/grad_norm",
+        ):
             assert math.isfinite(m[key]), key
         assert m["actor/sorl/c_norm"] >= 0 and m["actor/sorl/scale"] > 0
     # The turn-level ratio and its clip fractions ran over rows with several assistant turns.

@@ -13,13 +13,13 @@ import pytest
 # "verl.trainer…", not "verl": in the main venv this folder itself is importable as a namespace package "verl".
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-from verl.trainer.ppo.utils import need_critic, need_reference_policy  # noqa: E402
-from verl.utils.config import omega_conf_to_dataclass, validate_config  # noqa: E402
+from hydra import compose, initialize_config_dir
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-import stratarl.integrations.verl  # noqa: E402,F401
-from stratarl.integrations.verl.config import SORLPolicyLossConfig, StratifiedAlgoConfig  # noqa: E402
-from stratarl.retrieval.base import Passage  # noqa: E402
+import stratarl.integrations.verl  # noqa: F401
+from stratarl.integrations.verl.config import SORLPolicyLossConfig, StratifiedAlgoConfig
+from stratarl.retrieval.base import Passage
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes" / "verl"
@@ -201,15 +201,25 @@ def test_dry_run_refuses_rollout_corrections_that_cannot_compose(name, override,
     ("name", "overrides"),
     [
         # TIS weights + whole-rollout rejection with the SORL loss (veRL's grpo estimator).
-        ("so_grpo", ["algorithm.rollout_correction.rollout_is=token",
-                     "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
-                     "algorithm.rollout_correction.rollout_rs_threshold='0.5_2.0'"]),
+        (
+            "so_grpo",
+            [
+                "algorithm.rollout_correction.rollout_is=token",
+                "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
+                "algorithm.rollout_correction.rollout_rs_threshold='0.5_2.0'",
+            ],
+        ),
         # Sequence TIS with stratified_grpo and the SORL loss.
         ("stratified_so_grpo", ["algorithm.rollout_correction.rollout_is=sequence"]),
         # Rejection in bypass mode happens after the advantage: composes with stratified_grpo and veRL's loss.
-        ("stratified_grpo", ["algorithm.rollout_correction.bypass_mode=true",
-                             "algorithm.rollout_correction.rollout_rs=token_k1",
-                             "algorithm.rollout_correction.rollout_rs_threshold=2.0"]),
+        (
+            "stratified_grpo",
+            [
+                "algorithm.rollout_correction.bypass_mode=true",
+                "algorithm.rollout_correction.rollout_rs=token_k1",
+                "algorithm.rollout_correction.rollout_rs_threshold=2.0",
+            ],
+        ),
     ],
 )
 def test_dry_run_accepts_rollout_corrections_that_compose(name, overrides, monkeypatch, capsys):
@@ -229,13 +239,30 @@ def test_dry_run_reports_an_unknown_key_in_one_line(monkeypatch, capsys):
 
 def test_run_sh_dry_run_execs_the_dry_run_module_without_data_or_server(tmp_path):
     """PYTHON=echo: run.sh --dry-run needs no data folder or server and hands the recipe to dry_run."""
-    env = {**os.environ, "PYTHON": "echo", "STRATARL_VERL_DATA": str(tmp_path / "missing"),
-           "STRATARL_RETRIEVER_URL": "http://127.0.0.1:9/retrieve"}
-    result = subprocess.run(["bash", str(RECIPES / "run.sh"), "--dry-run", "so_grpo", "trainer.nnodes=2"],
-                            env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "PYTHON": "echo",
+        "STRATARL_VERL_DATA": str(tmp_path / "missing"),
+        "STRATARL_RETRIEVER_URL": "http://127.0.0.1:9/retrieve",
+    }
+    result = subprocess.run(
+        ["bash", str(RECIPES / "run.sh"), "--dry-run", "so_grpo", "trainer.nnodes=2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["-m", "stratarl.integrations.verl.dry_run", "--config-dir", str(RECIPES),
-                                     "--config-name", "so_grpo", "trainer.nnodes=2"]
-    without = subprocess.run(["bash", str(RECIPES / "run.sh"), "so_grpo"], env=env, capture_output=True, text=True,
-                             timeout=60)
+    assert result.stdout.split() == [
+        "-m",
+        "stratarl.integrations.verl.dry_run",
+        "--config-dir",
+        str(RECIPES),
+        "--config-name",
+        "so_grpo",
+        "trainer.nnodes=2",
+    ]
+    without = subprocess.run(
+        ["bash", str(RECIPES / "run.sh"), "so_grpo"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert without.returncode == 2 and "train.parquet not found" in without.stderr

@@ -19,21 +19,26 @@ import pytest
 # "verl.trainer…", not "verl": in the main venv this folder itself is importable as a namespace package "verl".
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from test_verl_losses import actor_config, inputs, multi_token_turns_mask, one_token_turns_mask  # noqa: E402
-from test_verl_losses import value_and_grad  # noqa: E402
-from test_verl_sorl_step import CpuEngine, make_batch, padded_response_log_probs, reference_step, tiny_lm  # noqa: E402
-from test_verl_sorl_step import actor_config as sorl_actor_config  # noqa: E402
-from verl import DataProto  # noqa: E402
-from verl.trainer.config.algorithm import RolloutCorrectionConfig  # noqa: E402
-from verl.trainer.ppo import core_algos, rollout_corr_helper  # noqa: E402
-from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
-from verl.workers.utils.losses import ppo_loss  # noqa: E402
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from test_verl_losses import (
+    actor_config,
+    inputs,
+    multi_token_turns_mask,
+    one_token_turns_mask,
+    value_and_grad,
+)
+from test_verl_sorl_step import CpuEngine, make_batch, padded_response_log_probs, reference_step, tiny_lm
+from test_verl_sorl_step import actor_config as sorl_actor_config
+from verl import DataProto
+from verl.trainer.config.algorithm import RolloutCorrectionConfig
+from verl.trainer.ppo import core_algos, rollout_corr_helper
+from verl.trainer.ppo.ray_trainer import compute_advantage
+from verl.workers.utils.losses import ppo_loss
 
-import stratarl.integrations.verl  # noqa: E402,F401  (registers the plugins)
-from stratarl.algos import (  # noqa: E402
+import stratarl.integrations.verl  # noqa: F401  (registers the plugins)
+from stratarl.algos import (
     aggregate_loss,
     clipped_policy_loss,
     decoupled_weights,
@@ -44,9 +49,9 @@ from stratarl.algos import (  # noqa: E402
     tis_weights,
     turn_ids,
 )
-from stratarl.integrations.verl import guards, sorl_train_batch  # noqa: E402
-from stratarl.integrations.verl.config import SORLPolicyLossConfig, StratifiedAlgoConfig  # noqa: E402
-from stratarl.integrations.verl.losses import SORL_STEP_ACTIVE, turn_level_loss, verl_aggregation_factor  # noqa: E402
+from stratarl.integrations.verl import guards, sorl_train_batch
+from stratarl.integrations.verl.config import SORLPolicyLossConfig, StratifiedAlgoConfig
+from stratarl.integrations.verl.losses import SORL_STEP_ACTIVE, turn_level_loss, verl_aggregation_factor
 
 VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"]
 LOSS_WHERE = "actor_rollout_ref.actor.policy_loss.rollout_correction"
@@ -54,8 +59,9 @@ LOSS_WHERE = "actor_rollout_ref.actor.policy_loss.rollout_correction"
 
 def verl_correction(old, rollout, mask, **settings) -> DataProto:
     """veRL's own pre-advantage step on a small batch: IS weights added, response_mask rejected."""
-    batch = DataProto.from_dict(tensors={"old_log_probs": old, "rollout_log_probs": rollout,
-                                         "response_mask": mask.to(old.dtype)})
+    batch = DataProto.from_dict(
+        tensors={"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": mask.to(old.dtype)}
+    )
     batch, _ = rollout_corr_helper.compute_rollout_correction_and_add_to_batch(batch, settings)
     return batch
 
@@ -89,8 +95,10 @@ def _verl_source(relative: str) -> str:
     return (Path(verl.__file__).parent / relative).read_text()
 
 
-@pytest.mark.parametrize("relative", ["trainer/ppo/ray_trainer.py", "trainer/ppo/v1/trainer_base.py",
-                                      "experimental/separation/ray_trainer.py"])
+@pytest.mark.parametrize(
+    "relative",
+    ["trainer/ppo/ray_trainer.py", "trainer/ppo/v1/trainer_base.py", "experimental/separation/ray_trainer.py"],
+)
 def test_verl_rejects_before_the_advantage_and_only_in_decoupled_mode(relative):
     """Why the estimator and the loss both read the rewritten mask: in every veRL 0.9.1 trainer the
     correction step runs, unless bypass_mode, before compute_advantage (and so before the actor update)."""
@@ -130,12 +138,20 @@ def hand_case():
         # token TIS, C = 2: w = 1.5, min(3, 2) = 2 | 0.5. loss = −(1.5 + 2 − 0.5)/3 = −1.
         # d/dlogπ_t = −(1/N)(1/|k|) Σ_{s∈k} w_s A_s:
         # turn 0: −(1/3)(1/2)(3.5) = −7/12; turn 1: −(1/3)(−0.5) = 1/6.
-        ({"rollout_is": "token", "rollout_is_threshold": 2.0}, [1.5, 2.0, 0.0, 0.5], -1.0,
-         [-7 / 12, -7 / 12, 0, 1 / 6]),
+        (
+            {"rollout_is": "token", "rollout_is_threshold": 2.0},
+            [1.5, 2.0, 0.0, 0.5],
+            -1.0,
+            [-7 / 12, -7 / 12, 0, 1 / 6],
+        ),
         # sequence TIS, C = 2: w = min(1.5·3·0.5 = 2.25, 2) = 2 on every policy token. loss = −2(1 + 1 − 1)/3.
         # turn 0: −(1/3)(1/2)(4) = −2/3; turn 1: −(1/3)(−2) = 2/3.
-        ({"rollout_is": "sequence", "rollout_is_threshold": 2.0}, [2.0, 2.0, 0.0, 2.0], -2 / 3,
-         [-2 / 3, -2 / 3, 0, 2 / 3]),
+        (
+            {"rollout_is": "sequence", "rollout_is_threshold": 2.0},
+            [2.0, 2.0, 0.0, 2.0],
+            -2 / 3,
+            [-2 / 3, -2 / 3, 0, 2 / 3],
+        ),
         # IcePop [0.6, 2.5]: 1.5 kept; 3.0 and 0.5 zeroed. loss = −1.5/3. The zeroed token stays in its turn:
         # turn 0's ratio still averages both tokens, so both get −(1/3)(1/2)(1.5) = −1/4 (no split turn).
         ({"rollout_is": "token", "rollout_is_threshold": "0.6_2.5"}, [1.5, 0.0, 0.0, 0.0], -0.5, [-0.25, -0.25, 0, 0]),
@@ -175,12 +191,26 @@ def test_weighted_turn_ppo_is_stratarl_s_weighted_loss(rollout_is, mode):
     config = actor_config()
     stratarl_mode, factor, norm_length = verl_aggregation_factor(mode, mask, config.global_batch_info)
     turn_ppo = core_algos.get_policy_loss_fn("turn_ppo")
-    ours, ours_grad = value_and_grad(lambda lp: turn_ppo(old, lp, adv, mask, mode, config, rollout_is_weights=w)[0],
-                                     log_prob)
+    ours, ours_grad = value_and_grad(
+        lambda lp: turn_ppo(old, lp, adv, mask, mode, config, rollout_is_weights=w)[0], log_prob
+    )
     ref, ref_grad = value_and_grad(
-        lambda lp: factor * clipped_policy_loss(lp, old, adv, mask, level="turn", clip_low=0.2, clip_high=0.28,
-                                                dual_clip=3.0, agg=stratarl_mode, norm_length=norm_length,
-                                                token_weights=w).loss,
+        lambda lp: (
+            factor
+            * clipped_policy_loss(
+                lp,
+                old,
+                adv,
+                mask,
+                level="turn",
+                clip_low=0.2,
+                clip_high=0.28,
+                dual_clip=3.0,
+                agg=stratarl_mode,
+                norm_length=norm_length,
+                token_weights=w,
+            ).loss
+        ),
         log_prob,
     )
     torch.testing.assert_close(ours, ref)
@@ -199,10 +229,12 @@ def test_with_one_token_turns_the_weights_act_as_in_verl_vanilla(mode):
     w = verl_correction(old, rollout, mask, rollout_is="token", rollout_is_threshold=2.0).batch["rollout_is_weights"]
     config = actor_config()
     ours_fn, verl_fn = core_algos.get_policy_loss_fn("turn_ppo"), core_algos.get_policy_loss_fn("vanilla")
-    ours, ours_grad = value_and_grad(lambda lp: ours_fn(old, lp, adv, mask, mode, config, rollout_is_weights=w)[0],
-                                     log_prob)
-    ref, ref_grad = value_and_grad(lambda lp: verl_fn(old, lp, adv, mask, mode, config, rollout_is_weights=w)[0],
-                                   log_prob)
+    ours, ours_grad = value_and_grad(
+        lambda lp: ours_fn(old, lp, adv, mask, mode, config, rollout_is_weights=w)[0], log_prob
+    )
+    ref, ref_grad = value_and_grad(
+        lambda lp: verl_fn(old, lp, adv, mask, mode, config, rollout_is_weights=w)[0], log_prob
+    )
     torch.testing.assert_close(ours, ref)
     torch.testing.assert_close(ours_grad, ref_grad)
 
@@ -224,7 +256,8 @@ def test_clip_bias_is_the_weighted_is_gradient_minus_the_weighted_ppo_gradient()
     _, loss_grad = value_and_grad(objective(0), log_prob)  # loss = −J_PPO
     _, c_grad = value_and_grad(objective(1), log_prob)  # J_C
     _, is_grad = value_and_grad(
-        lambda lp: aggregate_loss(w * importance_ratios(lp, old, mask, level="turn") * adv, mask), log_prob)
+        lambda lp: aggregate_loss(w * importance_ratios(lp, old, mask, level="turn") * adv, mask), log_prob
+    )
     torch.testing.assert_close(c_grad, is_grad + loss_grad)
     assert c_grad.abs().sum() > 0
 
@@ -238,8 +271,9 @@ def test_zero_weights_on_the_clipped_tokens_zero_the_clip_bias():
     w = torch.where(clipped, 0.0, 1.5)
     _, c_grad = value_and_grad(lambda lp: turn_level_loss(old, lp, adv, mask, "token-mean", config, w)[1], log_prob)
     assert torch.equal(c_grad, torch.zeros_like(c_grad))
-    _, unweighted = value_and_grad(lambda lp: turn_level_loss(old, lp, adv, mask, "token-mean", config, None)[1],
-                                   log_prob)
+    _, unweighted = value_and_grad(
+        lambda lp: turn_level_loss(old, lp, adv, mask, "token-mean", config, None)[1], log_prob
+    )
     assert unweighted.abs().sum() > 0
     # Clipping decisions do not see the weights.
     _, _, metrics = turn_level_loss(old, log_prob, adv, mask, "token-mean", config, w)
@@ -253,7 +287,8 @@ def weighted_sorl_batch(model, *, seed: int):
     noise = torch.randn(mask.shape, generator=torch.Generator().manual_seed(seed))
     rollout = data["old_log_probs"] - 0.5 * noise * mask
     w, _ = rollout_corr_helper.compute_rollout_correction_weights(
-        data["old_log_probs"] - rollout, mask, rollout_is="token", rollout_is_threshold=2.0)
+        data["old_log_probs"] - rollout, mask, rollout_is="token", rollout_is_threshold=2.0
+    )
     data["rollout_is_weights"] = w.float()
     return data
 
@@ -285,8 +320,9 @@ def test_sorl_step_with_zero_weights_on_clipped_tokens_is_weighted_turn_ppo():
     data = weighted_sorl_batch(model, seed=3)
     with torch.no_grad():
         current = padded_response_log_probs(model, data)
-    clipped = clipped_turn_tokens(current, data["old_log_probs"], data["advantages"], data["response_mask"],
-                                  low=0.2, high=0.2)
+    clipped = clipped_turn_tokens(
+        current, data["old_log_probs"], data["advantages"], data["response_mask"], low=0.2, high=0.2
+    )
     assert clipped.any()
     data["rollout_is_weights"] = torch.where(clipped, 0.0, data["rollout_is_weights"])
     plain = CpuEngine(copy.deepcopy(model), micro_batch_size=2)
@@ -365,7 +401,8 @@ def test_whole_rollout_rejection_keeps_every_kept_turn(option):
     old32 = old.float()
     value, grad = value_and_grad(lambda lp: turn_ppo(old32, lp, adv, new_mask, "token-mean", config)[0], log_prob)
     alone, alone_grad = value_and_grad(
-        lambda lp: turn_ppo(old32[kept], lp[kept], adv[kept], mask[kept], "token-mean", actor_config())[0], log_prob)
+        lambda lp: turn_ppo(old32[kept], lp[kept], adv[kept], mask[kept], "token-mean", actor_config())[0], log_prob
+    )
     torch.testing.assert_close(value, alone)
     torch.testing.assert_close(grad, alone_grad)
     # The estimator, which would read the rejected rollouts as stratum 0, refuses it.
@@ -404,10 +441,18 @@ def strata_batch():
 
 
 def advantages(mask, scores, rollout_correction):
-    batch = DataProto.from_dict(tensors={"token_level_rewards": scores, "response_mask": mask},
-                                non_tensors={"uid": np.array(["g"] * 4, dtype=object)})
-    config = OmegaConf.create({"adv_estimator": "stratified_grpo", "norm_adv_by_std_in_grpo": True,
-                               "stratified_grpo": {"alpha": 1.0}, "rollout_correction": rollout_correction})
+    batch = DataProto.from_dict(
+        tensors={"token_level_rewards": scores, "response_mask": mask},
+        non_tensors={"uid": np.array(["g"] * 4, dtype=object)},
+    )
+    config = OmegaConf.create(
+        {
+            "adv_estimator": "stratified_grpo",
+            "norm_adv_by_std_in_grpo": True,
+            "stratified_grpo": {"alpha": 1.0},
+            "rollout_correction": rollout_correction,
+        }
+    )
     return compute_advantage(batch, adv_estimator="stratified_grpo", config=config).batch["advantages"]
 
 
@@ -418,8 +463,9 @@ def test_rollout_is_weights_leave_the_strata_alone(rollout_is):
     corrected = verl_correction(old, rollout, mask, **settings)
     assert torch.equal(corrected.batch["response_mask"], mask)
     assert search_counts(mask).tolist() == [1, 0, 2, 1]
-    torch.testing.assert_close(advantages(corrected.batch["response_mask"], scores, settings),
-                               advantages(mask, scores, None))
+    torch.testing.assert_close(
+        advantages(corrected.batch["response_mask"], scores, settings), advantages(mask, scores, None)
+    )
     StratifiedAlgoConfig(adv_estimator="stratified_grpo", rollout_correction=RolloutCorrectionConfig(**settings))
 
 
@@ -493,18 +539,21 @@ def test_refusal_lines_for_the_estimator():
         advantages(mask, scores, {"rollout_rs": "token_k1", "rollout_rs_threshold": 2.0, "bypass_mode": False})
     assert str(error.value) == ESTIMATOR_TOKEN_RS
     with pytest.raises(ValueError) as error:
-        StratifiedAlgoConfig(adv_estimator="stratified_grpo",
-                             rollout_correction=RolloutCorrectionConfig(rollout_rs="seq_sum_k1",
-                                                                        rollout_rs_threshold=2.0))
+        StratifiedAlgoConfig(
+            adv_estimator="stratified_grpo",
+            rollout_correction=RolloutCorrectionConfig(rollout_rs="seq_sum_k1", rollout_rs_threshold=2.0),
+        )
     assert str(error.value) == ESTIMATOR_SEQ_RS
     StratifiedAlgoConfig(adv_estimator="grpo", rollout_correction=RolloutCorrectionConfig(rollout_rs="token_k1"))
 
 
 def test_every_refusal_is_one_line_and_names_a_fix():
-    lines = [guards.turn_loss_conflict({"rollout_rs": "token_k2"}, plugin="loss_mode=turn_ppo", where=LOSS_WHERE),
-             guards.turn_loss_conflict({"rollout_rs": "no_such_mode"}, plugin="loss_mode=sorl", where=LOSS_WHERE),
-             guards.estimator_conflict({"rollout_rs": "seq_max_k3"}),
-             guards.estimator_conflict({"rollout_rs": "token_k3", "bypass_mode": False})]
+    lines = [
+        guards.turn_loss_conflict({"rollout_rs": "token_k2"}, plugin="loss_mode=turn_ppo", where=LOSS_WHERE),
+        guards.turn_loss_conflict({"rollout_rs": "no_such_mode"}, plugin="loss_mode=sorl", where=LOSS_WHERE),
+        guards.estimator_conflict({"rollout_rs": "seq_max_k3"}),
+        guards.estimator_conflict({"rollout_rs": "token_k3", "bypass_mode": False}),
+    ]
     for line in lines:
         assert line and "\n" not in line and "cannot compose with" in line and "; fix: " in line
     assert guards.turn_loss_conflict({"rollout_rs": None, "rollout_is": "token"}, plugin="p", where="w") is None
@@ -526,15 +575,21 @@ def test_verl_settings_that_are_stratarl_s_corrections():
         return verl_correction(old, rollout, mask, **settings).batch["rollout_is_weights"]
 
     def verl_keep(option):
-        return verl_correction(old, rollout, mask, rollout_rs=option,
-                               rollout_rs_threshold=2.0).batch["response_mask"].bool()
+        return (
+            verl_correction(old, rollout, mask, rollout_rs=option, rollout_rs_threshold=2.0)
+            .batch["response_mask"]
+            .bool()
+        )
 
     # tis (token, C): rollout_is=token, rollout_is_threshold=C.
-    torch.testing.assert_close(verl_weights(rollout_is="token", rollout_is_threshold=2.0),
-                               tis_weights(old, rollout, mask, cap=2.0).weights)
+    torch.testing.assert_close(
+        verl_weights(rollout_is="token", rollout_is_threshold=2.0), tis_weights(old, rollout, mask, cap=2.0).weights
+    )
     # decoupled (cap C): rollout_is=token with IcePop bounds [≈0, C] (veRL clamps log-ratios at ±20: 1e-9 keeps all).
-    torch.testing.assert_close(verl_weights(rollout_is="token", rollout_is_threshold="1e-9_5.0"),
-                               decoupled_weights(old, rollout, mask, cap=5.0).weights)
+    torch.testing.assert_close(
+        verl_weights(rollout_is="token", rollout_is_threshold="1e-9_5.0"),
+        decoupled_weights(old, rollout, mask, cap=5.0).weights,
+    )
     # mis (token / sequence, C): token_k1 / seq_mean_k1 keep exactly what mis keeps (as masks, not weights).
     assert torch.equal(verl_keep("token_k1"), mis_weights(old, rollout, mask, cap=2.0).weights.bool())
     sequence_mis = mis_weights(old, rollout, mask, cap=2.0, level="sequence").weights

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-from stratarl.integrations.verl import smoke_multiturn as mt  # noqa: E402
+from stratarl.integrations.verl import smoke_multiturn as mt
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,9 +58,19 @@ def run(tmp_path_factory):
         pytest.skip(str(error))
     workdir = tmp_path_factory.mktemp("verl-search-r1-plain")
     result = subprocess.run(
-        [sys.executable, "-m", "stratarl.integrations.verl.smoke_multiturn", "--workdir", str(workdir),
-         "--without-plugins"],
-        capture_output=True, text=True, timeout=1200, cwd=REPO, env={**os.environ},
+        [
+            sys.executable,
+            "-m",
+            "stratarl.integrations.verl.smoke_multiturn",
+            "--workdir",
+            str(workdir),
+            "--without-plugins",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=REPO,
+        env={**os.environ},
     )
     log = (workdir / "main_ppo.log").read_text() if (workdir / "main_ppo.log").exists() else ""
     assert result.returncode == 0, (result.stdout + result.stderr + log)[-6000:]

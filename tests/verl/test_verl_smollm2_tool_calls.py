@@ -22,13 +22,13 @@ import pytest
 
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-import torch  # noqa: E402
+import torch
 
-from stratarl.algos import search_counts  # noqa: E402
-from stratarl.integrations import search_tool  # noqa: E402
-from stratarl.integrations.verl import smollm2  # noqa: E402
-from stratarl.integrations.verl import smoke_multiturn as mt  # noqa: E402
-from stratarl.retrieval.base import Passage  # noqa: E402
+from stratarl.algos import search_counts
+from stratarl.integrations import search_tool
+from stratarl.integrations.verl import smoke_multiturn as mt
+from stratarl.integrations.verl import smollm2
+from stratarl.retrieval.base import Passage
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = mt.user_prompt(mt.QUESTIONS[0], "smollm2")
@@ -66,8 +66,9 @@ def retriever(monkeypatch):
 
 def test_the_template_renders_the_tool_schema_veRL_passes(tokenizer):
     schema = smollm2.search_tool().tool_schema.model_dump(exclude_unset=True, exclude_none=True)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tools=[schema],
-                                         add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], tools=[schema], add_generation_prompt=True, tokenize=False
+    )
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
     tools_block = text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0]
     assert json.loads(tools_block) == schema  # veRL's schema of recipes/verl/search_tool.py, verbatim
@@ -76,8 +77,9 @@ def test_the_template_renders_the_tool_schema_veRL_passes(tokenizer):
     from transformers import AutoTokenizer
 
     own = AutoTokenizer.from_pretrained(smollm2.source_folder())
-    assert "search" not in own.apply_chat_template([{"role": "user", "content": "hi"}], tools=[schema],
-                                                   add_generation_prompt=True, tokenize=False)
+    assert "search" not in own.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tools=[schema], add_generation_prompt=True, tokenize=False
+    )
 
 
 def test_hermes_reads_json_calls_in_smollm2_tokens_and_the_mask_counts_rounds(tokenizer, retriever):
@@ -88,7 +90,7 @@ def test_hermes_reads_json_calls_in_smollm2_tokens_and_the_mask_counts_rounds(to
     assert len(out.extra_fields["tool_rewards"]) == 2 and (out.num_turns - 2) // 2 == 2
     assert int(search_counts(torch.tensor([out.response_mask]))[0]) == 2
     text = tokenizer.decode(out.response_ids)
-    assert text.count("<tool_response>\nDoc 1(Title: \"Paris\") Paris is the capital of France .\n</tool_response>") == 2
+    assert text.count('<tool_response>\nDoc 1(Title: "Paris") Paris is the capital of France .\n</tool_response>') == 2
 
 
 def test_a_malformed_call_is_no_search(tokenizer, retriever):
@@ -106,9 +108,20 @@ def run(tmp_path_factory):
         pytest.skip(str(error))
     workdir = tmp_path_factory.mktemp("verl-smollm2")
     result = subprocess.run(
-        [sys.executable, "-m", "stratarl.integrations.verl.smoke_multiturn", "--workdir", str(workdir),
-         "--model", "smollm2"],
-        capture_output=True, text=True, timeout=1500, cwd=REPO, env={**os.environ},
+        [
+            sys.executable,
+            "-m",
+            "stratarl.integrations.verl.smoke_multiturn",
+            "--workdir",
+            str(workdir),
+            "--model",
+            "smollm2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=REPO,
+        env={**os.environ},
     )
     log = (workdir / "main_ppo.log").read_text() if (workdir / "main_ppo.log").exists() else ""
     assert result.returncode == 0, (result.stdout + result.stderr + log)[-6000:]

@@ -17,17 +17,17 @@ import pytest
 # "verl.trainer…", not "verl": in the main venv this folder itself is importable as a namespace package "verl".
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-import torch  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
-from verl.utils import tensordict_utils as tu  # noqa: E402
-from verl.workers.config import FSDPActorConfig  # noqa: E402
-from verl.workers.engine.base import BaseEngine  # noqa: E402
-from verl.workers.engine_workers import ActorRolloutRefWorker  # noqa: E402
-from verl.workers.utils.losses import ppo_loss  # noqa: E402
+import torch
+from tensordict import TensorDict
+from verl.utils import tensordict_utils as tu
+from verl.workers.config import FSDPActorConfig
+from verl.workers.engine.base import BaseEngine
+from verl.workers.engine_workers import ActorRolloutRefWorker
+from verl.workers.utils.losses import ppo_loss
 
-from stratarl.algos import ClipBiasNormalizer, clipped_policy_loss  # noqa: E402
-from stratarl.integrations.verl import SORLTrainingWorker, sorl_train_batch  # noqa: E402
-from stratarl.integrations.verl.config import SORLPolicyLossConfig  # noqa: E402
+from stratarl.algos import ClipBiasNormalizer, clipped_policy_loss
+from stratarl.integrations.verl import SORLTrainingWorker, sorl_train_batch
+from stratarl.integrations.verl.config import SORLPolicyLossConfig
 
 VOCAB, PROMPT, RESPONSE = 11, 3, 10
 TENSOR_KEYS = ("prompts", "responses", "attention_mask", "response_mask", "old_log_probs", "advantages")
@@ -81,8 +81,9 @@ class CpuEngine(BaseEngine):
         metrics: dict[str, list] = {}
         for start in range(0, batch, self.micro_batch_size):
             rows = slice(start, start + self.micro_batch_size)
-            micro = TensorDict({k: data[k][rows] for k in batch_keys(data)},
-                               batch_size=[data["prompts"][rows].shape[0]])
+            micro = TensorDict(
+                {k: data[k][rows] for k in batch_keys(data)}, batch_size=[data["prompts"][rows].shape[0]]
+            )
             tu.assign_non_tensor(micro, dp_size=1, batch_num_tokens=total_tokens, global_batch_size=batch)
             values = []
             for b in range(micro.batch_size[0]):
@@ -130,8 +131,12 @@ def make_batch(model, *, off_policy: float, seed: int = 0) -> TensorDict:
 
 def actor_config(loss_mode: str, delta: float = 1.0) -> FSDPActorConfig:
     return FSDPActorConfig(
-        strategy="fsdp", ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=2, rollout_n=1,
-        clip_ratio=0.2, policy_loss=SORLPolicyLossConfig(loss_mode=loss_mode, sorl_delta=delta),
+        strategy="fsdp",
+        ppo_mini_batch_size=6,
+        ppo_micro_batch_size_per_gpu=2,
+        rollout_n=1,
+        clip_ratio=0.2,
+        policy_loss=SORLPolicyLossConfig(loss_mode=loss_mode, sorl_delta=delta),
     )
 
 
@@ -145,9 +150,18 @@ def reference_step(model, data, *, delta: float, micro_batch_size: int = 2):
         micro = {k: data[k][rows] for k in batch_keys(data)}
         log_prob = padded_response_log_probs(model, micro)
         mask = micro["response_mask"].bool()
-        out = clipped_policy_loss(log_prob, micro["old_log_probs"], micro["advantages"], mask,
-                                  level="turn", clip_low=0.2, clip_high=0.2, dual_clip=3.0, agg="token-mean",
-                                  token_weights=micro.get(WEIGHTS))
+        out = clipped_policy_loss(
+            log_prob,
+            micro["old_log_probs"],
+            micro["advantages"],
+            mask,
+            level="turn",
+            clip_low=0.2,
+            clip_high=0.2,
+            dual_clip=3.0,
+            agg="token-mean",
+            token_weights=micro.get(WEIGHTS),
+        )
         weight = mask.sum() / total
         normalizer.backward(out.loss * weight, out.clip_bias * weight)
     metrics = normalizer.apply()

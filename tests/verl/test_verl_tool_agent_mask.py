@@ -17,18 +17,18 @@ import pytest
 
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap  # noqa: E402
-from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # noqa: E402
-from verl.tools.function_tool import load_function_tools_from_path  # noqa: E402
-from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+import torch
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+from verl.tools.function_tool import load_function_tools_from_path
+from verl.workers.rollout.replica import TokenOutput
 
-from stratarl.algos import search_counts  # noqa: E402
-from stratarl.integrations import search_tool  # noqa: E402
-from stratarl.integrations.verl.agent_model import QUERY, build_agent_tokenizer, tool_call_text  # noqa: E402
-from stratarl.integrations.verl_data import VERL_USER_TEMPLATE  # noqa: E402
-from stratarl.retrieval.base import Passage  # noqa: E402
+from stratarl.algos import search_counts
+from stratarl.integrations import search_tool
+from stratarl.integrations.verl.agent_model import QUERY, build_agent_tokenizer, tool_call_text
+from stratarl.integrations.verl_data import VERL_USER_TEMPLATE
+from stratarl.retrieval.base import Passage
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "verl"
 CALL = tool_call_text() + " <|im_end|>"
@@ -48,8 +48,10 @@ class CountingRetriever:
         self.queries.extend(queries)
         if len(self.queries) in self.fail_on:
             raise RuntimeError("retriever down")
-        return [[Passage(id=f"{q}-{i}", contents=f'"Paris"\nParis is the capital of {q}') for i in range(k)]
-                for q in queries]
+        return [
+            [Passage(id=f"{q}-{i}", contents=f'"Paris"\nParis is the capital of {q}') for i in range(k)]
+            for q in queries
+        ]
 
 
 class ScriptedServer:
@@ -79,16 +81,36 @@ def retriever(monkeypatch):
 def replay(tokenizer, turns, *, response_length=256, max_assistant_turns=4, max_parallel_calls=1):
     """One ToolAgentLoop rollout with the recipe's search tool; returns veRL's AgentLoopOutput."""
     (tool,) = [t for t in load_function_tools_from_path(str(RECIPES / "search_tool.py")) if t.name == "search"]
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {
-        "prompt_length": 256, "response_length": response_length, "full_determinism": False,
-        "multi_turn": {"format": "hermes", "max_assistant_turns": max_assistant_turns, "max_user_turns": None,
-                       "max_parallel_calls": max_parallel_calls, "max_tool_response_length": 2000,
-                       "tool_response_truncate_side": "middle"}}}})
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "prompt_length": 256,
+                    "response_length": response_length,
+                    "full_determinism": False,
+                    "multi_turn": {
+                        "format": "hermes",
+                        "max_assistant_turns": max_assistant_turns,
+                        "max_user_turns": None,
+                        "max_parallel_calls": max_parallel_calls,
+                        "max_tool_response_length": 2000,
+                        "tool_response_truncate_side": "middle",
+                    },
+                }
+            }
+        }
+    )
 
     async def run():
-        loop = ToolAgentLoop(DictConfigWrap(config), server_manager=ScriptedServer(tokenizer, turns),
-                             tokenizer=tokenizer, processor=None, dataset_cls=None,
-                             data_config=DictConfigWrap(OmegaConf.create({})), tools=ToolListWrap([tool]))
+        loop = ToolAgentLoop(
+            DictConfigWrap(config),
+            server_manager=ScriptedServer(tokenizer, turns),
+            tokenizer=tokenizer,
+            processor=None,
+            dataset_cls=None,
+            data_config=DictConfigWrap(OmegaConf.create({})),
+            tools=ToolListWrap([tool]),
+        )
         prompt = [{"role": "user", "content": VERL_USER_TEMPLATE.format(question="what is the capital of france?")}]
         return await loop.run({"temperature": 1.0}, raw_prompt=prompt)
 

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-from stratarl.integrations.verl import dp_check, smoke  # noqa: E402
+from stratarl.integrations.verl import dp_check, smoke
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,8 +28,13 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("verl-two-ranks")
-    run = subprocess.run([sys.executable, "-m", "stratarl.integrations.verl.dp_check", "--workdir", str(workdir)],
-                         capture_output=True, text=True, timeout=900, cwd=REPO)
+    run = subprocess.run(
+        [sys.executable, "-m", "stratarl.integrations.verl.dp_check", "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
     loaded = json.loads((workdir / "result.json").read_text())
     loaded["stdout"] = run.stdout

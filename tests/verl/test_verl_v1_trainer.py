@@ -19,18 +19,18 @@ import pytest
 # "verl.trainer…", not "verl": in the main venv this folder itself is importable as a namespace package "verl".
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from verl import DataProto  # noqa: E402
-from verl.trainer.ppo import core_algos  # noqa: E402
-from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
-from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from verl import DataProto
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.ray_trainer import compute_advantage
+from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
-import stratarl.integrations.verl  # noqa: E402,F401  (registers the estimator)
-from stratarl.algos import stratified_advantages  # noqa: E402
-from stratarl.integrations.verl import compat, smoke  # noqa: E402
-from stratarl.integrations.verl.advantage import multi_output_sessions  # noqa: E402
+import stratarl.integrations.verl  # noqa: F401  (registers the estimator)
+from stratarl.algos import stratified_advantages
+from stratarl.integrations.verl import compat, smoke
+from stratarl.integrations.verl.advantage import multi_output_sessions
 
 REPO = Path(__file__).resolve().parents[2]
 T = 12
@@ -59,13 +59,24 @@ def v1_batch(rewards, rounds, uids, keys, *, padding: int = 0):
 
 
 def algorithm(estimator="stratified_grpo", alpha=0.6):
-    return OmegaConf.create({"adv_estimator": estimator, "norm_adv_by_std_in_grpo": True,
-                             "stratified_grpo": {"alpha": alpha}, "gamma": 1.0, "lam": 1.0})
+    return OmegaConf.create(
+        {
+            "adv_estimator": estimator,
+            "norm_adv_by_std_in_grpo": True,
+            "stratified_grpo": {"alpha": alpha},
+            "gamma": 1.0,
+            "lam": 1.0,
+        }
+    )
 
 
 def v1_advantages(data, keys, estimator="stratified_grpo", alpha=0.6):
     out = compute_advantage_for_multi_trajectories(
-        data, batch_keys=keys, adv_estimator=estimator, num_repeat=1, norm_adv_by_std_in_grpo=True,
+        data,
+        batch_keys=keys,
+        adv_estimator=estimator,
+        num_repeat=1,
+        norm_adv_by_std_in_grpo=True,
         config=algorithm(estimator, alpha),
     )
     return out.batch["advantages"]
@@ -146,7 +157,8 @@ def test_installed_verl_is_a_tested_version_with_every_hook_in_place():
 
 def test_requirements_pin_the_tested_verl_and_the_v1_trainer_dependencies():
     pins = dict(
-        line.split("==", 1) for line in (REPO / "requirements" / "verl.txt").read_text().splitlines()
+        line.split("==", 1)
+        for line in (REPO / "requirements" / "verl.txt").read_text().splitlines()
         if "==" in line and not line.startswith("#")
     )
     assert pins["verl"] == compat.TESTED_VERL_VERSIONS[-1]

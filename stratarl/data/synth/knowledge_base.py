@@ -70,8 +70,9 @@ def generate_knowledge_base(
     if num_countries < 2:
         raise ValueError(f"num_countries must be >= 2, got {num_countries}")
     total = _sizes(size)
-    counts = _entity_counts(total, num_countries, num_people=num_people, num_works=num_works, num_orgs=num_orgs,
-                            num_cities=num_cities)
+    counts = _entity_counts(
+        total, num_countries, num_people=num_people, num_works=num_works, num_orgs=num_orgs, num_cities=num_cities
+    )
     num_train = num_train if num_train is not None else min(20_000, max(100, total // 5))
     num_test = num_test if num_test is not None else min(2_000, max(50, total // 20))
     rng = random.Random(seed)
@@ -83,14 +84,27 @@ def generate_knowledge_base(
     if multiple_choice:
         questions = add_options(world, questions, seed, multiple_choice)
     config = {
-        "version": SYNTH_VERSION, "seed": seed, "size": size, **counts, "num_countries": num_countries,
-        "num_train": num_train, "num_test": num_test, "hop_mix": list(hop_mix), "guessable": guessable,
-        "data_source": data_source, **({"name_pool": name_pool} if name_pool is not None else {}),
+        "version": SYNTH_VERSION,
+        "seed": seed,
+        "size": size,
+        **counts,
+        "num_countries": num_countries,
+        "num_train": num_train,
+        "num_test": num_test,
+        "hop_mix": list(hop_mix),
+        "guessable": guessable,
+        "data_source": data_source,
+        **({"name_pool": name_pool} if name_pool is not None else {}),
         **({"multiple_choice": multiple_choice} if multiple_choice else {}),
         **({"shared_countries": True} if shared_countries else {}),
     }
-    return SyntheticKB(passages=passages, train=questions["train"], test=questions["test"], config=config,
-                       stats=_stats(world, passages, questions))
+    return SyntheticKB(
+        passages=passages,
+        train=questions["train"],
+        test=questions["test"],
+        config=config,
+        stats=_stats(world, passages, questions),
+    )
 
 
 def _sizes(size: str | int) -> int:
@@ -125,8 +139,12 @@ def _entity_counts(total: int, num_countries: int, **overrides: int | None) -> d
 def _questions(world: World, splits: dict[str, list[tuple[str, int]]], data_source: str) -> dict[str, list[Example]]:
     """Split -> its questions, one per (family, subject) pair, with ids "<data_source>-<split>-<i>"."""
     return {
-        split: [make_question(world, family, subject, example_id=f"{data_source}-{split}-{i}", split=split,
-                              data_source=data_source) for i, (family, subject) in enumerate(chosen)]
+        split: [
+            make_question(
+                world, family, subject, example_id=f"{data_source}-{split}-{i}", split=split, data_source=data_source
+            )
+            for i, (family, subject) in enumerate(chosen)
+        ]
         for split, chosen in splits.items()
     }
 

@@ -7,13 +7,29 @@ from __future__ import annotations
 import random
 
 OCCUPATIONS = (
-    "painter", "composer", "architect", "engineer", "novelist", "physician",
-    "chemist", "sculptor", "astronomer", "botanist", "poet", "cartographer",
+    "painter",
+    "composer",
+    "architect",
+    "engineer",
+    "novelist",
+    "physician",
+    "chemist",
+    "sculptor",
+    "astronomer",
+    "botanist",
+    "poet",
+    "cartographer",
 )
 # organisation kind -> description; the first four publish works
 ORG_KINDS = {
-    "Press": "publishing house", "Records": "record label", "Pictures": "film studio", "Games": "game studio",
-    "University": "university", "Institute": "research institute", "Bank": "bank", "Company": "trading company",
+    "Press": "publishing house",
+    "Records": "record label",
+    "Pictures": "film studio",
+    "Games": "game studio",
+    "University": "university",
+    "Institute": "research institute",
+    "Bank": "bank",
+    "Company": "trading company",
 }
 # work kind -> (publisher kind, creator verb, creator noun)
 WORK_KINDS = {
@@ -23,19 +39,89 @@ WORK_KINDS = {
     "game": ("Games", "designed", "designer"),
 }
 TITLE_NOUNS = (
-    "Lantern", "River", "Garden", "Mirror", "Harbor", "Winter", "Crown", "Orchard",
-    "Tower", "Echo", "Voyage", "Compass", "Meadow", "Ember", "Silence", "Signal",
+    "Lantern",
+    "River",
+    "Garden",
+    "Mirror",
+    "Harbor",
+    "Winter",
+    "Crown",
+    "Orchard",
+    "Tower",
+    "Echo",
+    "Voyage",
+    "Compass",
+    "Meadow",
+    "Ember",
+    "Silence",
+    "Signal",
 )
-_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr", "st", "th", "sh", "qu")
+_ONSETS = (
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "dr",
+    "kr",
+    "tr",
+    "st",
+    "th",
+    "sh",
+    "qu",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "u", "ai", "ou")
 _CODAS = ("", "", "", "n", "r", "l", "s", "th", "x")
 # Words a generated name must not be: English stopwords (a retriever drops them from
 # queries) and words of our own templates (a city called "River" or "Games" would be ambiguous).
 _RESERVED = {
-    "then", "there", "these", "they", "this", "that", "with", "will", "such", "into", "their", "were", "here",
-    "born", "city", "country", "capital", "town", "river", "later", "lived", "founded", "surname", "company",
-    "novel", "album", "film", "game", "games", "press", "records", "pictures", "bank", "university", "institute",
-    *(noun.lower() for noun in TITLE_NOUNS), *OCCUPATIONS,
+    "then",
+    "there",
+    "these",
+    "they",
+    "this",
+    "that",
+    "with",
+    "will",
+    "such",
+    "into",
+    "their",
+    "were",
+    "here",
+    "born",
+    "city",
+    "country",
+    "capital",
+    "town",
+    "river",
+    "later",
+    "lived",
+    "founded",
+    "surname",
+    "company",
+    "novel",
+    "album",
+    "film",
+    "game",
+    "games",
+    "press",
+    "records",
+    "pictures",
+    "bank",
+    "university",
+    "institute",
+    *(noun.lower() for noun in TITLE_NOUNS),
+    *OCCUPATIONS,
 }
 # Seed of the shared name pool (``name_pool``): fixed, so every knowledge base drawn from a pool of
 # the same size uses the same words, and one word-level vocabulary covers all of them.
@@ -68,6 +154,8 @@ def draw_name_words(rng: random.Random, count: int, name_pool: list[str] | None)
     if name_pool is None:
         return _unique_words(rng, count)
     if count > len(name_pool):
-        raise ValueError(f"this world needs {count} distinct name words but name_pool has {len(name_pool)}; "
-                         "use a larger name_pool or a smaller size")
+        raise ValueError(
+            f"this world needs {count} distinct name words but name_pool has {len(name_pool)}; "
+            "use a larger name_pool or a smaller size"
+        )
     return rng.sample(name_pool, count)

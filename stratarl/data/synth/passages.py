@@ -27,13 +27,17 @@ def _render_person(world: World, p: int, rng: random.Random) -> str:
     city, lived = world.city_names[world.person_city[p]], world.city_names[world.person_lived[p]]
     org, job = world.org_names[world.person_employer[p]], world.person_occupation[p]
     if rng.random() < 0.5:
-        text = (f"{name} ({_years(world, p)}) was {_a(job)}. {name} was born in {city}. "
-                f"{last} later lived in {lived} and worked for {org} for many years, "
-                f"becoming one of its best known figures.")
+        text = (
+            f"{name} ({_years(world, p)}) was {_a(job)}. {name} was born in {city}. "
+            f"{last} later lived in {lived} and worked for {org} for many years, "
+            f"becoming one of its best known figures."
+        )
     else:
-        text = (f"{name} ({_years(world, p)}) was {_a(job)} who was born in the city of {city}. "
-                f"After moving to {lived}, {last} worked for {org}. "
-                f"Colleagues described {last} as patient and exacting.")
+        text = (
+            f"{name} ({_years(world, p)}) was {_a(job)} who was born in the city of {city}. "
+            f"After moving to {lived}, {last} worked for {org}. "
+            f"Colleagues described {last} as patient and exacting."
+        )
     return f'"{name}"\n{text}'
 
 
@@ -42,18 +46,24 @@ def _render_org(world: World, o: int, rng: random.Random) -> str:
     city, founder = world.city_names[world.org_hq[o]], world.person_names[world.org_founder[o]]
     year = world.org_founded[o]
     if rng.random() < 0.5:
-        text = (f"{name} is {_a(kind)} headquartered in {city}. {name} was founded in {year} by {founder}. "
-                f"It grew steadily through the following decades.")
+        text = (
+            f"{name} is {_a(kind)} headquartered in {city}. {name} was founded in {year} by {founder}. "
+            f"It grew steadily through the following decades."
+        )
     else:
-        text = (f"{name} is {_a(kind)}. It was founded by {founder} in {year}, and {name} is headquartered "
-                f"in {city}, where most of its staff work.")
+        text = (
+            f"{name} is {_a(kind)}. It was founded by {founder} in {year}, and {name} is headquartered "
+            f"in {city}, where most of its staff work."
+        )
     return f'"{name}"\n{text}'
 
 
 def _render_city(world: World, c: int, rng: random.Random) -> str:
     name, country = world.city_names[c], world.countries[world.city_country[c]]
-    text = (f"{name} is a city in the country of {country}. {name} has a population of about "
-            f"{world.city_population[c]:,} and was first settled around {world.city_settled[c]}.")
+    text = (
+        f"{name} is a city in the country of {country}. {name} has a population of about "
+        f"{world.city_population[c]:,} and was first settled around {world.city_settled[c]}."
+    )
     if rng.random() < 0.5:
         text += f" The old town of {name} lies along a slow river."
     return f'"{name}"\n{text}'
@@ -73,11 +83,15 @@ def _render_work(world: World, w: int, rng: random.Random) -> str:
     _, verb, _ = WORK_KINDS[kind]
     creator, publisher = world.person_names[world.work_creator[w]], world.org_names[world.work_publisher[w]]
     if rng.random() < 0.5:
-        text = (f"{title} is a {world.work_year[w]} {kind} {_PASSIVE[verb]} by {creator}. "
-                f"{title} was published by {publisher}.")
+        text = (
+            f"{title} is a {world.work_year[w]} {kind} {_PASSIVE[verb]} by {creator}. "
+            f"{title} was published by {publisher}."
+        )
     else:
-        text = (f"{title} is {_a(kind)} {_PASSIVE[verb]} by {creator} and published by {publisher} "
-                f"in {world.work_year[w]}. Critics praised {title} on its release.")
+        text = (
+            f"{title} is {_a(kind)} {_PASSIVE[verb]} by {creator} and published by {publisher} "
+            f"in {world.work_year[w]}. Critics praised {title} on its release."
+        )
     return f'"{title}"\n{text}'
 
 

@@ -64,36 +64,62 @@ _WORK = "the {kind} {name}"
 _CREATOR = "the {creator} of the {kind} {name}"
 FAMILIES: dict[str, Family] = {
     "person_birthplace": Family("single_hop", "person", ("birthplace",), "Where was {name} born?"),
-    "person_occupation": Family("single_hop", "person", ("occupation",), "What was the occupation of {name}?", "occupation"),
+    "person_occupation": Family(
+        "single_hop", "person", ("occupation",), "What was the occupation of {name}?", "occupation"
+    ),
     "person_employer": Family("single_hop", "person", ("employer",), "Which organisation did {name} work for?"),
     "org_founder": Family("single_hop", "org", ("founder",), "Who founded {name}?"),
     "org_headquarters": Family("single_hop", "org", ("headquarters",), "In which city is {name} headquartered?"),
     "work_creator": Family("single_hop", "work", ("creator",), "Who {verb} " + _WORK + "?"),
     "work_publisher": Family("single_hop", "work", ("publisher",), "Which company published " + _WORK + "?"),
     "city_country": Family("single_hop", "city", ("country",), "In which country is {name}?", "country"),
-    "org_founder_birthplace": Family("multi_hop_2", "org", ("founder", "birthplace"), "Where was the founder of {name} born?"),
-    "work_creator_birthplace": Family("multi_hop_2", "work", ("creator", "birthplace"), "Where was " + _CREATOR + " born?"),
+    "org_founder_birthplace": Family(
+        "multi_hop_2", "org", ("founder", "birthplace"), "Where was the founder of {name} born?"
+    ),
+    "work_creator_birthplace": Family(
+        "multi_hop_2", "work", ("creator", "birthplace"), "Where was " + _CREATOR + " born?"
+    ),
     "work_publisher_founder": Family(
-        "multi_hop_2", "work", ("publisher", "founder"), "Who founded the company that published " + _WORK + "?"),
+        "multi_hop_2", "work", ("publisher", "founder"), "Who founded the company that published " + _WORK + "?"
+    ),
     "person_employer_headquarters": Family(
-        "multi_hop_2", "person", ("employer", "headquarters"),
-        "In which city is the organisation that {name} worked for headquartered?"),
+        "multi_hop_2",
+        "person",
+        ("employer", "headquarters"),
+        "In which city is the organisation that {name} worked for headquartered?",
+    ),
     "person_birth_country": Family(
-        "multi_hop_2", "person", ("birthplace", "country"), "In which country was {name} born?", "country"),
+        "multi_hop_2", "person", ("birthplace", "country"), "In which country was {name} born?", "country"
+    ),
     "org_headquarters_country": Family(
-        "multi_hop_2", "org", ("headquarters", "country"), "In which country is {name} headquartered?", "country"),
+        "multi_hop_2", "org", ("headquarters", "country"), "In which country is {name} headquartered?", "country"
+    ),
     "org_founder_birth_country": Family(
-        "multi_hop_3", "org", ("founder", "birthplace", "country"), "In which country was the founder of {name} born?",
-        "country"),
+        "multi_hop_3",
+        "org",
+        ("founder", "birthplace", "country"),
+        "In which country was the founder of {name} born?",
+        "country",
+    ),
     "work_creator_birth_country": Family(
-        "multi_hop_3", "work", ("creator", "birthplace", "country"), "In which country was " + _CREATOR + " born?",
-        "country"),
+        "multi_hop_3",
+        "work",
+        ("creator", "birthplace", "country"),
+        "In which country was " + _CREATOR + " born?",
+        "country",
+    ),
     "work_publisher_founder_birthplace": Family(
-        "multi_hop_3", "work", ("publisher", "founder", "birthplace"),
-        "Where was the founder of the company that published " + _WORK + " born?"),
+        "multi_hop_3",
+        "work",
+        ("publisher", "founder", "birthplace"),
+        "Where was the founder of the company that published " + _WORK + " born?",
+    ),
     "work_creator_employer_headquarters": Family(
-        "multi_hop_3", "work", ("creator", "employer", "headquarters"),
-        "In which city is the organisation that " + _CREATOR + " worked for headquartered?"),
+        "multi_hop_3",
+        "work",
+        ("creator", "employer", "headquarters"),
+        "In which city is the organisation that " + _CREATOR + " worked for headquartered?",
+    ),
 }
 
 
@@ -154,11 +180,19 @@ def sample_questions(
     weights = [w if families[t] else 0.0 for t, w in zip(QUESTION_TYPES, hop_mix)]
     if sum(weights) <= 0:
         raise ValueError(f"no question family fits hop_mix={hop_mix} and guessable={guessable!r}")
-    population = {"person": len(world.person_names), "org": len(world.org_names),
-                  "work": len(world.work_titles), "city": len(world.city_names)}
-    capacity = sum(population[FAMILIES[f].subject] for t, w in zip(QUESTION_TYPES, weights) if w > 0 for f in families[t])
+    population = {
+        "person": len(world.person_names),
+        "org": len(world.org_names),
+        "work": len(world.work_titles),
+        "city": len(world.city_names),
+    }
+    capacity = sum(
+        population[FAMILIES[f].subject] for t, w in zip(QUESTION_TYPES, weights) if w > 0 for f in families[t]
+    )
     if count > capacity // 2:
-        raise ValueError(f"asked for {count} questions but this world supports about {capacity // 2}; use a larger size")
+        raise ValueError(
+            f"asked for {count} questions but this world supports about {capacity // 2}; use a larger size"
+        )
     chosen: list[tuple[str, int]] = []
     seen: set[tuple[str, int]] = set()
     while len(chosen) < count:

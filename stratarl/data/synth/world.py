@@ -42,8 +42,15 @@ class World:
 
 
 def build_world(
-    rng: random.Random, *, num_countries: int, num_cities: int, num_orgs: int, num_people: int, num_works: int,
-    name_pool: list[str] | None = None, shared_countries: bool = False,
+    rng: random.Random,
+    *,
+    num_countries: int,
+    num_cities: int,
+    num_orgs: int,
+    num_people: int,
+    num_works: int,
+    name_pool: list[str] | None = None,
+    shared_countries: bool = False,
 ) -> World:
     """Draw every entity and relation. Publishers exist for every work kind.
 
@@ -58,8 +65,10 @@ def build_world(
     counts = (num_countries, num_cities, num_surnames, num_first, num_stems, num_works)
     if shared_countries:
         if name_pool is None:
-            raise ValueError("shared_countries needs name_pool (the countries are the pool's first words). "
-                             "Fix: set name_pool, e.g. 1000")
+            raise ValueError(
+                "shared_countries needs name_pool (the countries are the pool's first words). "
+                "Fix: set name_pool, e.g. 1000"
+            )
         fixed = list(name_pool[:num_countries])
         words = iter(fixed + draw_name_words(rng, sum(counts) - num_countries, list(name_pool[num_countries:])))
     else:
@@ -116,8 +125,9 @@ def _organisations(rng: random.Random, num_orgs: int, stems: list[str]) -> tuple
     return org_kind, org_names
 
 
-def _person_names(rng: random.Random, num_people: int, firsts: list[str],
-                  surnames: list[str]) -> tuple[list[str], list[str]]:
+def _person_names(
+    rng: random.Random, num_people: int, firsts: list[str], surnames: list[str]
+) -> tuple[list[str], list[str]]:
     """Distinct "<first> <surname>" names and each person's surname."""
     person_names, person_surname, taken = [], [], set()
     while len(person_names) < num_people:

@@ -10,6 +10,7 @@ from stratarl.data.search_r1 import write_search_r1_parquet
 from stratarl.data.synth.knowledge_base import SyntheticKB
 from stratarl.retrieval.corpus import write_corpus
 
+
 def write_synthetic_kb(kb: SyntheticKB, out_dir: str | Path) -> dict[str, Path]:
     """Write corpus.jsonl, train.parquet, test.parquet, stats.json and README.md into ``out_dir``."""
     out = Path(out_dir)
@@ -29,10 +30,12 @@ def write_synthetic_kb(kb: SyntheticKB, out_dir: str | Path) -> dict[str, Path]:
 def _synth_command(config: dict) -> str:
     """The CLI line that regenerates this KB (entity-count overrides and ``name_pool`` are Python-only)."""
     c = config
-    return (f"stratarl data synth --out DIR --seed {c['seed']} --size {c['size']} --num-train {c['num_train']} "
-            f"--num-test {c['num_test']} --num-countries {c['num_countries']} --guessable {c['guessable']} "
-            f"--hop-mix {','.join(f'{w:g}' for w in c['hop_mix'])}"
-            + (f" --multiple-choice {c['multiple_choice']}" if c.get("multiple_choice") else ""))
+    return (
+        f"stratarl data synth --out DIR --seed {c['seed']} --size {c['size']} --num-train {c['num_train']} "
+        f"--num-test {c['num_test']} --num-countries {c['num_countries']} --guessable {c['guessable']} "
+        f"--hop-mix {','.join(f'{w:g}' for w in c['hop_mix'])}"
+        + (f" --multiple-choice {c['multiple_choice']}" if c.get("multiple_choice") else "")
+    )
 
 
 def _readme(kb: SyntheticKB) -> str:
@@ -51,6 +54,8 @@ def _readme(kb: SyntheticKB) -> str:
     ]
     if sample is not None:
         lines += ["", "Example:", "", f"    Q: {sample.question}", f"    A: {sample.golden_answers[0]}"]
-        lines += [f"    hop {i + 1}: {hop['query']} -> passage {hop['passage_id']} -> {hop['answer']}"
-                  for i, hop in enumerate(sample.metadata["hops"])]
+        lines += [
+            f"    hop {i + 1}: {hop['query']} -> passage {hop['passage_id']} -> {hop['answer']}"
+            for i, hop in enumerate(sample.metadata["hops"])
+        ]
     return "\n".join(lines) + "\n"

@@ -95,9 +95,7 @@ def stratified_settings(config: Any, *, epsilon: float = 1e-6, norm_adv_by_std: 
     keys = {k for k in block.keys() if not str(k).startswith("_")} if hasattr(block, "keys") else set()
     unknown = sorted(keys - allowed)
     if unknown:
-        raise ValueError(
-            f"algorithm.{CONFIG_KEY} has unknown key(s) {unknown}; valid keys: {sorted(allowed)}"
-        )
+        raise ValueError(f"algorithm.{CONFIG_KEY} has unknown key(s) {unknown}; valid keys: {sorted(allowed)}")
     cap = _get(block, "strata_cap", None)
     settings = StratifiedSettings(
         alpha=float(_get(block, "alpha", 0.6)),
@@ -221,8 +219,14 @@ def compute_stratified_grpo_advantage(
     return advantages, advantages.clone()
 
 
-def dump_strata(path: str, index: Any, strata: torch.Tensor, rewards: torch.Tensor, advantages: torch.Tensor,
-                keys: Sequence[str] | None = None) -> None:
+def dump_strata(
+    path: str,
+    index: Any,
+    strata: torch.Tensor,
+    rewards: torch.Tensor,
+    advantages: torch.Tensor,
+    keys: Sequence[str] | None = None,
+) -> None:
     """Append one json line: the batch's uids, strata, rewards and per-rollout advantages, in batch order.
 
     ``keys``: v1's row keys ``{uid}_{session}_{index}`` when the v1 trainer called (else the line has none).

@@ -23,7 +23,15 @@ from stratarl.integrations.verl import smoke
 
 QUERY = "France"
 # One token each (whitespace split); joined with spaces they are the JSON of one hermes tool call.
-TOOL_CALL = ["<tool_call>", '{"name":', '"search",', '"arguments":', '{"query_list":', f'["{QUERY}"]}}}}', "</tool_call>"]
+TOOL_CALL = [
+    "<tool_call>",
+    '{"name":',
+    '"search",',
+    '"arguments":',
+    '{"query_list":',
+    f'["{QUERY}"]}}}}',
+    "</tool_call>",
+]
 AGENT_WORDS = [*smoke.WORDS, "tool", *TOOL_CALL]
 AGENT_RULES: dict[str, list[str]] = {
     "assistant": ["<tool_call>", "<answer>"],

@@ -62,31 +62,53 @@ def _actor_worker_hook() -> object:
 
 # (what the plugins use it for, how to look it up). Order: plugins, CPU platform / hf rollout, trainers.
 HOOKS: list[tuple[str, Callable[[], object]]] = [
-    ("register_adv_est (algorithm.adv_estimator=stratified_grpo)",
-     _attr("verl.trainer.ppo.core_algos", "register_adv_est")),
+    (
+        "register_adv_est (algorithm.adv_estimator=stratified_grpo)",
+        _attr("verl.trainer.ppo.core_algos", "register_adv_est"),
+    ),
     ("register_policy_loss (loss_mode=turn_ppo|sorl)", _attr("verl.trainer.ppo.core_algos", "register_policy_loss")),
     ("ActorRolloutRefWorker.actor_worker_cls (SORLTrainingWorker)", _actor_worker_hook),
-    ("BaseEngine.forward_backward_batch / optimizer_zero_grad / optimizer_step (SORL's step)",
-     lambda: [_attr("verl.workers.engine.base", "BaseEngine", n)() for n in
-              ("forward_backward_batch", "optimizer_zero_grad", "optimizer_step", "is_mp_src_rank_with_outputs")]),
+    (
+        "BaseEngine.forward_backward_batch / optimizer_zero_grad / optimizer_step (SORL's step)",
+        lambda: [
+            _attr("verl.workers.engine.base", "BaseEngine", n)()
+            for n in ("forward_backward_batch", "optimizer_zero_grad", "optimizer_step", "is_mp_src_rank_with_outputs")
+        ],
+    ),
     ("verl.workers.utils.losses.ppo_loss (the actor loss SORL scales)", _attr("verl.workers.utils.losses", "ppo_loss")),
     ("no_padding_2_padding (SORL's clipping-bias pass)", _attr("verl.workers.utils.padding", "no_padding_2_padding")),
     ("fsdp2_clip_grad_norm_ (‖C‖ on FSDP2)", _attr("verl.utils.fsdp_utils", "fsdp2_clip_grad_norm_")),
-    ("initialize_global_process_group_ray(backend=) (gloo on a CPU)",
-     _has_params("verl.utils.distributed", "initialize_global_process_group_ray", ("backend",))),
-    ("rollout_corr_helper option sets (guards.py)",
-     lambda: [_attr("verl.trainer.ppo.rollout_corr_helper", n)() for n in
-              ("TOKEN_LEVEL_ROLLOUT_RS_OPTIONS", "SUPPORTED_ROLLOUT_RS_OPTIONS")]),
+    (
+        "initialize_global_process_group_ray(backend=) (gloo on a CPU)",
+        _has_params("verl.utils.distributed", "initialize_global_process_group_ray", ("backend",)),
+    ),
+    (
+        "rollout_corr_helper option sets (guards.py)",
+        lambda: [
+            _attr("verl.trainer.ppo.rollout_corr_helper", n)()
+            for n in ("TOKEN_LEVEL_ROLLOUT_RS_OPTIONS", "SUPPORTED_ROLLOUT_RS_OPTIONS")
+        ],
+    ),
     ("function_tool (recipes/verl/search_tool.py)", _attr("verl.tools.function_tool", "function_tool")),
-    ("PlatformRegistry.register (the stratarl_cpu platform)", _attr("verl.plugin.platform", "PlatformRegistry", "register")),
-    ("EngineRegistry._engines (FSDP engines for device=cpu)", _attr("verl.workers.engine", "EngineRegistry", "_engines")),
+    (
+        "PlatformRegistry.register (the stratarl_cpu platform)",
+        _attr("verl.plugin.platform", "PlatformRegistry", "register"),
+    ),
+    (
+        "EngineRegistry._engines (FSDP engines for device=cpu)",
+        _attr("verl.workers.engine", "EngineRegistry", "_engines"),
+    ),
     ("rollout base._ROLLOUT_REGISTRY (rollout.name=hf)", _attr("verl.workers.rollout.base", "_ROLLOUT_REGISTRY")),
-    ("RolloutReplicaRegistry.register (the hf replica)",
-     _attr("verl.workers.rollout.replica", "RolloutReplicaRegistry", "register")),
+    (
+        "RolloutReplicaRegistry.register (the hf replica)",
+        _attr("verl.workers.rollout.replica", "RolloutReplicaRegistry", "register"),
+    ),
     ("main_ppo.TaskRunnerV1 (trainer.use_v1=true)", _attr("verl.trainer.main_ppo", "TaskRunnerV1")),
     ("main_ppo_v0.TaskRunner (trainer.use_v1=false)", _attr("verl.trainer.main_ppo_v0", "TaskRunner")),
-    ("v1 compute_advantage_for_multi_trajectories(batch_keys) (the estimator's session check)",
-     _has_params("verl.trainer.ppo.v1.utils", "compute_advantage_for_multi_trajectories", ("data", "batch_keys"))),
+    (
+        "v1 compute_advantage_for_multi_trajectories(batch_keys) (the estimator's session check)",
+        _has_params("verl.trainer.ppo.v1.utils", "compute_advantage_for_multi_trajectories", ("data", "batch_keys")),
+    ),
     ("transfer_queue (the v1 trainer's data plane)", _attr("transfer_queue", "init")),
     ("ToolAgentLoop (multi_turn tool calls)", _attr("verl.experimental.agent_loop.tool_agent_loop", "ToolAgentLoop")),
 ]

@@ -10,7 +10,6 @@ needs a dataclass that declares it. The recipes select them with ``_target_``:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from verl.base_config import BaseConfig
 from verl.trainer.config import AlgoConfig
@@ -33,7 +32,7 @@ class StratifiedGRPOConfig(BaseConfig):
     alpha: float = 0.6
     eps: float = 1e-6
     std_ddof: int = 1
-    strata_cap: Optional[int] = None
+    strata_cap: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -83,7 +82,8 @@ class SORLPolicyLossConfig(PolicyLossConfig):
         if self.loss_mode in ("turn_ppo", "sorl"):
             # The recipes link this block to algorithm.rollout_correction (part_sorl.yaml).
             refuse_for_turn_loss(
-                self.rollout_correction, plugin=f"loss_mode={self.loss_mode}",
+                self.rollout_correction,
+                plugin=f"loss_mode={self.loss_mode}",
                 where="actor_rollout_ref.actor.policy_loss.rollout_correction",
             )
         if self.sorl_delta <= 0:

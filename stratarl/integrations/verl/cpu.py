@@ -15,7 +15,7 @@ from typing import Any
 
 # A module import, not names: veRL imports this module from inside `import verl` (VERL_USE_EXTERNAL_MODULES),
 # which can happen while stratarl.integrations.verl_cpu itself is still being imported (its own `import verl`).
-import stratarl.integrations.verl_cpu as _harness  # noqa: F401  (registers the platform, engines and hf rollout)
+import stratarl.integrations.verl_cpu as _harness  # registers the platform, engines and hf rollout
 
 
 def __getattr__(name: str) -> Any:

@@ -95,9 +95,9 @@ def build_batch(model_dir: Path):
     attention = torch.zeros(batch, PROMPT_LENGTH + RESPONSE_LENGTH, dtype=torch.long)
     response_mask = torch.zeros(batch, RESPONSE_LENGTH, dtype=torch.long)
     for b, (prompt, response, mask) in enumerate(rows):
-        prompts[b, PROMPT_LENGTH - len(prompt):] = torch.tensor(prompt)  # left padded
+        prompts[b, PROMPT_LENGTH - len(prompt) :] = torch.tensor(prompt)  # left padded
         responses[b, : len(response)] = torch.tensor(response)  # right padded
-        attention[b, PROMPT_LENGTH - len(prompt): PROMPT_LENGTH + len(response)] = 1
+        attention[b, PROMPT_LENGTH - len(prompt) : PROMPT_LENGTH + len(response)] = 1
         response_mask[b, : len(mask)] = torch.tensor(mask)
     input_ids = torch.cat([prompts, responses], dim=1)
     position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0) * attention
@@ -105,7 +105,7 @@ def build_batch(model_dir: Path):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
     with torch.no_grad():
         logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits
-    logp = torch.log_softmax(logits[:, PROMPT_LENGTH - 1: -1].float(), dim=-1)
+    logp = torch.log_softmax(logits[:, PROMPT_LENGTH - 1 : -1].float(), dim=-1)
     logp = logp.gather(-1, responses[..., None]).squeeze(-1)
     sign = torch.where(torch.arange(RESPONSE_LENGTH) % 2 == 0, 1.0, -1.0)
     old_log_probs = (logp + OLD_LOGPROB_SHIFT * sign) * response_mask
@@ -113,17 +113,37 @@ def build_batch(model_dir: Path):
     scores = torch.zeros(batch, RESPONSE_LENGTH)
     for b in range(batch):
         scores[b, int(response_mask[b].nonzero().max())] = rewards[b]
-    data = DataProto.from_dict(tensors={"token_level_rewards": scores, "response_mask": response_mask.float()},
-                               non_tensors={"uid": np.array(uids, dtype=object)})
-    algorithm = OmegaConf.create({"adv_estimator": "stratified_grpo", "norm_adv_by_std_in_grpo": True,
-                                  "stratified_grpo": {"eps": smoke.STRATIFIED_EPS}})
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": scores, "response_mask": response_mask.float()},
+        non_tensors={"uid": np.array(uids, dtype=object)},
+    )
+    algorithm = OmegaConf.create(
+        {
+            "adv_estimator": "stratified_grpo",
+            "norm_adv_by_std_in_grpo": True,
+            "stratified_grpo": {"eps": smoke.STRATIFIED_EPS},
+        }
+    )
     advantages = compute_advantage(data, adv_estimator="stratified_grpo", config=algorithm).batch["advantages"]
-    expected = stratified_advantages(torch.tensor(rewards), torch.tensor([int(u[-1]) for u in uids]),
-                                     torch.tensor(strata), alpha=0.6, eps=smoke.STRATIFIED_EPS, std_ddof=1)
+    expected = stratified_advantages(
+        torch.tensor(rewards),
+        torch.tensor([int(u[-1]) for u in uids]),
+        torch.tensor(strata),
+        alpha=0.6,
+        eps=smoke.STRATIFIED_EPS,
+        std_ddof=1,
+    )
     return {
-        "prompts": prompts, "responses": responses, "input_ids": input_ids, "attention_mask": attention,
-        "position_ids": position_ids, "response_mask": response_mask, "old_log_probs": old_log_probs,
-        "advantages": advantages, "rewards": torch.tensor(rewards), "strata": torch.tensor(strata),
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "position_ids": position_ids,
+        "response_mask": response_mask,
+        "old_log_probs": old_log_probs,
+        "advantages": advantages,
+        "rewards": torch.tensor(rewards),
+        "strata": torch.tensor(strata),
         "expected_advantages": expected,
     }
 
@@ -149,27 +169,30 @@ def worker_overrides(workdir: Path, world: int) -> list[str]:
     """veRL's ppo_trainer overrides for the actor: the multi-turn smoke's, with SGD and this world size."""
 
     base = smoke_multiturn.main_ppo_overrides(workdir, "http://127.0.0.1:1", trainer="v1", n_ranks=world)
-    return smoke.with_overrides(base, [
-        f"actor_rollout_ref.model.path={workdir / 'model'}",
-        "actor_rollout_ref.actor.optim.optimizer=SGD",
-        "actor_rollout_ref.actor.optim.weight_decay=0.0",
-        # The same micro-batches of 3 rows in every world size (the rank split is the only difference).
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={GROUP_SIZE // 2}",
-        f"data.max_prompt_length={PROMPT_LENGTH}",
-        f"data.max_response_length={RESPONSE_LENGTH}",
-    ])
+    return smoke.with_overrides(
+        base,
+        [
+            f"actor_rollout_ref.model.path={workdir / 'model'}",
+            "actor_rollout_ref.actor.optim.optimizer=SGD",
+            "actor_rollout_ref.actor.optim.weight_decay=0.0",
+            # The same micro-batches of 3 rows in every world size (the rank split is the only difference).
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={GROUP_SIZE // 2}",
+            f"data.max_prompt_length={PROMPT_LENGTH}",
+            f"data.max_response_length={RESPONSE_LENGTH}",
+        ],
+    )
 
 
 def run_worker(workdir: Path, rank: int, world: int) -> None:
     """One rank: veRL's actor worker with SORL, one update_actor call on its chunk of the batch."""
     import torch  # start-up cost: the check only
+    import verl.trainer.config  # veRL: only in .venv-verl
     from hydra import compose, initialize_config_dir  # veRL: only in .venv-verl
     from verl import DataProto  # veRL: only in .venv-verl
     from verl.utils import tensordict_utils as tu  # veRL: only in .venv-verl
     from verl.workers.engine_workers import ActorRolloutRefWorker  # veRL: only in .venv-verl
     from verl.workers.utils.padding import left_right_2_no_padding  # veRL: only in .venv-verl
 
-    import verl.trainer.config  # veRL: only in .venv-verl
     from stratarl.integrations.verl import worker as sorl_worker  # veRL: only in .venv-verl (the worker imports it)
 
     if ActorRolloutRefWorker.actor_worker_cls is not sorl_worker.SORLTrainingWorker:
@@ -184,15 +207,31 @@ def run_worker(workdir: Path, rank: int, world: int) -> None:
     batch_size = saved["prompts"].shape[0]
     mini_rows = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
     order = rank_order(batch_size, world, batch_size // mini_rows)
-    keys = ["prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask",
-            "old_log_probs", "advantages"]
+    keys = [
+        "prompts",
+        "responses",
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "response_mask",
+        "old_log_probs",
+        "advantages",
+    ]
     data = DataProto.from_dict(tensors={k: saved[k][order] for k in keys})
     data.meta_info.update(multi_turn=True, temperature=cfg.actor_rollout_ref.rollout.temperature)
     td = left_right_2_no_padding(data.to_tensordict())
-    tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
-                         global_batch_size=mini_rows, mini_batch_size=mini_rows, epochs=1,
-                         seed=cfg.actor_rollout_ref.actor.data_loader_seed, dataloader_kwargs={"shuffle": False},
-                         compute_loss=True)
+    tu.assign_non_tensor(
+        td,
+        calculate_entropy=False,
+        distillation_use_topk=False,
+        distillation_only=False,
+        global_batch_size=mini_rows,
+        mini_batch_size=mini_rows,
+        epochs=1,
+        seed=cfg.actor_rollout_ref.actor.data_loader_seed,
+        dataloader_kwargs={"shuffle": False},
+        compute_loss=True,
+    )
     chunk = tu.chunk_tensordict(td, world)[rank]  # what veRL's dispatch hands data-parallel rank `rank`
     actor.update_actor(chunk)
 
@@ -205,12 +244,19 @@ def run_worker(workdir: Path, rank: int, world: int) -> None:
         torch.save(dict(params), workdir / f"params_world{world}.pt")
     steps = [json.loads(line) for line in (workdir / f"sorl_world{world}.jsonl").read_text().splitlines()]
     mine = [s for s in steps if s["rank"] == rank]
-    (workdir / f"world{world}_rank{rank}.json").write_text(json.dumps({
-        "rank": rank, "world": world, "rows": [order[i] for i in range(rank * len(order) // world,
-                                                                         (rank + 1) * len(order) // world)],
-        "c_norm": [s["c_norm"] for s in mine], "scale": [s["scale"] for s in mine],
-        "grad_norm": [s["grad_norm"] for s in mine], "params_sha": digest.hexdigest(),
-    }))
+    (workdir / f"world{world}_rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "world": world,
+                "rows": [order[i] for i in range(rank * len(order) // world, (rank + 1) * len(order) // world)],
+                "c_norm": [s["c_norm"] for s in mine],
+                "scale": [s["scale"] for s in mine],
+                "grad_norm": [s["grad_norm"] for s in mine],
+                "params_sha": digest.hexdigest(),
+            }
+        )
+    )
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -223,15 +269,31 @@ def launch(workdir: Path, world: int, timeout_s: float = 600) -> list[dict]:
     for rank in range(world):
         env = {
             **os.environ,
-            "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "VERL_USE_EXTERNAL_MODULES": smoke.PLUGINS, "VERL_PLATFORM": "stratarl_cpu",
-            "PYTHONPATH": smoke.pythonpath(), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "VERL_USE_EXTERNAL_MODULES": smoke.PLUGINS,
+            "VERL_PLATFORM": "stratarl_cpu",
+            "PYTHONPATH": smoke.pythonpath(),
+            "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": "1",
             "STRATARL_VERL_SORL_DUMP": str(workdir / f"sorl_world{world}.jsonl"),
         }
         log = open(workdir / f"world{world}_rank{rank}.log", "w")
-        command = [sys.executable, "-m", "stratarl.integrations.verl.dp_check", "--workdir", str(workdir),
-                   "--worker-rank", str(rank), "--world", str(world)]
+        command = [
+            sys.executable,
+            "-m",
+            "stratarl.integrations.verl.dp_check",
+            "--workdir",
+            str(workdir),
+            "--worker-rank",
+            str(rank),
+            "--world",
+            str(world),
+        ]
         processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout_s
     codes = []
@@ -267,24 +329,30 @@ def compare(workdir: Path, ranks: int) -> dict:
     start = load_file(str(initial / "model.safetensors"))
     moved = max(float((one[name] - start[name]).abs().max()) for name in one if name in start)
     return {
-        "single": single, "several": several,
+        "single": single,
+        "several": several,
         "param_max_abs_diff": max(float((one[name] - many[name]).abs().max()) for name in one),
         "param_max_abs_update": moved,
-        "advantages_max_abs_diff": float((batch["advantages"].sum(-1) / batch["response_mask"].sum(-1)
-                                          - batch["expected_advantages"]).abs().max()),
+        "advantages_max_abs_diff": float(
+            (batch["advantages"].sum(-1) / batch["response_mask"].sum(-1) - batch["expected_advantages"]).abs().max()
+        ),
     }
 
 
 def report(result: dict) -> str:
     lines = []
     for record in result["single"] + result["several"]:
-        lines.append(f"world {record['world']} rank {record['rank']}: rows {record['rows']}; ‖C‖ per step "
-                     f"{[round(c, 6) for c in record['c_norm']]}, scale {[round(s, 4) for s in record['scale']]}, "
-                     f"grad norm {[round(g, 6) for g in record['grad_norm']]}, params sha {record['params_sha'][:12]}")
-    lines.append(f"max |θ(world {result['several'][0]['world']}) − θ(world 1)| after the update: "
-                 f"{result['param_max_abs_diff']:.3g} (largest update {result['param_max_abs_update']:.3g}); "
-                 f"advantages vs stratified_advantages over the whole batch: max diff "
-                 f"{result['advantages_max_abs_diff']:.3g}")
+        lines.append(
+            f"world {record['world']} rank {record['rank']}: rows {record['rows']}; ‖C‖ per step "
+            f"{[round(c, 6) for c in record['c_norm']]}, scale {[round(s, 4) for s in record['scale']]}, "
+            f"grad norm {[round(g, 6) for g in record['grad_norm']]}, params sha {record['params_sha'][:12]}"
+        )
+    lines.append(
+        f"max |θ(world {result['several'][0]['world']}) − θ(world 1)| after the update: "
+        f"{result['param_max_abs_diff']:.3g} (largest update {result['param_max_abs_update']:.3g}); "
+        f"advantages vs stratified_advantages over the whole batch: max diff "
+        f"{result['advantages_max_abs_diff']:.3g}"
+    )
     return "\n".join(lines)
 
 

@@ -29,7 +29,7 @@ def compose_recipe(config_dir: Path, config_name: str, overrides: list[str]):
 
 def validate_recipe(cfg) -> dict[str, object]:
     """veRL's validation + stratarl's, as far as a CPU can; returns the summary printed by :func:`main`."""
-    import stratarl.integrations.verl  # noqa: F401  (registers the estimator, losses, worker)
+    import verl.experimental.agent_loop  # noqa: F401  (registers single_turn_agent / tool_agent)
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry  # veRL: only in .venv-verl
     from verl.tools.function_tool import load_function_tools_from_path  # veRL: only in .venv-verl
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn  # veRL: only in .venv-verl
@@ -37,7 +37,7 @@ def validate_recipe(cfg) -> dict[str, object]:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy  # veRL: only in .venv-verl
     from verl.utils.config import omega_conf_to_dataclass, validate_config  # veRL: only in .venv-verl
 
-    import verl.experimental.agent_loop  # noqa: F401  (registers single_turn_agent / tool_agent)
+    import stratarl.integrations.verl  # noqa: F401  (registers the estimator, losses, worker)
 
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     algorithm = omega_conf_to_dataclass(cfg.algorithm)
@@ -53,14 +53,17 @@ def validate_recipe(cfg) -> dict[str, object]:
             raise ValueError(f"multi_turn.function_tool_path {multi_turn.function_tool_path}: no @function_tool found")
     agent_loop = cfg.actor_rollout_ref.rollout.agent.default_agent_loop
     if agent_loop not in _agent_loop_registry:
-        raise ValueError(f"rollout.agent.default_agent_loop={agent_loop!r} is not a registered agent loop; "
-                         f"registered: {sorted(_agent_loop_registry)}")
+        raise ValueError(
+            f"rollout.agent.default_agent_loop={agent_loop!r} is not a registered agent loop; "
+            f"registered: {sorted(_agent_loop_registry)}"
+        )
     if get_custom_reward_fn(cfg) is None:
         raise ValueError("reward.custom_reward_function.path is not set; the recipes score with recipes/verl/reward.py")
     use_v1 = bool(cfg.trainer.get("use_v1", False))
     mode = cfg.trainer.v1.trainer_mode if use_v1 else None
     return {
-        "trainer": f"v1 (trainer.use_v1=true, trainer.v1.trainer_mode={mode})" if use_v1
+        "trainer": f"v1 (trainer.use_v1=true, trainer.v1.trainer_mode={mode})"
+        if use_v1
         else "legacy RayPPOTrainer (trainer.use_v1=false, deprecated by veRL)",
         "algorithm.adv_estimator": algorithm.adv_estimator,
         "actor.policy_loss.loss_mode": actor.policy_loss.loss_mode,

@@ -34,11 +34,18 @@ from collections.abc import Mapping
 from typing import Any
 
 TOKEN_RS_OPTIONS = frozenset({"token_k1", "token_k2", "token_k3"})
-SEQUENCE_RS_OPTIONS = frozenset({
-    "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3",
-    "seq_max_k2", "seq_max_k3",
-})
+SEQUENCE_RS_OPTIONS = frozenset(
+    {
+        "seq_sum_k1",
+        "seq_sum_k2",
+        "seq_sum_k3",
+        "seq_mean_k1",
+        "seq_mean_k2",
+        "seq_mean_k3",
+        "seq_max_k2",
+        "seq_max_k3",
+    }
+)
 _UNSET = (None, "", "null", "none", "None")
 
 
@@ -76,8 +83,11 @@ def estimator_conflict(rollout_correction: Any, *, where: str = "algorithm.rollo
         return None  # weights only, or rejection inside veRL's bypass loss: the estimator sees the intact mask
     value = _get(rollout_correction, "rollout_rs")
     token = _not_whole_rollout(options)
-    why = (f"{_zeroes_tokens(token)}, adding blocks of 0s that are no tool round (phantom strata)" if token
-           else "a rejected rollout's all-0 mask puts it in stratum 0 while its reward still counts")
+    why = (
+        f"{_zeroes_tokens(token)}, adding blocks of 0s that are no tool round (phantom strata)"
+        if token
+        else "a rejected rollout's all-0 mask puts it in stratum 0 while its reward still counts"
+    )
     return (
         f"stratified_grpo cannot compose with {where}.rollout_rs={value!r}: veRL rewrites response_mask before "
         f"compute_advantage and the estimator reads each rollout's tool rounds from it; {why}; fix: set "

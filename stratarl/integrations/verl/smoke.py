@@ -40,8 +40,24 @@ from stratarl.integrations.verl import compat
 QUESTIONS = [("What is", "Paris"), ("Which city is", "Paris")] * 2
 ANSWERS = ["Paris", "Rome"]
 SPECIAL = ["<|pad|>", "<|im_end|>", "<|im_start|>", "[UNK]"]
-WORDS = ["system", "user", "assistant", "<answer>", "</answer>", *ANSWERS,
-         "Question:", "What", "Which", "city", "is", "the", "capital", "of", "France", "?"]
+WORDS = [
+    "system",
+    "user",
+    "assistant",
+    "<answer>",
+    "</answer>",
+    *ANSWERS,
+    "Question:",
+    "What",
+    "Which",
+    "city",
+    "is",
+    "the",
+    "capital",
+    "of",
+    "France",
+    "?",
+]
 # Single-turn rollouts have no searches, so every group is one stratum and Stratified GRPO's numbers
 # equal GRPO's at any α; a large ε (read only by stratarl's estimator) makes its use visible in
 # veRL's critic/advantages/* metrics: a [1, 1, 1, 0] group gets 0.25/1.5, not veRL's 0.25/0.5.
@@ -98,8 +114,9 @@ def bigram_logits(tokenizer, strength: float = 12.0, rules: dict[str, list[str]]
     return table
 
 
-def build_model(folder: Path, seed: int = 0, *, words: list[str] | None = None,
-                rules: dict[str, list[str]] | None = None) -> Path:
+def build_model(
+    folder: Path, seed: int = 0, *, words: list[str] | None = None, rules: dict[str, list[str]] | None = None
+) -> Path:
     """Tokenizer + a one-layer Llama that computes :func:`bigram_logits` exactly, saved with safetensors.
 
     Attention and MLP outputs are zero (``o_proj``, ``down_proj``), so the last hidden state is the
@@ -115,9 +132,16 @@ def build_model(folder: Path, seed: int = 0, *, words: list[str] | None = None,
     size = len(tokenizer)
     hidden = 8 * ((size + 7) // 8)
     config = LlamaConfig(
-        vocab_size=size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        vocab_size=size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
@@ -168,8 +192,9 @@ def trainer_overrides(trainer: str) -> list[str]:
     raise ValueError(f"trainer must be one of {TRAINERS}, got {trainer!r}")
 
 
-def main_ppo_overrides(workdir: Path, *, steps: int = 2, group_size: int = 4, trainer: str = "v1",
-                       n_ranks: int = 1) -> list[str]:
+def main_ppo_overrides(
+    workdir: Path, *, steps: int = 2, group_size: int = 4, trainer: str = "v1", n_ranks: int = 1
+) -> list[str]:
     """Hydra overrides for veRL's ``ppo_trainer`` config: the CPU smoke run described in the module doc.
 
     ``n_ranks``: training processes (FSDP2 data-parallel ranks over gloo), one logical GPU each.
@@ -240,6 +265,7 @@ def main_ppo_overrides(workdir: Path, *, steps: int = 2, group_size: int = 4, tr
 
 def with_overrides(base: list[str], extra: list[str]) -> list[str]:
     """``base`` Hydra overrides with the keys of ``extra`` replaced (Hydra refuses a key given twice)."""
+
     def key(item: str) -> str:
         return item.split("=", 1)[0].lstrip("+")
 
@@ -254,8 +280,9 @@ def pythonpath() -> str:
     return here if not current else f"{here}:{current}"
 
 
-def run(workdir: Path, *, steps: int = 2, trainer: str = "v1", extra: list[str] | None = None,
-        timeout_s: float = 900) -> int:
+def run(
+    workdir: Path, *, steps: int = 2, trainer: str = "v1", extra: list[str] | None = None, timeout_s: float = 900
+) -> int:
     """Build model and data in ``workdir``, run main_ppo, tee its output to ``workdir/main_ppo.log``."""
     compat.require_hooks()
     workdir = workdir.resolve()
@@ -290,8 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, required=True, help="folder for model, data, log and rollouts")
     parser.add_argument("--steps", type=int, default=2, help="training steps (default 2)")
-    parser.add_argument("--trainer", choices=TRAINERS, default="v1",
-                        help="veRL trainer: v1 (trainer.use_v1=true, veRL's default) or legacy (RayPPOTrainer)")
+    parser.add_argument(
+        "--trainer",
+        choices=TRAINERS,
+        default="v1",
+        help="veRL trainer: v1 (trainer.use_v1=true, veRL's default) or legacy (RayPPOTrainer)",
+    )
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
     args = parser.parse_args(argv)
     if args.steps < 1:

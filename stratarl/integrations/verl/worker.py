@@ -32,9 +32,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -64,7 +65,9 @@ def sorl_delta(actor_config: Any) -> float | None:
     value = policy_loss.get("sorl_delta", None)
     delta = DEFAULT_DELTA if value is None else float(value)
     if delta <= 0:
-        raise ValueError(f"actor.policy_loss.sorl_delta must be > 0 (stratarl's default is 1, the threshold reading), got {delta}")
+        raise ValueError(
+            f"actor.policy_loss.sorl_delta must be > 0 (stratarl's default is 1, the threshold reading), got {delta}"
+        )
     return delta
 
 

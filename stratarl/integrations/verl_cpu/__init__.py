@@ -112,7 +112,7 @@ class PlatformStratarlCPU(PlatformBase):
     def set_device(self, device_index: int) -> None:
         return None
 
-    def synchronize(self, device_index: Optional[int] = None) -> None:
+    def synchronize(self, device_index: int | None = None) -> None:
         return None
 
     def manual_seed(self, seed: int) -> None:
@@ -127,7 +127,7 @@ class PlatformStratarlCPU(PlatformBase):
     def empty_cache(self) -> None:
         return None
 
-    def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
         return None, None
 
     def communication_backend_name(self) -> str:
@@ -169,12 +169,11 @@ def _register_fsdp_engine_for_cpu() -> None:
     registry = EngineRegistry._engines.get("language_model", {})
     if all("cpu" in registry.get(backend, {}) for backend in ("fsdp", "fsdp2")):
         return
-    EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(
-        FSDPEngineWithLMHead
-    )
+    EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithLMHead)
 
 
 _register_fsdp_engine_for_cpu()
+
 
 def _cpu_training_worker():
     """veRL's ``TrainingWorker`` that starts its process group with gloo alone on a CPU.

@@ -40,8 +40,9 @@ ROLLOUT_NAME = "hf"
 SERVER_NAME = "stratarl_hf_rollout_server_{rank}"
 
 
-def sample_next_token(logits: torch.Tensor, *, temperature: float, top_p: float, top_k: int,
-                      generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_next_token(
+    logits: torch.Tensor, *, temperature: float, top_p: float, top_k: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """One token id [1] from logits [V] under veRL's sampling params (temperature 0 = greedy, top_k <= 0 = all)."""
     if temperature <= 0:
         return logits.argmax(dim=-1, keepdim=True)
@@ -97,8 +98,7 @@ class HFRolloutServer:
         tokens: list[int] = []
         log_probs: list[float] = []
         for _ in range(min(max_new, self.response_length)):
-            token = sample_next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k,
-                                      generator=generator)
+            token = sample_next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k, generator=generator)
             tokens.append(int(token))
             log_probs.append(float(torch.log_softmax(logits, dim=-1)[token]))
             if int(token) in self.eos_ids:
@@ -106,12 +106,16 @@ class HFRolloutServer:
             out = self.model(input_ids=token.view(1, 1), past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[0, -1].float()
         self.requests += 1
-        return TokenOutput(token_ids=tokens, log_probs=log_probs, stop_reason="completed",
-                           extra_fields={"global_steps": self.global_steps,
-                                         "stratarl_hf_weight_version": self.weight_version})
+        return TokenOutput(
+            token_ids=tokens,
+            log_probs=log_probs,
+            stop_reason="completed",
+            extra_fields={"global_steps": self.global_steps, "stratarl_hf_weight_version": self.weight_version},
+        )
 
-    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
-                       **kwargs: Any) -> TokenOutput:
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
+    ) -> TokenOutput:
         if kwargs.get("image_data") or kwargs.get("video_data") or kwargs.get("audio_data"):
             raise NotImplementedError("the hf rollout server is text-only")
         return self._generate(list(prompt_ids), dict(sampling_params))
@@ -191,8 +195,12 @@ class HFRolloutAdapter(BaseRollout):
     async def release(self) -> None:
         return None
 
-    async def update_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
-                             wire_format: str = "named_tensors", **kwargs: Any) -> None:
+    async def update_weights(
+        self,
+        weights: Generator[tuple[str, torch.Tensor], None, None],
+        wire_format: str = "named_tensors",
+        **kwargs: Any,
+    ) -> None:
         if wire_format != "named_tensors":
             raise NotImplementedError(f"the hf rollout takes full named tensors, not {wire_format!r}")
         state = {}
