@@ -25,8 +25,7 @@ from stratarl.rollout.config import RolloutConfig
 from stratarl.rollout.engine import Rollout, RolloutEngine
 from stratarl.rollout.generation import Generator
 from stratarl.rollout.prompt import encode_messages, encode_prompt
-from stratarl.rollout.transcript import rollout_metrics as engine_rollout_metrics
-from stratarl.rollout.transcript import transcript as engine_transcript
+from stratarl.rollout.transcript import rollout_metrics, transcript
 
 STRATUM_KEYS = ("num_searches", "observation_blocks", "answered", "random")
 """Built-in stratum keys (``algo.stratum_key``); ``random`` is the control the trainer draws from num_searches."""
@@ -175,7 +174,7 @@ def _distribution(values: list[int], prefix: str, max_key: int = 4) -> dict[str,
     return {f"{prefix}/{k}{'+' if k == max_key else ''}": counts.get(k, 0) / n for k in range(max_key + 1)}
 
 
-def rollout_metrics(batch: CollectedBatch) -> dict[str, float]:
+def batch_metrics(batch: CollectedBatch) -> dict[str, float]:
     """reward/*, rollout/* (search calls and their distribution, lengths, rates) and stratum/* metrics."""
     rs = batch.rollouts
     n = max(1, len(rs))
@@ -185,7 +184,7 @@ def rollout_metrics(batch: CollectedBatch) -> dict[str, float]:
     # The engine's own rollout/* means and rates (searches, turns, answered, valid actions, ...),
     # plus what only the trainer knows: rewards, length extremes, strata.
     m: dict[str, float] = {
-        **engine_rollout_metrics(rs),
+        **rollout_metrics(rs),
         "reward/mean": sum(batch.rewards) / n,
         "reward/em": sum(batch.em) / n,
         "rollout/search_calls_max": float(max(searches, default=0)),
@@ -225,7 +224,7 @@ def advantage_metrics(advantages: torch.Tensor, response_mask: torch.Tensor) -> 
     }
 
 
-def transcript(
+def scored_transcript(
     rollout: Rollout,
     example: Question,
     tokenizer,
@@ -236,7 +235,7 @@ def transcript(
 ) -> dict:
     """The engine's transcript (prompt, turns, searches with passages, answer, flags, mask runs)
     with the example, the stratum and the advantage the update used."""
-    record = engine_transcript(rollout, tokenizer, reward=reward, golds=example.golden_answers)
+    record = transcript(rollout, tokenizer, reward=reward, golds=example.golden_answers)
     return {
         "example_id": example.id,
         "question": example.question,

@@ -54,7 +54,7 @@ class UpdateCall:
     prefix: Prefix | None = None
 
 
-def alone_reason(call: UpdateCall) -> str | None:
+def update_alone_reason(call: UpdateCall) -> str | None:
     """None when ``call`` can be stacked with others, else why it updates alone."""
     if call.prefix is not None:
         return "a frozen prefix (model.trainable_layers): the solo fast update"
@@ -69,7 +69,7 @@ def update_together(calls: list[UpdateCall]) -> list[dict | BaseException]:
     results: list = [None] * len(calls)
     groups: dict[tuple, list[int]] = {}
     for i, call in enumerate(calls):
-        if alone_reason(call) is not None:
+        if update_alone_reason(call) is not None:
             try:
                 results[i] = update_policy(
                     call.learner, call.batch, call.cfg, call.generator, impl=call.impl, prefix=call.prefix

@@ -63,7 +63,7 @@ V1_CALLER_MODULE = "verl.trainer.ppo.v1.utils"
 V1_CALLER = "compute_advantage_for_multi_trajectories"
 # When set, every call appends one json line (uid, strata, rewards, advantages per rollout) to this
 # file: what the estimator saw and gave, for checking a run against an independent count of searches.
-DUMP_ENV = "STRATARL_VERL_STRATA_DUMP"
+STRATA_DUMP_ENV = "STRATARL_VERL_STRATA_DUMP"
 
 
 @dataclass(frozen=True)
@@ -214,8 +214,8 @@ def compute_stratified_grpo_advantage(
             scale_by_std=settings.scale_by_std,
         )
         advantages = broadcast_to_tokens(per_rollout, response_mask).to(token_level_rewards.dtype)
-    if os.environ.get(DUMP_ENV):
-        dump_strata(os.environ[DUMP_ENV], index, strata, rewards, per_rollout, keys=keys)
+    if os.environ.get(STRATA_DUMP_ENV):
+        dump_strata(os.environ[STRATA_DUMP_ENV], index, strata, rewards, per_rollout, keys=keys)
     return advantages, advantages.clone()
 
 

@@ -29,7 +29,6 @@ import argparse
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -50,12 +49,6 @@ ROLLOUTS = [
 ]
 QUESTIONS = ["What is the capital of France ?", "Which city is the capital of France ?"]
 TOOL_RESPONSE = ["<|im_end|>", "<|im_start|>", "tool", "France", "is", "<|im_end|>", "<|im_start|>", "assistant"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def build_batch(model_dir: Path):
@@ -263,7 +256,7 @@ def run_worker(workdir: Path, rank: int, world: int) -> None:
 
 def launch(workdir: Path, world: int, timeout_s: float = 600) -> list[dict]:
     """Start ``world`` rank processes (gloo on 127.0.0.1) and return their records."""
-    port = free_port()
+    port = smoke_multiturn.free_port()
     (workdir / f"sorl_world{world}.jsonl").unlink(missing_ok=True)
     processes = []
     for rank in range(world):

@@ -37,10 +37,10 @@ from pathlib import Path
 
 from stratarl.algos import grpo_advantages, stratified_advantages
 from stratarl.integrations.verl import compat, smoke, smollm2
-from stratarl.integrations.verl.advantage import DUMP_ENV
+from stratarl.integrations.verl.advantage import STRATA_DUMP_ENV
 from stratarl.integrations.verl.agent_model import build_agent_model
-from stratarl.integrations.verl.reward import DUMP_ENV as REWARD_DUMP_ENV
-from stratarl.integrations.verl.worker import DUMP_ENV as SORL_DUMP_ENV
+from stratarl.integrations.verl.reward import REWARD_DUMP_ENV
+from stratarl.integrations.verl.worker import SORL_DUMP_ENV
 from stratarl.integrations.verl_data import VERL_USER_TEMPLATE
 
 REPO = Path(__file__).resolve().parents[3]
@@ -124,6 +124,7 @@ def serve_python() -> str:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -185,7 +186,7 @@ PLUGIN_KEYS = (
     "algorithm.stratified_grpo",
     "reward.custom_reward_function",
     "VERL_USE_EXTERNAL_MODULES",
-    DUMP_ENV,
+    STRATA_DUMP_ENV,
     REWARD_DUMP_ENV,
     SORL_DUMP_ENV,
 )
@@ -241,7 +242,7 @@ def main_ppo_overrides(
             "reward.custom_reward_function.name=compute_score_with_turns",
             f"{env}.STRATARL_RETRIEVER_URL={url}/retrieve",
             f'{env}.STRATARL_RETRIEVER_TOPK="{TOPK}"',
-            f"{env}.{DUMP_ENV}={workdir / 'strata.jsonl'}",
+            f"{env}.{STRATA_DUMP_ENV}={workdir / 'strata.jsonl'}",
             f"{env}.{REWARD_DUMP_ENV}={workdir / 'rewards.jsonl'}",
             f"{env}.{SORL_DUMP_ENV}={workdir / 'ranks.jsonl'}",
         ],
