@@ -74,7 +74,7 @@ class CollectedBatch:
     retrieval_s: float
 
 
-def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
+def stratum_function(key: str, stratum_cap: int | None) -> Callable[[object], int]:
     """Rollout -> integer stratum: number of searches (capped), observation blocks (capped), answered, or a
     user function.
 
@@ -83,12 +83,12 @@ def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
     (``stratarl.algos.search_counts``), which also counts invalid-action feedback and misses an observation
     after the last turn."""
     if key == "num_searches":
-        return lambda r: min(r.num_searches, cap) if cap is not None else r.num_searches
+        return lambda r: min(r.num_searches, stratum_cap) if stratum_cap is not None else r.num_searches
     if key == "observation_blocks":
 
         def blocks(r) -> int:
             count = int(search_counts(torch.tensor([r.response_mask], dtype=torch.long))[0]) if r.response_mask else 0
-            return min(count, cap) if cap is not None else count
+            return min(count, stratum_cap) if stratum_cap is not None else count
 
         return blocks
     if key == "answered":

@@ -38,7 +38,7 @@ Settings come from veRL's ``algorithm`` config (a DictConfig or an ``AlgoConfig`
         alpha: 0.6                    # 0 = GRPO, 1 = pure SAN (paper: 0.6)
         eps: 1.0e-6                   # added to the std, as veRL's GRPO
         std_ddof: 1                   # Bessel's correction, as veRL's GRPO (torch.std)
-        strata_cap: null              # counts >= cap share one stratum
+        stratum_cap: null             # counts >= cap share one stratum (older spelling: strata_cap)
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class StratifiedSettings:
     alpha: float = 0.6
     eps: float = 1e-6
     std_ddof: int = 1
-    strata_cap: int | None = None
+    stratum_cap: int | None = None
     scale_by_std: bool = True
 
 
@@ -88,20 +88,31 @@ def _get(config: Any, key: str, default: Any) -> Any:
     return default if value is None and default is not None else value
 
 
+def stratum_cap_from(block: Any, *, where: str) -> int | None:
+    """The block's ``stratum_cap`` or, from an older config, ``strata_cap`` (None: no cap)."""
+    cap, older = _get(block, "stratum_cap", None), _get(block, "strata_cap", None)
+    if older is not None:
+        if cap is not None and cap != older:
+            raise ValueError(
+                f"{where} sets stratum_cap={cap} and strata_cap={older}, its older spelling. Fix: keep stratum_cap only"
+            )
+        cap = older
+    return None if cap is None else int(cap)
+
+
 def stratified_settings(config: Any, *, epsilon: float = 1e-6, norm_adv_by_std: bool = True) -> StratifiedSettings:
     """Settings from veRL's algorithm config; unknown keys in the block are an error (typos)."""
     block = _get(config, CONFIG_KEY, None) or {}
-    allowed = {"alpha", "eps", "std_ddof", "strata_cap"}
+    allowed = {"alpha", "eps", "std_ddof", "stratum_cap"}
     keys = {k for k in block.keys() if not str(k).startswith("_")} if hasattr(block, "keys") else set()
-    unknown = sorted(keys - allowed)
+    unknown = sorted(keys - allowed - {"strata_cap"})
     if unknown:
         raise ValueError(f"algorithm.{CONFIG_KEY} has unknown key(s) {unknown}; valid keys: {sorted(allowed)}")
-    cap = _get(block, "strata_cap", None)
     settings = StratifiedSettings(
         alpha=float(_get(block, "alpha", 0.6)),
         eps=float(_get(block, "eps", epsilon)),
         std_ddof=int(_get(block, "std_ddof", 1)),
-        strata_cap=None if cap is None else int(cap),
+        stratum_cap=stratum_cap_from(block, where=f"algorithm.{CONFIG_KEY}"),
         scale_by_std=bool(_get(config, "norm_adv_by_std_in_grpo", norm_adv_by_std)),
     )
     if not 0.0 <= settings.alpha <= 1.0:
@@ -203,7 +214,7 @@ def compute_stratified_grpo_advantage(
     with torch.no_grad():
         rewards = token_level_rewards.sum(dim=-1)
         group_ids = group_ids_from_index(index, rewards.shape[0]).to(rewards.device)
-        strata = cap_strata(search_counts(response_mask), settings.strata_cap)
+        strata = cap_strata(search_counts(response_mask), settings.stratum_cap)
         per_rollout = stratified_advantages(
             rewards,
             group_ids,
