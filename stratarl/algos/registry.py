@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from stratarl.algos.advantages import (
+    STRATIFIED_ALPHA,
     broadcast_to_tokens,
     gae_advantages,
     grpo_advantages,
@@ -258,7 +259,7 @@ def _drgrpo(batch: AdvantageBatch, *, std_ddof: int = 1):
 def _stratified(
     batch: AdvantageBatch,
     *,
-    alpha: float = 0.6,
+    alpha: float = STRATIFIED_ALPHA,
     eps: float = 1e-6,
     std_ddof: int = 1,
     scale_by_std: bool = True,

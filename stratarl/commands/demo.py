@@ -30,7 +30,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--alpha", type=float, default=0.6, help="Stratified GRPO blend weight α (default 0.6)")
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        help="Stratified GRPO blend weight α (default: the paper's value, stratarl.algos.STRATIFIED_ALPHA)",
+    )
     parser.add_argument("--delta", type=float, default=1.0, help="SORL threshold δ (default 1.0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the toy SORL policy (default 0)")
     parser.set_defaults(func=run)
@@ -126,9 +130,11 @@ def _noisy_copy(model, noise: float, seed: int):
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from stratarl.algos import STRATIFIED_ALPHA  # start-up cost: torch, only when the demo runs
+
     torch.set_num_threads(1)  # tiny tensors: threads only add overhead
     print("Stratified GRPO vs GRPO on hand-made rollouts (strata = search counts read from the masks)\n")
-    print(advantage_table(args.alpha))
+    print(advantage_table(STRATIFIED_ALPHA if args.alpha is None else args.alpha))
     print(
         "\nGRPO centres each reward on its group: R − mean R = (R − mean_stratum R) + cross-stratum bias,"
         "\nso a rollout is credited (or blamed) for its stratum's average reward, not only for its own."

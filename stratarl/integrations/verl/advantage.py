@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from stratarl.algos import broadcast_to_tokens, cap_strata, search_counts, stratified_advantages
+from stratarl.algos.advantages import STRATIFIED_ALPHA, check_alpha
 from stratarl.integrations.verl.guards import refuse_for_estimator
 
 ESTIMATOR_NAME = "stratified_grpo"
@@ -70,7 +71,7 @@ STRATA_DUMP_ENV = "STRATARL_VERL_STRATA_DUMP"
 class StratifiedSettings:
     """Stratified GRPO parameters read from veRL's ``algorithm.stratified_grpo`` block."""
 
-    alpha: float = 0.6
+    alpha: float = STRATIFIED_ALPHA
     eps: float = 1e-6
     std_ddof: int = 1
     stratum_cap: int | None = None
@@ -109,16 +110,13 @@ def stratified_settings(config: Any, *, epsilon: float = 1e-6, norm_adv_by_std: 
     if unknown:
         raise ValueError(f"algorithm.{CONFIG_KEY} has unknown key(s) {unknown}; valid keys: {sorted(allowed)}")
     settings = StratifiedSettings(
-        alpha=float(_get(block, "alpha", 0.6)),
+        alpha=float(_get(block, "alpha", STRATIFIED_ALPHA)),
         eps=float(_get(block, "eps", epsilon)),
         std_ddof=int(_get(block, "std_ddof", 1)),
         stratum_cap=stratum_cap_from(block, where=f"algorithm.{CONFIG_KEY}"),
         scale_by_std=bool(_get(config, "norm_adv_by_std_in_grpo", norm_adv_by_std)),
     )
-    if not 0.0 <= settings.alpha <= 1.0:
-        raise ValueError(
-            f"algorithm.{CONFIG_KEY}.alpha must be in [0, 1] (0 = GRPO, 1 = pure SAN), got {settings.alpha}"
-        )
+    check_alpha(settings.alpha, f"algorithm.{CONFIG_KEY}.alpha")
     return settings
 
 

@@ -15,6 +15,7 @@ from verl.base_config import BaseConfig
 from verl.trainer.config import AlgoConfig
 from verl.workers.config.actor import PolicyLossConfig
 
+from stratarl.algos.advantages import STRATIFIED_ALPHA, check_alpha
 from stratarl.integrations.verl.advantage import stratum_cap_from
 from stratarl.integrations.verl.guards import refuse_for_estimator, refuse_for_turn_loss
 
@@ -31,7 +32,7 @@ class StratifiedGRPOConfig(BaseConfig):
             ``algo.stratum_cap``). ``strata_cap``, the older spelling, still loads.
     """
 
-    alpha: float = 0.6
+    alpha: float = STRATIFIED_ALPHA
     eps: float = 1e-6
     std_ddof: int = 1
     stratum_cap: int | None = None
@@ -40,10 +41,7 @@ class StratifiedGRPOConfig(BaseConfig):
     def __post_init__(self) -> None:
         # BaseConfig freezes a field once set; the older spelling is folded in here, before anything reads it.
         object.__setattr__(self, "stratum_cap", stratum_cap_from(self, where="algorithm.stratified_grpo"))
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(
-                f"algorithm.stratified_grpo.alpha must be in [0, 1] (0 = GRPO, 1 = pure SAN), got {self.alpha}"
-            )
+        check_alpha(self.alpha, "algorithm.stratified_grpo.alpha")
         if self.eps < 0:
             raise ValueError(f"algorithm.stratified_grpo.eps must be >= 0, got {self.eps}")
         if self.std_ddof not in (0, 1):

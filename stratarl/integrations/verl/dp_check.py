@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from stratarl.algos import stratified_advantages
+from stratarl.algos import STRATIFIED_ALPHA, stratified_advantages
 from stratarl.integrations.verl import smoke, smoke_multiturn
 from stratarl.integrations.verl.agent_model import TOOL_CALL, build_agent_model
 
@@ -122,7 +122,7 @@ def build_batch(model_dir: Path):
         torch.tensor(rewards),
         torch.tensor([int(u[-1]) for u in uids]),
         torch.tensor(strata),
-        alpha=0.6,
+        alpha=STRATIFIED_ALPHA,
         eps=smoke.STRATIFIED_EPS,
         std_ddof=1,
     )

@@ -35,7 +35,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from stratarl.algos import grpo_advantages, stratified_advantages
+from stratarl.algos import STRATIFIED_ALPHA, grpo_advantages, stratified_advantages
 from stratarl.integrations.verl import compat, smoke, smollm2
 from stratarl.integrations.verl.advantage import STRATA_DUMP_ENV
 from stratarl.integrations.verl.agent_model import build_agent_model
@@ -432,7 +432,7 @@ def groups_by_step(run: dict) -> dict[int, list[dict]]:
     return steps
 
 
-def expected_advantages(groups: list[dict], *, single_stratum: bool = False, alpha: float = 0.6):
+def expected_advantages(groups: list[dict], *, single_stratum: bool = False, alpha: float = STRATIFIED_ALPHA):
     """stratarl's Stratified GRPO on the reward function's records of one step, group by group.
 
     Returns one list per group of (score, tool rounds, advantage), sorted; strata are the agent loop's
