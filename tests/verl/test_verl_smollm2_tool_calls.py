@@ -25,10 +25,8 @@ pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test
 import torch
 
 from stratarl.algos import search_counts
-from stratarl.integrations import search_tool
 from stratarl.integrations.verl import smoke_multiturn as mt
 from stratarl.integrations.verl import smollm2
-from stratarl.retrieval.base import Passage
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = mt.user_prompt(mt.QUESTIONS[0], "smollm2")
@@ -45,23 +43,6 @@ def tokenizer():
     tokenizer = AutoTokenizer.from_pretrained(source)
     tokenizer.chat_template = smollm2.TOOL_CHAT_TEMPLATE
     return tokenizer
-
-
-class CountingRetriever:
-    def __init__(self):
-        self.queries: list[str] = []
-
-    def search(self, queries, k):
-        self.queries.extend(queries)
-        return [[Passage(id="0", contents='"Paris"\nParis is the capital of France .')] for _ in queries]
-
-
-@pytest.fixture
-def retriever(monkeypatch):
-    stub = CountingRetriever()
-    monkeypatch.setattr(search_tool, "_retriever", stub)
-    monkeypatch.setenv("STRATARL_RETRIEVER_TOPK", "1")
-    return stub
 
 
 def test_the_template_renders_the_tool_schema_veRL_passes(tokenizer):
