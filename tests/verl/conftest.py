@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from stratarl.retrieval.base import Passage
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def pytest_configure(config):
@@ -40,3 +47,26 @@ def retriever(monkeypatch):
     monkeypatch.setattr(search_tool, "_retriever", stub)
     monkeypatch.setenv("STRATARL_RETRIEVER_TOPK", "1")
     return stub
+
+
+@pytest.fixture(scope="session")
+def smoke_multiturn():
+    """``run(workdir, *args, timeout=1200) -> (stdout, main_ppo.log text)``: one run of
+    ``python -m stratarl.integrations.verl.smoke_multiturn --workdir DIR *args`` that must succeed (its output's
+    tail is the failure message); the test skips when no Python can run `stratarl serve`."""
+    from stratarl.integrations.verl import smoke_multiturn as mt  # imports veRL: only in .venv-verl
+
+    def run(workdir: Path, *args: str, timeout: float = 1200) -> tuple[str, str]:
+        try:
+            mt.serve_python()
+        except RuntimeError as error:
+            pytest.skip(str(error))
+        command = [sys.executable, "-m", "stratarl.integrations.verl.smoke_multiturn", "--workdir", str(workdir)]
+        result = subprocess.run(
+            [*command, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ}
+        )
+        log = (workdir / "main_ppo.log").read_text() if (workdir / "main_ppo.log").exists() else ""
+        assert result.returncode == 0, (result.stdout + result.stderr + log)[-6000:]
+        return result.stdout, log
+
+    return run

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -81,31 +78,13 @@ def test_a_malformed_call_is_no_search(tokenizer, retriever):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, smoke_multiturn):
     try:
-        mt.serve_python()
         smollm2.source_folder()
     except RuntimeError as error:
         pytest.skip(str(error))
     workdir = tmp_path_factory.mktemp("verl-smollm2")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stratarl.integrations.verl.smoke_multiturn",
-            "--workdir",
-            str(workdir),
-            "--model",
-            "smollm2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        cwd=REPO,
-        env={**os.environ},
-    )
-    log = (workdir / "main_ppo.log").read_text() if (workdir / "main_ppo.log").exists() else ""
-    assert result.returncode == 0, (result.stdout + result.stderr + log)[-6000:]
+    smoke_multiturn(workdir, "--model", "smollm2", timeout=1500)
     loaded = mt.load_run(workdir)
     loaded["warm_start"] = json.loads((workdir / "warm_start.json").read_text())
     return loaded
