@@ -11,8 +11,8 @@ from stratarl.data.examples import Example
 from stratarl.infra.schedules import sft_lr_factor
 from stratarl.retrieval.base import Passage
 from stratarl.retrieval.bm25 import BM25Retriever
-from stratarl.trainer.demos import Demonstration, render_demonstration, render_demonstrations
-from stratarl.trainer.sft import demo_shortfall, run_sft, sft_step
+from stratarl.trainer.warmstart.demos import Demonstration, render_demonstration, render_demonstrations
+from stratarl.trainer.warmstart.sft import demo_shortfall, run_sft, sft_step
 
 PASSAGES = [
     Passage("0", '"Bavir Institute"\nBavir Institute was founded by Doushil Revedi.'),

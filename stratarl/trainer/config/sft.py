@@ -70,7 +70,7 @@ class SFTConfig:
     """Weight of the next-token loss on observation (retrieved passage) tokens, relative to policy tokens.
     Passages repeat names (title, subject, relations), so this trains copying; the policy never emits them."""
     probe_every: int = 0
-    """`source: worlds`: the reading probe (stratarl.trainer.probe): greedy rollouts on single-hop and 2-hop
+    """`source: worlds`: the reading probe (stratarl.trainer.warmstart.probe): greedy rollouts on single-hop and 2-hop
     questions of a world never trained on. 0: off (the warm start ends after `steps`). N > 0: probe after
     `steps`, and if single-hop EM is below `probe_min_em`, train N more steps and probe again, up to
     `max_steps`; a warm start that never passes stops the run with an error (it is not cached)."""

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Iterator
 
 from stratarl.data.synth import generate_knowledge_base
-from stratarl.trainer.demos import Demonstration, render_demonstrations, render_reading_examples
+from stratarl.trainer.warmstart.demos import Demonstration, render_demonstrations, render_reading_examples
 
 # Demonstration worlds of task seed s are seeds WORLD_SEED_STRIDE * (s + 1) + i, i = 0, 1, ...: far
 # from any task seed a user writes, so the task's own world is never among them (checked, too).
