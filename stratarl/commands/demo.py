@@ -32,8 +32,8 @@ def register(subparsers) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     def body() -> int:
         from stratarl.evaluation.report import build_report
-        from stratarl.trainer.algorithm import describe
         from stratarl.trainer.config import load_config
+        from stratarl.trainer.config.resolve import describe
 
         started = time.perf_counter()
         cfg = load_config(args.config, list(args.overrides))
