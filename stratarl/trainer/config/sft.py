@@ -25,8 +25,18 @@ class SFTConfig:
     """Demonstrations per optimizer step."""
     no_search_fraction: float = 0.2
     """Fraction of demonstrations that answer straight away without searching (imperfect on purpose)."""
+    guess_on: Literal["any", "guessable"] = "any"
+    """Which questions a no-search demonstration may guess on. `any`: every question, `no_search_fraction` of
+    all demonstrations. `guessable`: only questions of a guessable family (a small answer set, such as a
+    country), `no_search_fraction` of those; the others guess never and keep the other fractions' shares
+    among the demonstrations that search. A warm start that guesses the shortcut questions often while it
+    reads the rest (docs/lab.md)."""
     wrong_hop_fraction: float = 0.1
     """Fraction of multi-hop demonstrations whose last hop searches with a wrong query (imperfect on purpose)."""
+    wrong_hop_pool: Literal["family", "any"] = "family"
+    """Where a wrong last hop comes from. `family`: another question of the same family (the same relation about
+    a wrong entity, so its answer is of the right type: a country for a country question). `any`: any other
+    question (usually another relation, so the answer is rarely even of the right type)."""
     early_answer_fraction: float = 0.0
     """Fraction of multi-hop demonstrations that stop after their first search and answer what it found
     (the first hop's answer): a deliberately weak search policy that RL can improve by searching more."""

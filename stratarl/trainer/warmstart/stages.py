@@ -48,13 +48,18 @@ def warm_start_key(cfg: Config) -> dict:
     """Everything a warm start depends on (the cache key of ``sft.cache``): not the RL settings. A bf16
     warm start (``trainer.precision`` resolving to bf16 on this machine) has its own key; fp32 keys carry no
     precision."""
+    sft = dataclasses.asdict(cfg.sft)
+    # Options at their defaults leave the keys of warm starts built before the options existed unchanged.
+    for option, default in (("guess_on", "any"), ("wrong_hop_pool", "family")):
+        if sft[option] == default:
+            del sft[option]
     key = {
         "model": dataclasses.asdict(cfg.model),
         "data": dataclasses.asdict(cfg.data),
         "retrieval": dataclasses.asdict(cfg.retrieval),
         "max_obs_tokens": cfg.rollout.max_obs_tokens,
         "prompt_template": cfg.rollout.prompt_template,
-        "sft": dataclasses.asdict(cfg.sft),
+        "sft": sft,
         "grad_clip": cfg.optim.grad_clip,
         "micro_batch_tokens": cfg.trainer.micro_batch_tokens,
     }
@@ -217,6 +222,8 @@ def _demo_plan(cfg: Config, tokenizer, task, tally: DemoTally) -> DemoPlan:
         topk=cfg.retrieval.topk,
         max_obs_tokens=cfg.rollout.max_obs_tokens,
         no_search_fraction=s.no_search_fraction,
+        guess_on=s.guess_on,
+        wrong_hop_pool=s.wrong_hop_pool,
         wrong_hop_fraction=s.wrong_hop_fraction,
         early_answer_fraction=s.early_answer_fraction,
         seed=s.seed,

@@ -108,6 +108,8 @@ def world_demonstrations(cfg, tokenizer, index: int) -> list[Demonstration]:
         topk=cfg.retrieval.topk,
         max_obs_tokens=cfg.rollout.max_obs_tokens,
         no_search_fraction=s.no_search_fraction,
+        guess_on=s.guess_on,
+        wrong_hop_pool=s.wrong_hop_pool,
         wrong_hop_fraction=s.wrong_hop_fraction,
         early_answer_fraction=s.early_answer_fraction,
         seed=seed,
