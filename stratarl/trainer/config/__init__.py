@@ -12,6 +12,9 @@ search (``retrieval.topk``, the one place that sets it). The device / precision 
 (``Config.device_policy``, stratarl.infra.precision) depends on the machine, so it is resolved once, on
 first use (``build_run`` asks first, so bf16 on a GPU without it fails before any work).
 
+The package: the root here (``Config``, ``load_config``, ``save_config``), the sections in ``sections``, ``algo``
+and ``sft``, the older spellings in ``legacy`` and the algorithm's resolution in ``resolve``.
+
 Defaults follow Search-R1 / the two papers (docs/algorithms.md) where they apply to any model size; the
 shipped configs shrink sizes for CPU runs.
 """
