@@ -42,6 +42,8 @@ from stratarl.integrations.verl.agent_model import build_agent_model
 from stratarl.integrations.verl.reward import REWARD_DUMP_ENV
 from stratarl.integrations.verl.worker import SORL_DUMP_ENV
 from stratarl.integrations.verl_data import VERL_USER_TEMPLATE
+from stratarl.retrieval.base import Passage
+from stratarl.retrieval.corpus import write_corpus
 
 REPO = Path(__file__).resolve().parents[3]
 GROUP_SIZE = 6
@@ -68,12 +70,9 @@ QUESTIONS = [
 ]
 
 
-def write_corpus(path: Path) -> Path:
-    """A Search-R1 corpus jsonl (``{"id", "contents": "\\"Title\\"\\ntext"}``) of :data:`CORPUS`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"id": str(i), "contents": f'"{title}"\n{text}'}) for i, (title, text) in enumerate(CORPUS)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def write_smoke_corpus(path: Path) -> Path:
+    """:data:`CORPUS` as a Search-R1 corpus jsonl (passage ``i``: ``"Title"\\ntext``)."""
+    return write_corpus([Passage(str(i), f'"{title}"\n{text}') for i, (title, text) in enumerate(CORPUS)], path)
 
 
 MODELS = ("tiny", "smollm2")
@@ -285,7 +284,7 @@ def run(
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     write_data(workdir / "data", model)
-    server, url = start_server(write_corpus(workdir / "corpus.jsonl"), workdir / "server.log")
+    server, url = start_server(write_smoke_corpus(workdir / "corpus.jsonl"), workdir / "server.log")
     try:
         if model == "smollm2":
             # The warm start renders its demonstrations through veRL's loop and the real server.
