@@ -21,6 +21,7 @@ wrapper too).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 from dataclasses import dataclass
@@ -78,10 +79,8 @@ def _clear_quantization(model: torch.nn.Module) -> None:
         del model.config.quantization_config
     for attr in ("is_quantized", "_is_quantized_training_enabled"):
         if getattr(model, attr, False):
-            try:
+            with contextlib.suppress(AttributeError):
                 setattr(model, attr, False)
-            except AttributeError:
-                pass
 
 
 def _convert_bundled(alias: str, target: Path) -> None:

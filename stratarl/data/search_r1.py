@@ -248,7 +248,7 @@ def _read_parquet(path: Path) -> list[dict]:
 
     try:
         return pq.read_table(path).to_pylist()
-    except Exception as error:  # pyarrow raises several types for a corrupt file
+    except Exception as error:  # noqa: BLE001  pyarrow raises several types for a corrupt file
         raise DatasetFormatError(f"{path}: not a readable parquet file ({error})") from None
 
 

@@ -162,8 +162,10 @@ def markdown_tables(result: dict) -> str:
     out = [
         "# Aggregate over seeds",
         "",
-        f"Mean ± 95% Student-t CI half-width over seeds (n = seeds; no CI with one seed). final = mean of the last "
-        f"{result['final_window']} steps; auc = mean over all steps. Baseline: `{result['baseline']}`.",
+        (
+            f"Mean ± 95% Student-t CI half-width over seeds (n = seeds; no CI with one seed). final = mean of the last "
+            f"{result['final_window']} steps; auc = mean over all steps. Baseline: `{result['baseline']}`."
+        ),
         "",
     ]
     for condition, block in result["conditions"].items():

@@ -178,7 +178,7 @@ def shape_mismatches(model: torch.nn.Module, file: Path) -> list[tuple[str, tupl
     """(name, shape in ``file``, shape in ``model``) for every tensor both have with different shapes,
     read from the safetensors header only."""
     with safe_open(str(file), framework="pt") as f:
-        saved = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        saved = {name: tuple(f.get_slice(name).get_shape()) for name in f}
     return [
         (name, saved[name], tuple(t.shape))
         for name, t in model.state_dict().items()

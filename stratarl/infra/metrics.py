@@ -68,7 +68,7 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._path = self.run_dir / filename
-        self._jsonl = open(self._path, "a", buffering=1)
+        self._jsonl = open(self._path, "a", buffering=1)  # noqa: SIM115  open for the logger's life; close() closes it
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # optional: logging.tensorboard (pulls in tensorboard)
@@ -110,7 +110,7 @@ class MetricsLogger:
         rows = read_metrics(self.run_dir, self._path.name)
         kept = [row for row in rows if keep(row)]
         write_atomic(self._path, "".join(json.dumps(row) + "\n" for row in kept))
-        self._jsonl = open(self._path, "a", buffering=1)
+        self._jsonl = open(self._path, "a", buffering=1)  # noqa: SIM115  as in __init__: close() closes it
         return len(rows) - len(kept)
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 def format_duration(seconds: float) -> str:
     """``75`` -> ``1m15s``; ``3725`` -> ``1h02m``; under a minute: ``42s``."""
-    seconds = max(0, int(round(seconds)))
+    seconds = max(0, round(seconds))
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:

@@ -140,6 +140,22 @@ class Fused:
     head_t: torch.Tensor
 
 
+def _layer(leaves: dict[str, torch.Tensor], i: int) -> Layer:
+    """Layer ``i``'s fused weights from the stacked leaves (q, k, v and gate, up concatenated)."""
+
+    def get(name: str) -> torch.Tensor:
+        return leaves[f"{i}.{name}"]
+
+    return Layer(
+        norm1=get("norm1"),
+        qkv=torch.cat([get("q"), get("k"), get("v")], dim=1).transpose(1, 2),
+        o=get("o").transpose(1, 2),
+        norm2=get("norm2"),
+        gate_up=torch.cat([get("gate"), get("up")], dim=1).transpose(1, 2),
+        down=get("down").transpose(1, 2),
+    )
+
+
 class StackedParams:
     """The parameters of K models of one architecture, stacked: one tensor [K, ...] per parameter key.
 
@@ -179,19 +195,7 @@ class StackedParams:
     def fused(self) -> Fused:
         """The layer math's weights, built from the leaves (differentiable)."""
         leaves = self.leaves
-        layers = []
-        for i in range(self.num_layers):
-            get = lambda name: leaves[f"{i}.{name}"]  # noqa: E731
-            layers.append(
-                Layer(
-                    norm1=get("norm1"),
-                    qkv=torch.cat([get("q"), get("k"), get("v")], dim=1).transpose(1, 2),
-                    o=get("o").transpose(1, 2),
-                    norm2=get("norm2"),
-                    gate_up=torch.cat([get("gate"), get("up")], dim=1).transpose(1, 2),
-                    down=get("down").transpose(1, 2),
-                )
-            )
+        layers = [_layer(leaves, i) for i in range(self.num_layers)]
         head = leaves.get("head", leaves["embed"])
         return Fused(leaves["embed"], layers, leaves["norm"], head, head.transpose(1, 2))
 

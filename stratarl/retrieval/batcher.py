@@ -9,6 +9,7 @@ gathers, so N concurrent clients cost a handful of calls instead of N serial one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -84,7 +85,7 @@ class MicroBatcher:
         return await future
 
     async def _run(self) -> None:
-        assert self._small is not None and self._bulk is not None and self._ready is not None
+        assert self._small is not None and self._bulk is not None and self._ready is not None  # noqa: S101  search() made them
         while True:
             await self._ready.wait()
             batch, size = [], 0
@@ -107,7 +108,7 @@ class MicroBatcher:
             results = await loop.run_in_executor(self._executor, self.retriever.search, queries, k)
             if len(results) != len(queries):
                 raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
-        except Exception as error:  # every waiting request gets the error, the worker goes on
+        except Exception as error:  # noqa: BLE001  any retriever error: every waiting request gets it, the worker goes on
             self.stats.errors += 1
             for item in group:
                 if not item.future.done():
@@ -122,8 +123,6 @@ class MicroBatcher:
     async def aclose(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
-            except asyncio.CancelledError:
-                pass
         self._executor.shutdown(wait=False)

@@ -173,7 +173,7 @@ class CorpusFile(Sequence):
         if not self.path.is_file():
             raise CorpusError(f"corpus file not found: {self.path}")
         self._offsets = corpus_line_offsets(self.path) if offsets is None else offsets
-        self._handle = open(self.path, "rb")
+        self._handle = open(self.path, "rb")  # noqa: SIM115  the memory map needs it open for the corpus's life
         size = self.path.stat().st_size
         self._map = mmap.mmap(self._handle.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         if len(self._offsets) and int(self._offsets[-1]) >= size:

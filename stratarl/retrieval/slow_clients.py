@@ -76,7 +76,7 @@ def request_timeout_protocol(request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_
             if self.transport.is_closing() or self.conn.their_state in received:
                 return  # the request is in (being answered), or the connection is going anyway
             if self._partial:  # an idle connection (never spoke, or kept alive after a response) goes quietly
-                who = "%s:%d" % self.client if self.client else "a client"
+                who = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
                 logger.warning(
                     "%s sent no whole request within %g s (--request-timeout); connection closed", who, self.timeout_s
                 )

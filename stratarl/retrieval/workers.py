@@ -90,7 +90,7 @@ def _worker_main(config: dict) -> int:
             http=request_timeout_protocol(config["request_timeout_s"]),
         )
         server = uvicorn.Server(uvicorn_config)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001  any start-up failure goes to the parent as one line (exit 2)
         report("error", f"{type(error).__name__}: {error}")
         return 2
 

@@ -92,7 +92,7 @@ def stratified_settings(config: Any, *, epsilon: float = 1e-6, norm_adv_by_std: 
     """Settings from veRL's algorithm config; unknown keys in the block are an error (typos)."""
     block = _get(config, CONFIG_KEY, None) or {}
     allowed = {"alpha", "eps", "std_ddof", "strata_cap"}
-    keys = {k for k in block.keys() if not str(k).startswith("_")} if hasattr(block, "keys") else set()
+    keys = {k for k in block if not str(k).startswith("_")} if hasattr(block, "keys") else set()
     unknown = sorted(keys - allowed)
     if unknown:
         raise ValueError(f"algorithm.{CONFIG_KEY} has unknown key(s) {unknown}; valid keys: {sorted(allowed)}")

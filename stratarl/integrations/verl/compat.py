@@ -120,7 +120,7 @@ def moved_hooks() -> list[str]:
     for name, look_up in HOOKS:
         try:
             look_up()
-        except Exception as error:  # ImportError, AttributeError, TypeError: the hook moved or changed
+        except Exception as error:  # noqa: BLE001  ImportError, AttributeError, TypeError: the hook moved or changed
             problems.append(f"{name}: {type(error).__name__}: {error}")
     return problems
 

@@ -282,7 +282,6 @@ def launch(workdir: Path, world: int, timeout_s: float = 600) -> list[dict]:
             "OMP_NUM_THREADS": "1",
             "STRATARL_VERL_SORL_DUMP": str(workdir / f"sorl_world{world}.jsonl"),
         }
-        log = open(workdir / f"world{world}_rank{rank}.log", "w")
         command = [
             sys.executable,
             "-m",
@@ -294,7 +293,9 @@ def launch(workdir: Path, world: int, timeout_s: float = 600) -> list[dict]:
             "--world",
             str(world),
         ]
-        processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+        # The child holds its own copy of the log's descriptor, so ours can close once it has started.
+        with open(workdir / f"world{world}_rank{rank}.log", "w") as log:
+            processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout_s
     codes = []
     for process in processes:
@@ -340,13 +341,12 @@ def compare(workdir: Path, ranks: int) -> dict:
 
 
 def report(result: dict) -> str:
-    lines = []
-    for record in result["single"] + result["several"]:
-        lines.append(
-            f"world {record['world']} rank {record['rank']}: rows {record['rows']}; ‖C‖ per step "
-            f"{[round(c, 6) for c in record['c_norm']]}, scale {[round(s, 4) for s in record['scale']]}, "
-            f"grad norm {[round(g, 6) for g in record['grad_norm']]}, params sha {record['params_sha'][:12]}"
-        )
+    lines = [
+        f"world {record['world']} rank {record['rank']}: rows {record['rows']}; ‖C‖ per step "
+        f"{[round(c, 6) for c in record['c_norm']]}, scale {[round(s, 4) for s in record['scale']]}, "
+        f"grad norm {[round(g, 6) for g in record['grad_norm']]}, params sha {record['params_sha'][:12]}"
+        for record in result["single"] + result["several"]
+    ]
     lines.append(
         f"max |θ(world {result['several'][0]['world']}) − θ(world 1)| after the update: "
         f"{result['param_max_abs_diff']:.3g} (largest update {result['param_max_abs_update']:.3g}); "

@@ -199,7 +199,7 @@ def full_parameters(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 def dump_sorl_step(path: str, engine: Any, *, c_norm: float, scale: float, grad_norm: Any) -> None:
     """Append this rank's record of one SORL step (see :data:`DUMP_ENV`)."""
-    global _steps_taken
+    global _steps_taken  # noqa: PLW0603  this worker process's step count, numbering its dump records
     _steps_taken += 1
     digest = hashlib.sha256()
     squares = 0.0
