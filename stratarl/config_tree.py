@@ -55,7 +55,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             hint = close_match(value, [str(c) for c in choices]) if isinstance(value, str) else ""
             _fail(path, value, "not an allowed value", f"{hint}use one of {', '.join(map(str, choices))}")
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             _fail(path, value, "expected a mapping of sub-fields", f"write it as `{path}: {{...}}` or use dotted keys")
         return build(tp, value, path)

@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ class MetricsLogger:
         tensorboard: bool = True,
         wandb: bool = False,
         wandb_project: str = "stratarl",
-        config: dict | None = None,
+        config: dict[str, Any] | None = None,
         filename: str = "metrics.jsonl",
     ) -> None:
         self.run_dir = Path(run_dir)
@@ -103,7 +103,7 @@ class MetricsLogger:
             self._wandb.log(numeric, step=step)
         return plain
 
-    def truncate(self, keep) -> int:
+    def truncate(self, keep: Callable[[dict[str, Any]], bool]) -> int:
         """Keep only the rows for which ``keep(row)`` is true (a resume drops the steps it trains again);
         the file is replaced atomically. Returns the number of rows dropped."""
         self._jsonl.close()
@@ -121,7 +121,7 @@ class MetricsLogger:
             self._wandb.finish()
 
 
-def write_transcripts(path: str | Path, transcripts: list[dict]) -> None:
+def write_transcripts(path: str | Path, transcripts: list[dict[str, Any]]) -> None:
     """One JSON object per line: prompt, turns, queries, passages, answer, reward, stratum."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,9 +130,9 @@ def write_transcripts(path: str | Path, transcripts: list[dict]) -> None:
             f.write(json.dumps(t, ensure_ascii=False) + "\n")
 
 
-def read_metrics(run_dir: str | Path, filename: str = "metrics.jsonl") -> list[dict]:
+def read_metrics(run_dir: str | Path, filename: str = "metrics.jsonl") -> list[dict[str, Any]]:
     """All rows of a run's metrics file (skipping a torn last line after a crash)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     path = Path(run_dir) / filename
     if not path.is_file():
         return rows

@@ -80,8 +80,11 @@ class MicroBatcher:
             self._worker = loop.create_task(self._run())
         future = loop.create_future()
         self.stats.queries += len(queries)
-        (self._bulk if bulk else self._small).put_nowait(_Pending(queries, k, future))
-        self._ready.set()
+        queue, ready = (self._bulk if bulk else self._small), self._ready
+        if queue is None or ready is None:  # set with the worker above
+            raise RuntimeError("the micro-batcher has no queue")
+        queue.put_nowait(_Pending(queries, k, future))
+        ready.set()
         return await future
 
     async def _run(self) -> None:

@@ -10,6 +10,7 @@ previous response; a request that has arrived is never cut, however long the sea
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 logger = logging.getLogger("stratarl.server")
@@ -42,6 +43,7 @@ def request_timeout_protocol(request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_
 
     class RequestTimeoutH11Protocol(H11Protocol):
         timeout_s = request_timeout_s
+        _request_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)

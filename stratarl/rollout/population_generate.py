@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -26,7 +27,7 @@ from stratarl.rollout.stacked_decoder import MemberView, StackedDecoder
 class GenerateCall:
     """One member's ``generate(prompts, params, max_new_tokens, cache_keys=...)`` on its own ``generator``."""
 
-    generator: object
+    generator: KVCacheGenerator
     prompts: Sequence[Sequence[int]]
     params: SamplingParams
     max_new_tokens: Sequence[int] | None = None
@@ -60,7 +61,7 @@ def generate_together(calls: Sequence[GenerateCall]) -> list[list[Generation] | 
 
 def _alone(call: GenerateCall):
     try:
-        keys = {} if call.cache_keys is None else {"cache_keys": call.cache_keys}
+        keys: dict[str, Any] = {} if call.cache_keys is None else {"cache_keys": call.cache_keys}
         return call.generator.generate(call.prompts, call.params, call.max_new_tokens, **keys)
     except Exception as error:  # noqa: BLE001 - this member's failure only
         return error
@@ -89,7 +90,12 @@ class _Member:
         prompts = [self.call.prompts[i] for i in live]
         keys = [self.keys[i] for i in live] if self.keys is not None else None
         view = MemberView(None, 0, weights_version(gen.model))
-        entries = reusable_prefixes(gen._prefix_store, view, prompts, keys) if keys is not None else [None] * len(live)
+        # A MemberView has every part of a FastDecoder the prefix cache reads when it captures no states.
+        entries = (
+            reusable_prefixes(gen._prefix_store, view, prompts, keys)  # type: ignore[arg-type]
+            if keys is not None
+            else [None] * len(live)
+        )
         suffixes = [list(p[len(e.tokens) :]) if e is not None else list(p) for p, e in zip(prompts, entries)]
         ids, attention = left_pad(suffixes, gen.pad_id, gen.device)
         gen.last_reused_tokens = sum(len(e.tokens) for e in entries if e is not None)
@@ -155,7 +161,7 @@ def _together(calls: Sequence[GenerateCall]) -> list:
         member = members[i]
         if member.keys is not None:
             member.collector = RowCollector(
-                decoder.member_view(slot),
+                decoder.member_view(slot),  # type: ignore[arg-type]  # as in reusable_prefixes above
                 member.gen.prefix_cache_bytes,
                 member.call.prompts,
                 member.keys,

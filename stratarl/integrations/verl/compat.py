@@ -43,6 +43,8 @@ def _attr(module: str, *names: str) -> Callable[[], object]:
 def _has_params(module: str, name: str, params: tuple[str, ...]) -> Callable[[], object]:
     def look_up() -> object:
         function = _attr(module, *name.split("."))()
+        if not callable(function):
+            raise TypeError(f"{module}.{name} is not callable")
         missing = [p for p in params if p not in inspect.signature(function).parameters]
         if missing:
             raise TypeError(f"no parameter(s) {missing}")
