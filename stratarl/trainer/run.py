@@ -24,9 +24,9 @@ from stratarl.retrieval.timed import TimedRetriever
 from stratarl.rollout.backends import make_generator
 from stratarl.rollout.collect import CollectedBatch, Scoring, collect
 from stratarl.rollout.generation import Generator
-from stratarl.trainer.algorithm import bound_advantage
 from stratarl.trainer.behaviour import BehaviourPolicy
 from stratarl.trainer.config import Config
+from stratarl.trainer.config.resolve import bound_advantage
 from stratarl.trainer.setup import build_task_retriever, load_policy, load_task
 from stratarl.trainer.task import TaskData
 from stratarl.trainer.update import Learner, build_learner, update_policy

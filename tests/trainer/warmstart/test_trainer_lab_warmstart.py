@@ -8,67 +8,18 @@ import json
 
 import pytest
 import torch
+from warmstart_lab import LAB, POOL, lab_sections
 
 from stratarl.data.synth import generate_knowledge_base, name_pool_words
 from stratarl.data.wordlevel import unknown_words
 from stratarl.trainer.config import ConfigError, config_from_dict
-from stratarl.trainer.demos import Demonstration
-from stratarl.trainer.sft import sft_step
-from stratarl.trainer.worlds import world_batches, world_demonstrations, world_seed
-
-POOL = 300
-LAB = {
-    "model": {
-        "name": "word-tiny",
-        "tiny_hidden_size": 32,
-        "tiny_num_layers": 2,
-        "tiny_num_heads": 2,
-        "tiny_intermediate_size": 64,
-    },
-    "data": {
-        "source": "synthetic",
-        "max_eval_examples": 6,
-        "synthetic": {
-            "seed": 0,
-            "options": {
-                "size": 120,
-                "num_train": 30,
-                "num_test": 6,
-                "hop_mix": [0.5, 0.5, 0.0],
-                "guessable": "none",
-                "name_pool": POOL,
-            },
-        },
-    },
-    "retrieval": {"spec": "bm25", "topk": 2},
-    "rollout": {
-        "group_size": 2,
-        "max_turns": 2,
-        "max_tokens_per_turn": 24,
-        "max_obs_tokens": 64,
-        "max_total_tokens": 512,
-    },
-    "algo": {"name": "grpo", "kl_coef": 0.0},
-    "trainer": {"steps": 1, "prompts_per_step": 2, "num_threads": 1, "micro_batch_tokens": 4096},
-    "sft": {
-        "enabled": True,
-        "source": "worlds",
-        "steps": 3,
-        "batch_size": 4,
-        "lr": 1e-3,
-        "world_options": {"size": 100, "num_train": 20},
-        "early_answer_fraction": 0.5,
-    },
-    "eval": {"before_after": False, "batch_size": 6},
-    "logging": {"tensorboard": False, "progress": False, "num_transcripts": 0},
-}
+from stratarl.trainer.warmstart.demos import Demonstration
+from stratarl.trainer.warmstart.sft import sft_step
+from stratarl.trainer.warmstart.worlds import world_batches, world_demonstrations, world_seed
 
 
 def _cfg(**sections):
-    data = json.loads(json.dumps(LAB))
-    for key, value in sections.items():
-        data[key] = {**data[key], **value}
-    return config_from_dict(data)
+    return config_from_dict(lab_sections(**sections))
 
 
 def test_name_pool_worlds_share_words_not_facts():
@@ -179,7 +130,7 @@ def test_worlds_source_needs_a_name_pool():
 
 
 def test_cached_warm_start_is_built_once_and_keyed_by_its_settings(tmp_path, monkeypatch):
-    from stratarl.trainer.warmstart import cached_warm_start, warm_start_cache_dir
+    from stratarl.trainer.warmstart.stages import cached_warm_start, warm_start_cache_dir
 
     monkeypatch.setenv("STRATARL_CACHE", str(tmp_path / "cache"))
     cfg = _cfg(sft={"cache": True})
@@ -215,7 +166,7 @@ def test_copy_init_sets_value_and_output_projections_to_the_identity():
 
 def test_reading_curriculum_starts_with_one_sentence_and_ends_with_full_observations():
     from stratarl.trainer.setup import load_policy, load_task
-    from stratarl.trainer.worlds import reading_batches
+    from stratarl.trainer.warmstart.worlds import reading_batches
 
     cfg = _cfg()
     _, tokenizer = load_policy(cfg.model, task=load_task(cfg))
@@ -240,9 +191,9 @@ def test_reading_curriculum_starts_with_one_sentence_and_ends_with_full_observat
 
 def test_reading_examples_in_the_agents_layout_are_single_hop_demonstrations():
     from stratarl.rollout.prompt import encode_prompt
-    from stratarl.trainer.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
     from stratarl.trainer.setup import load_policy, load_task
-    from stratarl.trainer.worlds import reading_batches
+    from stratarl.trainer.warmstart.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
+    from stratarl.trainer.warmstart.worlds import reading_batches
 
     cfg = _cfg(sft={"reading_agent_fraction": 1.0}, rollout={"max_obs_tokens": 240})
     _, tokenizer = load_policy(cfg.model, task=load_task(cfg))
@@ -271,7 +222,7 @@ def test_reading_examples_in_the_agents_layout_are_single_hop_demonstrations():
 
 def test_reading_agent_fraction_mixes_both_layouts_and_zero_keeps_the_old_stream():
     from stratarl.trainer.setup import load_policy, load_task
-    from stratarl.trainer.worlds import reading_batches
+    from stratarl.trainer.warmstart.worlds import reading_batches
 
     cfg0 = _cfg()
     _, tokenizer = load_policy(cfg0.model, task=load_task(cfg0))
@@ -300,7 +251,7 @@ def test_reading_agent_fraction_mixes_both_layouts_and_zero_keeps_the_old_stream
 
 
 def test_reading_mix_adds_fresh_reading_examples_to_every_demonstration_batch(tmp_path):
-    from stratarl.trainer.warmstart import warm_start
+    from stratarl.trainer.warmstart.stages import warm_start
 
     summary = warm_start(_cfg(sft={"reading_mix": 3, "steps": 2}), tmp_path, progress=False)
     kinds = summary["demo_kinds"]
@@ -319,8 +270,8 @@ def test_reading_knobs_are_validated(key, value):
 
 
 def test_rehearsal_worlds_are_not_the_reading_stages():
-    from stratarl.trainer.probe import PROBE_WORLD_OFFSET
-    from stratarl.trainer.worlds import READING_WORLD_OFFSET, REHEARSAL_WORLD_OFFSET, WORLD_SEED_STRIDE
+    from stratarl.trainer.warmstart.probe import PROBE_WORLD_OFFSET
+    from stratarl.trainer.warmstart.worlds import READING_WORLD_OFFSET, REHEARSAL_WORLD_OFFSET, WORLD_SEED_STRIDE
 
     # the reading stage draws a few hundred worlds; the ranges stay inside one task's stride
     assert READING_WORLD_OFFSET + 10_000 < REHEARSAL_WORLD_OFFSET < WORLD_SEED_STRIDE - 10_000
