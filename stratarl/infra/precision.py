@@ -98,7 +98,7 @@ def resolve_precision(device: str | torch.device, precision: str) -> Precision:
             f"config field `trainer.precision` = 'bf16': device {str(device)!r} has no bf16 support "
             "(CUDA GPUs before Ampere). Fix: set trainer.precision=fp32."
         )
-    return precision  # type: ignore[return-value]
+    return precision
 
 
 @dataclass(frozen=True)
