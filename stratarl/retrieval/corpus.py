@@ -23,12 +23,12 @@ class CorpusError(ValueError):
 
 def _open_text(path: Path, mode: str) -> IO[str]:
     if path.suffix == ".gz":
-        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]  # a text mode: IO[str]
     return open(path, mode, encoding="utf-8")
 
 
 def _open_binary(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]  # the stub: GzipFile
 
 
 def _lines(handle: IO[bytes], path: Path) -> Iterator[bytes]:
