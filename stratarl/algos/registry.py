@@ -87,9 +87,9 @@ class GradNormalizer(Protocol):
 
     def apply(self) -> dict[str, Tensor]: ...
 
-    def state_dict(self) -> dict: ...
+    def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ def behaviour_correction_names() -> list[str]:
     return _CORRECTIONS.names()
 
 
-def keyword_params(fn: Callable) -> dict[str, Any]:
+def keyword_params(fn: Callable[..., Any]) -> dict[str, Any]:
     """The keyword parameters a registered part accepts, with their defaults (``inspect.Parameter.empty``
     when it has none). The leading positional inputs (batch; log-probs ...; parameters) are not listed;
     a part that takes ``**kwargs`` lists only its named keywords."""
@@ -226,14 +226,16 @@ def _outcome(batch: AdvantageBatch, advantages: Tensor) -> tuple[Tensor, Tensor]
 
 
 @register_advantage("grpo", group_relative=True)
-def _grpo(batch: AdvantageBatch, *, eps: float = 1e-6, std_ddof: int = 1, scale_by_std: bool = True):
+def _grpo(
+    batch: AdvantageBatch, *, eps: float = 1e-6, std_ddof: int = 1, scale_by_std: bool = True
+) -> tuple[Tensor, Tensor]:
     """GRPO (GN) advantage broadcast over policy tokens; see :func:`grpo_advantages`."""
     adv = grpo_advantages(batch.rewards, batch.group_ids, eps=eps, std_ddof=std_ddof, scale_by_std=scale_by_std)
     return _outcome(batch, adv)
 
 
 @register_advantage("drgrpo", group_relative=True)
-def _drgrpo(batch: AdvantageBatch, *, std_ddof: int = 1):
+def _drgrpo(batch: AdvantageBatch, *, std_ddof: int = 1) -> tuple[Tensor, Tensor]:
     """Dr.GRPO mean-only advantage ``R − mean_g R`` (arXiv 2503.20783)."""
     return _outcome(batch, grpo_advantages(batch.rewards, batch.group_ids, std_ddof=std_ddof, scale_by_std=False))
 
@@ -246,7 +248,7 @@ def _stratified(
     eps: float = 1e-6,
     std_ddof: int = 1,
     scale_by_std: bool = True,
-):
+) -> tuple[Tensor, Tensor]:
     """Stratified GRPO advantage broadcast over policy tokens; see :func:`stratified_advantages`."""
     if batch.strata_ids is None:
         raise ValueError(
@@ -266,7 +268,7 @@ def _stratified(
 
 
 @register_advantage("gae", needs_values=True)
-def _gae(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = False):
+def _gae(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = False) -> tuple[Tensor, Tensor]:
     """GAE over policy tokens (PPO / SO-PPO with a critic); see :func:`gae_advantages`."""
     if batch.values is None:
         raise ValueError("advantage estimator 'gae' needs AdvantageBatch.values from a critic; got None")
@@ -285,7 +287,9 @@ def _step_groups(batch: AdvantageBatch, similarity_threshold: float | None) -> t
     return step_groups(batch.step_states, batch.group_ids, similarity_threshold=similarity_threshold)
 
 
-def _gigpo_metrics(batch: AdvantageBatch, *, similarity_threshold: float | None = None, **_) -> dict[str, float]:
+def _gigpo_metrics(
+    batch: AdvantageBatch, *, similarity_threshold: float | None = None, **_: object
+) -> dict[str, float]:
     """GiGPO's step-group sizes (:func:`~stratarl.algos.gigpo.step_group_metrics`), as the estimator groups them."""
     return step_group_metrics(_step_groups(batch, similarity_threshold))
 
@@ -300,7 +304,7 @@ def _gigpo(
     std_ddof: int = 1,
     scale_by_std: bool = True,
     similarity_threshold: float | None = None,
-):
+) -> tuple[Tensor, Tensor]:
     """GiGPO (arXiv 2505.10978): A^E + ω · A^S per turn; see :mod:`stratarl.algos.gigpo`. ``gamma`` is the step
     discount (the shared knob ``algo.gamma``; verl-agent's recipes: 0.95), ``step_weight`` ω, ``scale_by_std``
     F_norm = std (True) or 1, ``similarity_threshold`` None for exact anchor states or the difflib ratio at

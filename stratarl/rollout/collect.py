@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -32,14 +32,25 @@ STRATUM_KEYS = ("num_searches", "observation_blocks", "answered", "random")
 
 
 class Question(Protocol):
-    """What a rollout needs of a question (``stratarl.data.examples.Example`` is one)."""
+    """What a rollout needs of a question (``stratarl.data.examples.Example`` is one); read-only."""
 
-    id: str
-    question: str
-    golden_answers: tuple[str, ...]
-    data_source: str
-    metadata: Mapping
-    prompt: list | None
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def question(self) -> str: ...
+
+    @property
+    def golden_answers(self) -> tuple[str, ...]: ...
+
+    @property
+    def data_source(self) -> str: ...
+
+    @property
+    def metadata(self) -> Mapping[str, Any]: ...
+
+    @property
+    def prompt(self) -> Sequence[Mapping[str, str]] | None: ...
 
 
 @dataclass(frozen=True)
@@ -74,7 +85,7 @@ class CollectedBatch:
     retrieval_s: float
 
 
-def stratum_function(key: str, stratum_cap: int | None) -> Callable[[object], int]:
+def stratum_function(key: str, stratum_cap: int | None) -> Callable[[Rollout], int]:
     """Rollout -> integer stratum: number of searches (capped), observation blocks (capped), answered, or a
     user function.
 

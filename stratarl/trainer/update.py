@@ -499,7 +499,7 @@ def update_policy(
             prefix = batch_prefix(learner, batch, cfg, impl)
         for _ in range(cfg.trainer.epochs):
             for rows in mini_batch_rows(batch.size, cfg.trainer.mini_batches, generator):
-                per_step.append(optimizer_step(learner, batch.select(rows), cfg, prefix, rows))
+                per_step.append(optimizer_step(learner, batch.select(rows), cfg, prefix, rows))  # noqa: PERF401  steps
     finally:
         learner.model.eval()
     return update_metrics(per_step)
