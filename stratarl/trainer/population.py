@@ -46,11 +46,14 @@ from stratarl.rollout.backends import make_generator
 from stratarl.rollout.collect import collect
 from stratarl.rollout.generation import Generation, Generator, SamplingParams
 from stratarl.rollout.population_generate import GenerateCall, generate_together
+from stratarl.trainer.batch import TrainBatch
 from stratarl.trainer.config import Config
+from stratarl.trainer.forward import PolicyForward
 from stratarl.trainer.population_update import UpdateCall, update_together
 from stratarl.trainer.rl import train
 from stratarl.trainer.run import RunParts
-from stratarl.trainer.update import update_policy
+from stratarl.trainer.settings import UpdateSettings
+from stratarl.trainer.update import Learner
 
 
 @dataclass
@@ -150,7 +153,7 @@ def _update_alone(pending: _Pending):
     call = pending.call
     try:
         with _threads(pending.threads):
-            return update_policy(call.learner, call.batch, call.cfg, call.generator, impl=call.impl, prefix=call.prefix)
+            return call.alone()
     except Exception as error:  # noqa: BLE001 - this member's failure only
         return error
 
@@ -220,10 +223,16 @@ def population_parts(lockstep: Lockstep) -> RunParts:
     def member_generator(model, tokenizer, backend: str, *, seed: int, policy) -> Generator:
         return PopulationGenerator(make_generator(model, tokenizer, backend, seed=seed, policy=policy), lockstep)
 
-    def member_update(learner, batch, cfg, generator, *, impl: str = "fast", prefix=None) -> dict:
-        return lockstep.call(
-            "update", _Pending(UpdateCall(learner, batch, cfg, generator, impl, prefix), None, torch.get_num_threads())
-        )
+    def member_update(
+        learner: Learner,
+        batch: TrainBatch,
+        settings: UpdateSettings,
+        generator: torch.Generator,
+        *,
+        forward: PolicyForward | None = None,
+    ) -> dict[str, float]:
+        call = UpdateCall(learner, batch, settings, generator, forward)
+        return lockstep.call("update", _Pending(call, None, torch.get_num_threads()))
 
     return RunParts(make_generator=member_generator, collect=collect, update=member_update)
 
