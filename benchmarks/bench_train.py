@@ -207,10 +207,11 @@ def update_comparison(cfg, batch, repeats: int = 2) -> dict:
     gradients compared are not 0 (the work timed is the same either way)."""
     from stratarl.infra.flops import record_decoder_calls
     from stratarl.trainer.forward import REFERENCE, PrefixForward
+    from stratarl.trainer.learner import build_learner
     from stratarl.trainer.prefix import frozen_prefix, unsupported_reason
     from stratarl.trainer.settings import UpdateSettings
     from stratarl.trainer.setup import load_policy
-    from stratarl.trainer.update import accumulate_gradients, build_learner, update_policy
+    from stratarl.trainer.update import accumulate_gradients, update_policy
 
     model, _ = load_policy(cfg.model)
     settings = UpdateSettings.from_config(cfg)

@@ -449,8 +449,9 @@ def model_flops(model, decoder_tokens: int, head_tokens: int) -> tuple[float, di
 def update_section(args, device: torch.device, policy) -> dict:
     from stratarl.trainer.batch import collate_sequences
     from stratarl.trainer.config import config_from_dict
+    from stratarl.trainer.learner import build_learner
     from stratarl.trainer.settings import UpdateSettings
-    from stratarl.trainer.update import build_learner, optimizer_step, score_batch
+    from stratarl.trainer.update import optimizer_step, score_batch
 
     spec = SIZES[args.size]["update"]
     model, _ = build_smollm2_like(args.size, device, seed=1)

@@ -33,14 +33,20 @@ STRATUM_KEYS = ("num_searches", "observation_blocks", "answered", "random")
 
 
 class Question(Protocol):
-    """What a rollout needs of a question (``stratarl.data.examples.Example`` is one)."""
+    """What a rollout needs of a question (``stratarl.data.examples.Example`` is one); read only."""
 
-    id: str
-    question: str
-    golden_answers: tuple[str, ...]
-    data_source: str
-    metadata: Mapping
-    prompt: list | None
+    @property
+    def id(self) -> str: ...
+    @property
+    def question(self) -> str: ...
+    @property
+    def golden_answers(self) -> tuple[str, ...]: ...
+    @property
+    def data_source(self) -> str: ...
+    @property
+    def metadata(self) -> Mapping: ...
+    @property
+    def prompt(self) -> Sequence | None: ...
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,10 @@ UPDATE_IMPLS = ("fast", "reference")
 class PolicyForward(Protocol):
     """The policy's forward over the rows of one batch (or of a selection of them: ``select``)."""
 
-    prefix: Prefix | None
-    """The frozen layers' states this forward reuses; None: it runs every layer."""
+    @property
+    def prefix(self) -> Prefix | None:
+        """The frozen layers' states this forward reuses; None: it runs every layer."""
+        ...
 
     def micro_batches(self, batch: TokenBatch, token_budget: int) -> list[list[int]]:
         """``batch``'s rows (positions in it) cut into micro-batches of at most ``token_budget`` padded tokens."""

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -49,11 +50,11 @@ from stratarl.rollout.population_generate import GenerateCall, generate_together
 from stratarl.trainer.batch import TrainBatch
 from stratarl.trainer.config import Config
 from stratarl.trainer.forward import PolicyForward
+from stratarl.trainer.learner import Learner
 from stratarl.trainer.population_update import UpdateCall, update_together
 from stratarl.trainer.rl import train
 from stratarl.trainer.run import RunParts
 from stratarl.trainer.settings import UpdateSettings
-from stratarl.trainer.update import Learner
 
 
 @dataclass
@@ -259,10 +260,18 @@ class _MemberLogs:
         sys.stdout, sys.stderr = target
 
 
+class MemberPipeline(Protocol):
+    """How one member is run: ``train_member``, or the command line's warm start then RL (``run_pipeline``)."""
+
+    def __call__(
+        self, cfg: Config, run_dir: Path, *, resume: bool, start_over: bool, parts: RunParts | None
+    ) -> dict: ...
+
+
 def run_population(
     members: Sequence[Member],
     *,
-    pipeline: Callable[..., dict] = train_member,
+    pipeline: MemberPipeline = train_member,
     stack: bool = False,
     threads: int = 1,
     logs: bool = True,

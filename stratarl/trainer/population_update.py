@@ -27,10 +27,10 @@ import torch
 from stratarl.infra.stacked import StackedParams, architecture, causal_hidden, parameter_table, stack_reason
 from stratarl.trainer.batch import TrainBatch, mini_batch_rows
 from stratarl.trainer.forward import PolicyForward
+from stratarl.trainer.learner import Learner
 from stratarl.trainer.logprobs import chunked_head_logprobs
 from stratarl.trainer.settings import UpdateSettings
 from stratarl.trainer.update import (
-    Learner,
     apply_gradients,
     micro_batch_plan,
     micro_batch_terms,

@@ -32,10 +32,11 @@ from stratarl.trainer.batch import TrainBatch
 from stratarl.trainer.behaviour import BehaviourPolicy
 from stratarl.trainer.config import Config
 from stratarl.trainer.forward import PolicyForward
+from stratarl.trainer.learner import Learner, build_learner
 from stratarl.trainer.settings import RunSettings, UpdateSettings
 from stratarl.trainer.setup import build_task_retriever, load_policy, load_task
 from stratarl.trainer.task import TaskData
-from stratarl.trainer.update import Learner, build_learner, update_policy
+from stratarl.trainer.update import update_policy
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -22,119 +22,18 @@ policy through a ``PolicyForward`` (stratarl.trainer.forward: the reference path
 
 from __future__ import annotations
 
-import copy
-import functools
 from collections import defaultdict
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Any, Protocol
 
 import torch
 
 from stratarl.algos.corrections import CorrectionOutput
-from stratarl.algos.losses import PolicyLossOutput, aggregate_loss, clipped_value_loss, kl_penalty
-from stratarl.algos.registry import GradNormalizer, get_behaviour_correction, get_grad_normalizer, get_policy_loss
-from stratarl.infra.schedules import lr_lambda
+from stratarl.algos.losses import aggregate_loss, clipped_value_loss, kl_penalty
 from stratarl.trainer.batch import ScoredBatch, TokenBatch, TrainBatch, mini_batch_rows
-from stratarl.trainer.config import Config
-from stratarl.trainer.config_sections import OptimConfig
-from stratarl.trainer.critic import ValueHead, hidden_size_of, response_values
+from stratarl.trainer.critic import response_values
 from stratarl.trainer.forward import REFERENCE, PolicyForward, batch_forward
+from stratarl.trainer.learner import Learner
 from stratarl.trainer.settings import UpdateSettings
-
-
-class PolicyLoss(Protocol):
-    """A registered policy loss (``stratarl.algos.registry.register_policy_loss``), called with the algorithm's
-    parameters as keywords."""
-
-    def __call__(
-        self,
-        logprobs: torch.Tensor,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        response_mask: torch.Tensor,
-        /,
-        **params: Any,
-    ) -> PolicyLossOutput: ...
-
-
-class BehaviourCorrection(Protocol):
-    """A behaviour correction with its parameters bound: per-token weights for the off-policy tokens."""
-
-    def __call__(
-        self, old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, response_mask: torch.Tensor, /
-    ) -> CorrectionOutput: ...
-
-
-@dataclass
-class Learner:
-    """Everything the update mutates: policy, optional reference / critic, optimizer, scheduler."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    policy_loss: PolicyLoss
-    """The algorithm's registered policy loss (``algorithm.policy_loss``), looked up once."""
-    ref_model: torch.nn.Module | None = None
-    value_head: ValueHead | None = None
-    normalizer: GradNormalizer | None = None
-    use_adapter_as_ref: bool = False
-    correction: BehaviourCorrection | None = None
-    """The behaviour correction with its parameters bound (``algorithm.correction``), or None."""
-
-    def policy_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-
-def make_optimizer(groups: list[dict], optim: OptimConfig) -> torch.optim.Optimizer:
-    """``optim.name``: AdamW (default) or SGD (the control for SORL's scale, which Adam largely cancels)."""
-    if optim.name == "sgd":
-        return torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
-
-
-def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: int) -> Learner:
-    """Optimizer (``optim.name``; the value head gets ``algo.critic_lr``), scheduler, reference model, and the
-    algorithm's critic, gradient normaliser and behaviour correction."""
-    spec = cfg.algorithm
-    value_head = ValueHead(hidden_size_of(model)).to(next(model.parameters()).device) if spec.uses_critic else None
-    policy_params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": policy_params, "lr": cfg.optim.lr}]
-    if value_head is not None:
-        groups.append({"params": list(value_head.parameters()), "lr": cfg.algo.critic_lr})
-    optimizer = make_optimizer(groups, cfg.optim)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(cfg.optim.warmup_steps, total_optimizer_steps, cfg.optim.schedule)
-    )
-    ref_model, adapter_ref = None, False
-    if cfg.algo.kl_coef > 0:
-        if hasattr(model, "disable_adapter"):
-            adapter_ref = True  # LoRA: the frozen base model *is* the reference; no copy needed
-        else:
-            ref_model = copy.deepcopy(model).eval()
-            for p in ref_model.parameters():
-                p.requires_grad_(False)
-    # The normaliser is its own part, independent of the ratio level: the two SORL ablations switch one off.
-    normalizer = (
-        get_grad_normalizer(spec.normalizer)(policy_params, **spec.normalizer_params) if spec.uses_normalizer else None
-    )
-    correction = (
-        functools.partial(get_behaviour_correction(spec.correction), **spec.correction_params)
-        if spec.uses_correction
-        else None
-    )
-    return Learner(
-        model,
-        optimizer,
-        scheduler,
-        get_policy_loss(spec.policy_loss),
-        ref_model,
-        value_head,
-        normalizer,
-        adapter_ref,
-        correction,
-    )
-
 
 # --------------------------------------------------------------------------- the scored stage
 
@@ -206,11 +105,16 @@ def _score_rows(
     model's and the critic's values (``forward``: the policy's forward for these rows)."""
     mb = batch.select(rows)
     t = mb.response_mask.shape[1]
-    scoring = {"chunk_tokens": settings.logprob_chunk_tokens, "temperature": settings.temperature}
+    chunk_tokens, temperature = settings.logprob_chunk_tokens, settings.temperature
     if learner_lp is not None or values is not None:
         with settings.policy.autocast():
             out = forward.response_logprobs(
-                learner.model, mb, **scoring, return_hidden=values is not None, with_logprobs=learner_lp is not None
+                learner.model,
+                mb,
+                chunk_tokens=chunk_tokens,
+                temperature=temperature,
+                return_hidden=values is not None,
+                with_logprobs=learner_lp is not None,
             )
         if learner_lp is not None:
             learner_lp[rows, :t] = out["logprobs"]
@@ -220,7 +124,9 @@ def _score_rows(
         ctx = learner.model.disable_adapter() if learner.use_adapter_as_ref else nullcontext()
         ref_model = learner.model if learner.use_adapter_as_ref else learner.ref_model
         with ctx, settings.policy.autocast():
-            ref[rows, :t] = REFERENCE.response_logprobs(ref_model, mb, **scoring)["logprobs"]
+            ref[rows, :t] = REFERENCE.response_logprobs(
+                ref_model, mb, chunk_tokens=chunk_tokens, temperature=temperature
+            )["logprobs"]
 
 
 # --------------------------------------------------------------------------- the loss

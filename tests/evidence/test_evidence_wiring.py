@@ -15,9 +15,10 @@ from stratarl.evaluation.greedy import aggregate, eval_metrics
 from stratarl.rollout.collect import Scoring
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import ConfigError, load_config
+from stratarl.trainer.learner import build_learner
 from stratarl.trainer.settings import StepSettings, UpdateSettings
 from stratarl.trainer.step import advantage_strata, em_by_type, stratum_metrics
-from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch
+from stratarl.trainer.update import accumulate_gradients, score_batch
 
 
 def _cfg(*overrides):

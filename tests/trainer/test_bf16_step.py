@@ -22,9 +22,10 @@ from stratarl.rollout.generation import KVCacheGenerator, SamplingParams
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import load_config
 from stratarl.trainer.forward import batch_forward
+from stratarl.trainer.learner import build_learner
 from stratarl.trainer.logprobs import response_logprobs
 from stratarl.trainer.settings import UpdateSettings
-from stratarl.trainer.update import build_learner, score_batch, update_policy
+from stratarl.trainer.update import score_batch, update_policy
 
 # bf16 keeps 8 bits of mantissa: through the 4 layers of this random model (log-probs around -6) token
 # log-probs moved by at most 0.0031 (scoring) and 0.0026 (the decoder's sampling log-probs); the bound is

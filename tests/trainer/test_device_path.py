@@ -160,7 +160,7 @@ def test_autocast_generator_runs_generate_under_autocast():
 
 
 def test_build_learner_puts_value_head_reference_and_normaliser_on_the_models_device():
-    from stratarl.trainer.update import build_learner
+    from stratarl.trainer.learner import build_learner
 
     with torch.device("meta"):
         model = _tiny_llama()
@@ -249,8 +249,9 @@ def test_value_head_stays_fp32_under_autocast():
 def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close_to_fp32():
     from stratarl.trainer.algorithm import bound_advantage
     from stratarl.trainer.batch import scatter_response_values
+    from stratarl.trainer.learner import build_learner
     from stratarl.trainer.step import advantage_inputs, compute_advantages
-    from stratarl.trainer.update import build_learner, optimizer_step, score_batch
+    from stratarl.trainer.update import optimizer_step, score_batch
 
     grads = {}
     for precision in ("fp32", "bf16"):
@@ -287,8 +288,9 @@ def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close
 def test_every_preset_scores_and_updates_under_bf16(algo):
     from stratarl.algos.registry import advantage_info
     from stratarl.trainer.algorithm import bound_advantage
+    from stratarl.trainer.learner import build_learner
     from stratarl.trainer.step import advantage_inputs, compute_advantages
-    from stratarl.trainer.update import build_learner, score_batch, update_policy
+    from stratarl.trainer.update import score_batch, update_policy
 
     cfg = load_config(
         TINY,

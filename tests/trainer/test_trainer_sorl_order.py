@@ -11,8 +11,9 @@ import torch
 
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import load_config
+from stratarl.trainer.learner import build_learner
 from stratarl.trainer.settings import UpdateSettings
-from stratarl.trainer.update import build_learner, optimizer_step, score_batch
+from stratarl.trainer.update import optimizer_step, score_batch
 
 
 def _step(tiny_model, *overrides):

@@ -11,8 +11,9 @@ import torch
 
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import load_config
+from stratarl.trainer.learner import build_learner
 from stratarl.trainer.settings import UpdateSettings
-from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch, update_policy
+from stratarl.trainer.update import accumulate_gradients, score_batch, update_policy
 
 
 def _batch(seed: int = 0, rows: int = 6):

@@ -15,9 +15,10 @@ from stratarl.models import build_tiny_model, freeze_all_but_last_layers
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import load_config
 from stratarl.trainer.forward import REFERENCE, PrefixForward
+from stratarl.trainer.learner import build_learner
 from stratarl.trainer.prefix import frozen_prefix, group_micro_batches, unsupported_reason
 from stratarl.trainer.settings import UpdateSettings
-from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch, update_policy
+from stratarl.trainer.update import accumulate_gradients, score_batch, update_policy
 
 
 @pytest.fixture(scope="module")

@@ -238,7 +238,8 @@ def test_observation_positions_never_move_the_gradient(tiny_model):
     """Whatever the batch holds at observation positions (response_mask 0: advantages, behaviour and reference
     log-probs, values, returns), the accumulated gradient is the same, for every preset."""
     from stratarl.trainer.batch import collate_sequences
-    from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch
+    from stratarl.trainer.learner import build_learner
+    from stratarl.trainer.update import accumulate_gradients, score_batch
 
     for name in ("grpo", "stratified_grpo", "ppo", "so_ppo", "so_grpo"):
         cfg = load_config(

@@ -23,10 +23,11 @@ from stratarl.rollout.generation import Generation, Generator
 from stratarl.trainer.batch import collate_rollouts, collate_sequences
 from stratarl.trainer.config import load_config
 from stratarl.trainer.forward import REFERENCE
+from stratarl.trainer.learner import build_learner
 from stratarl.trainer.run import RunParts, build_run
 from stratarl.trainer.settings import UpdateSettings
 from stratarl.trainer.step import rl_step
-from stratarl.trainer.update import build_learner, micro_batch_terms, score_batch
+from stratarl.trainer.update import micro_batch_terms, score_batch
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
