@@ -212,7 +212,7 @@ def build(args) -> tuple:
     if not init_from and load_config(args.config, list(args.overrides)).sft.enabled:
         # The lab's step is the warm-started policy's (it searches, reads and answers); a from-scratch policy
         # never searches and scores 0, so its step would measure other work.
-        from stratarl.trainer.warmstart import cached_warm_start
+        from stratarl.trainer.warmstart.stages import cached_warm_start
 
         init_from = str(cached_warm_start(load_config(args.config, list(args.overrides)))[0])
     if init_from:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# What WarmStartFailed says (stratarl.trainer.sft): the demo stopped before RL, and nothing was cached.
+# What WarmStartFailed says (stratarl.trainer.warmstart.sft): the demo stopped before RL, and nothing was cached.
 WARM_START_FAILED = "did not pass its reading probe"
 PROBE = re.compile(r"probe at step (\d+): single-hop EM ([\d.]+) \((\d+) questions.*?(passed|below)")
 WARM = re.compile(r"warm start done in (\d+)s")

@@ -70,7 +70,7 @@ def gemm_ratio(seconds: float = 1.0) -> dict:
 def build_arms(config: str, overrides: list[str], tmp: Path, warm_start: bool) -> tuple[dict, str | None]:
     from stratarl.trainer.config import load_config
     from stratarl.trainer.run import build_run
-    from stratarl.trainer.warmstart import warm_start_cache_dir
+    from stratarl.trainer.warmstart.stages import warm_start_cache_dir
 
     base = [
         "eval.before_after=false",

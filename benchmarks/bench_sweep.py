@@ -268,7 +268,7 @@ def prepare(args) -> tuple[str, bench_lab.FlopModel]:
     from stratarl.models import load_model
     from stratarl.trainer.config import load_config
     from stratarl.trainer.setup import load_task
-    from stratarl.trainer.warmstart import cached_warm_start
+    from stratarl.trainer.warmstart.stages import cached_warm_start
 
     init_from = args.init_from or str(cached_warm_start(load_config(args.config))[0])
     for world in parse_worlds(args.worlds):

@@ -309,7 +309,7 @@ def trl_comparison(
     from stratarl.rollout.prompt import build_prompt
     from stratarl.trainer.config import load_config
     from stratarl.trainer.setup import load_policy, load_task
-    from stratarl.trainer.warmstart import warm_start_cache_dir
+    from stratarl.trainer.warmstart.stages import warm_start_cache_dir
 
     overrides = list(overrides or [])  # e.g. data.synthetic.seed=7: the task (and so the warm start) of that world
     cfg = load_config(str(REPO / "configs" / "smollm2.yaml"), [*overrides, "trainer.precision=fp32"])

@@ -10,10 +10,10 @@ Builds the warm start of configs/demo.yaml with ``data.synthetic.seed=WORLD`` (a
 
 - reading accuracy: the share of questions whose every answer token is the argmax under teacher forcing, on
   150 reading examples (question after the observation) of two worlds no stage trains on;
-- the reading probe (stratarl.trainer.probe): greedy single-hop EM on an unseen world, and the 2-hop search
+- the reading probe (stratarl.trainer.warmstart.probe): greedy single-hop EM on an unseen world, and the 2-hop search
   behaviour.
 
-The warm start itself is the library's (stratarl.trainer.warmstart.warm_start, the same lr schedule and stopping
+The warm start itself is the library's (stratarl.trainer.warmstart.stages.warm_start, the same lr schedule and stopping
 rule); this script only wraps its reading stage and its step callback to measure in between, so probes
 before ``sft.steps`` are extra measurements that do not end the warm start.
 """
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-import stratarl.trainer.warmstart as warmstart
+import stratarl.trainer.warmstart.stages as warmstart
 from stratarl.trainer.config import load_config
-from stratarl.trainer.demos import render_reading_examples
-from stratarl.trainer.probe import PROBE_WORLD_OFFSET, WarmStartFailed, probe_questions, run_probe
-from stratarl.trainer.worlds import _world, world_seed
+from stratarl.trainer.warmstart.demos import render_reading_examples
+from stratarl.trainer.warmstart.probe import PROBE_WORLD_OFFSET, WarmStartFailed, probe_questions, run_probe
+from stratarl.trainer.warmstart.worlds import _world, world_seed
 
 REPO = Path(__file__).resolve().parents[1]
 # Worlds of the reading-accuracy check: inside the task's stride, away from every stage's range.
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
 
         return run_sft(model, demos, pad_id, **{**kw, "on_step": on_step})
 
-    # warm_start calls both through stratarl.trainer.warmstart's names (run_sft for either stage).
+    # warm_start calls both through stratarl.trainer.warmstart.stages's names (run_sft for either stage).
     warmstart._reading_stage, warmstart.run_sft = measured_reading_stage, measured_run_sft
     started = time.perf_counter()
     try:

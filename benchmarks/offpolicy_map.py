@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from stratarl.trainer.config import load_config
-from stratarl.trainer.warmstart import cached_warm_start
+from stratarl.trainer.warmstart.stages import cached_warm_start
 
 REPO = Path(__file__).resolve().parents[1]
 LABS = {"word": REPO / "configs" / "lab.yaml", "smollm2": REPO / "configs" / "smollm2.yaml"}

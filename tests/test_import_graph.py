@@ -178,6 +178,27 @@ def test_only_the_command_line_imports_the_trainer_and_nothing_imports_the_comma
                 assert layer in ("stratarl.commands", "stratarl.cli"), (module, target)
 
 
+def _trainer_kind(module: str) -> str | None:
+    """Which kind of the trainer a module is (docs/ARCHITECTURE.md): its config, its warm start, or the loop."""
+    parts = module.split(".")
+    if parts[:2] != ["stratarl", "trainer"]:
+        return None
+    return parts[2] if len(parts) > 2 and parts[2] in ("config", "warmstart") else "loop"
+
+
+def test_the_trainers_config_imports_no_loop_and_the_loop_only_the_warm_starts_thoughts():
+    crossing = sorted(
+        (module, target)
+        for module, targets in GRAPH.items()
+        for target in targets
+        if _trainer_kind(module) and _trainer_kind(target) not in (None, _trainer_kind(module))
+    )
+    assert not [(m, t) for m, t in crossing if _trainer_kind(m) == "config"]
+    assert [(m, t) for m, t in crossing if _trainer_kind(t) == "warmstart"] == [
+        ("stratarl.trainer.setup", "stratarl.trainer.warmstart.demos")
+    ]
+
+
 def test_imports_inside_functions_say_why():
     """Outside the command line (kept lazy so `stratarl --help` is fast), an import inside a function, of any
     package (ours, the standard library, or a third party such as torch), carries a comment on its line

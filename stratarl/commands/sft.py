@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     def body() -> int:
         from stratarl.infra.threads import set_threads
         from stratarl.trainer.config import load_config
-        from stratarl.trainer.warmstart import cached_warm_start, warm_start
+        from stratarl.trainer.warmstart.stages import cached_warm_start, warm_start
 
         cfg = load_config(args.config, list(args.overrides))
         set_threads(cfg.trainer.num_threads)

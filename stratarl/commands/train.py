@@ -130,7 +130,7 @@ def run_pipeline(cfg, run_dir: Path, *, resume: bool, start_over: bool = False, 
     init_from = None
     summary_sft = None
     if cfg.sft.enabled and not cfg.model.init_from:
-        from stratarl.trainer.warmstart import cached_warm_start, warm_start, warm_start_cache_dir
+        from stratarl.trainer.warmstart.stages import cached_warm_start, warm_start, warm_start_cache_dir
 
         what = (
             f"{cfg.sft.steps} steps x {cfg.sft.batch_size} demonstrations from fresh worlds"
@@ -167,8 +167,8 @@ def run_pipeline(cfg, run_dir: Path, *, resume: bool, start_over: bool = False, 
 
 def run_train(args: argparse.Namespace) -> int:
     def body() -> int:
-        from stratarl.trainer.algorithm import describe
         from stratarl.trainer.config import ConfigError
+        from stratarl.trainer.config.resolve import describe
 
         cfg, run_dir, resume = load_run_config(args)
         print(f"run directory: {run_dir}", flush=True)
@@ -191,8 +191,8 @@ def run_train(args: argparse.Namespace) -> int:
 def run_demo(args: argparse.Namespace) -> int:
     def body() -> int:
         from stratarl.evaluation.report import build_report
-        from stratarl.trainer.algorithm import describe
         from stratarl.trainer.config import load_config
+        from stratarl.trainer.config.resolve import describe
 
         started = time.perf_counter()
         cfg = load_config(args.config, list(args.overrides))

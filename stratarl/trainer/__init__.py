@@ -19,7 +19,7 @@ _LAZY = {
     "load_config": ("stratarl.trainer.config", "load_config"),
     "save_config": ("stratarl.trainer.config", "save_config"),
     "train": ("stratarl.trainer.rl", "train"),
-    "warm_start": ("stratarl.trainer.warmstart", "warm_start"),
+    "warm_start": ("stratarl.trainer.warmstart.stages", "warm_start"),
     "evaluate": ("stratarl.evaluation.greedy", "evaluate"),
     "build_report": ("stratarl.evaluation.report", "build_report"),
 }

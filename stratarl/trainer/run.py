@@ -27,10 +27,10 @@ from stratarl.rollout.backends import make_generator
 from stratarl.rollout.collect import CollectedBatch, Question, Scoring, collect
 from stratarl.rollout.config import RolloutConfig
 from stratarl.rollout.generation import Generator
-from stratarl.trainer.algorithm import bound_advantage
 from stratarl.trainer.batch import TrainBatch
 from stratarl.trainer.behaviour import BehaviourPolicy
 from stratarl.trainer.config import Config
+from stratarl.trainer.config.resolve import bound_advantage
 from stratarl.trainer.forward import PolicyForward
 from stratarl.trainer.learner import Learner, build_learner
 from stratarl.trainer.settings import RunSettings, UpdateSettings

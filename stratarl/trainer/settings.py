@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from stratarl.algos.presets import AlgorithmSpec
 from stratarl.infra.precision import DevicePolicy, policy_of
 from stratarl.rollout.config import RolloutConfig
-from stratarl.trainer.algorithm import resolve_algorithm
+from stratarl.trainer.config.resolve import resolve_algorithm
 
 if TYPE_CHECKING:
     from stratarl.trainer.config import Config

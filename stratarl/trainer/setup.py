@@ -32,9 +32,9 @@ from stratarl.retrieval.corpus import load_corpus
 from stratarl.retrieval.factory import build_retriever
 from stratarl.rollout.collect import Scoring
 from stratarl.trainer.config import Config, ModelConfig
-from stratarl.trainer.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
 from stratarl.trainer.synthetic import load_synthetic_task
 from stratarl.trainer.task import TaskData
+from stratarl.trainer.warmstart.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
 
 TINY_MODEL = "tiny-random"
 WORD_MODEL = "word-tiny"

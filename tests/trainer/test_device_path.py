@@ -247,8 +247,8 @@ def test_value_head_stays_fp32_under_autocast():
 
 
 def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close_to_fp32():
-    from stratarl.trainer.algorithm import bound_advantage
     from stratarl.trainer.batch import scatter_response_values
+    from stratarl.trainer.config.resolve import bound_advantage
     from stratarl.trainer.learner import build_learner
     from stratarl.trainer.step import advantage_inputs, compute_advantages
     from stratarl.trainer.update import optimizer_step, score_batch
@@ -287,7 +287,7 @@ def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close
 @pytest.mark.parametrize("algo", sorted(__import__("stratarl.algos.presets", fromlist=["PRESETS"]).PRESETS))
 def test_every_preset_scores_and_updates_under_bf16(algo):
     from stratarl.algos.registry import advantage_info
-    from stratarl.trainer.algorithm import bound_advantage
+    from stratarl.trainer.config.resolve import bound_advantage
     from stratarl.trainer.learner import build_learner
     from stratarl.trainer.step import advantage_inputs, compute_advantages
     from stratarl.trainer.update import score_batch, update_policy
@@ -320,8 +320,8 @@ def test_every_preset_scores_and_updates_under_bf16(algo):
 
 
 def test_sft_step_under_bf16_gives_fp32_gradients_close_to_fp32():
-    from stratarl.trainer.demos import Demonstration
-    from stratarl.trainer.sft import sft_step
+    from stratarl.trainer.warmstart.demos import Demonstration
+    from stratarl.trainer.warmstart.sft import sft_step
 
     demos = [Demonstration(prompt_ids=[3, 4], response_ids=[5, 6, 7], response_mask=[1, 0, 1], kind="correct")]
     grads = {}
@@ -387,7 +387,7 @@ def test_bf16_native_is_bf16_only_where_the_device_has_bf16_matmul_units(monkeyp
 
 
 def test_a_bf16_native_warm_start_is_cached_under_the_precision_it_resolves_to(monkeypatch):
-    from stratarl.trainer.warmstart import warm_start_key
+    from stratarl.trainer.warmstart.stages import warm_start_key
 
     monkeypatch.setattr(precision_module, "cpu_bf16_matmul", lambda: None)  # a CPU without bf16 units
     cfg = load_config(TINY, ["trainer.precision=bf16_native"])

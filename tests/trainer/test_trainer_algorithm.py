@@ -13,8 +13,8 @@ import torch
 import stratarl.algos.registry as registry
 from stratarl.algos import AdvantageBatch, broadcast_to_tokens, register_advantage
 from stratarl.algos.presets import PRESETS, AlgorithmSpec, get_preset
-from stratarl.trainer.algorithm import KNOBS, describe
 from stratarl.trainer.config import ConfigError, load_config
+from stratarl.trainer.config.resolve import KNOBS, describe
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
@@ -280,8 +280,8 @@ def test_group_of_one_is_fine_with_a_critic():
 
 def test_the_trainer_calls_the_estimator_the_config_names_with_its_parameters(registered):
     """The run's estimator is the registered one the spec names, with the resolved parameters bound."""
-    from stratarl.trainer.algorithm import bound_advantage
     from stratarl.trainer.batch import ScoredBatch, collate_sequences
+    from stratarl.trainer.config.resolve import bound_advantage
     from stratarl.trainer.step import advantage_inputs, compute_advantages
 
     seen = {}
@@ -398,7 +398,7 @@ def test_drgrpo_updates_with_mean_only_advantages(tmp_path, tiny_overrides):
 
 
 def test_no_code_outside_the_resolution_compares_the_algorithms_name():
-    """The trainer reads the resolved parts; only stratarl.trainer.algorithm looks a preset up by name
+    """The trainer reads the resolved parts; only stratarl.trainer.config.resolve looks a preset up by name
     (no `algo.name == ...`, `algo.name in ...` or `TABLE[algo.name]` anywhere else)."""
     import ast
 
@@ -416,7 +416,7 @@ def test_no_code_outside_the_resolution_compares_the_algorithms_name():
 
     offenders = []
     for path in root.rglob("*.py"):
-        if path.name == "algorithm.py" and path.parent.name == "trainer":
+        if path.name == "resolve.py" and path.parent.name == "config":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             compared = isinstance(node, ast.Compare) and any(is_algo_name(n) for n in (node.left, *node.comparators))

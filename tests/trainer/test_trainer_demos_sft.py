@@ -11,8 +11,8 @@ from stratarl.data.examples import Example
 from stratarl.infra.schedules import sft_lr_factor
 from stratarl.retrieval.base import Passage
 from stratarl.retrieval.bm25 import BM25Retriever
-from stratarl.trainer.demos import Demonstration, render_demonstration, render_demonstrations
-from stratarl.trainer.sft import demo_shortfall, run_sft, sft_step
+from stratarl.trainer.warmstart.demos import Demonstration, render_demonstration, render_demonstrations
+from stratarl.trainer.warmstart.sft import demo_shortfall, run_sft, sft_step
 
 PASSAGES = [
     Passage("0", '"Bavir Institute"\nBavir Institute was founded by Doushil Revedi.'),
@@ -254,3 +254,84 @@ def test_demo_shortfall_names_the_fix():
     message = demo_shortfall(2000, 96, 100)
     assert "sft.num_demos=2000" in message and "only 96" in message and "100 training questions" in message
     assert "data.synthetic.options.num_train" in message
+
+
+def test_guess_on_guessable_guesses_only_on_small_answer_sets(smollm2_tokenizer):
+    """``guess_on="guessable"``: every guess is on a guessable question; the other questions search, with the
+    wrong-hop share they would have among searching demonstrations; ``"any"`` guesses on both kinds."""
+    from stratarl.data.synth import generate_knowledge_base
+
+    kb = generate_knowledge_base(seed=1, size=300, num_train=150, num_test=5, hop_mix=(0.3, 0.7, 0.0))
+    retriever = BM25Retriever.from_passages(kb.passages)
+    guessable = {e.id: e.metadata["guessable"] for e in kb.train}
+    assert 10 < sum(guessable.values()) < len(guessable) - 10  # both kinds are there, so the check has teeth
+
+    def render(guess_on: str):
+        return render_demonstrations(
+            kb.train,
+            smollm2_tokenizer,
+            retriever,
+            num_demos=150,
+            topk=2,
+            max_obs_tokens=64,
+            no_search_fraction=0.6,
+            wrong_hop_fraction=0.4,
+            seed=0,
+            guess_on=guess_on,
+        )
+
+    only = render("guessable")
+    guesses = [d for d in only if d.kind == "no_search"]
+    assert guesses and all(guessable[d.example_id] for d in guesses)
+    searching = [d for d in only if not guessable[d.example_id]]
+    assert searching and all(d.kind != "no_search" for d in searching)
+    # wrong_hop 0.4 of all = 1.0 of the searching share (0.4): every searching multi-hop demonstration is wrong
+    assert {d.kind for d in searching if d.kind != "correct" or len(d.meta["searches"]) > 1} == {"wrong_hop"}
+    anywhere = [d for d in render("any") if d.kind == "no_search"]
+    assert any(not guessable[d.example_id] for d in anywhere)
+
+
+def test_guess_on_is_validated_and_its_default_keeps_warm_start_keys():
+    from stratarl.trainer.config import Config, ConfigError, SFTConfig
+    from stratarl.trainer.warmstart import warm_start_key
+
+    with pytest.raises(ConfigError, match="sft.guess_on"):
+        SFTConfig(guess_on="sometimes").validate("sft")
+    with pytest.raises(ConfigError, match="sft.wrong_hop_pool"):
+        SFTConfig(wrong_hop_pool="elsewhere").validate("sft")
+    cfg = Config()
+    cfg.validate()
+    assert "guess_on" not in warm_start_key(cfg)["sft"] and "wrong_hop_pool" not in warm_start_key(cfg)["sft"]
+    cfg.sft.guess_on = "guessable"
+    assert warm_start_key(cfg)["sft"]["guess_on"] == "guessable"
+
+
+def test_wrong_hop_pool_any_takes_the_wrong_last_hop_from_other_families(smollm2_tokenizer):
+    """``wrong_hop_pool="any"``: some wrong last hops ask another relation (answers of another type); ``family``
+    keeps the own relation every time."""
+    from stratarl.data.synth import generate_knowledge_base
+
+    kb = generate_knowledge_base(seed=2, size=300, num_train=120, num_test=5, hop_mix=(0.0, 1.0, 0.0))
+    retriever = BM25Retriever.from_passages(kb.passages)
+    hops_of = {e.id: e.metadata["hops"] for e in kb.train}
+
+    def same_relation_share(pool: str) -> float:
+        demos = render_demonstrations(
+            kb.train,
+            smollm2_tokenizer,
+            retriever,
+            num_demos=120,
+            topk=2,
+            max_obs_tokens=64,
+            no_search_fraction=0.0,
+            wrong_hop_fraction=1.0,
+            seed=0,
+            wrong_hop_pool=pool,
+        )
+        wrong = [d for d in demos if d.kind == "wrong_hop"]
+        assert len(wrong) > 30
+        own = [d.meta["searches"][-1].split()[:2] == hops_of[d.example_id][-1]["query"].split()[:2] for d in wrong]
+        return sum(own) / len(own)
+
+    assert same_relation_share("family") == 1.0
+    assert same_relation_share("any") < 0.7

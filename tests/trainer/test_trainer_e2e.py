@@ -81,7 +81,7 @@ def test_resume_is_exact(tmp_path, tiny_overrides):
 
 
 def test_warm_start_then_train_from_it(tmp_path, tiny_overrides):
-    from stratarl.trainer.warmstart import warm_start
+    from stratarl.trainer.warmstart.stages import warm_start
 
     cfg = load_config(TINY, [*tiny_overrides, "sft.num_demos=6", "sft.epochs=2", "sft.batch_size=3"])
     summary = warm_start(cfg, tmp_path / "sft")
@@ -139,7 +139,7 @@ def test_word_level_model_warm_starts_and_trains(tmp_path, tiny_overrides):
     # observation and demonstration encodes without [UNK]; SFT, then RL from its output.
     from transformers import AutoTokenizer
 
-    from stratarl.trainer.warmstart import warm_start
+    from stratarl.trainer.warmstart.stages import warm_start
 
     cfg = load_config(TINY, [*tiny_overrides, "model.name=word-tiny", "sft.num_demos=4"])
     warm_start(cfg, tmp_path / "sft", progress=False)

@@ -72,7 +72,7 @@ def test_lab_config_is_the_documented_recipe():
     )
     assert cfg.data.max_eval_examples >= 200 and cfg.data.synthetic.options["num_test"] >= 200
     demo = load_config(CONFIGS / "demo.yaml")
-    from stratarl.trainer.warmstart import warm_start_cache_dir
+    from stratarl.trainer.warmstart.stages import warm_start_cache_dir
 
     assert warm_start_cache_dir(demo) == warm_start_cache_dir(cfg)  # the demo reuses the lab's warm start
 

@@ -12,9 +12,9 @@ import torch
 from stratarl.data.synth import generate_knowledge_base, name_pool_words
 from stratarl.data.wordlevel import unknown_words
 from stratarl.trainer.config import ConfigError, config_from_dict
-from stratarl.trainer.demos import Demonstration
-from stratarl.trainer.sft import sft_step
-from stratarl.trainer.worlds import world_batches, world_demonstrations, world_seed
+from stratarl.trainer.warmstart.demos import Demonstration
+from stratarl.trainer.warmstart.sft import sft_step
+from stratarl.trainer.warmstart.worlds import world_batches, world_demonstrations, world_seed
 
 POOL = 300
 LAB = {
@@ -179,7 +179,7 @@ def test_worlds_source_needs_a_name_pool():
 
 
 def test_cached_warm_start_is_built_once_and_keyed_by_its_settings(tmp_path, monkeypatch):
-    from stratarl.trainer.warmstart import cached_warm_start, warm_start_cache_dir
+    from stratarl.trainer.warmstart.stages import cached_warm_start, warm_start_cache_dir
 
     monkeypatch.setenv("STRATARL_CACHE", str(tmp_path / "cache"))
     cfg = _cfg(sft={"cache": True})
@@ -215,7 +215,7 @@ def test_copy_init_sets_value_and_output_projections_to_the_identity():
 
 def test_reading_curriculum_starts_with_one_sentence_and_ends_with_full_observations():
     from stratarl.trainer.setup import load_policy, load_task
-    from stratarl.trainer.worlds import reading_batches
+    from stratarl.trainer.warmstart.worlds import reading_batches
 
     cfg = _cfg()
     _, tokenizer = load_policy(cfg.model, task=load_task(cfg))
@@ -240,9 +240,9 @@ def test_reading_curriculum_starts_with_one_sentence_and_ends_with_full_observat
 
 def test_reading_examples_in_the_agents_layout_are_single_hop_demonstrations():
     from stratarl.rollout.prompt import encode_prompt
-    from stratarl.trainer.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
     from stratarl.trainer.setup import load_policy, load_task
-    from stratarl.trainer.worlds import reading_batches
+    from stratarl.trainer.warmstart.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
+    from stratarl.trainer.warmstart.worlds import reading_batches
 
     cfg = _cfg(sft={"reading_agent_fraction": 1.0}, rollout={"max_obs_tokens": 240})
     _, tokenizer = load_policy(cfg.model, task=load_task(cfg))
@@ -271,7 +271,7 @@ def test_reading_examples_in_the_agents_layout_are_single_hop_demonstrations():
 
 def test_reading_agent_fraction_mixes_both_layouts_and_zero_keeps_the_old_stream():
     from stratarl.trainer.setup import load_policy, load_task
-    from stratarl.trainer.worlds import reading_batches
+    from stratarl.trainer.warmstart.worlds import reading_batches
 
     cfg0 = _cfg()
     _, tokenizer = load_policy(cfg0.model, task=load_task(cfg0))
@@ -300,7 +300,7 @@ def test_reading_agent_fraction_mixes_both_layouts_and_zero_keeps_the_old_stream
 
 
 def test_reading_mix_adds_fresh_reading_examples_to_every_demonstration_batch(tmp_path):
-    from stratarl.trainer.warmstart import warm_start
+    from stratarl.trainer.warmstart.stages import warm_start
 
     summary = warm_start(_cfg(sft={"reading_mix": 3, "steps": 2}), tmp_path, progress=False)
     kinds = summary["demo_kinds"]
@@ -319,8 +319,8 @@ def test_reading_knobs_are_validated(key, value):
 
 
 def test_rehearsal_worlds_are_not_the_reading_stages():
-    from stratarl.trainer.probe import PROBE_WORLD_OFFSET
-    from stratarl.trainer.worlds import READING_WORLD_OFFSET, REHEARSAL_WORLD_OFFSET, WORLD_SEED_STRIDE
+    from stratarl.trainer.warmstart.probe import PROBE_WORLD_OFFSET
+    from stratarl.trainer.warmstart.worlds import READING_WORLD_OFFSET, REHEARSAL_WORLD_OFFSET, WORLD_SEED_STRIDE
 
     # the reading stage draws a few hundred worlds; the ranges stay inside one task's stride
     assert READING_WORLD_OFFSET + 10_000 < REHEARSAL_WORLD_OFFSET < WORLD_SEED_STRIDE - 10_000

@@ -20,7 +20,7 @@ def test_synthetic_task_uses_the_runs_template_not_its_files_prompt(tmp_path, sm
 
 def test_multiple_choice_task_prompts_and_demonstrations_show_the_options(tmp_path, smollm2_tokenizer):
     from stratarl.data.synth import generate_knowledge_base
-    from stratarl.trainer.demos import render_demonstrations
+    from stratarl.trainer.warmstart.demos import render_demonstrations
 
     tok = smollm2_tokenizer
     kb = generate_knowledge_base(seed=0, size=120, num_train=6, num_test=2, multiple_choice=3)

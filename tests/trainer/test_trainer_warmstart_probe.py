@@ -11,8 +11,8 @@ import pytest
 
 from stratarl.infra.progress import LineProgress, format_duration
 from stratarl.trainer.config import ConfigError, config_from_dict
-from stratarl.trainer.probe import PROBE_WORLD_OFFSET, WarmStartFailed, probe_questions
-from stratarl.trainer.worlds import READING_WORLD_OFFSET, world_seed
+from stratarl.trainer.warmstart.probe import PROBE_WORLD_OFFSET, WarmStartFailed, probe_questions
+from stratarl.trainer.warmstart.worlds import READING_WORLD_OFFSET, world_seed
 
 LAB = {
     "model": {
@@ -75,7 +75,7 @@ def _probe_rows(folder):
 
 
 def test_a_passing_probe_ends_the_warm_start_at_its_steps(tmp_path):
-    from stratarl.trainer.warmstart import warm_start
+    from stratarl.trainer.warmstart.stages import warm_start
 
     summary = warm_start(_cfg(probe_min_em=0.0, max_steps=5), tmp_path, progress=False)
     assert summary["steps"] == 2 and summary["probe_passed"] is True
@@ -87,7 +87,7 @@ def test_a_passing_probe_ends_the_warm_start_at_its_steps(tmp_path):
 
 
 def test_a_failing_probe_extends_the_warm_start_then_fails_loudly(tmp_path, monkeypatch):
-    from stratarl.trainer.warmstart import cached_warm_start, warm_start_cache_dir
+    from stratarl.trainer.warmstart.stages import cached_warm_start, warm_start_cache_dir
 
     monkeypatch.setenv("STRATARL_CACHE", str(tmp_path / "cache"))
     cfg = _cfg(probe_min_em=1.01 - 0.01, max_steps=4, cache=True)  # EM 1.0 on unseen names: never, untrained
@@ -106,7 +106,7 @@ def test_a_failing_probe_extends_the_warm_start_then_fails_loudly(tmp_path, monk
 
 
 def test_probe_steps_follow_probe_every(tmp_path):
-    from stratarl.trainer.warmstart import warm_start
+    from stratarl.trainer.warmstart.stages import warm_start
 
     with pytest.raises(WarmStartFailed):
         warm_start(_cfg(probe_min_em=1.0, steps=2, probe_every=2, max_steps=6), tmp_path, progress=False)
@@ -123,7 +123,7 @@ def test_probe_world_is_none_the_warm_start_trains_on():
     single, multi, retriever = probe_questions(cfg, 4, seed=probe_seed)
     assert len(single) == 4 and len(multi) == 4
     assert all(len(e.metadata["hops"]) == 1 for e in single) and all(len(e.metadata["hops"]) == 2 for e in multi)
-    from stratarl.trainer.worlds import world_demonstrations
+    from stratarl.trainer.warmstart.worlds import world_demonstrations
 
     demo_facts = {d.meta["answer"] for i in range(3) for d in world_demonstrations(cfg, _tokenizer(cfg), i)}
     probe_answers = {e.golden_answers[0] for e in single}
@@ -180,7 +180,7 @@ def test_line_progress_prints_an_eta_at_most_every_interval():
 def test_probe_reports_what_sampling_at_the_rl_temperature_does(tmp_path):
     """The probe's sampled measurement uses rollout.temperature, not greedy decoding: at a very low
     temperature it equals the greedy share of 2-search rollouts; the fields are shares in [0, 1]."""
-    from stratarl.trainer.warmstart import warm_start
+    from stratarl.trainer.warmstart.stages import warm_start
 
     summary = warm_start(_cfg(probe_min_em=0.0, max_steps=2), tmp_path, progress=False)
     probe = summary["probes"][0]
@@ -188,8 +188,8 @@ def test_probe_reports_what_sampling_at_the_rl_temperature_does(tmp_path):
     greedy_two = 1.0 - probe["multi_hop_one_search"] - _share_without_search(tmp_path)
     cold = config_from_dict({**json.loads(json.dumps(LAB)), "rollout": {**LAB["rollout"], "temperature": 1e-4}})
     from stratarl.models import load_model
-    from stratarl.trainer.probe import probe_questions, sampled_second_searches
     from stratarl.trainer.setup import load_policy, load_task
+    from stratarl.trainer.warmstart.probe import probe_questions, sampled_second_searches
 
     tokenizer = load_policy(cold.model, task=load_task(cold))[1]
     model = load_model(str(tmp_path / "model"))

@@ -9,8 +9,8 @@ parameter has exactly one spelling:
   registered function (a key that a knob or another field sets is refused, naming that field).
 
 Older spellings (``turn_level_ratio``, ``sorl_normalize``, the ``sorl`` policy loss, knob keys inside the
-``*_params`` mappings) are rewritten into these once, when a config is loaded (stratarl.trainer.config_legacy).
-stratarl.trainer.algorithm resolves the section into a frozen ``AlgorithmSpec`` once, in ``Config.validate``.
+``*_params`` mappings) are rewritten into these once, when a config is loaded (stratarl.trainer.config.legacy).
+stratarl.trainer.config.resolve resolves the section into a frozen ``AlgorithmSpec`` once, in ``Config.validate``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", 
 @dataclass
 class AlgoConfig:
     """The algorithm: a preset (`name`) whose parts `advantage`, `policy_loss`, `ratio_level`, `normalizer`
-    and `critic` can each be replaced; see stratarl.algos.presets and stratarl.trainer.algorithm."""
+    and `critic` can each be replaced; see stratarl.algos.presets and stratarl.trainer.config.resolve."""
 
     name: str = "stratified_grpo"
     """The preset: grpo, stratified_grpo, ppo, so_ppo, so_grpo, drgrpo, gspo or gigpo (stratarl.algos.presets.PRESETS)."""

@@ -35,7 +35,7 @@ from stratarl.algos.registry import (
     policy_loss_names,
 )
 from stratarl.config_errors import close_match, fail
-from stratarl.trainer.config_legacy import note_deprecated, set_once
+from stratarl.trainer.config.legacy import note_deprecated, set_once
 
 # (algo field, keyword of the registered function) per part: a knob reaches every part that takes it.
 KNOBS: Mapping[str, tuple[tuple[str, str], ...]] = {

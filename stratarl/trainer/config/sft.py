@@ -25,8 +25,18 @@ class SFTConfig:
     """Demonstrations per optimizer step."""
     no_search_fraction: float = 0.2
     """Fraction of demonstrations that answer straight away without searching (imperfect on purpose)."""
+    guess_on: Literal["any", "guessable"] = "any"
+    """Which questions a no-search demonstration may guess on. `any`: every question, `no_search_fraction` of
+    all demonstrations. `guessable`: only questions of a guessable family (a small answer set, such as a
+    country), `no_search_fraction` of those; the others guess never and keep the other fractions' shares
+    among the demonstrations that search. A warm start that guesses the shortcut questions often while it
+    reads the rest (docs/lab.md)."""
     wrong_hop_fraction: float = 0.1
     """Fraction of multi-hop demonstrations whose last hop searches with a wrong query (imperfect on purpose)."""
+    wrong_hop_pool: Literal["family", "any"] = "family"
+    """Where a wrong last hop comes from. `family`: another question of the same family (the same relation about
+    a wrong entity, so its answer is of the right type: a country for a country question). `any`: any other
+    question (usually another relation, so the answer is rarely even of the right type)."""
     early_answer_fraction: float = 0.0
     """Fraction of multi-hop demonstrations that stop after their first search and answer what it found
     (the first hop's answer): a deliberately weak search policy that RL can improve by searching more."""
@@ -60,7 +70,7 @@ class SFTConfig:
     """Weight of the next-token loss on observation (retrieved passage) tokens, relative to policy tokens.
     Passages repeat names (title, subject, relations), so this trains copying; the policy never emits them."""
     probe_every: int = 0
-    """`source: worlds`: the reading probe (stratarl.trainer.probe): greedy rollouts on single-hop and 2-hop
+    """`source: worlds`: the reading probe (stratarl.trainer.warmstart.probe): greedy rollouts on single-hop and 2-hop
     questions of a world never trained on. 0: off (the warm start ends after `steps`). N > 0: probe after
     `steps`, and if single-hop EM is below `probe_min_em`, train N more steps and probe again, up to
     `max_steps`; a warm start that never passes stops the run with an error (it is not cached)."""

@@ -4,7 +4,7 @@ reading      copy pre-training on fresh single-hop worlds          (sft.reading_
 demos        demonstrations: the task's own questions (sft.source task) or a stream of fresh worlds
              (sft.source worlds; worlds.world_batches), optionally with reading rehearsal (sft.reading_mix)
 probe        with sft.probe_every: greedy rollouts on a world never trained on decide when it is done
-             (stratarl.trainer.probe); a warm start that never passes raises WarmStartFailed
+             (stratarl.trainer.warmstart.probe); a warm start that never passes raises WarmStartFailed
 cache        with sft.cache: kept under $STRATARL_CACHE/warmstart/<name>-<hash of what it depends on>,
              published by rename (stratarl.publish)
 """
@@ -31,24 +31,35 @@ from stratarl.infra.progress import progress as progress_display
 from stratarl.models import save_pretrained_model
 from stratarl.publish import publish_dir, staging_dir
 from stratarl.trainer.config import Config
-from stratarl.trainer.demos import Demonstration, render_demonstrations
-from stratarl.trainer.probe import PROBE_WORLD_OFFSET, ProbeResult, WarmStartFailed, probe_questions, run_probe
 from stratarl.trainer.setup import build_task_retriever, load_policy, load_task
-from stratarl.trainer.sft import demo_shortfall, run_sft
-from stratarl.trainer.worlds import REHEARSAL_WORLD_OFFSET, reading_batches, world_batches, world_seed
+from stratarl.trainer.warmstart.demos import Demonstration, render_demonstrations
+from stratarl.trainer.warmstart.probe import (
+    PROBE_WORLD_OFFSET,
+    ProbeResult,
+    WarmStartFailed,
+    probe_questions,
+    run_probe,
+)
+from stratarl.trainer.warmstart.sft import demo_shortfall, run_sft
+from stratarl.trainer.warmstart.worlds import REHEARSAL_WORLD_OFFSET, reading_batches, world_batches, world_seed
 
 
 def warm_start_key(cfg: Config) -> dict:
     """Everything a warm start depends on (the cache key of ``sft.cache``): not the RL settings. A bf16
     warm start (``trainer.precision`` resolving to bf16 on this machine) has its own key; fp32 keys carry no
     precision."""
+    sft = dataclasses.asdict(cfg.sft)
+    # Options at their defaults leave the keys of warm starts built before the options existed unchanged.
+    for option, default in (("guess_on", "any"), ("wrong_hop_pool", "family")):
+        if sft[option] == default:
+            del sft[option]
     key = {
         "model": dataclasses.asdict(cfg.model),
         "data": dataclasses.asdict(cfg.data),
         "retrieval": dataclasses.asdict(cfg.retrieval),
         "max_obs_tokens": cfg.rollout.max_obs_tokens,
         "prompt_template": cfg.rollout.prompt_template,
-        "sft": dataclasses.asdict(cfg.sft),
+        "sft": sft,
         "grad_clip": cfg.optim.grad_clip,
         "micro_batch_tokens": cfg.trainer.micro_batch_tokens,
     }
@@ -211,6 +222,8 @@ def _demo_plan(cfg: Config, tokenizer, task, tally: DemoTally) -> DemoPlan:
         topk=cfg.retrieval.topk,
         max_obs_tokens=cfg.rollout.max_obs_tokens,
         no_search_fraction=s.no_search_fraction,
+        guess_on=s.guess_on,
+        wrong_hop_pool=s.wrong_hop_pool,
         wrong_hop_fraction=s.wrong_hop_fraction,
         early_answer_fraction=s.early_answer_fraction,
         seed=s.seed,
@@ -277,7 +290,7 @@ def warm_start(cfg: Config, out_dir, *, progress: bool = True) -> dict:
     Uses the run config's model, data, retrieval (for observations), rollout caps and
     ``sft`` section. Writes ``sft_metrics.jsonl`` and ``demos_sample.jsonl`` next to the model.
     With ``sft.probe_every`` the demonstration stage runs until the reading probe passes
-    (stratarl.trainer.probe) and raises ``WarmStartFailed`` if it never does within ``sft.max_steps``.
+    (stratarl.trainer.warmstart.probe) and raises ``WarmStartFailed`` if it never does within ``sft.max_steps``.
     Returns a summary with the loss of the first and last epoch, the demo mix and the probes.
     """
     out_dir = Path(out_dir)

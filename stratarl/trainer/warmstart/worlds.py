@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Iterator
 
 from stratarl.data.synth import generate_knowledge_base
-from stratarl.trainer.demos import Demonstration, render_demonstrations, render_reading_examples
+from stratarl.trainer.warmstart.demos import Demonstration, render_demonstrations, render_reading_examples
 
 # Demonstration worlds of task seed s are seeds WORLD_SEED_STRIDE * (s + 1) + i, i = 0, 1, ...: far
 # from any task seed a user writes, so the task's own world is never among them (checked, too).
@@ -108,6 +108,8 @@ def world_demonstrations(cfg, tokenizer, index: int) -> list[Demonstration]:
         topk=cfg.retrieval.topk,
         max_obs_tokens=cfg.rollout.max_obs_tokens,
         no_search_fraction=s.no_search_fraction,
+        guess_on=s.guess_on,
+        wrong_hop_pool=s.wrong_hop_pool,
         wrong_hop_fraction=s.wrong_hop_fraction,
         early_answer_fraction=s.early_answer_fraction,
         seed=seed,

@@ -117,8 +117,15 @@ def render_demonstrations(
     seed: int,
     early_answer_fraction: float = 0.0,
     prompt_template: str = "search_r1",
+    guess_on: str = "any",
+    wrong_hop_pool: str = "family",
 ) -> list[Demonstration]:
     """Up to ``num_demos`` demonstrations from examples that carry hops.
+
+    ``guess_on="guessable"`` lets only questions of a guessable family (``metadata["guessable"]``) guess; another
+    question's draw is mapped onto the non-guessing part of [0, 1), so it searches with the shares the other
+    fractions give among the demonstrations that search. ``wrong_hop_pool="any"`` takes a wrong last hop from any
+    other question instead of one of the same family.
 
     A "correct" demonstration is kept only if every hop's gold passage was retrieved
     (otherwise the demo would teach answering what the passages do not say).
@@ -149,6 +156,8 @@ def render_demonstrations(
         pool = peers if len(peers) > 1 else usable
         other = _other(pool, example, rng)
         draw = rng.random()
+        if guess_on == "guessable" and not example.metadata.get("guessable", False):
+            draw = no_search_fraction + draw * (1.0 - no_search_fraction)
         common = dict(topk=topk, max_obs_tokens=max_obs_tokens, prompt_ids=prompt_ids)
         if draw < no_search_fraction:
             guess = other.golden_answers[0]
@@ -158,7 +167,8 @@ def render_demonstrations(
                 )
             )
         elif len(hops) > 1 and draw < no_search_fraction + wrong_hop_fraction:
-            wrong = other.metadata["hops"][-1]
+            source = other if wrong_hop_pool == "family" else _other(usable, example, rng)
+            wrong = source.metadata["hops"][-1]
             queries = [h["query"] for h in hops[:-1]] + [wrong["query"]]
             demos.append(
                 render_demonstration(

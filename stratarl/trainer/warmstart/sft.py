@@ -6,8 +6,8 @@ tokens). The loss is the token-mean negative log-likelihood of policy tokens onl
 
     L = - (1 / N) sum_{b, t : mask[b, t] = 1} log pi(y_{b, t} | y_{b, <t}, x_b),   N = number of policy tokens
 
-Observation tokens (retrieved passages) are context, never targets. stratarl.trainer.warmstart builds the
-demonstrations and runs the stages; stratarl.trainer.worlds streams the fresh worlds they come from.
+Observation tokens (retrieved passages) are context, never targets. stratarl.trainer.warmstart.stages builds the
+demonstrations and runs the stages; stratarl.trainer.warmstart.worlds streams the fresh worlds they come from.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from stratarl.infra.precision import DevicePolicy
 from stratarl.infra.schedules import sft_lr_factor
 from stratarl.infra.threads import step_threads
 from stratarl.trainer.batch import collate_sequences, micro_batches
-from stratarl.trainer.demos import Demonstration
 from stratarl.trainer.logprobs import response_logprobs
+from stratarl.trainer.warmstart.demos import Demonstration
 
 FP32_CPU = DevicePolicy(torch.device("cpu"), "fp32")
 

@@ -2,12 +2,12 @@
 
 Loaded from YAML, then dotted command-line overrides are applied
 (``stratarl train configs/demo.yaml algo.name=grpo trainer.steps=20``), then older spellings are
-rewritten (stratarl.trainer.config_legacy), then the whole tree is validated. Every error names the field
+rewritten (stratarl.trainer.config.legacy), then the whole tree is validated. Every error names the field
 path, the bad value, why it is wrong and how to fix it. Unknown keys list the valid ones with a close-match
 suggestion. The resolved tree is saved as ``config.yaml`` in the run directory.
 
 Validation also resolves, once, what the rest of the code reads instead of re-deriving it: the frozen
-algorithm (``Config.algorithm``, stratarl.trainer.algorithm), and gives the rollout section its passages per
+algorithm (``Config.algorithm``, stratarl.trainer.config.resolve), and gives the rollout section its passages per
 search (``retrieval.topk``, the one place that sets it). The device / precision policy
 (``Config.device_policy``, stratarl.infra.precision) depends on the machine, so it is resolved once, on
 first use (``build_run`` asks first, so bf16 on a GPU without it fails before any work).
@@ -31,10 +31,10 @@ from stratarl.config_errors import fail as _fail
 from stratarl.config_tree import apply_overrides, build, parse_override
 from stratarl.infra.precision import DevicePolicy
 from stratarl.rollout.config import RolloutConfig
-from stratarl.trainer.algorithm import move_knob_params, resolve_algorithm
-from stratarl.trainer.config_algo import ALGORITHMS, LOSS_AGGREGATIONS, SORL_DELTA_RULES, SORL_ORDERS, AlgoConfig
-from stratarl.trainer.config_legacy import rewrite_legacy
-from stratarl.trainer.config_sections import (
+from stratarl.trainer.config.algo import ALGORITHMS, LOSS_AGGREGATIONS, SORL_DELTA_RULES, SORL_ORDERS, AlgoConfig
+from stratarl.trainer.config.legacy import rewrite_legacy
+from stratarl.trainer.config.resolve import move_knob_params, resolve_algorithm
+from stratarl.trainer.config.sections import (
     OPTIMIZERS,
     DataConfig,
     EvalConfig,
@@ -46,7 +46,7 @@ from stratarl.trainer.config_sections import (
     SyntheticDataConfig,
     TrainerConfig,
 )
-from stratarl.trainer.config_sft import SFTConfig
+from stratarl.trainer.config.sft import SFTConfig
 
 __all__ = [
     "ALGORITHMS",

@@ -12,7 +12,7 @@ not set, since a saved config.yaml lists every field).
                                                                               always came from algo.ratio_level)
 
 A shared knob's keyword written inside a ``*_params`` mapping (``algo.normalizer_params.delta``) is moved to
-the knob (``algo.sorl_delta``) by stratarl.trainer.algorithm.move_knob_params, which knows each part's
+the knob (``algo.sorl_delta``) by stratarl.trainer.config.resolve.move_knob_params, which knows each part's
 signature.
 """
 
@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 
 from stratarl.config_errors import fail
-from stratarl.trainer.config_algo import AlgoConfig
+from stratarl.trainer.config.algo import AlgoConfig
 
 # A field at its default was not set by the user (a saved config.yaml lists every field): an older
 # spelling may then fill it, as the older precedence let it.
