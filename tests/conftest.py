@@ -1,4 +1,7 @@
-"""Shared fixtures. Models are built from configs or loaded from packages; nothing downloads."""
+"""Shared fixtures. Models are built from configs or loaded from packages; nothing downloads.
+
+A tiny run's overrides write everything under tmp_path and give it a reward with variance (a random tiny model
+never answers correctly, so EM would give all-zero advantages and no policy gradient)."""
 
 from __future__ import annotations
 
@@ -65,3 +68,30 @@ def tiny_model(smollm2_tokenizer):
     from stratarl.models import build_tiny_model
 
     return build_tiny_model(smollm2_tokenizer, seed=0)
+
+
+REWARD_MODULE = '''
+def length_parity_reward(response_text, golds):
+    """Deterministic, varied across rollouts: exercises the whole loop with non-zero advantages."""
+    return float(len(response_text) % 2 == 0)
+'''
+
+
+@pytest.fixture
+def reward_path(tmp_path, monkeypatch):
+    """A folder on sys.path holding `stratarl_test_rewards`, a reward a run names as a user would."""
+    folder = tmp_path / "reward_module"
+    folder.mkdir()
+    (folder / "stratarl_test_rewards.py").write_text(REWARD_MODULE)
+    monkeypatch.syspath_prepend(str(folder))
+    return folder
+
+
+@pytest.fixture
+def tiny_overrides(tmp_path, reward_path):
+    """Overrides that keep a tiny run's files under tmp_path and give it a varied reward."""
+    return [
+        f"data.synthetic.cache_dir={tmp_path / 'kb'}",
+        f"trainer.output_dir={tmp_path / 'runs'}",
+        "algo.reward=stratarl_test_rewards:length_parity_reward",
+    ]

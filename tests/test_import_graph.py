@@ -233,3 +233,20 @@ def test_every_markdown_file_a_docstring_names_exists():
             if not any(c.is_file() for c in candidates):
                 missing.append(f"{path.relative_to(root)}: {name}")
     assert missing == []
+
+
+def test_every_test_file_the_docs_and_the_code_name_exists():
+    """A page, docstring or comment that names a test (``tests/.../test_x.py``) points at a file that exists: the
+    tests mirror the package layout, and a move updates what cites them."""
+    import re
+
+    root = PACKAGE.parent
+    cited = re.compile(r"(?<![\w/.-])(tests/[\w/.-]+\.py)")
+    sources = [root / "README.md", *root.glob("docs/**/*.md"), *PACKAGE.rglob("*.py"), *root.glob("benchmarks/**/*.py")]
+    missing = [
+        f"{path.relative_to(root)}: {name}"
+        for path in sources
+        for name in cited.findall(path.read_text())
+        if not (root / name).is_file()
+    ]
+    assert missing == []

@@ -11,7 +11,7 @@ of similar length; all epochs and mini-batches reuse the same prefix.
 
 Same values as ``response_logprobs`` up to float rounding (the same layers on the same inputs; the
 attention mask is additive instead of boolean and padding is laid out differently), so the same
-gradients to float tolerance: tests/trainer/test_update_fast.py checks them for several algorithms.
+gradients to float tolerance: tests/trainer/test_trainer_update_fast.py checks them for several algorithms.
 
 The layers are called one by one (``_run_layers``), as the decoder's own forward does for the
 Llama-style decoders (``stratarl.models.MODEL_SUPPORT``, frozen_prefix); anything else (LoRA, gradient checkpointing,

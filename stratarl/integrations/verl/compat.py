@@ -4,7 +4,7 @@ This is the one place that states the tested versions (docs/verl.md and requirem
 here). :func:`moved_hooks` looks up every veRL name the plugins, the CPU platform, the ``hf`` rollout and
 the smoke runs use; :func:`require_hooks` raises one error naming the installed veRL version, the
 tested ones and each hook that moved. The smokes (:mod:`.smoke`, :mod:`.smoke_multiturn`) call it
-before starting ``main_ppo``, and ``tests/verl/test_verl_compat.py`` runs it on the installed veRL, so
+before starting ``main_ppo``, and ``tests/verl/test_verl_v1_trainer.py`` runs it on the installed veRL, so
 an upgrade that moves a hook fails loudly there instead of training without the plugin.
 
 Plain lookups (imports and attributes, a few signatures); nothing is patched.

@@ -13,6 +13,9 @@ from their sections on each read, so a copy (``dataclasses.replace``) cannot los
 into frozen values its step and update read (``stratarl.trainer.settings.RunSettings``; ``build_run`` does it
 first, so bf16 on a GPU without it fails before any work).
 
+The package: the root here (``Config``, ``load_config``, ``save_config``), the sections in ``sections``, ``algo``
+and ``sft``, the older spellings in ``legacy`` and the algorithm's resolution in ``resolve``.
+
 Defaults follow Search-R1 / the two papers (docs/algorithms.md) where they apply to any model size; the
 shipped configs shrink sizes for CPU runs.
 """

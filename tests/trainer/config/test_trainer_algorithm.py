@@ -16,7 +16,7 @@ from stratarl.algos.presets import PRESETS, AlgorithmSpec, get_preset
 from stratarl.trainer.config import ConfigError, load_config
 from stratarl.trainer.config.resolve import KNOBS, describe
 
-TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny.yaml"
 
 
 def _spec(*overrides: str) -> AlgorithmSpec:
@@ -402,7 +402,7 @@ def test_no_code_outside_the_resolution_compares_the_algorithms_name():
     (no `algo.name == ...`, `algo.name in ...` or `TABLE[algo.name]` anywhere else)."""
     import ast
 
-    root = Path(__file__).resolve().parents[2] / "stratarl"
+    root = Path(__file__).resolve().parents[3] / "stratarl"
 
     def is_algo_name(node) -> bool:
         return (

@@ -8,59 +8,19 @@ import io
 import json
 
 import pytest
+from warmstart_lab import lab_sections
 
 from stratarl.infra.progress import LineProgress, format_duration
 from stratarl.trainer.config import ConfigError, config_from_dict
 from stratarl.trainer.warmstart.probe import PROBE_WORLD_OFFSET, WarmStartFailed, probe_questions
 from stratarl.trainer.warmstart.worlds import READING_WORLD_OFFSET, world_seed
 
-LAB = {
-    "model": {
-        "name": "word-tiny",
-        "tiny_hidden_size": 32,
-        "tiny_num_layers": 2,
-        "tiny_num_heads": 2,
-        "tiny_intermediate_size": 64,
-    },
-    "data": {
-        "source": "synthetic",
-        "max_eval_examples": 6,
-        "synthetic": {
-            "seed": 0,
-            "options": {
-                "size": 120,
-                "num_train": 30,
-                "num_test": 6,
-                "hop_mix": [0.5, 0.5, 0.0],
-                "guessable": "none",
-                "name_pool": 300,
-            },
-        },
-    },
-    "retrieval": {"spec": "bm25", "topk": 2},
-    "rollout": {
-        "group_size": 2,
-        "max_turns": 2,
-        "max_tokens_per_turn": 16,
-        "max_obs_tokens": 64,
-        "max_total_tokens": 512,
-    },
-    "algo": {"name": "grpo", "kl_coef": 0.0},
-    "trainer": {"steps": 1, "prompts_per_step": 2, "num_threads": 1, "micro_batch_tokens": 4096},
-    "sft": {
-        "enabled": True,
-        "source": "worlds",
-        "steps": 2,
-        "batch_size": 4,
-        "lr": 1e-3,
-        "world_options": {"size": 100, "num_train": 20},
-        "early_answer_fraction": 0.5,
-        "probe_every": 1,
-        "probe_questions": 4,
-    },
-    "eval": {"before_after": False, "batch_size": 8},
-    "logging": {"tensorboard": False, "progress": False, "num_transcripts": 0},
-}
+# The probe's variant of the lab: shorter turns, two SFT steps, a probe after each.
+LAB = lab_sections(
+    rollout={"max_tokens_per_turn": 16},
+    sft={"steps": 2, "probe_every": 1, "probe_questions": 4},
+    eval={"batch_size": 8},
+)
 
 
 def _cfg(**sft):

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from warmstart_lab import LAB, POOL, lab_sections
 
 from stratarl.data.synth import generate_knowledge_base, name_pool_words
 from stratarl.data.wordlevel import unknown_words
@@ -16,59 +17,9 @@ from stratarl.trainer.warmstart.demos import Demonstration
 from stratarl.trainer.warmstart.sft import sft_step
 from stratarl.trainer.warmstart.worlds import world_batches, world_demonstrations, world_seed
 
-POOL = 300
-LAB = {
-    "model": {
-        "name": "word-tiny",
-        "tiny_hidden_size": 32,
-        "tiny_num_layers": 2,
-        "tiny_num_heads": 2,
-        "tiny_intermediate_size": 64,
-    },
-    "data": {
-        "source": "synthetic",
-        "max_eval_examples": 6,
-        "synthetic": {
-            "seed": 0,
-            "options": {
-                "size": 120,
-                "num_train": 30,
-                "num_test": 6,
-                "hop_mix": [0.5, 0.5, 0.0],
-                "guessable": "none",
-                "name_pool": POOL,
-            },
-        },
-    },
-    "retrieval": {"spec": "bm25", "topk": 2},
-    "rollout": {
-        "group_size": 2,
-        "max_turns": 2,
-        "max_tokens_per_turn": 24,
-        "max_obs_tokens": 64,
-        "max_total_tokens": 512,
-    },
-    "algo": {"name": "grpo", "kl_coef": 0.0},
-    "trainer": {"steps": 1, "prompts_per_step": 2, "num_threads": 1, "micro_batch_tokens": 4096},
-    "sft": {
-        "enabled": True,
-        "source": "worlds",
-        "steps": 3,
-        "batch_size": 4,
-        "lr": 1e-3,
-        "world_options": {"size": 100, "num_train": 20},
-        "early_answer_fraction": 0.5,
-    },
-    "eval": {"before_after": False, "batch_size": 6},
-    "logging": {"tensorboard": False, "progress": False, "num_transcripts": 0},
-}
-
 
 def _cfg(**sections):
-    data = json.loads(json.dumps(LAB))
-    for key, value in sections.items():
-        data[key] = {**data[key], **value}
-    return config_from_dict(data)
+    return config_from_dict(lab_sections(**sections))
 
 
 def test_name_pool_worlds_share_words_not_facts():

@@ -17,7 +17,7 @@ from stratarl.trainer.config import (
     save_config,
 )
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"))
 
 
 def test_defaults_validate():

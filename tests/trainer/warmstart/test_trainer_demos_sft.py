@@ -293,7 +293,7 @@ def test_guess_on_guessable_guesses_only_on_small_answer_sets(smollm2_tokenizer)
 
 def test_guess_on_is_validated_and_its_default_keeps_warm_start_keys():
     from stratarl.trainer.config import Config, ConfigError, SFTConfig
-    from stratarl.trainer.warmstart import warm_start_key
+    from stratarl.trainer.warmstart.stages import warm_start_key
 
     with pytest.raises(ConfigError, match="sft.guess_on"):
         SFTConfig(guess_on="sometimes").validate("sft")
