@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -33,20 +33,25 @@ STRATUM_KEYS = ("num_searches", "observation_blocks", "answered", "random")
 
 
 class Question(Protocol):
-    """What a rollout needs of a question (``stratarl.data.examples.Example`` is one); read only."""
+    """What a rollout needs of a question (``stratarl.data.examples.Example`` is one); read-only."""
 
     @property
     def id(self) -> str: ...
+
     @property
     def question(self) -> str: ...
+
     @property
     def golden_answers(self) -> tuple[str, ...]: ...
+
     @property
     def data_source(self) -> str: ...
+
     @property
-    def metadata(self) -> Mapping: ...
+    def metadata(self) -> Mapping[str, Any]: ...
+
     @property
-    def prompt(self) -> Sequence | None: ...
+    def prompt(self) -> Sequence[Mapping[str, str]] | None: ...
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ Both give the same values up to float rounding, so the same gradients (tests/tra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 
@@ -168,7 +168,8 @@ def capture_layer(model: torch.nn.Module, impl: str = "fast") -> int | None:
         return None
     decoder = decoder_of(model)
     k = lowest_trainable_layer(decoder)
-    return k if 0 < k < len(decoder.layers) else None
+    layers = cast(torch.nn.ModuleList, decoder.layers)  # a Llama-style decoder: unsupported_reason checked it
+    return k if 0 < k < len(layers) else None
 
 
 def batch_forward(

@@ -65,7 +65,8 @@ def make_optimizer(groups: list[dict], optim: OptimConfig) -> torch.optim.Optimi
     """``optim.name``: AdamW (default) or SGD (the control for SORL's scale, which Adam largely cancels)."""
     if optim.name == "sgd":
         return torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    beta1, beta2 = optim.betas  # validated: two values
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=(beta1, beta2), weight_decay=optim.weight_decay)
 
 
 def build_learner(model: torch.nn.Module, cfg: Config, total_optimizer_steps: int) -> Learner:

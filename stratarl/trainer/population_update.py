@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from stratarl.algos.sorl import ClipBiasNormalizer
 from stratarl.infra.stacked import StackedParams, architecture, causal_hidden, parameter_table, stack_reason
 from stratarl.trainer.batch import TrainBatch, mini_batch_rows
 from stratarl.trainer.forward import PolicyForward
@@ -120,7 +121,7 @@ def _update_group(calls: list[UpdateCall]) -> list:
 def _accumulate(calls: list[UpdateCall], rows: list[list[int]], results: list, index: list[int]) -> dict[int, dict]:
     """``accumulate_gradients`` of each member's mini-batch ``rows``, micro-batch m of every member stacked.
     A member whose loss terms raise gets its exception in ``results`` and leaves the group."""
-    sums = {i: defaultdict(float) for i in index}
+    sums: dict[int, defaultdict[str, float]] = {i: defaultdict(float) for i in index}
     tokens = dict.fromkeys(index, 0)
     plans = {i: micro_batch_plan(call.batch.select(r), call.settings) for i, call, r in zip(index, calls, rows)}
     by_index = dict(zip(index, calls))
@@ -144,7 +145,11 @@ def _accumulate(calls: list[UpdateCall], rows: list[list[int]], results: list, i
                 loss, clip_bias, metrics = micro_batch_terms(call.learner, mb, call.settings, outs[slot])
                 if call.learner.normalizer is not None:
                     _clip_bias_grads(
-                        call.learner, stack, slot, clip_bias * weight, skip=float(metrics["loss/clip_frac"]) == 0.0
+                        call.learner,
+                        stack,
+                        slot,
+                        None if clip_bias is None else clip_bias * weight,
+                        skip=float(metrics["loss/clip_frac"]) == 0.0,
                     )
             except Exception as error:  # noqa: BLE001 - this member leaves the group
                 results[i] = error
@@ -161,12 +166,16 @@ def _accumulate(calls: list[UpdateCall], rows: list[list[int]], results: list, i
     return {i: dict(s) for i, s in sums.items()}
 
 
-def _clip_bias_grads(learner: Learner, stack: StackedParams, slot: int, clip_bias: torch.Tensor, *, skip: bool) -> None:
+def _clip_bias_grads(
+    learner: Learner, stack: StackedParams, slot: int, clip_bias: torch.Tensor | None, *, skip: bool
+) -> None:
     """SORL's ``normalizer.backward`` first half for a stacked member: the clip-bias objective's gradient (its
     slice of the stacked leaves) into the member's C buffers."""
     normalizer = learner.normalizer
     if clip_bias is None or skip or not clip_bias.requires_grad:
         return
+    if not isinstance(normalizer, ClipBiasNormalizer):
+        raise TypeError(f"a stacked member's normaliser needs C buffers (ClipBiasNormalizer), got {normalizer!r}")
     keys = {id(p): key for key, p in parameter_table(learner.model).items()}
     leaves = [stack.leaves[keys[id(p)]] for p in normalizer.parameters]
     grads = torch.autograd.grad(clip_bias, leaves, retain_graph=True, allow_unused=True)
@@ -184,7 +193,7 @@ def stacked_outputs(
     K = len(mbs)
     device = fused.embed.device
     lengths = [mb.row_lengths().tolist() for mb in mbs]
-    orders = [sorted(range(len(lens)), key=lambda b, lens=lens: -lens[b]) for lens in lengths]
+    orders = [sorted(range(len(lens)), key=lens.__getitem__, reverse=True) for lens in lengths]  # longest first
     H = fused.embed.shape[-1]
     pieces: list[list[torch.Tensor]] = [[] for _ in mbs]
     for start in range(0, max(len(o) for o in orders), CHUNK_ROWS):
@@ -227,7 +236,7 @@ def _head(
     head = types.SimpleNamespace(weight=weight, bias=None)
     lp, ent = chunked_head_logprobs(
         hidden[mask],
-        head,
+        head,  # type: ignore[arg-type]  # a stand-in LM head: the member's stacked weight, no bias
         targets[mask],
         chunk_tokens=settings.logprob_chunk_tokens,
         temperature=settings.temperature,
