@@ -1,6 +1,6 @@
 # Two commands on a fresh machine:
 #   make demo   runs the main job (creates .venv on first use)
-#   make test   runs the test suite (creates .venv on first use)
+#   make test   runs the lint and type checks, then the test suite (creates .venv on first use)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.stamp
 VENV_VERL ?= .venv-verl
 PY_VERL   := $(VENV_VERL)/bin/python
 
-.PHONY: demo test test-fast test-verl bench bench-synth bench-trl evidence tables clean-venv
+.PHONY: demo lint test test-fast test-verl bench bench-synth bench-trl evidence tables clean-venv
 
 $(STAMP): pyproject.toml requirements/ci.txt requirements/no-deps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,7 +29,13 @@ $(VENV_VERL)/.stamp: pyproject.toml requirements/verl.txt
 	$(PY_VERL) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(VENV_VERL)/.stamp
 
-test: $(STAMP) $(VENV_VERL)/.stamp
+# Lint, format check and type check (settings in pyproject.toml); `make test` runs them first.
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+test: lint $(STAMP) $(VENV_VERL)/.stamp
 	$(PY) -m pytest -n 2 --dist loadgroup -q
 	$(PY_VERL) -m pytest tests/verl -q -p no:cacheprovider
 

@@ -82,7 +82,7 @@ def measure_bandwidth(megabytes: int = 512) -> float:
     product over it (MKL's GEMV streams memory better than a reduction does), best of 5."""
     x = torch.ones(megabytes * 2**20 // 4)
     matrix, vector = x.view(-1, 1024), torch.ones(1024)
-    seconds = min(best_time(lambda: x.sum(), 5), best_time(lambda: torch.mv(matrix, vector), 5))
+    seconds = min(best_time(x.sum, 5), best_time(lambda: torch.mv(matrix, vector), 5))
     return x.numel() * 4 / seconds
 
 

@@ -257,7 +257,7 @@ def run_bench(args) -> dict:
             rows.append(step(run))
         wall = time.perf_counter() - started
         work = [useful_flops(fm, c, cfg) for c in captured]
-        executed, counted_metrics = counted_step(run, step)
+        executed, _counted_metrics = counted_step(run, step)
         counted_useful = sum(useful_flops(fm, captured[-1], cfg).values())
     finally:
         run.logger.close()

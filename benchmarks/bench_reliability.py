@@ -23,6 +23,7 @@ The tests in tests/reliability/ run a small fixed subset of the same kills on ev
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -261,10 +262,8 @@ def slow_client_figures(failures: list[str], clients: int = 100, timeout_s: floa
         def trickle():
             while not stop.is_set():
                 for sock in slow[::2]:
-                    try:
+                    with contextlib.suppress(OSError):
                         sock.send(b"P")
-                    except OSError:
-                        pass
                 time.sleep(0.05)
 
         threading.Thread(target=trickle, daemon=True).start()
@@ -284,8 +283,10 @@ def slow_client_figures(failures: list[str], clients: int = 100, timeout_s: floa
     if closed != clients or served != 5:
         failures.append(f"slow clients: {closed} / {clients} closed, {served} / 5 normal requests served")
     return [
-        f"slow clients closed: {closed} / {clients} (--request-timeout {timeout_s} s); "
-        f"normal requests served meanwhile: {served} / 5"
+        (
+            f"slow clients closed: {closed} / {clients} (--request-timeout {timeout_s} s); "
+            f"normal requests served meanwhile: {served} / 5"
+        )
     ]
 
 

@@ -158,8 +158,8 @@ def step_useful_flops(fm: bench_lab.FlopModel, row: dict, cfg) -> float:
     G = cfg.rollout.group_size
     p, r = row["rollout/prompt_length_mean"], row["rollout/response_length_mean"]
     o = row["rollout/observation_length_mean"]
-    prompts = n / G * fm.sequence(0, int(round(p)))
-    responses = n * fm.sequence(int(round(p)), int(round(r + o)))
+    prompts = n / G * fm.sequence(0, round(p))
+    responses = n * fm.sequence(round(p), round(r + o))
     decoder_pass = prompts + responses
     policy = n * r
     generation = decoder_pass - n * fm.tokens(1, p + r + o) + policy * fm.head
@@ -376,10 +376,8 @@ def same_results(out: Path, runs: list[dict], mode: str) -> dict:
         if a is None or b is None:
             continue
         diffs.append(b - a)
-        try:
+        with contextlib.suppress(OSError, ValueError):
             identical += _training_rows(solo) == _training_rows(member)
-        except (OSError, ValueError):
-            pass
     ci = mean_ci(diffs)
     within = ci.low is not None and ci.low >= -EM_TOLERANCE and ci.high <= EM_TOLERANCE
     ok = identical == len(runs) if mode == "alone" else (len(diffs) == len(runs) and within)

@@ -62,7 +62,7 @@ def reading_accuracy(cfg, model, tokenizer, *, num_examples: int = 150) -> float
             logits = model(input_ids=torch.tensor([d.prompt_ids + d.response_ids])).logits[0]
             predicted = logits[len(d.prompt_ids) - 1 : -1].argmax(-1).tolist()
             ok, inside = True, False
-            for t, m in enumerate(d.response_mask + [0]):  # a run of target tokens is one answer
+            for t, m in enumerate([*d.response_mask, 0]):  # a run of target tokens is one answer
                 if m:
                     inside, ok = True, ok and predicted[t] == d.response_ids[t]
                 elif inside:

@@ -55,48 +55,50 @@ if str(REPO) not in sys.path:
 SECTIONS = ("lab", "generation", "update")
 SIZES = {
     # SmolLM2-135M's architecture (HuggingFaceTB/SmolLM2-135M config.json).
-    "full": dict(
-        model=dict(
-            vocab_size=49152,
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            max_position_embeddings=8192,
-        ),
-        batches=(8, 64, 256),
-        prompt_tokens=128,
-        new_tokens=128,
-        update=dict(rows=16, prompt=256, response=768, steps=5, micro_batch_tokens=8192),
-        lab_steps=30,
-        gemm=8192,
-    ),
-    "tiny": dict(
-        model=dict(
-            vocab_size=512,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-        ),
-        batches=(2, 4),
-        prompt_tokens=8,
-        new_tokens=8,
-        update=dict(rows=4, prompt=16, response=32, steps=2, micro_batch_tokens=1024),
-        lab_steps=2,
-        gemm=256,
-    ),
+    "full": {
+        "model": {
+            "vocab_size": 49152,
+            "hidden_size": 576,
+            "intermediate_size": 1536,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "max_position_embeddings": 8192,
+        },
+        "batches": (8, 64, 256),
+        "prompt_tokens": 128,
+        "new_tokens": 128,
+        "update": {"rows": 16, "prompt": 256, "response": 768, "steps": 5, "micro_batch_tokens": 8192},
+        "lab_steps": 30,
+        "gemm": 8192,
+    },
+    "tiny": {
+        "model": {
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 256,
+        },
+        "batches": (2, 4),
+        "prompt_tokens": 8,
+        "new_tokens": 8,
+        "update": {"rows": 4, "prompt": 16, "response": 32, "steps": 2, "micro_batch_tokens": 1024},
+        "lab_steps": 2,
+        "gemm": 256,
+    },
 }
 # The lab at the reduced size of tests/trainer/test_trainer_lab_e2e.py (seconds on a CPU).
 LAB_TINY = [
     "model.tiny_hidden_size=32",
     "model.tiny_intermediate_size=64",
     "model.tiny_num_heads=2",
-    "data.synthetic.options={size: 150, num_train: 40, num_test: 8, hop_mix: [0.3, 0.7, 0.0], guessable: none, "
-    "name_pool: 300}",
+    (
+        "data.synthetic.options={size: 150, num_train: 40, num_test: 8, hop_mix: [0.3, 0.7, 0.0], guessable: none, "
+        "name_pool: 300}"
+    ),
     "data.max_eval_examples=8",
     "eval.batch_size=8",
     "trainer.prompts_per_step=2",

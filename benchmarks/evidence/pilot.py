@@ -198,8 +198,10 @@ def gate(exp: dict, root: Path = PILOTS) -> str | None:
 def describe(record: dict) -> str:
     """The record as lines for the console."""
     lines = [
-        f"pilot of {record['experiment']} on worlds {record['worlds']}: "
-        f"{'ADMITTED' if record['admitted'] else 'NOT ADMITTED'}"
+        (
+            f"pilot of {record['experiment']} on worlds {record['worlds']}: "
+            f"{'ADMITTED' if record['admitted'] else 'NOT ADMITTED'}"
+        )
     ]
     for name, r in record["checks"].items():
         lines.append(

@@ -21,7 +21,7 @@ def check_1d(name: str, x: Tensor, size: int | None = None) -> None:
         raise ValueError(f"{name} has length {x.shape[0]}, expected B={size} (one entry per rollout)")
 
 
-def check_2d(name: str, x: Tensor, shape: tuple[int, int] | None = None) -> None:
+def check_2d(name: str, x: Tensor, shape: tuple[int, ...] | None = None) -> None:
     """Raise a ValueError naming ``name`` unless ``x`` is 2-D (of shape ``shape``)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")

@@ -7,7 +7,7 @@ detached tensors (no ``.item()``); empty masks give loss 0 and metrics 0, never 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 from torch import Tensor
@@ -15,8 +15,12 @@ from torch import Tensor
 from stratarl.algos._checks import as_bool_mask, check_2d, masked_mean, masked_sum
 from stratarl.algos.turns import LEVELS, log_ratios, turn_ids, turn_start_mask
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+"""A loss aggregation mode (:func:`aggregate_loss`); a config's ``algo.loss_agg`` is typed with it."""
+AGG_MODES: tuple[AggMode, ...] = get_args(AggMode)
+KlEstimator = Literal["k1", "k2", "k3"]
+"""A KL estimator (:func:`kl_penalty`)."""
+KL_ESTIMATORS: tuple[KlEstimator, ...] = get_args(KlEstimator)
 
 
 def aggregate_loss(

@@ -34,7 +34,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from torch import Tensor
 
@@ -85,9 +85,9 @@ class GradNormalizer(Protocol):
 
     def apply(self) -> dict[str, Tensor]: ...
 
-    def state_dict(self) -> dict: ...
+    def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,11 @@ _NORMALIZERS: dict[str, NormalizerFn] = {}
 _CORRECTIONS: dict[str, CorrectionFn] = {}
 
 
-def _register(table: dict, kind: str, name: str):
-    def decorator(fn):
+_Part = TypeVar("_Part", bound=Callable[..., Any])
+
+
+def _register(table: dict[str, _Part], kind: str, name: str) -> Callable[[_Part], _Part]:
+    def decorator(fn: _Part) -> _Part:
         if name in table and table[name] is not fn:
             owner = getattr(table[name], "__qualname__", repr(table[name]))
             raise ValueError(f"{kind} {name!r} is already registered (by {owner})")
@@ -128,7 +131,7 @@ def _register(table: dict, kind: str, name: str):
     return decorator
 
 
-def _lookup(table: dict, kind: str, name: str):
+def _lookup(table: dict[str, _Part], kind: str, name: str) -> _Part:
     if name not in table:
         valid = ", ".join(sorted(table))
         raise KeyError(f"unknown {kind} {name!r}; registered: {valid}")
@@ -223,7 +226,7 @@ def behaviour_correction_names() -> list[str]:
     return sorted(_CORRECTIONS)
 
 
-def keyword_params(fn: Callable) -> dict[str, Any]:
+def keyword_params(fn: Callable[..., Any]) -> dict[str, Any]:
     """The keyword parameters a registered part accepts, with their defaults (``inspect.Parameter.empty``
     when it has none). The leading positional inputs (batch; log-probs ...; parameters) are not listed;
     a part that takes ``**kwargs`` lists only its named keywords."""
@@ -242,14 +245,16 @@ def _outcome(batch: AdvantageBatch, advantages: Tensor) -> tuple[Tensor, Tensor]
 
 
 @register_advantage("grpo", group_relative=True)
-def _grpo(batch: AdvantageBatch, *, eps: float = 1e-6, std_ddof: int = 1, scale_by_std: bool = True):
+def _grpo(
+    batch: AdvantageBatch, *, eps: float = 1e-6, std_ddof: int = 1, scale_by_std: bool = True
+) -> tuple[Tensor, Tensor]:
     """GRPO (GN) advantage broadcast over policy tokens; see :func:`grpo_advantages`."""
     adv = grpo_advantages(batch.rewards, batch.group_ids, eps=eps, std_ddof=std_ddof, scale_by_std=scale_by_std)
     return _outcome(batch, adv)
 
 
 @register_advantage("drgrpo", group_relative=True)
-def _drgrpo(batch: AdvantageBatch, *, std_ddof: int = 1):
+def _drgrpo(batch: AdvantageBatch, *, std_ddof: int = 1) -> tuple[Tensor, Tensor]:
     """Dr.GRPO mean-only advantage ``R − mean_g R`` (arXiv 2503.20783)."""
     return _outcome(batch, grpo_advantages(batch.rewards, batch.group_ids, std_ddof=std_ddof, scale_by_std=False))
 
@@ -262,7 +267,7 @@ def _stratified(
     eps: float = 1e-6,
     std_ddof: int = 1,
     scale_by_std: bool = True,
-):
+) -> tuple[Tensor, Tensor]:
     """Stratified GRPO advantage broadcast over policy tokens; see :func:`stratified_advantages`."""
     if batch.strata_ids is None:
         raise ValueError(
@@ -282,7 +287,7 @@ def _stratified(
 
 
 @register_advantage("gae", needs_values=True)
-def _gae(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = False):
+def _gae(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = False) -> tuple[Tensor, Tensor]:
     """GAE over policy tokens (PPO / SO-PPO with a critic); see :func:`gae_advantages`."""
     if batch.values is None:
         raise ValueError("advantage estimator 'gae' needs AdvantageBatch.values from a critic; got None")
@@ -301,7 +306,9 @@ def _step_groups(batch: AdvantageBatch, similarity_threshold: float | None) -> t
     return step_groups(batch.step_states, batch.group_ids, similarity_threshold=similarity_threshold)
 
 
-def _gigpo_metrics(batch: AdvantageBatch, *, similarity_threshold: float | None = None, **_) -> dict[str, float]:
+def _gigpo_metrics(
+    batch: AdvantageBatch, *, similarity_threshold: float | None = None, **_: object
+) -> dict[str, float]:
     """GiGPO's step-group sizes (:func:`~stratarl.algos.gigpo.step_group_metrics`), as the estimator groups them."""
     return step_group_metrics(_step_groups(batch, similarity_threshold))
 
@@ -316,7 +323,7 @@ def _gigpo(
     std_ddof: int = 1,
     scale_by_std: bool = True,
     similarity_threshold: float | None = None,
-):
+) -> tuple[Tensor, Tensor]:
     """GiGPO (arXiv 2505.10978): A^E + ω · A^S per turn; see :mod:`stratarl.algos.gigpo`. ``gamma`` is the step
     discount (the shared knob ``algo.gamma``; verl-agent's recipes: 0.95), ``step_weight`` ω, ``scale_by_std``
     F_norm = std (True) or 1, ``similarity_threshold`` None for exact anchor states or the difflib ratio at

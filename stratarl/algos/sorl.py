@@ -30,11 +30,14 @@ gradients before ``apply`` (``c_buffers``); this single-process helper does not.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
 
-DELTA_RULES = ("fixed", "running_pg")
+DeltaRule = Literal["fixed", "running_pg"]
+"""How SORL's floor δ_t is set: a fixed δ, or δ times a running mean of ‖∇J_PPO‖ (:func:`sorl_scale`)."""
+DELTA_RULES: tuple[DeltaRule, ...] = get_args(DeltaRule)
 
 
 class ClipBiasNormalizer:
@@ -58,11 +61,11 @@ class ClipBiasNormalizer:
         self.pg_norm_ema: float | None = None  # running_pg: EMA of ‖∇J_PPO‖ over the previous steps
         self.c_buffers: list[Tensor] = [torch.zeros_like(p) for p in self.parameters]
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """The running statistic of the ``running_pg`` rule (a checkpoint must carry it to resume exactly)."""
         return {"pg_norm_ema": self.pg_norm_ema}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pg_norm_ema = state.get("pg_norm_ema")
 
     def backward(self, loss: Tensor, clip_bias: Tensor | None, *, skip_clip_bias: bool = False) -> None:
@@ -79,12 +82,13 @@ class ClipBiasNormalizer:
             for buffer, grad in zip(self.c_buffers, grads):
                 if grad is not None:
                     buffer.add_(grad)
-        loss.backward()
+        torch.autograd.backward(loss)  # loss.backward(), which torch leaves untyped
 
     @torch.no_grad()
     def c_norm(self) -> Tensor:
         """‖C‖₂ over all tracked parameters, accumulated since the last ``apply``."""
-        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(b) for b in self.c_buffers]))
+        norm: Tensor = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(b) for b in self.c_buffers]))
+        return norm
 
     @torch.no_grad()
     def apply(self) -> dict[str, Tensor]:
@@ -104,7 +108,7 @@ class ClipBiasNormalizer:
         if self.rule == "running_pg" and self.pg_norm_ema is None:
             self.pg_norm_ema = float(grad_norm)  # first step: the running statistic starts at this step's norm
         scale, floor = sorl_scale(c_norm, delta=self.delta, rule=self.rule, pg_norm_ema=self.pg_norm_ema)
-        if self.rule == "running_pg":
+        if self.rule == "running_pg" and self.pg_norm_ema is not None:  # set above when it was None
             self.pg_norm_ema = self.ema * self.pg_norm_ema + (1 - self.ema) * float(grad_norm)
         for grad in grads:
             grad.mul_(scale.to(grad.dtype))

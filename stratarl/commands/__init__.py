@@ -14,17 +14,18 @@ import sys
 from stratarl.config_errors import ConfigError
 
 
-def describe_os_error(error: BaseException) -> str:
+def describe_os_error(error: OSError | UnicodeDecodeError) -> str:
     """One line for an OSError or a UnicodeDecodeError: what happened, the path, and a fix."""
     if isinstance(error, UnicodeDecodeError):
         return f"a file is not UTF-8 text ({error.reason} at byte {error.start}); pass a text file"
     what = error.strerror or str(error)
+    code = -1 if error.errno is None else error.errno  # -1: no errno, so no entry below
     # Where the system's words ("File exists", "Not a directory") do not say what happened, say it.
     said = {
         errno.EEXIST: "already exists and is in the way of a folder or file to be created here",
         errno.ENOTDIR: "a part of this path is a file, not a folder",
         errno.ENOENT: "no such file or folder",
-    }.get(error.errno)
+    }.get(code)
     if said and error.filename and "Fix:" not in what:
         what = f"{error.filename}: {said}"
     fix = {
@@ -35,7 +36,7 @@ def describe_os_error(error: BaseException) -> str:
         errno.EEXIST: "choose another path, or move it away",
         errno.ENOENT: "check the path",
         errno.EISDIR: "pass a file, not a folder",
-    }.get(error.errno)
+    }.get(code)
     where = f": {error.filename}" if error.filename and str(error.filename) not in what else ""
     return f"{what}{where}" + (f". Fix: {fix}" if fix and "Fix:" not in what else "")
 

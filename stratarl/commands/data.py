@@ -186,7 +186,8 @@ def _inspect_corpus(path: Path, rows: int) -> int:
     error naming its line rather than a counted passage."""
     from stratarl.retrieval.corpus import CorpusError, iter_corpus
 
-    count, shown = 0, []
+    count = 0
+    shown: list[str] = []
     try:
         for passage in iter_corpus(path):
             count += 1

@@ -62,15 +62,16 @@ def advantage_table(alpha: float) -> str:
     grpo = grpo_advantages(rewards, groups)
     strat = stratified_advantages(rewards, groups, strata, alpha=alpha)
     bias = cross_stratum_bias(rewards, groups, strata)
-    lines = [
+    header = (
         f"{'group':>5} {'rollout':>7} {'searches':>8} {'reward':>6} {'GRPO':>8} "
         f"{'Stratified(α=' + format(alpha, 'g') + ')':>18} {'cross-stratum bias':>18}"
-    ]
-    for i in range(len(ROLLOUTS)):
-        lines.append(
-            f"{int(groups[i]):>5} {i:>7} {int(strata[i]):>8} {float(rewards[i]):>6.1f} {float(grpo[i]):>+8.3f} "
-            f"{float(strat[i]):>+18.3f} {float(bias[i]):>+18.3f}"
-        )
+    )
+    lines = [header]
+    lines.extend(
+        f"{int(groups[i]):>5} {i:>7} {int(strata[i]):>8} {float(rewards[i]):>6.1f} {float(grpo[i]):>+8.3f} "
+        f"{float(strat[i]):>+18.3f} {float(bias[i]):>+18.3f}"
+        for i in range(len(ROLLOUTS))
+    )
     return "\n".join(lines)
 
 

@@ -153,6 +153,8 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     if args.workers > 1:
         return _serve_workers(args, spec, retriever, limits)
+    if retriever is None:  # one process: built above
+        raise RuntimeError("stratarl serve: no retriever was built")
     print(f"serving {retriever!r} at http://{args.host}:{args.port}/retrieve", flush=True)
     try:
         serve(

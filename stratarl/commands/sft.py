@@ -39,7 +39,10 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, list(args.overrides))
         set_threads(cfg.trainer.num_threads)
         if args.rebuild:
-            _, summary = cached_warm_start(cfg, rebuild=True)
+            _, built = cached_warm_start(cfg, rebuild=True)
+            if built is None:  # rebuild=True always builds, so a summary comes back
+                raise RuntimeError("the warm start was not rebuilt")
+            summary = built
         else:
             summary = warm_start(cfg, Path(args.out))
         print(

@@ -126,7 +126,8 @@ def format_of_row(row: Any, detectors: Sequence[DatasetFormat] | None = None) ->
     """The format that reads ``row``: the newest registered one whose ``matches`` accepts it, else ``search_r1``."""
     if isinstance(row, dict):
         for dataset_format in _detectors() if detectors is None else detectors:
-            if dataset_format.matches(row):
+            matches = dataset_format.matches
+            if matches is not None and matches(row):
                 return dataset_format
     return get_dataset_format(DEFAULT_FORMAT)
 

@@ -159,7 +159,8 @@ def search_r1_example(row: dict, *, row_index: int, origin: str, id_: str | None
     where = f"{origin}: row {row_index}"
     if not isinstance(row, dict):
         raise DatasetFormatError(f"{where}: expected an object with fields, got {type(row).__name__}")
-    extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+    extra_info = row.get("extra_info")
+    extra = extra_info if isinstance(extra_info, dict) else {}
     question = row.get("question") or extra.get("question")
     if not question and row.get("prompt") is not None:
         try:
@@ -248,7 +249,7 @@ def _read_parquet(path: Path) -> list[dict]:
 
     try:
         return pq.read_table(path).to_pylist()
-    except Exception as error:  # pyarrow raises several types for a corrupt file
+    except Exception as error:  # noqa: BLE001  pyarrow raises several types for a corrupt file
         raise DatasetFormatError(f"{path}: not a readable parquet file ({error})") from None
 
 

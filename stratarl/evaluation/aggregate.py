@@ -24,6 +24,7 @@ import html
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from stratarl.evaluation.plots import panel_grid, save_png
 from stratarl.evaluation.rundir import metric_series, run_info, train_rows
@@ -67,7 +68,7 @@ def run_scalars(run_dir: Path, final_window: int = 5, rule: CollapseRule = Colla
         if path.is_file():
             result = json.loads(path.read_text())
             per_source = result.get("per_source", {})
-            overall = per_source.get("all") or next(iter(per_source.values()), {})
+            overall: dict[str, Any] = per_source.get("all") or next(iter(per_source.values()), {})
             if "em" in overall:
                 out[f"eval_{tag}/em"] = overall["em"]
             for question_type, m in result.get("per_type", {}).items():
@@ -162,8 +163,10 @@ def markdown_tables(result: dict) -> str:
     out = [
         "# Aggregate over seeds",
         "",
-        f"Mean ± 95% Student-t CI half-width over seeds (n = seeds; no CI with one seed). final = mean of the last "
-        f"{result['final_window']} steps; auc = mean over all steps. Baseline: `{result['baseline']}`.",
+        (
+            f"Mean ± 95% Student-t CI half-width over seeds (n = seeds; no CI with one seed). final = mean of the last "
+            f"{result['final_window']} steps; auc = mean over all steps. Baseline: `{result['baseline']}`."
+        ),
         "",
     ]
     for condition, block in result["conditions"].items():
@@ -256,7 +259,8 @@ def plot_condition(condition: str, block: dict, out_png: Path) -> bytes | None:
 
 def _md_to_html(md: str) -> str:
     """The tiny markdown subset markdown_tables writes: headings, paragraphs, pipe tables."""
-    parts, table = [], []
+    parts: list[str] = []
+    table: list[str] = []
 
     def flush() -> None:
         if table:

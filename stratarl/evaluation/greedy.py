@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stratarl.infra.metrics import write_transcripts
 from stratarl.infra.precision import DevicePolicy
@@ -129,7 +130,8 @@ def _evaluate(
     timed = retriever if isinstance(retriever, TimedRetriever) else TimedRetriever(retriever)
     generator = make_generator(model, tokenizer, settings.rollout.backend, seed=0, policy=settings.policy)
     start = time.perf_counter()
-    scores, sources, types, transcripts, per_question = [], [], [], [], []
+    scores, sources, types, per_question = [], [], [], []
+    transcripts: list[dict[str, Any]] = []
     bar = _progress(len(examples), desc) if progress else None
     for i in range(0, len(examples), settings.batch_size):
         chunk = list(examples[i : i + settings.batch_size])

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from stratarl.evaluation.rundir import train_rows
 from stratarl.evaluation.stats import Interval, excludes_zero, mean_ci, paired_gain
@@ -55,7 +57,7 @@ def _eval_point(tag: str, step: int, result: dict) -> dict:
         }
         return {"tag": tag, "step": step, "n": len(records), **stats, "scores": scores}
     per_source = result.get("per_source", {})
-    overall = per_source.get("all") or next(iter(per_source.values()), {})
+    overall: dict[str, Any] = per_source.get("all") or next(iter(per_source.values()), {})
     n = int(overall.get("count", 0))
     stats = {
         name: Interval(overall.get(key), n).to_dict()
@@ -120,7 +122,7 @@ def run_headline(run_dir: str | Path) -> dict:
     after = next((p for p in points if p["tag"] == "after"), None)
     missing = _missing(points, before, after, run_dir)
     gain = None
-    if missing is None:
+    if missing is None and before is not None and after is not None:  # _missing: both are there
         gain = {}
         for name, _ in QUESTION_METRICS:
             paired = paired_gain(after["scores"][name], before["scores"][name])
@@ -147,7 +149,7 @@ def _across(values: list[float]) -> dict:
     return {**interval, "excludes_zero": excludes_zero(interval)}
 
 
-def headline(run_dirs: list[str | Path]) -> dict:
+def headline(run_dirs: Sequence[str | Path]) -> dict:
     """ "Did it learn?" over one or several runs (e.g. seeds of one config).
 
     ``{"runs": [{"run": name, **run_headline}], "across_runs": None | {"n", "gain", "before", "after"},
@@ -157,15 +159,18 @@ def headline(run_dirs: list[str | Path]) -> dict:
     """
     dirs = [Path(d) for d in run_dirs]
     runs = [{"run": name, **run_headline(d)} for name, d in zip(unique_run_names(dirs), dirs)]
-    across = None
+    across: dict[str, Any] | None = None
     with_gain = [r for r in runs if r["gain"]]
     if len(runs) > 1:
-        across = {"n": len(with_gain), "gain": {}, "before": {}, "after": {}}
+        gains: dict[str, Any] = {}
+        befores: dict[str, Any] = {}
+        afters: dict[str, Any] = {}
         for name, _ in QUESTION_METRICS:
             per_run = [r["gain"][name]["mean"] for r in with_gain]
-            across["gain"][name] = {**_across(per_run), "per_run": per_run}
-            across["before"][name] = mean_ci([r["before"][name]["mean"] for r in with_gain]).to_dict()
-            across["after"][name] = mean_ci([r["after"][name]["mean"] for r in with_gain]).to_dict()
+            gains[name] = {**_across(per_run), "per_run": per_run}
+            befores[name] = mean_ci([r["before"][name]["mean"] for r in with_gain]).to_dict()
+            afters[name] = mean_ci([r["after"][name]["mean"] for r in with_gain]).to_dict()
+        across = {"n": len(with_gain), "gain": gains, "before": befores, "after": afters}
     return {"runs": runs, "across_runs": across, "verdict": verdict(runs, across)}
 
 

@@ -123,9 +123,9 @@ def _plot_train_curve(ax, curves: list[tuple[list[int], list[float]]], color: st
     else:
         for xs, ys in curves:
             ax.plot(xs, ys, color=color, alpha=0.25, lw=0.8)
-        steps, means, lows, highs = _across_steps(curves)
+        steps, means, low_ci, high_ci = _across_steps(curves)
         ax.plot(steps, means, color=color, label=f"mean of {len(curves)} runs")
-        ax.fill_between(steps, lows, highs, color=color, alpha=0.2, label="95% CI over runs")
+        ax.fill_between(steps, low_ci, high_ci, color=color, alpha=0.2, label="95% CI over runs")
     ax.legend(fontsize=7)
 
 

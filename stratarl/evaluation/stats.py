@@ -18,6 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+_Id = TypeVar("_Id", int, str)  # a pairing key: a seed or a question id
 
 # t_{0.975, df} for df = 1..30, to 3 decimals: the standard Student-t table (NIST/SEMATECH
 # e-Handbook of Statistical Methods, §1.3.6.7.2 "Critical values of the Student's t distribution",
@@ -169,7 +172,7 @@ def mean_ci(values: Sequence[float]) -> Interval:
     return Interval(mean, n, std, half, mean - half, mean + half)
 
 
-def paired_difference(arm: dict[int, float], baseline: dict[int, float]) -> dict:
+def paired_difference(arm: dict[_Id, float], baseline: dict[_Id, float]) -> dict[str, Any]:
     """Arm − baseline over the seeds both have: mean difference and the 95% CI of the differences.
 
     Pairing removes the seed-to-seed spread both runs share (same data order, same initial
@@ -224,7 +227,9 @@ def rolling_band(
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     xs = [float(v) for v in values]
-    means, lows, highs = [], [], []
+    means: list[float] = []
+    lows: list[float | None] = []
+    highs: list[float | None] = []
     for i in range(len(xs)):
         if centered:
             chunk = xs[max(0, i - window // 2) : i + window // 2 + 1]

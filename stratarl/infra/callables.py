@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def _explicit_paths() -> set[str]:
@@ -42,7 +43,7 @@ def _without_implicit_cwd() -> Iterator[None]:
 
 
 @functools.lru_cache(maxsize=64)
-def resolve_callable(spec: str, field: str, *, num_args: int) -> Callable:
+def resolve_callable(spec: str, field: str, *, num_args: int) -> Callable[..., Any]:
     """The function ``spec`` names (see the module docstring), checked to accept ``num_args`` positional
     arguments. Raises ValueError naming ``field`` and the fix. Resolved once per spec (a file is run once)."""
     target, _, name = spec.rpartition(":")
@@ -54,12 +55,14 @@ def resolve_callable(spec: str, field: str, *, num_args: int) -> Callable:
             if not path.is_file():
                 raise ImportError(f"no file {path}")
             module_spec = importlib.util.spec_from_file_location(f"stratarl_user_{path.stem}", path)
+            if module_spec is None or module_spec.loader is None:
+                raise ImportError(f"{path} cannot be imported as a module")
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
         else:
             with _without_implicit_cwd():
                 module = importlib.import_module(target)
-        fn = getattr(module, name)
+        fn: Callable[..., Any] = getattr(module, name)
     except (ImportError, AttributeError, SyntaxError) as error:
         raise ValueError(
             f"{field}={spec!r}: cannot import it ({error}). Fix: name a function of an installed "

@@ -75,10 +75,10 @@ class DataSampler:
                 self.epoch, self.position = self.epoch + 1, 0
         return out
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position, "num_items": self.num_items, "seed": self.seed}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["num_items"] != self.num_items:
             raise ValueError(
                 f"checkpoint's data sampler saw {state['num_items']} training examples, this run has "
@@ -87,10 +87,10 @@ class DataSampler:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
-def rng_state(generator: torch.Generator | None = None) -> dict:
+def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
     """RNG states as tensors and plain types (loadable with weights_only=True)."""
     py = random.getstate()
-    state = {"torch": torch.get_rng_state(), "python": [py[0], list(py[1]), py[2]]}
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": [py[0], list(py[1]), py[2]]}
     if generator is not None:
         state["generator"] = generator.get_state()
     if torch.cuda.is_available():
@@ -98,7 +98,7 @@ def rng_state(generator: torch.Generator | None = None) -> dict:
     return state
 
 
-def set_rng_state(state: dict, generator: torch.Generator | None = None) -> None:
+def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = None) -> None:
     torch.set_rng_state(state["torch"])
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
@@ -166,7 +166,7 @@ def verify_checkpoint(path: str | Path) -> None:
             raise CheckpointError(f"{f} fails its sha256 checksum (the file changed on disk after it was written)")
 
 
-def size_mismatch_cause(size: int, expected) -> str:
+def size_mismatch_cause(size: int, expected: object) -> str:
     """Why a checkpoint file's size differs from its manifest: shorter is a write cut off (torn); longer
     means something wrote to it after the checkpoint was complete."""
     if isinstance(expected, int) and size < expected:
@@ -174,11 +174,11 @@ def size_mismatch_cause(size: int, expected) -> str:
     return "it grew after the checkpoint was written: something else wrote to it"
 
 
-def shape_mismatches(model: torch.nn.Module, file: Path) -> list[tuple[str, tuple, tuple]]:
+def shape_mismatches(model: torch.nn.Module, file: Path) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
     """(name, shape in ``file``, shape in ``model``) for every tensor both have with different shapes,
     read from the safetensors header only."""
     with safe_open(str(file), framework="pt") as f:
-        saved = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        saved = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118  safe_open is not iterable
     return [
         (name, saved[name], tuple(t.shape))
         for name, t in model.state_dict().items()
@@ -186,7 +186,7 @@ def shape_mismatches(model: torch.nn.Module, file: Path) -> list[tuple[str, tupl
     ]  # in the model's order: the embedding first
 
 
-def mismatch_message(path: Path, mismatches: list[tuple[str, tuple, tuple]]) -> str:
+def mismatch_message(path: Path, mismatches: list[tuple[str, tuple[int, ...], tuple[int, ...]]]) -> str:
     """One line: how many tensors differ, the first with both shapes, and the fix."""
     name, saved, own = mismatches[0]
     more = f" and {len(mismatches) - 1} more" if len(mismatches) > 1 else ""
@@ -372,7 +372,9 @@ def reinstate(path: str | Path) -> Path:
     return target
 
 
-def load_checkpoint(path: str | Path, *, model: torch.nn.Module, value_head: torch.nn.Module | None = None) -> dict:
+def load_checkpoint(
+    path: str | Path, *, model: torch.nn.Module, value_head: torch.nn.Module | None = None
+) -> dict[str, Any]:
     """Verify ``path`` (`verify_checkpoint`), load weights into ``model`` (and ``value_head``) in place,
     and return the training state dict. Raises `CheckpointError` on damaged files."""
     path = Path(path)
@@ -385,7 +387,8 @@ def load_checkpoint(path: str | Path, *, model: torch.nn.Module, value_head: tor
     if value_head is not None:
         _load_weights(value_head, path / "value_head.safetensors", path)
     try:
-        return torch.load(path / "state.pt", weights_only=True)
+        state: dict[str, Any] = torch.load(path / "state.pt", weights_only=True)
+        return state
     except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
         raise CheckpointError(f"{path}/state.pt cannot be read ({str(error)[:200]})") from None
 

@@ -42,13 +42,14 @@ shapes), so it is counted too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from stratarl.models import decoder_of, unwrap
+from stratarl.models import decoder_of, output_head
 
 # Fixed cost of one decoder pass per layer, in FLOPs (forward + backward: ~40 kernels of a few us
 # each, at ~100 GFLOP/s): what splitting a pass into one more chunk must save.
@@ -99,7 +100,7 @@ def nominal_flops(matmul_params: int, tokens: int) -> float:
     return 6.0 * matmul_params * tokens
 
 
-def layer_shape(layer: torch.nn.Module, config) -> LayerShape:
+def layer_shape(layer: torch.nn.Module, config: Any) -> LayerShape:
     """Matmul weights (every 2-D parameter: the norms are 1-D) and attention width of a decoder layer."""
     params = sum(p.numel() for p in layer.parameters() if p.dim() == 2)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -118,7 +119,7 @@ class PassCosts:
     per_pass: float
 
 
-def layer_pass_costs(decoder: torch.nn.Module, first: int = 0, last: int | None = None) -> PassCosts:
+def layer_pass_costs(decoder: Any, first: int = 0, last: int | None = None) -> PassCosts:
     """A pass through decoder layers ``first`` .. ``last - 1`` (the fast update's frozen prefix and trainable
     suffix): per token 2 x the layers' matmul weights; per pair 4 x hidden size x layers; per pass the fixed
     overhead x layers (at least one)."""
@@ -132,7 +133,7 @@ def layer_pass_costs(decoder: torch.nn.Module, first: int = 0, last: int | None 
     )
 
 
-def decoder_pass_costs(decoder: torch.nn.Module) -> PassCosts:
+def decoder_pass_costs(decoder: Any) -> PassCosts:
     """A pass through the whole decoder (the shared-prompt log-prob pass): per token 2 x every decoder parameter
     but the embedding (the norms' scales counted with the matmul weights, a slight over-count); per pair 4 x
     hidden size x layers; per pass the fixed overhead x layers."""
@@ -150,16 +151,16 @@ def decoder_pass_costs(decoder: torch.nn.Module) -> PassCosts:
 def matmul_params(model: torch.nn.Module) -> int:
     """Decoder-layer matmul weights + the LM head's (the N of 6 N D; the embedding lookup does no matmul)."""
     decoder = decoder_of(model)
-    head = unwrap(model).get_output_embeddings()
+    head = output_head(model)
     return sum(layer_shape(layer, decoder.config).params for layer in decoder.layers) + head.weight.numel()
 
 
 # Every LM-head pass of the trainer reports itself here (stratarl.trainer.logprobs calls ``observe_head``), so
 # that ``record_decoder_calls`` can count it; empty outside a recording.
-_HEAD_OBSERVERS: list[Callable[[torch.Tensor, torch.nn.Module, bool], None]] = []
+_HEAD_OBSERVERS: list[Callable[[torch.Tensor, torch.nn.Linear, bool], None]] = []
 
 
-def observe_head(hidden: torch.Tensor, head: torch.nn.Module, recompute: bool) -> None:
+def observe_head(hidden: torch.Tensor, head: torch.nn.Linear, recompute: bool) -> None:
     """Report one LM-head pass over ``hidden`` [N, H] (``recompute``: its backward recomputes the logits)."""
     for observer in _HEAD_OBSERVERS:
         observer(hidden, head, recompute)
@@ -188,7 +189,7 @@ class FlopRecord:
         return out
 
 
-def _past_length(cache, layer_index: int) -> int:
+def _past_length(cache: Any, layer_index: int) -> int:
     if cache is None:
         return 0
     if hasattr(cache, "past_length"):
@@ -199,7 +200,7 @@ def _past_length(cache, layer_index: int) -> int:
 
 
 @contextmanager
-def record_decoder_calls(model: torch.nn.Module):
+def record_decoder_calls(model: torch.nn.Module) -> Iterator[FlopRecord]:
     """Record every decoder-layer call of ``model`` inside the block (yields a ``FlopRecord``).
 
     Also counts the LM head (every pass that reports itself through ``observe_head``).
@@ -215,7 +216,13 @@ def record_decoder_calls(model: torch.nn.Module):
     for index, layer in enumerate(decoder.layers):
         trains = any(p.requires_grad for p in layer.parameters())
 
-        def hook(module, args, kwargs, index=index, trains=trains):
+        def hook(
+            module: torch.nn.Module,
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+            index: int = index,
+            trains: bool = trains,
+        ) -> None:
             hidden = args[0] if args else kwargs["hidden_states"]
             rows, queries = hidden.shape[0], hidden.shape[1]
             keys = _past_length(kwargs.get("past_key_values"), index) + queries
@@ -227,7 +234,7 @@ def record_decoder_calls(model: torch.nn.Module):
 
         handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
 
-    def count_head(hidden: torch.Tensor, head: torch.nn.Module, recompute: bool) -> None:
+    def count_head(hidden: torch.Tensor, head: torch.nn.Linear, recompute: bool) -> None:
         weight = head.weight
         needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
         record.head += head_flops(

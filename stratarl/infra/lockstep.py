@@ -51,6 +51,12 @@ class _Slot:
         self.result: Any = None
         self.outcome = Outcome()
 
+    def call(self) -> tuple[str, Any]:
+        """The (kind, payload) of the call this member waits in."""
+        if self.request is None:
+            raise RuntimeError(f"a member in state {self.state!r} is in no call")
+        return self.request
+
 
 class Lockstep:
     """The coordinator of members that run one at a time and meet in batched calls (module docstring).
@@ -132,13 +138,13 @@ class Lockstep:
 
     def _serve(self, waiting: list[int]) -> list[int]:
         """Run one handler on the waiting calls of the first kind in priority; returns the members served."""
-        kinds = {self._slots[i].request[0] for i in waiting}
+        kinds = {self._slots[i].call()[0] for i in waiting}
         kind = next(k for k in self.priority if k in kinds)
-        batch = [i for i in waiting if self._slots[i].request[0] == kind]
+        batch = [i for i in waiting if self._slots[i].call()[0] == kind]
         if self.on_turn is not None:
             self.on_turn(None)
         try:
-            results = self.handlers[kind]([(i, self._slots[i].request[1]) for i in batch])
+            results = self.handlers[kind]([(i, self._slots[i].call()[1]) for i in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"the {kind!r} handler returned {len(results)} results for {len(batch)} calls")
         except Exception as error:  # noqa: BLE001 - the batch's members fail, the others go on

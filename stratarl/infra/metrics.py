@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -62,13 +62,13 @@ class MetricsLogger:
         tensorboard: bool = True,
         wandb: bool = False,
         wandb_project: str = "stratarl",
-        config: dict | None = None,
+        config: dict[str, Any] | None = None,
         filename: str = "metrics.jsonl",
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._path = self.run_dir / filename
-        self._jsonl = open(self._path, "a", buffering=1)
+        self._jsonl = open(self._path, "a", buffering=1)  # noqa: SIM115  open for the logger's life; close() closes it
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # optional: logging.tensorboard (pulls in tensorboard)
@@ -103,14 +103,14 @@ class MetricsLogger:
             self._wandb.log(numeric, step=step)
         return plain
 
-    def truncate(self, keep) -> int:
+    def truncate(self, keep: Callable[[dict[str, Any]], bool]) -> int:
         """Keep only the rows for which ``keep(row)`` is true (a resume drops the steps it trains again);
         the file is replaced atomically. Returns the number of rows dropped."""
         self._jsonl.close()
         rows = read_metrics(self.run_dir, self._path.name)
         kept = [row for row in rows if keep(row)]
         write_atomic(self._path, "".join(json.dumps(row) + "\n" for row in kept))
-        self._jsonl = open(self._path, "a", buffering=1)
+        self._jsonl = open(self._path, "a", buffering=1)  # noqa: SIM115  as in __init__: close() closes it
         return len(rows) - len(kept)
 
     def close(self) -> None:
@@ -121,7 +121,7 @@ class MetricsLogger:
             self._wandb.finish()
 
 
-def write_transcripts(path: str | Path, transcripts: list[dict]) -> None:
+def write_transcripts(path: str | Path, transcripts: list[dict[str, Any]]) -> None:
     """One JSON object per line: prompt, turns, queries, passages, answer, reward, stratum."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,9 +130,9 @@ def write_transcripts(path: str | Path, transcripts: list[dict]) -> None:
             f.write(json.dumps(t, ensure_ascii=False) + "\n")
 
 
-def read_metrics(run_dir: str | Path, filename: str = "metrics.jsonl") -> list[dict]:
+def read_metrics(run_dir: str | Path, filename: str = "metrics.jsonl") -> list[dict[str, Any]]:
     """All rows of a run's metrics file (skipping a torn last line after a crash)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     path = Path(run_dir) / filename
     if not path.is_file():
         return rows

@@ -34,15 +34,17 @@ bounds both).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, get_args
 
 import torch
 
 from stratarl.config_errors import ConfigError
 
-PRECISIONS = ("auto", "fp32", "bf16", "bf16_native")
+PrecisionSetting = Literal["auto", "fp32", "bf16", "bf16_native"]
+"""The ``trainer.precision`` choices (:meth:`DevicePolicy.create` resolves one to a ``Precision``)."""
+PRECISIONS: tuple[PrecisionSetting, ...] = get_args(PrecisionSetting)
 Precision = Literal["fp32", "bf16"]
 
 
@@ -96,7 +98,7 @@ def resolve_precision(device: str | torch.device, precision: str) -> Precision:
             f"config field `trainer.precision` = 'bf16': device {str(device)!r} has no bf16 support "
             "(CUDA GPUs before Ampere). Fix: set trainer.precision=fp32."
         )
-    return precision  # type: ignore[return-value]
+    return precision
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class DevicePolicy:
         """The dtype of the forward passes' matmuls: bf16 or fp32."""
         return self.autocast_dtype or torch.float32
 
-    def autocast(self):
+    def autocast(self) -> AbstractContextManager[object]:
         """Context of a forward pass: bf16 autocast on this device type, or nothing for fp32."""
         if self.autocast_dtype is None:
             return nullcontext()
@@ -136,7 +138,7 @@ class DevicePolicy:
         return None
 
 
-def policy_of(trainer_cfg) -> DevicePolicy:
+def policy_of(trainer_cfg: Any) -> DevicePolicy:
     """The ``DevicePolicy`` of a config's ``trainer`` section (``device``, ``precision``)."""
     return DevicePolicy.create(trainer_cfg.device, getattr(trainer_cfg, "precision", "auto"))
 

@@ -11,17 +11,30 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from collections.abc import Callable
+from typing import Any, Protocol, TextIO
 
 
 def format_duration(seconds: float) -> str:
     """``75`` -> ``1m15s``; ``3725`` -> ``1h02m``; under a minute: ``42s``."""
-    seconds = max(0, int(round(seconds)))
+    seconds = max(0, round(seconds))
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class ProgressBar(Protocol):
+    """What a progress display offers: tqdm's bar and ``LineProgress`` both have these."""
+
+    def update(self, n: int = 1, /) -> object: ...
+
+    def set_postfix(self, **values: Any) -> None: ...
+
+    def write(self, text: str, /) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class LineProgress:
@@ -37,7 +50,7 @@ class LineProgress:
         initial: int = 0,
         interval_s: float = 30.0,
         stream: TextIO | None = None,
-        clock=time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.total, self.desc, self.unit, self.n = int(total), desc, unit, int(initial)
         self.interval_s, self.stream, self.clock = interval_s, stream, clock
@@ -86,7 +99,7 @@ class LineProgress:
 
 def progress(
     total: int, desc: str, unit: str = "step", *, initial: int = 0, leave: bool = True, interval_s: float = 30.0
-):
+) -> ProgressBar:
     """A tqdm bar on a terminal, else a ``LineProgress`` (see the module docstring)."""
     if sys.stderr.isatty():
         from tqdm.auto import tqdm  # optional at import time: `stratarl --help` stays fast

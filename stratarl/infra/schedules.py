@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 
 def lr_multiplier(step: int, warmup_steps: int, decay_steps: int, schedule: str) -> float:
@@ -17,7 +18,7 @@ def lr_multiplier(step: int, warmup_steps: int, decay_steps: int, schedule: str)
     return 1.0
 
 
-def lr_lambda(warmup_steps: int, total_steps: int, schedule: str):
+def lr_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[int], float]:
     """Multiplier of the base lr at optimizer step s: linear warm-up, then constant or cosine to 10%
     (reached after the last of ``total_steps``)."""
     return lambda step: lr_multiplier(step, warmup_steps, total_steps - warmup_steps, schedule)

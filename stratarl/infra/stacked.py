@@ -21,6 +21,7 @@ model is not covered; the caller then runs that member alone).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,7 @@ STACKED_TYPES = ("llama", "mistral")
 """Model types whose layers ``stack_reason`` accepts (Llama-style, no biases, no q/k norms)."""
 
 
-def _eps(norm) -> float:
+def _eps(norm: torch.nn.Module) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
 
@@ -68,7 +69,7 @@ def stack_reason(model: torch.nn.Module) -> str | None:
     if getattr(config, "model_type", None) not in STACKED_TYPES:
         return f"model type {getattr(config, 'model_type', None)!r} is not one of {STACKED_TYPES}"
     if getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act {config.hidden_act!r} is not silu"
+        return f"hidden_act {getattr(config, 'hidden_act', None)!r} is not silu"
     if getattr(config, "use_sliding_window", False) or getattr(config, "sliding_window", None):
         return "sliding-window attention"
     rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
@@ -87,11 +88,11 @@ def stack_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-def architecture(model: torch.nn.Module) -> tuple:
+def architecture(model: torch.nn.Module) -> tuple[object, ...]:
     """What members must share to be stacked: every parameter's key and shape, the heads, the norms' epsilon
     and the rotary frequencies (models of equal architecture give equal tuples)."""
     decoder = decoder_of(model)
-    config = model.config
+    config: Any = model.config  # a transformers config: its fields are read by name
     heads = config.num_attention_heads
     shapes = tuple((key, tuple(p.shape), p.requires_grad) for key, p in parameter_table(model).items())
     rotary = tuple(float(x) for x in decoder.rotary_emb.inv_freq.tolist())
@@ -107,7 +108,7 @@ def architecture(model: torch.nn.Module) -> tuple:
     )
 
 
-def weights_version(model: torch.nn.Module) -> tuple | None:
+def weights_version(model: torch.nn.Module) -> tuple[tuple[int, int], ...] | None:
     """Every parameter's (address, version counter): changes whenever an optimizer writes to a parameter
     (as ``FastDecoder`` tracks it); None for inference tensors, which have no counter."""
     try:
@@ -140,6 +141,22 @@ class Fused:
     head_t: torch.Tensor
 
 
+def _layer(leaves: dict[str, torch.Tensor], i: int) -> Layer:
+    """Layer ``i``'s fused weights from the stacked leaves (q, k, v and gate, up concatenated)."""
+
+    def get(name: str) -> torch.Tensor:
+        return leaves[f"{i}.{name}"]
+
+    return Layer(
+        norm1=get("norm1"),
+        qkv=torch.cat([get("q"), get("k"), get("v")], dim=1).transpose(1, 2),
+        o=get("o").transpose(1, 2),
+        norm2=get("norm2"),
+        gate_up=torch.cat([get("gate"), get("up")], dim=1).transpose(1, 2),
+        down=get("down").transpose(1, 2),
+    )
+
+
 class StackedParams:
     """The parameters of K models of one architecture, stacked: one tensor [K, ...] per parameter key.
 
@@ -157,11 +174,11 @@ class StackedParams:
         self.tables = [parameter_table(m) for m in models]
         first = models[0]
         decoder = decoder_of(first)
-        config = first.config
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.scale = self.head_dim**-0.5
+        config: Any = first.config  # a transformers config: its fields are read by name
+        self.heads: int = config.num_attention_heads
+        self.kv_heads: int = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.scale: float = self.head_dim**-0.5
         self.eps1 = [_eps(layer.input_layernorm) for layer in decoder.layers]
         self.eps2 = [_eps(layer.post_attention_layernorm) for layer in decoder.layers]
         self.eps = _eps(decoder.norm)
@@ -179,19 +196,7 @@ class StackedParams:
     def fused(self) -> Fused:
         """The layer math's weights, built from the leaves (differentiable)."""
         leaves = self.leaves
-        layers = []
-        for i in range(self.num_layers):
-            get = lambda name: leaves[f"{i}.{name}"]  # noqa: E731
-            layers.append(
-                Layer(
-                    norm1=get("norm1"),
-                    qkv=torch.cat([get("q"), get("k"), get("v")], dim=1).transpose(1, 2),
-                    o=get("o").transpose(1, 2),
-                    norm2=get("norm2"),
-                    gate_up=torch.cat([get("gate"), get("up")], dim=1).transpose(1, 2),
-                    down=get("down").transpose(1, 2),
-                )
-            )
+        layers = [_layer(leaves, i) for i in range(self.num_layers)]
         head = leaves.get("head", leaves["embed"])
         return Fused(leaves["embed"], layers, leaves["norm"], head, head.transpose(1, 2))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
@@ -22,7 +23,7 @@ SINGLE_THREAD_MAX_PARAMS = 5_000_000
 
 
 @contextmanager
-def step_threads(model: torch.nn.Module):
+def step_threads(model: torch.nn.Module) -> Iterator[None]:
     """One intra-op thread for a policy under ``SINGLE_THREAD_MAX_PARAMS`` parameters, restored after."""
     before = torch.get_num_threads()
     small = sum(p.numel() for p in model.parameters()) < SINGLE_THREAD_MAX_PARAMS

@@ -46,7 +46,7 @@ def _env_int(name: str, default: int) -> int:
 
 def default_retriever() -> Retriever:
     """One shared :class:`~stratarl.retrieval.remote.RemoteRetriever` per process (thread-safe)."""
-    global _retriever
+    global _retriever  # noqa: PLW0603  one client per process, made on first use (its connection pool is shared)
     with _lock:
         if _retriever is None:
             _retriever = RemoteRetriever(

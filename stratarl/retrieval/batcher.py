@@ -9,6 +9,7 @@ gathers, so N concurrent clients cost a handful of calls instead of N serial one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -79,12 +80,15 @@ class MicroBatcher:
             self._worker = loop.create_task(self._run())
         future = loop.create_future()
         self.stats.queries += len(queries)
-        (self._bulk if bulk else self._small).put_nowait(_Pending(queries, k, future))
-        self._ready.set()
+        queue, ready = (self._bulk if bulk else self._small), self._ready
+        if queue is None or ready is None:  # set with the worker above
+            raise RuntimeError("the micro-batcher has no queue")
+        queue.put_nowait(_Pending(queries, k, future))
+        ready.set()
         return await future
 
     async def _run(self) -> None:
-        assert self._small is not None and self._bulk is not None and self._ready is not None
+        assert self._small is not None and self._bulk is not None and self._ready is not None  # noqa: S101  search() made them
         while True:
             await self._ready.wait()
             batch, size = [], 0
@@ -107,7 +111,7 @@ class MicroBatcher:
             results = await loop.run_in_executor(self._executor, self.retriever.search, queries, k)
             if len(results) != len(queries):
                 raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
-        except Exception as error:  # every waiting request gets the error, the worker goes on
+        except Exception as error:  # noqa: BLE001  any retriever error: every waiting request gets it, the worker goes on
             self.stats.errors += 1
             for item in group:
                 if not item.future.done():
@@ -122,8 +126,6 @@ class MicroBatcher:
     async def aclose(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
-            except asyncio.CancelledError:
-                pass
         self._executor.shutdown(wait=False)

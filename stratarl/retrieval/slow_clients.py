@@ -10,6 +10,7 @@ previous response; a request that has arrived is never cut, however long the sea
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 logger = logging.getLogger("stratarl.server")
@@ -42,6 +43,7 @@ def request_timeout_protocol(request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_
 
     class RequestTimeoutH11Protocol(H11Protocol):
         timeout_s = request_timeout_s
+        _request_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -76,7 +78,7 @@ def request_timeout_protocol(request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_
             if self.transport.is_closing() or self.conn.their_state in received:
                 return  # the request is in (being answered), or the connection is going anyway
             if self._partial:  # an idle connection (never spoke, or kept alive after a response) goes quietly
-                who = "%s:%d" % self.client if self.client else "a client"
+                who = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
                 logger.warning(
                     "%s sent no whole request within %g s (--request-timeout); connection closed", who, self.timeout_s
                 )

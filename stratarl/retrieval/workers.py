@@ -90,7 +90,7 @@ def _worker_main(config: dict) -> int:
             http=request_timeout_protocol(config["request_timeout_s"]),
         )
         server = uvicorn.Server(uvicorn_config)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001  any start-up failure goes to the parent as one line (exit 2)
         report("error", f"{type(error).__name__}: {error}")
         return 2
 
@@ -190,15 +190,16 @@ class WorkerPool:
         }
         base.update({"host": self.host, "port": self.port} if reuse_port else {"fd": self._sock.fileno()})
         pass_fds = (write_fd,) if reuse_port else (write_fd, self._sock.fileno())
+        write_fd_open = True
         try:
             for index in range(self.workers):
                 command = [sys.executable, "-m", "stratarl.retrieval.workers", json.dumps({**base, "index": index})]
                 self.processes.append(subprocess.Popen(command, pass_fds=pass_fds))
             os.close(write_fd)
-            write_fd = None
+            write_fd_open = False
             self._wait_ready()
         except BaseException:
-            if write_fd is not None:
+            if write_fd_open:
                 os.close(write_fd)
             self.stop()
             raise
@@ -207,11 +208,14 @@ class WorkerPool:
     def _wait_ready(self) -> None:
         ready: set[int] = set()
         buffer = b""
+        status_fd = self._status_fd
+        if status_fd is None:
+            raise RuntimeError("the worker pool has no status pipe: start() opens it")
         deadline = time.monotonic() + self.start_timeout_s
         while len(ready) < self.workers:
-            readable, _, _ = select.select([self._status_fd], [], [], 0.2)
+            readable, _, _ = select.select([status_fd], [], [], 0.2)
             if readable:
-                chunk = os.read(self._status_fd, 65536)
+                chunk = os.read(status_fd, 65536)
                 buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)

@@ -3,6 +3,8 @@
 A reward is any callable ``(response_text: str, golds: Sequence[str]) -> float``.
 """
 
+from collections.abc import Sequence
+
 from stratarl.rewards.formats import (
     RewardFn,
     extract_choice_letter,
@@ -41,7 +43,7 @@ def reward_for_source(data_source: str, default: RewardFn) -> RewardFn:
     return SOURCE_REWARDS.get(data_source, default)
 
 
-def answer_match(data_source: str, prediction: str, golds) -> float:
+def answer_match(data_source: str, prediction: str, golds: str | Sequence[str]) -> float:
     """1.0 if an extracted answer is right: the multiple-choice match for multiple-choice sources, else EM."""
     if data_source in SOURCE_REWARDS:
         return multiple_choice_match(prediction, golds)

@@ -87,7 +87,7 @@ def extract_answer(response_text: str) -> str | None:
     Pass the response only (what the policy wrote after the prompt): the prompt's
     own example ``<answer> Beijing </answer>`` must never count as an answer.
     """
-    matches = _ANSWER_RE.findall(response_text)
+    matches: list[str] = _ANSWER_RE.findall(response_text)
     if not matches:
         return None
     return matches[-1].strip()

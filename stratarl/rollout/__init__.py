@@ -37,7 +37,7 @@ _EXPORTS = {
     "transcript_text": "transcript",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str):

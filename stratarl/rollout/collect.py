@@ -86,7 +86,7 @@ class CollectedBatch:
     retrieval_s: float
 
 
-def stratum_function(key: str, cap: int | None) -> Callable[[object], int]:
+def stratum_function(key: str, cap: int | None) -> Callable[[Rollout], int]:
     """Rollout -> integer stratum: number of searches (capped), observation blocks (capped), answered, or a
     user function.
 

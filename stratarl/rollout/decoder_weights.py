@@ -70,7 +70,8 @@ class PackedLinear:
         parts = [(w.detach().to(dtype), b.detach().to(dtype) if b is not None else None) for w, b in parts]
         self.out_features = sum(w.shape[0] for w, _ in parts)
         self.binary_add = hasattr(torch.ops.mkldnn._linear_pointwise, "binary") and dtype == torch.float32
-        self.packed, self.parts = None, parts
+        self.packed = None
+        self.parts: list[tuple[torch.Tensor, torch.Tensor | None]] | None = parts
         if pack == "parts":
             self.weight = self.bias = None
             return
@@ -89,6 +90,8 @@ class PackedLinear:
             self.parts = None
 
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parts is None:
+            raise RuntimeError("GEMV by parts needs packed weights (the parts are kept only then)")
         outs = [F.linear(x, w, b) for w, b in self.parts]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 

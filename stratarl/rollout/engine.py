@@ -175,7 +175,8 @@ class RolloutEngine:
                     if capture_layer is not None and self.generator.supports_capture
                     else {}
                 )
-                generations = self.generator.generate(histories, params, budgets, cache_keys=keys, **capture)
+                # supports_cache_keys declares the keyword, which the Protocol's signature leaves out.
+                generations = self.generator.generate(histories, params, budgets, cache_keys=keys, **capture)  # type: ignore[call-arg]
             else:
                 generations = self.generator.generate(histories, params, budgets)
             last_turn = turn_index == config.max_turns

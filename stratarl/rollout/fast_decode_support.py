@@ -8,6 +8,8 @@ generator then uses the model's own forward.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from stratarl.models import decoder_of, supported_types, unwrap
@@ -42,7 +44,7 @@ def _linear_problem(linear) -> str | None:
 def unsupported_reason(model) -> str | None:
     """None when ``FastDecoder`` covers ``model``, else a sentence saying why not."""
     model = unwrap(model)
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)  # a transformers config: its fields are read by name
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"

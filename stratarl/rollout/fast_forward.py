@@ -122,7 +122,8 @@ class FastDecoder:
         self.pack = False if not packing_available() else pack
         self._version: tuple | None = None
         self._unpacked_for_small = False  # layers built without packing for a batch of <= GEMV_ROWS rows
-        self._rope_cos = self._rope_sin = None  # [n, D] tables for positions 0..n-1
+        self._rope_cos: torch.Tensor | None = None  # [n, D] tables for positions 0..n-1
+        self._rope_sin: torch.Tensor | None = None
         # ``capture_layer`` k: keep the hidden states entering layer k (the residual stream, fp32) of every
         # token the decoder runs, in ``h_cache`` [B, capacity, H] next to the K/V. When layers 0..k-1 are
         # frozen, these are the states the trainer's frozen prefix would recompute for the same tokens
@@ -171,18 +172,21 @@ class FastDecoder:
         each inverse frequency, a single rounding, so an entry equals a direct call's up to the last
         bit of cos / sin); the sign of rotate_half is folded into the sin table (see ``_apply_rope``)."""
         weight = self.inner.embed_tokens.weight
+        cos_table, sin_table = self._rope_cos, self._rope_sin
         if (
-            self._rope_cos is None
-            or self._rope_cos.shape[0] <= max_position
-            or self._rope_cos.device != weight.device
-            or self._rope_cos.dtype != weight.dtype
+            cos_table is None
+            or sin_table is None
+            or cos_table.shape[0] <= max_position
+            or cos_table.device != weight.device
+            or cos_table.dtype != weight.dtype
         ):
             size = max(2 * max_position + 2, 1024)
             # rotary_emb reads only the dtype and device of its first argument.
             cos, sin = self.inner.rotary_emb(weight, torch.arange(size, device=weight.device)[None])
             half = cos.shape[-1] // 2
-            self._rope_cos, self._rope_sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
-        return self._rope_cos[positions], self._rope_sin[positions]
+            cos_table, sin_table = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+            self._rope_cos, self._rope_sin = cos_table, sin_table
+        return cos_table[positions], sin_table[positions]
 
     def prefill(
         self,
@@ -272,15 +276,15 @@ class FastDecoder:
         hidden = self.inner.embed_tokens(ids)
         last = len(self._layers) - 1
         capture = self.capture_layer if self.capture_layer is not None and self.capture_layer <= last else None
-        self.h_cache = (
+        h_cache = self.h_cache = (
             torch.zeros((batch, capacity, hidden.shape[-1]), dtype=torch.float32, device=weight.device)
             if capture is not None
             else None
         )
         with _own_dtypes():
             for index, layer in enumerate(self._layers):
-                if index == capture:  # the new tokens' states; a prefix's columns stay 0 (its caller has them)
-                    self.h_cache[:, prefix_width : prefix_width + length] = hidden
+                if h_cache is not None and index == capture:  # the new tokens' states; a prefix's columns stay 0
+                    h_cache[:, prefix_width : prefix_width + length] = hidden
                 hidden = self._layer_prefill(index, layer, hidden, cos, sin, mask, prefix_width, index == last)
             return self._logits(hidden[:, -1])
 

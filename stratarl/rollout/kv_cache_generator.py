@@ -59,15 +59,15 @@ class _Rows:
     def generations(self, captured: dict[int, tuple[list[int], torch.Tensor]]) -> list[Generation]:
         """One ``Generation`` per prompt, in order; ``captured``: prompt index -> its frozen_states."""
         return [
-            Generation(
-                self.outputs[i],
-                self.logprobs[i],
-                self.finish[i][0],
-                self.finish[i][1],  # type: ignore[index]
-                captured.get(i),
-            )
+            Generation(self.outputs[i], self.logprobs[i], *self._finished(i), captured.get(i))
             for i in range(len(self.limits))
         ]
+
+    def _finished(self, row: int) -> tuple[FinishReason, str | None]:
+        finish = self.finish[row]
+        if finish is None:
+            raise RuntimeError(f"row {row} is still generating")  # generate() decodes until every row finishes
+        return finish
 
 
 class DynamicCacheDecoder:
@@ -231,7 +231,9 @@ class KVCacheGenerator(Generator):
         """Prefill on the fast path (reusing cached prefixes); returns the logits and the prefix-store
         entry each row reused (or None)."""
         decoder = self.fast_decoder
-        entries = (
+        if decoder is None:
+            raise RuntimeError("the fast path needs a FastDecoder")  # _prefill calls this only when there is one
+        entries: list[PrefixEntry | None] = (
             reusable_prefixes(self._prefix_store, decoder, prompts, keys) if keys is not None else [None] * len(prompts)
         )
         if capture_layer is not None:  # a reused prefix must bring its captured states along

@@ -50,7 +50,7 @@ def parse_action(turn_text: str) -> Action:
     match = ACTION_RE.search(turn_text)
     if match is None:
         return Action("invalid")
-    return Action(match.group(1), match.group(2).strip())  # type: ignore[arg-type]
+    return Action(match.group(1), match.group(2).strip())  # type: ignore[arg-type]  # ACTION_RE: search or answer
 
 
 def find_stop(text: str, stop_strings: Sequence[str] = STOP_STRINGS) -> tuple[int, str] | None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from stratarl.infra.stacked import architecture, stack_reason, weights_version
-from stratarl.rollout.generator import Generation, SamplingParams, left_pad, row_limits
+from stratarl.rollout.generator import Generation, Generator, SamplingParams, left_pad, row_limits
 from stratarl.rollout.kv_cache_generator import KVCacheGenerator, _Rows
 from stratarl.rollout.prefix_cache import RowCollector, reusable_prefixes
 from stratarl.rollout.stacked_decoder import MemberView, StackedDecoder
@@ -26,7 +27,7 @@ from stratarl.rollout.stacked_decoder import MemberView, StackedDecoder
 class GenerateCall:
     """One member's ``generate(prompts, params, max_new_tokens, cache_keys=...)`` on its own ``generator``."""
 
-    generator: object
+    generator: Generator
     prompts: Sequence[Sequence[int]]
     params: SamplingParams
     max_new_tokens: Sequence[int] | None = None
@@ -51,16 +52,23 @@ def generate_together(calls: Sequence[GenerateCall]) -> list[list[Generation] | 
         if alone_reason(call.generator) is not None:
             results[i] = _alone(call)
         else:
-            groups.setdefault(architecture(call.generator.model), []).append(i)
+            groups.setdefault(architecture(_stacked_generator(call).model), []).append(i)
     for members in groups.values():
         for i, out in zip(members, _together([calls[i] for i in members])):
             results[i] = out
     return results
 
 
+def _stacked_generator(call: GenerateCall) -> KVCacheGenerator:
+    """The generator of a call that ``alone_reason`` let through to the stacked path."""
+    if not isinstance(call.generator, KVCacheGenerator):
+        raise TypeError(f"a stacked call needs a KVCacheGenerator, got {type(call.generator).__name__}")
+    return call.generator
+
+
 def _alone(call: GenerateCall):
     try:
-        keys = {} if call.cache_keys is None else {"cache_keys": call.cache_keys}
+        keys: dict[str, Any] = {} if call.cache_keys is None else {"cache_keys": call.cache_keys}
         return call.generator.generate(call.prompts, call.params, call.max_new_tokens, **keys)
     except Exception as error:  # noqa: BLE001 - this member's failure only
         return error
@@ -70,7 +78,7 @@ class _Member:
     """One call's state through the stacked prefill and decode (``KVCacheGenerator.generate``'s locals)."""
 
     def __init__(self, call: GenerateCall) -> None:
-        gen: KVCacheGenerator = call.generator
+        gen = _stacked_generator(call)
         self.call, self.gen, self.params = call, gen, call.params
         prompts = call.prompts
         limits = row_limits(len(prompts), call.params, call.max_new_tokens)
@@ -89,7 +97,12 @@ class _Member:
         prompts = [self.call.prompts[i] for i in live]
         keys = [self.keys[i] for i in live] if self.keys is not None else None
         view = MemberView(None, 0, weights_version(gen.model))
-        entries = reusable_prefixes(gen._prefix_store, view, prompts, keys) if keys is not None else [None] * len(live)
+        # A MemberView has every part of a FastDecoder the prefix cache reads when it captures no states.
+        entries = (
+            reusable_prefixes(gen._prefix_store, view, prompts, keys)  # type: ignore[arg-type]
+            if keys is not None
+            else [None] * len(live)
+        )
         suffixes = [list(p[len(e.tokens) :]) if e is not None else list(p) for p, e in zip(prompts, entries)]
         ids, attention = left_pad(suffixes, gen.pad_id, gen.device)
         gen.last_reused_tokens = sum(len(e.tokens) for e in entries if e is not None)
@@ -143,7 +156,7 @@ def _together(calls: Sequence[GenerateCall]) -> list:
     if not members:
         return results
     order = list(members)
-    decoder = StackedDecoder([calls[i].generator.model for i in order])
+    decoder = StackedDecoder([_stacked_generator(calls[i]).model for i in order])
     logits = decoder.prefill(
         [inputs[i][0] for i in order],
         [inputs[i][1] for i in order],
@@ -155,7 +168,7 @@ def _together(calls: Sequence[GenerateCall]) -> list:
         member = members[i]
         if member.keys is not None:
             member.collector = RowCollector(
-                decoder.member_view(slot),
+                decoder.member_view(slot),  # type: ignore[arg-type]  # as in reusable_prefixes above
                 member.gen.prefix_cache_bytes,
                 member.call.prompts,
                 member.keys,

@@ -97,6 +97,6 @@ class RowCollector:
     def _row_states(self, b: int, tokens: list[int], entry: PrefixEntry | None) -> torch.Tensor:
         """Batch row ``b``'s captured states of ``tokens``, its reused prefix's (``entry``) spliced in."""
         states = self.decoder.row_hidden(b, len(tokens))
-        if entry is not None:
+        if entry is not None and entry.states is not None:  # a reused entry has states when capturing
             states[: len(entry.tokens)] = entry.states
         return states

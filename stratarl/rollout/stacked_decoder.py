@@ -181,7 +181,7 @@ class StackedDecoder:
         members = [m for m in self.slots if m in keep]
         if members == self.slots and all(keep[m] is None for m in members):
             return
-        rows = {m: (torch.arange(self.rows[m]) if keep[m] is None else keep[m].cpu()) for m in members}
+        rows = {m: (torch.arange(self.rows[m]) if (kept := keep[m]) is None else kept.cpu()) for m in members}
         B_old = self.k_cache.shape[2]
         B = max(len(r) for r in rows.values())
         index = []
@@ -201,9 +201,11 @@ class StackedDecoder:
             self.slots = members
             chosen = torch.tensor(members, device=self.k_cache.device)
             full = self.weights
-            layers = [type(layer)(**{f: getattr(layer, f)[chosen] for f in _LAYER_FIELDS}) for layer in full.layers]
+            chosen_layers = [
+                type(layer)(**{f: getattr(layer, f)[chosen] for f in _LAYER_FIELDS}) for layer in full.layers
+            ]
             self._active = type(full)(
-                full.embed[chosen], layers, full.norm[chosen], full.head[chosen], full.head_t[chosen]
+                full.embed[chosen], chosen_layers, full.norm[chosen], full.head[chosen], full.head_t[chosen]
             )
 
     def row_cache(self, member: int, row: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,10 +233,16 @@ class MemberView:
         self.member = member
         self._version = version if decoder is None else decoder.versions[member]
 
+    def _stacked(self) -> StackedDecoder:
+        if self.decoder is None:
+            raise RuntimeError(f"member {self.member}'s view holds only its weights' version, no cache")
+        return self.decoder
+
     @property
     def k_cache(self) -> torch.Tensor:
         """[layers, B, kv_heads, capacity, D]: the member's slot of the stacked cache."""
-        return self.decoder.k_cache[:, self.decoder._slot(self.member)]
+        decoder = self._stacked()
+        return decoder.k_cache[:, decoder._slot(self.member)]
 
     @property
     def weights_version(self) -> tuple | None:
@@ -244,4 +252,4 @@ class MemberView:
         """Nothing to re-fuse: the stacked weights were taken from the models when the decoder was built."""
 
     def row_cache(self, row: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.decoder.row_cache(self.member, row, num_tokens)
+        return self._stacked().row_cache(self.member, row, num_tokens)

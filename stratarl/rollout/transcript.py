@@ -78,7 +78,7 @@ def transcript_text(rollout: Rollout, tokenizer, *, reward: float | None = None)
         + (f" reward={reward}" if reward is not None else "")
     ]
     prompt = tokenizer.decode(rollout.prompt_ids, skip_special_tokens=False)
-    return "\n".join(header + ["--- prompt ---", prompt, "--- response ---", render_mask(rollout, tokenizer)])
+    return "\n".join([*header, "--- prompt ---", prompt, "--- response ---", render_mask(rollout, tokenizer)])
 
 
 def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:

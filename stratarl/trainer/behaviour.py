@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from stratarl.infra.precision import DevicePolicy
+from stratarl.infra.precision import DevicePolicy, Precision
 
 LAG_MODES = ("fixed", "uniform")
 
@@ -60,10 +60,10 @@ def fake_quantize_int8(weight: torch.Tensor) -> torch.Tensor:
     return (torch.clamp(torch.round(weight / safe), -127, 127) * safe).to(weight.dtype)
 
 
-def quantizable_weights(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+def quantizable_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The 2-D weights an int8 sampler quantises, by name: every ``nn.Linear`` and ``nn.Embedding`` weight (a
     tied LM head is its embedding, listed once)."""
-    out: dict[str, torch.nn.Parameter] = {}
+    out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for module_name, module in model.named_modules():
         if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) and id(module.weight) not in seen:
@@ -153,7 +153,7 @@ class BehaviourPolicy:
     ) -> BehaviourPolicy:
         """``precision`` None: the learner's numerics (``learner_policy``); else fp32, bf16 or int8."""
         numerics = learner_policy.precision if precision is None else precision
-        compute = "bf16" if numerics == "bf16" else "fp32"
+        compute: Precision = "bf16" if numerics == "bf16" else "fp32"
         trainable = [name for name, p in learner.named_parameters() if p.requires_grad]
         sampler = sampler_copy(learner, numerics)
         quantized = frozenset(quantizable_weights(sampler)) if numerics == "int8" else frozenset()

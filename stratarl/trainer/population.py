@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -116,11 +116,14 @@ class PopulationGenerator(Generator):
         return self.lockstep.call("generate", _Pending(call, capture_layer, torch.get_num_threads()))
 
 
+_Call = TypeVar("_Call", GenerateCall, UpdateCall)
+
+
 @dataclass
-class _Pending:
+class _Pending(Generic[_Call]):
     """A call with what running it alone needs: the capture layer (never stacked) and the caller's thread count."""
 
-    call: GenerateCall | UpdateCall
+    call: _Call
     capture_layer: int | None
     threads: int
 
@@ -138,9 +141,9 @@ def _threads(n: int):
             torch.set_num_threads(before)
 
 
-def _generate_alone(pending: _Pending):
+def _generate_alone(pending: _Pending[GenerateCall]):
     call = pending.call
-    extra = {} if call.cache_keys is None else {"cache_keys": call.cache_keys}
+    extra: dict[str, Any] = {} if call.cache_keys is None else {"cache_keys": call.cache_keys}
     if pending.capture_layer is not None:
         extra["capture_layer"] = pending.capture_layer
     try:
@@ -150,7 +153,7 @@ def _generate_alone(pending: _Pending):
         return error
 
 
-def _update_alone(pending: _Pending):
+def _update_alone(pending: _Pending[UpdateCall]):
     call = pending.call
     try:
         with _threads(pending.threads):
@@ -192,7 +195,7 @@ class _Handlers:
 
         return handler
 
-    def generate(self, batch: list[tuple[int, _Pending]]) -> list:
+    def generate(self, batch: list[tuple[int, _Pending[GenerateCall]]]) -> list:
         pending = [p for _, p in batch]
         if not self.stack:
             return [_generate_alone(p) for p in pending]
@@ -206,7 +209,7 @@ class _Handlers:
                 results[i] = out
         return results
 
-    def update(self, batch: list[tuple[int, _Pending]]) -> list:
+    def update(self, batch: list[tuple[int, _Pending[UpdateCall]]]) -> list:
         pending = [p for _, p in batch]
         with torch.enable_grad():
             if self.stack:
@@ -253,7 +256,8 @@ class _MemberLogs:
         self.files = []
         for member in members:
             member.run_dir.mkdir(parents=True, exist_ok=True)
-            self.files.append(stack.enter_context(open(member.run_dir / "train.log", "a", buffering=1)))
+            log = open(member.run_dir / "train.log", "a", buffering=1)  # noqa: SIM115  the ExitStack closes it
+            self.files.append(stack.enter_context(log))
 
     def __call__(self, index: int | None) -> None:
         target = (self.stdout, self.stderr) if index is None else (self.files[index], self.files[index])

@@ -6,6 +6,7 @@ model, data and retriever for the same config.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -176,13 +177,11 @@ def build_task_retriever(cfg: Config, task: TaskData) -> Retriever:
         if (index_dir / "stratarl_index.json").is_file():
             try:
                 return BM25Retriever.load(index_dir)
-            except Exception:  # a stale or foreign index: rebuild below
+            except Exception:  # noqa: BLE001, S110  a stale or foreign index: rebuild below
                 pass
         retriever = BM25Retriever.from_corpus(task.corpus_path)
-        try:
+        with contextlib.suppress(OSError):  # a read-only corpus folder: the index stays in memory only
             retriever.save(index_dir)
-        except OSError:
-            pass
         return retriever
     return build_retriever(spec)
 

@@ -208,7 +208,7 @@ def gigpo_loop(
                 (b, k, tokens, int(group_ids[b]), step_states[b][k], gamma ** (len(runs) - 1 - k) * float(rewards[b]))
             )
     cluster = {}
-    for gid in set(s[3] for s in steps):
+    for gid in {s[3] for s in steps}:
         firsts = []
         for b, k, _, group, state, _ in steps:
             if group != gid:

@@ -39,7 +39,7 @@ def _ids(states=STATES, groups=GROUPS, mask=MASK, threshold=None):
 
 
 def _batch(**kwargs):
-    fields = dict(rewards=REWARDS, group_ids=GROUPS, response_mask=MASK, step_states=STATES)
+    fields = {"rewards": REWARDS, "group_ids": GROUPS, "response_mask": MASK, "step_states": STATES}
     fields.update(kwargs)
     return AdvantageBatch(**fields)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import random
 from collections import Counter
 
@@ -56,7 +57,7 @@ def test_every_hop_is_answered_by_its_passage(kb):
         assert len(hops) == expected_hops == len(FAMILIES[example.metadata["family"]].relations)
         for hop in hops:
             assert normalize_answer(hop["answer"]) in normalize_answer(by_id[hop["passage_id"]].contents)
-        for previous, following in zip(hops, hops[1:]):  # the chain: each hop searches the last answer
+        for previous, following in itertools.pairwise(hops):  # the chain: each hop searches the last answer
             assert previous["answer"] in following["query"]
             assert previous["answer"] == by_id[following["passage_id"]].title
         assert example.golden_answers == (hops[-1]["answer"],)
@@ -231,9 +232,15 @@ def test_shared_countries_are_the_same_words_in_every_world_and_nothing_else_is(
     from stratarl.data.synth.knowledge_base import generate_knowledge_base
     from stratarl.data.synth.names import name_pool_words
 
-    options = dict(
-        size=300, num_countries=3, num_train=60, num_test=10, hop_mix=(0.0, 1.0, 0.0), guessable="only", name_pool=1000
-    )
+    options = {
+        "size": 300,
+        "num_countries": 3,
+        "num_train": 60,
+        "num_test": 10,
+        "hop_mix": (0.0, 1.0, 0.0),
+        "guessable": "only",
+        "name_pool": 1000,
+    }
     a = generate_knowledge_base(seed=1, shared_countries=True, **options)
     b = generate_knowledge_base(seed=2, shared_countries=True, **options)
     countries = set(name_pool_words(1000)[:3])

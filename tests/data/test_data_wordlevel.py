@@ -179,7 +179,7 @@ def test_tags_and_special_tokens_are_single_tokens(tokenizer, tag):
 
 def test_tags_survive_skipping_special_tokens_and_eos_is_im_end(tokenizer, kb):
     answer = f"<answer> {kb.test[0].golden_answers[0]} </answer>"
-    ids = ids_of(tokenizer, answer) + [tokenizer.eos_token_id]
+    ids = [*ids_of(tokenizer, answer), tokenizer.eos_token_id]
     assert tokenizer.eos_token == IM_END
     assert tokenizer.decode(ids, skip_special_tokens=True) == answer
     assert tokenizer.decode(ids) == answer + IM_END
@@ -210,7 +210,7 @@ def test_scripted_trajectory_parses_to_the_same_actions(tokenizer, kb):
         assert unknown_words(tokenizer, observation) == []
         response += turn_ids + ids_of(tokenizer, observation)
     final = f"<think> I have the answer. </think>\n<answer> {example.golden_answers[0]} </answer>"
-    response += ids_of(tokenizer, final) + [tokenizer.eos_token_id]
+    response += [*ids_of(tokenizer, final), tokenizer.eos_token_id]
     text = tokenizer.decode(response, skip_special_tokens=False)
     assert parse_action(tokenizer.decode(ids_of(tokenizer, final))) == Action("answer", example.golden_answers[0])
     assert em_reward(text, example.golden_answers) == 1.0

@@ -56,7 +56,7 @@ def test_full_plan_covers_every_arm_condition_seed_with_valid_configs(runner, tm
     for spec in specs:
         # The arm's settings come after the condition's and the task's; seed / steps / init_from last.
         assert spec.overrides[-5:-1] == [
-            "trainer.seed=%d" % spec.seed,
+            f"trainer.seed={spec.seed:d}",
             "trainer.steps=7",
             "trainer.num_threads=1",
             "sft.enabled=false",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -30,7 +31,7 @@ def test_t_quantile_beyond_the_table_matches_published_values(df, expected):
 
 def test_t_quantile_is_continuous_at_the_table_edge_and_decreasing():
     values = [t_quantile_975(df) for df in range(1, 200)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(values))
     assert abs(t_quantile_975(31) - 2.040) < 1e-3  # published: 2.0395
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import torch
 
 from stratarl.infra.metrics import MetricsLogger, PhaseTimer, format_step_line, read_metrics

@@ -242,8 +242,10 @@ def bad_input_cases(
         (
             "--resume with another model size",
             ["train", "--resume", str(trained_copy), "model.tiny_hidden_size=32"],
-            f"is [64, 64] there but [32, 32] in this one and 19 more. Fix: use the model settings the run was trained "
-            f"with (model.* in {trained_copy / 'config.yaml'})",
+            (
+                f"is [64, 64] there but [32, 32] in this one and 19 more. Fix: use the model settings the run was trained "
+                f"with (model.* in {trained_copy / 'config.yaml'})"
+            ),
         ),
         (
             "serve --request-timeout 0",

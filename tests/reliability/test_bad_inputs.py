@@ -107,17 +107,21 @@ def more_cases(tmp_path_factory, tiny_cfg):
         (
             "a model folder with only pickle weights",
             ["train", *tiny, f"model.name={pickled}"],
-            f"error: model folder {pickled}: holds only pickle weights (pytorch_model.bin) and stratarl loads only "
-            "safetensors (a pickle can run code when read). Fix: if you trust the file, convert it once with "
-            "transformers: `AutoModelForCausalLM.from_pretrained(FOLDER, use_safetensors=False)"
-            ".save_pretrained(FOLDER, safe_serialization=True)`",
+            (
+                f"error: model folder {pickled}: holds only pickle weights (pytorch_model.bin) and stratarl loads only "
+                "safetensors (a pickle can run code when read). Fix: if you trust the file, convert it once with "
+                "transformers: `AutoModelForCausalLM.from_pretrained(FOLDER, use_safetensors=False)"
+                ".save_pretrained(FOLDER, safe_serialization=True)`"
+            ),
         ),
         (
             "a YAML syntax error",
             ["train", str(root / "syntax.yaml")],
-            f"error: config file {root / 'syntax.yaml'} is not valid YAML at line 3, column 1: expected ',' or ']', "
-            "but got '<stream end>' (while parsing a flow sequence that starts at line 2, column 10). Fix: correct "
-            "the YAML syntax there",
+            (
+                f"error: config file {root / 'syntax.yaml'} is not valid YAML at line 3, column 1: expected ',' or ']', "
+                "but got '<stream end>' (while parsing a flow sequence that starts at line 2, column 10). Fix: correct "
+                "the YAML syntax there"
+            ),
         ),
         (
             "a YAML syntax error in a population spec",
@@ -127,8 +131,10 @@ def more_cases(tmp_path_factory, tiny_cfg):
         (
             "an integer gold answer",
             ["data", "inspect", str(root / "int.jsonl")],
-            f"error: {root / 'int.jsonl'}: row 0: field 'golden_answers': the gold answer 42 is a number, not text. "
-            'Fix: write gold answers as strings, e.g. ["42"]',
+            (
+                f"error: {root / 'int.jsonl'}: row 0: field 'golden_answers': the gold answer 42 is a number, not text. "
+                'Fix: write gold answers as strings, e.g. ["42"]'
+            ),
         ),
         (
             "an integer in a list of gold answers",
@@ -148,14 +154,18 @@ def more_cases(tmp_path_factory, tiny_cfg):
         (
             "index build --out is a file",
             ["index", "build", "--corpus", str(corpus), "--out", str(a_file)],
-            f"stratarl index: error: {a_file}: already exists and is in the way of a folder or file to be created "
-            "here. Fix: choose another path, or move it away",
+            (
+                f"stratarl index: error: {a_file}: already exists and is in the way of a folder or file to be created "
+                "here. Fix: choose another path, or move it away"
+            ),
         ),
         (
             "index build --out under a file",
             ["index", "build", "--corpus", str(corpus), "--out", str(a_file / "x")],
-            f"stratarl index: error: {a_file / 'x'}: a part of this path is a file, not a folder. Fix: choose "
-            "another path",
+            (
+                f"stratarl index: error: {a_file / 'x'}: a part of this path is a file, not a folder. Fix: choose "
+                "another path"
+            ),
         ),
         (
             "serve --max-topk 0",

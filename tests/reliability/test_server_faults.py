@@ -5,6 +5,7 @@ chunk by chunk so a small one is not stuck behind them, and a disconnect logged 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import threading
@@ -157,10 +158,8 @@ def test_slow_clients_are_closed_while_normal_clients_are_served():
         def trickle():  # one more byte to each slow socket, again and again, until the server closes them
             while not stop.is_set():
                 for sock in slow[:2] + slow[3:5]:
-                    try:
+                    with contextlib.suppress(OSError):
                         sock.send(b"s")
-                    except OSError:
-                        pass
                 time.sleep(0.05)
 
         threading.Thread(target=trickle, daemon=True).start()

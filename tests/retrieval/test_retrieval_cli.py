@@ -116,18 +116,18 @@ def test_serve_loading_options_reach_the_retriever_spec(tmp_path, small_corpus_p
     from stratarl.retrieval.factory import build_retriever
 
     index = BM25Retriever.from_passages(load_corpus(small_corpus_path)).save(tmp_path / "idx")
-    base = dict(
-        index=str(index),
-        corpus=None,
-        kind="bm25",
-        model=None,
-        prefixes=None,
-        device="cpu",
-        mmap=False,
-        mmap_corpus=False,
-        nprobe=None,
-        ef_search=None,
-    )
+    base = {
+        "index": str(index),
+        "corpus": None,
+        "kind": "bm25",
+        "model": None,
+        "prefixes": None,
+        "device": "cpu",
+        "mmap": False,
+        "mmap_corpus": False,
+        "nprobe": None,
+        "ef_search": None,
+    }
     assert _retriever_spec(argparse.Namespace(**base)) == {"index": str(index)}
     spec = _retriever_spec(argparse.Namespace(**{**base, "mmap": True, "mmap_corpus": True}))
     assert spec == {"index": str(index), "mmap": True, "mmap_corpus": True}

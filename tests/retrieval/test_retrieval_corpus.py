@@ -76,7 +76,7 @@ def test_fingerprint_depends_on_content_and_order_only(tmp_path, small_passages)
     b = passages_fingerprint(load_corpus(write_corpus(small_passages, tmp_path / "sub" / "b.jsonl")))
     assert a == b == passages_fingerprint(small_passages)
     assert passages_fingerprint(small_passages[::-1]) != a
-    edited = [Passage(small_passages[0].id, small_passages[0].contents + "!")] + small_passages[1:]
+    edited = [Passage(small_passages[0].id, small_passages[0].contents + "!"), *small_passages[1:]]
     assert passages_fingerprint(edited) != a
     # Length-prefixing keeps field boundaries: ("ab", "c") and ("a", "bc") differ.
     assert passages_fingerprint([Passage("ab", "c")]) != passages_fingerprint([Passage("a", "bc")])

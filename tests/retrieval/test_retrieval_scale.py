@@ -59,7 +59,7 @@ def mixed(tmp_path_factory, small_passages):
 
 @pytest.mark.parametrize("chunk_passages", [1, 7, 10_000])
 def test_streamed_build_writes_the_same_index_as_save(mixed, chunk_passages):
-    passages, corpus, reference, root = mixed
+    _passages, corpus, _reference, root = mixed
     out = build_bm25_index(corpus, root / f"streamed-{chunk_passages}", chunk_passages=chunk_passages)
     for name in BM25_FILES:
         expected, got = np.load(root / "reference" / name), np.load(out / name)

@@ -144,7 +144,7 @@ class TestProtocol:
     def test_last_turn_search_is_not_run(self, smollm2_tokenizer):
         tok = smollm2_tokenizer
         retriever = DictRetriever()
-        (rollout,), generator = run(tok, {P1: ["<search>a</search>", "<search>b</search>"]}, retriever, max_turns=1)
+        (rollout,), _generator = run(tok, {P1: ["<search>a</search>", "<search>b</search>"]}, retriever, max_turns=1)
         check_invariants(rollout, tok)
         assert rollout.queries == ["a"] and [c[0] for c in retriever.calls] == [["a"]]
         assert (rollout.hit_max_turns, rollout.answered, rollout.end_reason) == (True, False, "max_turns")

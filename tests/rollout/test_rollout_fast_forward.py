@@ -19,18 +19,18 @@ from stratarl.rollout.generation import (
 
 
 def _config_kwargs(tokenizer):
-    return dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
-        initializer_range=0.3,
-    )
+    return {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.3,
+    }
 
 
 def _build(kind: str, tokenizer):
@@ -94,7 +94,7 @@ def _check_select(model, smollm2_tokenizer):
     ids, mask = left_pad(PROMPTS, pad, "cpu")
     decoder = FastDecoder(model)
     tokens = decoder.prefill(ids, mask, capacity=ids.shape[1] + 3).argmax(-1)
-    rows = [list(p) + [t] for p, t in zip(PROMPTS, tokens.tolist())]
+    rows = [[*p, t] for p, t in zip(PROMPTS, tokens.tolist())]
     decoder.select(torch.tensor([2, 0]))
     logits = decoder.decode(tokens[[2, 0]])
     torch.testing.assert_close(logits, _reference_logits(model, [rows[2], rows[0]], pad), rtol=1e-4, atol=1e-4)
@@ -249,13 +249,13 @@ def test_identical_prompts_are_prefilled_once_and_give_the_same_cache(smollm2_to
         grouped = FastDecoder(model)
         logits = grouped.prefill(ids, mask, capacity=ids.shape[1] + 2)
         # One prompt at a time, no sharing possible: the same logits and cache rows.
-        for row, prompt in enumerate(prompts):
+        for row, _prompt in enumerate(prompts):
             single = FastDecoder(model)
             one_ids, one_mask = ids[row : row + 1], mask[row : row + 1]
             torch.testing.assert_close(logits[row : row + 1], single.prefill(one_ids, one_mask, ids.shape[1] + 2))
             torch.testing.assert_close(grouped.k_cache[:, row : row + 1], single.k_cache)
         tokens = logits.argmax(-1)
-        rows = [list(p) + [t] for p, t in zip(prompts, tokens.tolist())]
+        rows = [[*p, t] for p, t in zip(prompts, tokens.tolist())]
         torch.testing.assert_close(grouped.decode(tokens), _reference_logits(model, rows, pad), rtol=1e-4, atol=1e-4)
 
 
@@ -276,7 +276,7 @@ class TestPrefixCache:
             logits = second.prefill(ids, mask, capacity=6 + ids.shape[1] + 2, prefixes=prefixes)
             torch.testing.assert_close(logits, _reference_logits(model, histories, pad), rtol=1e-4, atol=1e-4)
             tokens = logits.argmax(-1)
-            rows = [h + [t] for h, t in zip(histories, tokens.tolist())]
+            rows = [[*h, t] for h, t in zip(histories, tokens.tolist())]
             torch.testing.assert_close(second.decode(tokens), _reference_logits(model, rows, pad), rtol=1e-4, atol=1e-4)
 
     def test_next_turn_reuses_the_history_and_matches_a_fresh_generator(self, smollm2_tokenizer):
@@ -288,7 +288,7 @@ class TestPrefixCache:
         assert cached.last_reused_tokens == 0
         observation = [21, 22, 23]
         histories = [p + g.token_ids + observation for p, g in zip(PROMPTS, turn1)]
-        histories[1] = [999] + histories[1][1:]  # row 1's history changed: its cache must not be used
+        histories[1] = [999, *histories[1][1:]]  # row 1's history changed: its cache must not be used
         turn2 = cached.generate(histories, params, [5, 5, 5], cache_keys=keys)
         # Rows 0 and 2 reuse prompt + all generated tokens but the last (never fed).
         assert cached.last_reused_tokens == (len(PROMPTS[0]) + 4) + (len(PROMPTS[2]) + 3)
@@ -417,7 +417,7 @@ def test_a_batch_of_one_or_two_rows_packs_nothing_and_a_larger_batch_packs(smoll
             torch.testing.assert_close(
                 logits, _reference_logits(model, [list(p) for p in prompts], pad), rtol=1e-4, atol=1e-4
             )
-            rows = [list(p) + [t] for p, t in zip(prompts, logits.argmax(-1).tolist())]
+            rows = [[*p, t] for p, t in zip(prompts, logits.argmax(-1).tolist())]
             torch.testing.assert_close(
                 decoder.decode(logits.argmax(-1)), _reference_logits(model, rows, pad), rtol=1e-4, atol=1e-4
             )

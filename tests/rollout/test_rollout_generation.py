@@ -55,7 +55,7 @@ class TestGreedyBackendsAgree:
         row = ours[1]
         # Kept up to and including the token that completes the stop, then EOS appended.
         assert row.finish_reason == "stop" and row.stop_string == stop
-        assert row.token_ids == free[1].token_ids[:5] + [smollm2_tokenizer.eos_token_id]
+        assert row.token_ids == [*free[1].token_ids[:5], smollm2_tokenizer.eos_token_id]
         expected = fresh_logprobs(tiny_model, prompts[1], row.token_ids, 1.0)
         torch.testing.assert_close(torch.tensor(row.logprobs), expected)
 
@@ -82,9 +82,13 @@ class TestSamplingLogprobs:
     def test_seeded_and_reproducible(self, tiny_model, smollm2_tokenizer):
         prompts = prompts_of(smollm2_tokenizer)
         params = SamplingParams(max_new_tokens=8, stop_strings=())
-        run = lambda seed: [
-            g.token_ids for g in KVCacheGenerator(tiny_model, smollm2_tokenizer, seed=seed).generate(prompts, params)
-        ]
+
+        def run(seed):
+            return [
+                g.token_ids
+                for g in KVCacheGenerator(tiny_model, smollm2_tokenizer, seed=seed).generate(prompts, params)
+            ]
+
         assert run(1) == run(1)
         assert run(1) != run(2)
 

@@ -84,7 +84,7 @@ def test_captured_prefix_equals_frozen_prefix(frozen_model, smollm2_tokenizer):
 
 def test_bf16_capture_stays_within_bf16_rounding(frozen_model, smollm2_tokenizer):
     rows, responses, _, states, _ = _two_turns(frozen_model, smollm2_tokenizer, dtype=torch.bfloat16)
-    for prompt, response, (tokens, hidden) in zip(rows, responses, states):
+    for _prompt, _response, (tokens, hidden) in zip(rows, responses, states):
         assert hidden.dtype == torch.float32  # the residual stream stays fp32
         reference = _reference_states(frozen_model, tokens)
         scale = float(reference.abs().max())
@@ -102,7 +102,7 @@ def test_states_that_do_not_match_the_batch_are_not_used(frozen_model, smollm2_t
     short = list(states)
     short[4] = (states[4][0][:-2], states[4][1][:-2])  # a row whose states end early
     assert captured_prefix(*args, short)[0] is None
-    assert captured_prefix(*args, [None] + list(states[1:]))[0] is None
+    assert captured_prefix(*args, [None, *states[1:]])[0] is None
 
 
 def test_no_states_are_kept_without_a_capture_layer(frozen_model, smollm2_tokenizer):

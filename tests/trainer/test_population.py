@@ -40,8 +40,10 @@ def overrides(root: Path, seed: int, world: int, steps: int = 3) -> list[str]:
         "model.tiny_hidden_size=32",
         "model.tiny_intermediate_size=64",
         "model.tiny_num_heads=2",
-        "data.synthetic.options={size: 120, num_train: 30, num_test: 6, hop_mix: [0.3, 0.7, 0.0], guessable: none, "
-        "name_pool: 300}",
+        (
+            "data.synthetic.options={size: 120, num_train: 30, num_test: 6, hop_mix: [0.3, 0.7, 0.0], guessable: none, "
+            "name_pool: 300}"
+        ),
         f"data.synthetic.seed={world}",
         f"data.synthetic.cache_dir={root / f'kb-w{world}'}",  # an explicit cache_dir is the world's folder
         "data.max_eval_examples=6",
@@ -235,7 +237,7 @@ def test_a_failing_member_is_dropped_and_the_others_finish(root):
     (root / "not-a-model").mkdir(exist_ok=True)
     broken = Member(
         broken.name,
-        load_config(LAB, overrides(root, 1, 1) + [f"model.init_from={root / 'not-a-model'}"]),
+        load_config(LAB, [*overrides(root, 1, 1), f"model.init_from={root / 'not-a-model'}"]),
         broken.run_dir,
     )
 

@@ -27,8 +27,10 @@ def lab_overrides(tmp_path, seed: int = 0, world: int = 0) -> list[str]:
         "model.tiny_hidden_size=32",
         "model.tiny_intermediate_size=64",
         "model.tiny_num_heads=2",
-        "data.synthetic.options={size: 120, num_train: 30, num_test: 6, hop_mix: [0.3, 0.7, 0.0], guessable: none, "
-        "name_pool: 300}",
+        (
+            "data.synthetic.options={size: 120, num_train: 30, num_test: 6, hop_mix: [0.3, 0.7, 0.0], guessable: none, "
+            "name_pool: 300}"
+        ),
         f"data.synthetic.seed={world}",
         "data.max_eval_examples=6",
         "eval.batch_size=6",
@@ -211,7 +213,7 @@ def _recorded_update_calls(tmp_path, arms: list[tuple[int, str, list[str]]]):
         return out
 
     for seed, algo, extra in arms:
-        cfg = load_config(LAB, lab_overrides(tmp_path, seed) + [f"algo.name={algo}", *extra])
+        cfg = load_config(LAB, [*lab_overrides(tmp_path, seed), f"algo.name={algo}", *extra])
         run = build_run(cfg, tmp_path / f"run-{seed}-{algo}", parts=RunParts(update=recorder))
         rl_step(run)
     return calls, solo

@@ -16,8 +16,10 @@ REDUCED = [
     "model.tiny_hidden_size=32",
     "model.tiny_intermediate_size=64",
     "model.tiny_num_heads=2",
-    "data.synthetic.options={size: 150, num_train: 40, num_test: 8, hop_mix: [0.3, 0.7, 0.0], guessable: none, "
-    "name_pool: 300}",
+    (
+        "data.synthetic.options={size: 150, num_train: 40, num_test: 8, hop_mix: [0.3, 0.7, 0.0], guessable: none, "
+        "name_pool: 300}"
+    ),
     "data.max_eval_examples=8",
     "eval.batch_size=8",
     "sft.reading_steps=4",

@@ -19,7 +19,7 @@ from stratarl.trainer.update import accumulate_gradients, score_batch, update_po
 def _batch(seed: int = 0, rows: int = 6):
     g = torch.Generator().manual_seed(seed)
     prompts, responses, masks = [], [], []
-    for r in range(rows):
+    for _r in range(rows):
         p = torch.randint(3, 500, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
         n = int(torch.randint(3, 9, (1,), generator=g))
         resp = torch.randint(3, 500, (n,), generator=g).tolist()

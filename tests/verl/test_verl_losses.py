@@ -20,15 +20,15 @@ VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-tok
 
 
 def actor_config(loss_mode: str = "turn_ppo", **overrides) -> FSDPActorConfig:
-    fields = dict(
-        strategy="fsdp",
-        ppo_mini_batch_size=4,
-        ppo_micro_batch_size_per_gpu=2,
-        rollout_n=1,
-        clip_ratio=0.2,
-        clip_ratio_low=0.2,
-        clip_ratio_high=0.28,
-    )
+    fields = {
+        "strategy": "fsdp",
+        "ppo_mini_batch_size": 4,
+        "ppo_micro_batch_size_per_gpu": 2,
+        "rollout_n": 1,
+        "clip_ratio": 0.2,
+        "clip_ratio_low": 0.2,
+        "clip_ratio_high": 0.28,
+    }
     fields.update(overrides)
     return FSDPActorConfig(policy_loss=SORLPolicyLossConfig(loss_mode=loss_mode), **fields)
 

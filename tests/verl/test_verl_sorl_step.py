@@ -35,7 +35,7 @@ WEIGHTS = "rollout_is_weights"  # veRL's rollout-correction weights, carried whe
 
 
 def batch_keys(data) -> tuple[str, ...]:
-    return TENSOR_KEYS + ((WEIGHTS,) if WEIGHTS in data.keys() else ())
+    return TENSOR_KEYS + ((WEIGHTS,) if WEIGHTS in data.keys() else ())  # noqa: SIM118  a TensorDict: keys() lists it
 
 
 def tiny_lm(seed: int = 0) -> torch.nn.Module:

@@ -68,7 +68,7 @@ def test_c_norm_is_global_equal_on_both_ranks_and_to_one_rank(result):
 
 @pytest.mark.slow
 def test_parameters_identical_on_both_ranks_and_equal_to_the_one_rank_step(result):
-    (single,), (rank0, rank1) = result["single"], result["several"]
+    (_single,), (rank0, rank1) = result["single"], result["several"]
     assert rank0["params_sha"] == rank1["params_sha"]  # the full (all-gathered) parameters after the update
     assert result["param_max_abs_update"] > 1e-4  # the update moved the parameters
     assert result["param_max_abs_diff"] <= 1e-6  # two ranks == one rank, within float tolerance

@@ -125,7 +125,7 @@ def test_v1_multi_output_sessions_are_refused_in_one_line(sessions):
     rewards, rounds, uids, keys = sessions
     # Session 0 of the first prompt returned two outputs (e.g. a context-compacting agent loop).
     extra_key = keys[0].rsplit("_", 1)[0] + "_1"
-    data, all_keys = v1_batch(rewards + [rewards[0]], rounds + [1], uids + [uids[0]], keys + [extra_key])
+    data, all_keys = v1_batch([*rewards, rewards[0]], [*rounds, 1], [*uids, uids[0]], [*keys, extra_key])
     with pytest.raises(ValueError) as error:
         v1_advantages(data, all_keys)
     message = str(error.value)
@@ -134,7 +134,7 @@ def test_v1_multi_output_sessions_are_refused_in_one_line(sessions):
     for setting in ("trainer.use_v1=true", "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"):
         assert setting in message
     # veRL's own GRPO accepts it (it scores each session's last output): the refusal is ours alone.
-    data, all_keys = v1_batch(rewards + [rewards[0]], rounds + [1], uids + [uids[0]], keys + [extra_key])
+    data, all_keys = v1_batch([*rewards, rewards[0]], [*rounds, 1], [*uids, uids[0]], [*keys, extra_key])
     assert v1_advantages(data, all_keys, estimator=core_algos.AdvantageEstimator.GRPO).shape[0] == len(all_keys)
 
 

@@ -42,7 +42,7 @@ def generate_knowledge_base(
     num_countries: int = 5,
     num_train: int | None = None,
     num_test: int | None = None,
-    hop_mix: tuple[float, float, float] = (0.4, 0.4, 0.2),
+    hop_mix: tuple[float, ...] = (0.4, 0.4, 0.2),
     guessable: str = "any",
     data_source: str | None = None,
     name_pool: int | None = None,

@@ -128,6 +128,5 @@ def render_passages(world: World, rng: random.Random, *, num_distractors: int) -
     for p, surname in enumerate(world.person_surname):
         by_surname.setdefault(surname, []).append(p)
     shared = [s for s, people in by_surname.items() if len(people) >= 2]
-    for surname in shared[:num_distractors]:
-        contents.append(_render_surname(world, surname, by_surname[surname]))
+    contents.extend(_render_surname(world, surname, by_surname[surname]) for surname in shared[:num_distractors])
     return [Passage(id=str(i), contents=text) for i, text in enumerate(contents)]

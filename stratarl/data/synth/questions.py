@@ -170,7 +170,7 @@ def _families(guessable: str) -> dict[str, list[str]]:
 
 
 def sample_questions(
-    world: World, rng: random.Random, count: int, *, hop_mix: tuple[float, float, float], guessable: str
+    world: World, rng: random.Random, count: int, *, hop_mix: tuple[float, ...], guessable: str
 ) -> list[tuple[str, int]]:
     """``count`` distinct (family, subject) pairs: question type drawn by ``hop_mix``
     (weights for single_hop, multi_hop_2, multi_hop_3), then a family, then a subject."""

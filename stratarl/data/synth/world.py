@@ -129,7 +129,9 @@ def _person_names(
     rng: random.Random, num_people: int, firsts: list[str], surnames: list[str]
 ) -> tuple[list[str], list[str]]:
     """Distinct "<first> <surname>" names and each person's surname."""
-    person_names, person_surname, taken = [], [], set()
+    person_names: list[str] = []
+    person_surname: list[str] = []
+    taken: set[tuple[str, str]] = set()
     while len(person_names) < num_people:
         first, last = rng.choice(firsts), rng.choice(surnames)
         if (first, last) not in taken:

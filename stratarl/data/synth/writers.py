@@ -44,12 +44,16 @@ def _readme(kb: SyntheticKB) -> str:
     lines = [
         "# Synthetic knowledge-base benchmark (stratarl data synth)",
         "",
-        "A fictional world: every name is invented, so a model can only answer by searching "
-        "(except guessable families, whose answers come from a small set).",
+        (
+            "A fictional world: every name is invented, so a model can only answer by searching "
+            "(except guessable families, whose answers come from a small set)."
+        ),
         "",
         f"- corpus.jsonl: {kb.stats['passages']} passages (Search-R1 corpus format)",
-        f"- train.parquet: {len(kb.train)} questions; test.parquet: {len(kb.test)} (Search-R1 format; "
-        "each row's `metadata` JSON holds question_type, family, hops, guessable, answer_set_size)",
+        (
+            f"- train.parquet: {len(kb.train)} questions; test.parquet: {len(kb.test)} (Search-R1 format; "
+            "each row's `metadata` JSON holds question_type, family, hops, guessable, answer_set_size)"
+        ),
         f"- regenerate: `{_synth_command(kb.config)}` (all arguments in stats.json)",
     ]
     if sample is not None:

@@ -48,6 +48,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -92,7 +93,7 @@ def stratified_settings(config: Any, *, epsilon: float = 1e-6, norm_adv_by_std: 
     """Settings from veRL's algorithm config; unknown keys in the block are an error (typos)."""
     block = _get(config, CONFIG_KEY, None) or {}
     allowed = {"alpha", "eps", "std_ddof", "strata_cap"}
-    keys = {k for k in block.keys() if not str(k).startswith("_")} if hasattr(block, "keys") else set()
+    keys = {k for k in block.keys() if not str(k).startswith("_")} if hasattr(block, "keys") else set()  # noqa: SIM118  DictConfig
     unknown = sorted(keys - allowed)
     if unknown:
         raise ValueError(f"algorithm.{CONFIG_KEY} has unknown key(s) {unknown}; valid keys: {sorted(allowed)}")
@@ -128,9 +129,9 @@ def v1_batch_keys(max_depth: int = 8) -> list[str] | None:
 
     None under the legacy trainer (or any other caller). Looks at most ``max_depth`` frames up.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(max_depth):
-        frame = frame.f_back
+        frame = frame.f_back if frame is not None else None
         if frame is None:
             return None
         if frame.f_code.co_name == V1_CALLER and frame.f_globals.get("__name__") == V1_CALLER_MODULE:

@@ -43,6 +43,8 @@ def _attr(module: str, *names: str) -> Callable[[], object]:
 def _has_params(module: str, name: str, params: tuple[str, ...]) -> Callable[[], object]:
     def look_up() -> object:
         function = _attr(module, *name.split("."))()
+        if not callable(function):
+            raise TypeError(f"{module}.{name} is not callable")
         missing = [p for p in params if p not in inspect.signature(function).parameters]
         if missing:
             raise TypeError(f"no parameter(s) {missing}")
@@ -120,7 +122,7 @@ def moved_hooks() -> list[str]:
     for name, look_up in HOOKS:
         try:
             look_up()
-        except Exception as error:  # ImportError, AttributeError, TypeError: the hook moved or changed
+        except Exception as error:  # noqa: BLE001  ImportError, AttributeError, TypeError: the hook moved or changed
             problems.append(f"{name}: {type(error).__name__}: {error}")
     return problems
 

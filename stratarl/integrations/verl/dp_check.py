@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from stratarl.algos import stratified_advantages
 from stratarl.integrations.verl import smoke, smoke_multiturn
@@ -72,7 +73,8 @@ def build_batch(model_dir: Path):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ids = tokenizer.convert_tokens_to_ids
     pad = tokenizer.pad_token_id
-    rows, uids, rewards, strata = [], [], [], []
+    rows: list[tuple[Any, Any, list[int]]] = []  # (prompt ids, response ids, mask); the tokenizer's ids are untyped
+    uids, rewards, strata = [], [], []
     for g, (question, rollouts) in enumerate(zip(QUESTIONS, ROLLOUTS)):
         prompt = ["<|im_start|>", "user", "Question:", *question.split(), "<|im_end|>", "<|im_start|>", "assistant"]
         for rounds, answer in rollouts:
@@ -94,11 +96,11 @@ def build_batch(model_dir: Path):
     responses = torch.full((batch, RESPONSE_LENGTH), pad, dtype=torch.long)
     attention = torch.zeros(batch, PROMPT_LENGTH + RESPONSE_LENGTH, dtype=torch.long)
     response_mask = torch.zeros(batch, RESPONSE_LENGTH, dtype=torch.long)
-    for b, (prompt, response, mask) in enumerate(rows):
-        prompts[b, PROMPT_LENGTH - len(prompt) :] = torch.tensor(prompt)  # left padded
-        responses[b, : len(response)] = torch.tensor(response)  # right padded
-        attention[b, PROMPT_LENGTH - len(prompt) : PROMPT_LENGTH + len(response)] = 1
-        response_mask[b, : len(mask)] = torch.tensor(mask)
+    for b, (prompt_ids, response_ids, mask_row) in enumerate(rows):
+        prompts[b, PROMPT_LENGTH - len(prompt_ids) :] = torch.tensor(prompt_ids)  # left padded
+        responses[b, : len(response_ids)] = torch.tensor(response_ids)  # right padded
+        attention[b, PROMPT_LENGTH - len(prompt_ids) : PROMPT_LENGTH + len(response_ids)] = 1
+        response_mask[b, : len(mask_row)] = torch.tensor(mask_row)
     input_ids = torch.cat([prompts, responses], dim=1)
     position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0) * attention
 
@@ -157,7 +159,7 @@ def rank_order(batch_size: int, world: int, mini_batches: int) -> list[int]:
     """
     per_mini = batch_size // mini_batches
     per_rank = per_mini // world
-    order = []
+    order: list[int] = []
     for r in range(world):
         for k in range(mini_batches):
             start = k * per_mini + r * per_rank
@@ -282,7 +284,6 @@ def launch(workdir: Path, world: int, timeout_s: float = 600) -> list[dict]:
             "OMP_NUM_THREADS": "1",
             "STRATARL_VERL_SORL_DUMP": str(workdir / f"sorl_world{world}.jsonl"),
         }
-        log = open(workdir / f"world{world}_rank{rank}.log", "w")
         command = [
             sys.executable,
             "-m",
@@ -294,7 +295,9 @@ def launch(workdir: Path, world: int, timeout_s: float = 600) -> list[dict]:
             "--world",
             str(world),
         ]
-        processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+        # The child holds its own copy of the log's descriptor, so ours can close once it has started.
+        with open(workdir / f"world{world}_rank{rank}.log", "w") as log:
+            processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout_s
     codes = []
     for process in processes:
@@ -340,13 +343,12 @@ def compare(workdir: Path, ranks: int) -> dict:
 
 
 def report(result: dict) -> str:
-    lines = []
-    for record in result["single"] + result["several"]:
-        lines.append(
-            f"world {record['world']} rank {record['rank']}: rows {record['rows']}; ‖C‖ per step "
-            f"{[round(c, 6) for c in record['c_norm']]}, scale {[round(s, 4) for s in record['scale']]}, "
-            f"grad norm {[round(g, 6) for g in record['grad_norm']]}, params sha {record['params_sha'][:12]}"
-        )
+    lines = [
+        f"world {record['world']} rank {record['rank']}: rows {record['rows']}; ‖C‖ per step "
+        f"{[round(c, 6) for c in record['c_norm']]}, scale {[round(s, 4) for s in record['scale']]}, "
+        f"grad norm {[round(g, 6) for g in record['grad_norm']]}, params sha {record['params_sha'][:12]}"
+        for record in result["single"] + result["several"]
+    ]
     lines.append(
         f"max |θ(world {result['several'][0]['world']}) − θ(world 1)| after the update: "
         f"{result['param_max_abs_diff']:.3g} (largest update {result['param_max_abs_update']:.3g}); "

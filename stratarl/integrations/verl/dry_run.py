@@ -86,8 +86,8 @@ def validate_recipe(cfg) -> dict[str, object]:
 
 def root_cause(error: BaseException) -> str:
     """The innermost exception of a chain (Hydra wraps a dataclass's ValueError), as one line."""
-    while error.__cause__ is not None or (error.__context__ is not None and not error.__suppress_context__):
-        error = error.__cause__ or error.__context__
+    while (inner := error.__cause__ or (None if error.__suppress_context__ else error.__context__)) is not None:
+        error = inner
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         summary = validate_recipe(compose_recipe(args.config_dir, args.config_name, args.overrides))
-    except Exception as error:  # one line: what failed and why
+    except Exception as error:  # noqa: BLE001  Hydra and veRL raise many types; one line: what failed and why
         print(f"dry run: {args.config_name}: {root_cause(error)}", file=sys.stderr)
         return 1
     for key, value in summary.items():

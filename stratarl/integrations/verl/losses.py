@@ -55,7 +55,7 @@ def _cfg(config: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def clip_settings(config: Any) -> dict[str, float]:
+def clip_settings(config: Any) -> dict[str, Any]:
     """ε_low, ε_high and the dual-clip bound c from veRL's actor config (as veRL's ``vanilla``)."""
     if config is None:
         raise ValueError("veRL passed config=None to a stratarl policy loss; it needs the actor config")
@@ -156,6 +156,8 @@ def turn_level_loss(
         "actor/turn_ratio_mean": float(m["loss/ratio_mean"]),
         **turn_count_metrics(response_mask),
     }
+    if out.clip_bias is None:  # clipped_policy_loss always returns it; the check narrows the type
+        raise RuntimeError("the turn-level clipped surrogate returned no clip_bias")
     return out.loss * factor, out.clip_bias * factor, metrics
 
 

@@ -301,7 +301,9 @@ def run(
     command = [sys.executable, "-m", "verl.trainer.main_ppo", *with_overrides(overrides, extra or [])]
     log = workdir / "main_ppo.log"
     with open(log, "w") as out:
-        result = subprocess.run(command, env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s)
+        result = subprocess.run(
+            command, env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
+        )
     return result.returncode
 
 

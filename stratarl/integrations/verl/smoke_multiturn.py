@@ -114,7 +114,7 @@ def serve_python() -> str:
     candidates = [os.environ.get("STRATARL_SERVE_PYTHON"), str(REPO / ".venv" / "bin" / "python"), sys.executable]
     for python in candidates:
         if python and Path(python).exists():
-            probe = subprocess.run([python, "-c", "import bm25s"], capture_output=True)
+            probe = subprocess.run([python, "-c", "import bm25s"], capture_output=True, check=False)
             if probe.returncode == 0:
                 return python
     raise RuntimeError(
@@ -130,7 +130,7 @@ def free_port() -> int:
 
 
 def health(url: str, timeout_s: float = 5.0) -> dict:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310  our own server's http:// URL
         return json.loads(response.read())
 
 
@@ -157,7 +157,7 @@ def start_server(corpus: Path, log: Path, *, timeout_s: float = 120.0) -> tuple[
         ],
         cwd=REPO,
         env=env,
-        stdout=open(log, "w"),
+        stdout=open(log, "w"),  # noqa: SIM115  the server process writes it for its whole life
         stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
@@ -318,7 +318,7 @@ def run(
             started = time.monotonic()
             with open(workdir / "main_ppo.log", "w") as out:
                 result = subprocess.run(
-                    command, env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s
+                    command, env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
                 )
             if result.returncode == 0 or RAY_START_TIMEOUT not in (workdir / "main_ppo.log").read_text():
                 break
@@ -472,11 +472,11 @@ def report(workdir: Path) -> str:
         f"{len(run['rewards'])} rollouts, {served['requests']} requests / {served['queries']} queries "
         f"served by stratarl serve; main_ppo wall time {served['main_ppo_wall_s']} s"
     )
-    for record in run["ranks"]:
-        lines.append(
-            f"sorl step {record['call']} rank {record['rank']}/{record['world']}: ‖C‖ {record['c_norm']:.6g}, "
-            f"scale {record['scale']:.6g}, params after step sha {record['params_sha'][:12]}"
-        )
+    lines.extend(
+        f"sorl step {record['call']} rank {record['rank']}/{record['world']}: ‖C‖ {record['c_norm']:.6g}, "
+        f"scale {record['scale']:.6g}, params after step sha {record['params_sha'][:12]}"
+        for record in run["ranks"]
+    )
     return "\n".join(lines)
 
 

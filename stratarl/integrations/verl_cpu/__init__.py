@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry

@@ -168,7 +168,8 @@ class HFRolloutReplica(RolloutReplica):
         # model_config is veRL's actor_rollout_ref.model (a DictConfig here, HFModelConfig elsewhere).
         path = getattr(self.model_config, "local_path", None) if not hasattr(self.model_config, "get") else None
         path = path or self.model_config.get("local_path", None) or self.model_config.get("path")
-        server = HFRolloutServer.options(name=name).remote(path, self.config.response_length, seed=self.replica_rank)
+        # ray.remote made the class an actor class, with .options (the Ray stubs are not installed).
+        server = HFRolloutServer.options(name=name).remote(path, self.config.response_length, seed=self.replica_rank)  # type: ignore[attr-defined]
         await server.stats.remote()  # wait until the model is loaded
         self.servers = [server]
         self._server_handle = server

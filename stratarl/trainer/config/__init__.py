@@ -25,17 +25,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from stratarl.algos.presets import AlgorithmSpec
 from stratarl.algos.registry import advantage_info
+from stratarl.algos.sorl import DELTA_RULES as SORL_DELTA_RULES
 from stratarl.config_errors import ConfigError, yaml_syntax_error
 from stratarl.config_errors import fail as _fail
 from stratarl.config_tree import apply_overrides, build, parse_override
 from stratarl.infra.precision import DevicePolicy, policy_of
 from stratarl.rollout.config import RolloutConfig
-from stratarl.trainer.config.algo import ALGORITHMS, LOSS_AGGREGATIONS, SORL_DELTA_RULES, SORL_ORDERS, AlgoConfig
+from stratarl.trainer.config.algo import ALGORITHMS, LOSS_AGGREGATIONS, SORL_ORDERS, AlgoConfig
 from stratarl.trainer.config.legacy import rewrite_legacy
 from stratarl.trainer.config.resolve import move_knob_params, resolve_algorithm
 from stratarl.trainer.config.sections import (
@@ -200,7 +202,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last silently)."""
 
     def construct_mapping(self, node, deep=False):
-        seen = {}
+        seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             try:
@@ -223,7 +225,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} not found. Fix: pass a path such as configs/demo.yaml.")
         try:
-            data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}  # noqa: S506  a SafeLoader
         except UnicodeDecodeError as e:
             raise ConfigError(
                 f"config file {str(path)!r} is not UTF-8 text (byte {e.start} cannot be decoded). "

@@ -18,18 +18,19 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from stratarl.algos.losses import KL_ESTIMATORS
+from stratarl.algos.losses import AGG_MODES, AggMode, KlEstimator
 from stratarl.algos.presets import PRESETS
-from stratarl.algos.sorl import DELTA_RULES as SORL_DELTA_RULES
+from stratarl.algos.sorl import DeltaRule
 from stratarl.config_errors import fail as _fail
 from stratarl.config_tree import check_choices
 from stratarl.rollout.collect import STRATUM_KEYS
 
 ALGORITHMS = tuple(PRESETS)  # the presets' names (stratarl.algos.presets)
-SORL_ORDERS = ("before_clip", "after_clip")
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+SorlOrder = Literal["before_clip", "after_clip"]
+SORL_ORDERS: tuple[SorlOrder, ...] = get_args(SorlOrder)
+LOSS_AGGREGATIONS = AGG_MODES  # stratarl.algos.losses.AggMode
 
 
 @dataclass
@@ -74,24 +75,24 @@ class AlgoConfig:
     """Lower clip range: ratios below 1 - clip_low are clipped."""
     clip_high: float = 0.2
     """Upper clip range: ratios above 1 + clip_high are clipped."""
-    loss_agg: Literal[LOSS_AGGREGATIONS] = "token-mean"
+    loss_agg: AggMode = "token-mean"
     """Loss aggregation of every term: token-mean (Search-R1), seq-mean-token-mean, seq-mean-token-sum, or
     seq-mean-token-sum-norm (Dr.GRPO: each rollout's token sum over one constant L = rollout.max_total_tokens)."""
     sorl_delta: float = 1.0
     """SORL normalisation floor delta: g <- g / max(||C||, delta) (rule `fixed`); with rule `running_pg`
     the multiple of the running policy-gradient norm at which the normalisation engages."""
-    sorl_delta_rule: Literal[SORL_DELTA_RULES] = "fixed"
+    sorl_delta_rule: DeltaRule = "fixed"
     """`fixed` (the paper's formula; delta 1 reads delta as a gradient-norm threshold, a small delta as a floor
     that divides every step by ||C||; docs/training.md) or `running_pg` (scale-free: delta_t = delta x the moving
     average of ||grad J_PPO|| over previous optimizer steps, and g <- g * min(1, delta_t / ||C||))."""
     sorl_delta_ema: float = 0.9
     """Moving-average coefficient of the `running_pg` rule's statistic."""
-    sorl_order: Literal[SORL_ORDERS] = "before_clip"
+    sorl_order: SorlOrder = "before_clip"
     """Where the SORL factor is applied: `before_clip` (then gradient-norm clipping, optim.grad_clip, can undo it
     unless ||C|| > max(delta, ||grad||)) or `after_clip` (clip first, so the factor always reaches the optimizer)."""
     kl_coef: float = 0.001
     """Reference-model KL coefficient (k3 estimator); 0 disables the reference model entirely."""
-    kl_estimator: Literal[KL_ESTIMATORS] = "k3"
+    kl_estimator: KlEstimator = "k3"
     """KL estimator: k1, k2 or k3."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (loss -= coef * entropy)."""

@@ -74,7 +74,8 @@ def rewrite_legacy(data: dict, note: Callable[[str], None] = note_deprecated) ->
             fail(f"algo.{switch}", value, "expected true, false or null", f"use algo.{field} instead")
         set_once(algo, field, on if value else off, switch)
         note(f"algo.{switch}={str(value).lower()} is deprecated; read as algo.{field}={on if value else off}")
-    alias = POLICY_LOSS_ALIASES.get(algo.get("policy_loss"))
+    policy_loss = algo.get("policy_loss")
+    alias = POLICY_LOSS_ALIASES.get(policy_loss) if isinstance(policy_loss, str) else None
     if alias is not None:
         note(
             f"algo.policy_loss={algo['policy_loss']} is deprecated; read as algo.policy_loss={alias} "

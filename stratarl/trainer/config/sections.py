@@ -7,13 +7,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from stratarl.config_errors import fail as _fail
 from stratarl.config_tree import check_choices
-from stratarl.infra.precision import PRECISIONS
+from stratarl.infra.precision import PrecisionSetting
 
-OPTIMIZERS = ("adamw", "sgd")
+Optimizer = Literal["adamw", "sgd"]
+OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 
 
 @dataclass
@@ -204,7 +205,7 @@ class OptimConfig:
     """After warm-up: constant or cosine (to 10% of lr at the last optimizer step)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 disables)."""
-    name: Literal[OPTIMIZERS] = "adamw"
+    name: Optimizer = "adamw"
     """Policy optimizer: `adamw`, or `sgd` (a control: SGD, unlike Adam, is not invariant to a constant
     gradient scale; it needs a much larger lr)."""
     momentum: float = 0.0
@@ -268,7 +269,7 @@ class TrainerConfig:
     device: str = "cpu"
     """cpu, cuda or cuda:N. On CUDA the policy, value head, reference model and batches live on the GPU;
     retrieval stays on the CPU; the `kv_cache` backend uses the generic KV-cache loop (docs/training.md, One GPU)."""
-    precision: Literal[PRECISIONS] = "auto"
+    precision: PrecisionSetting = "auto"
     """Forward passes in fp32, or in bf16 (fp32 master weights, optimizer state and log-probs);
     `auto`: bf16 on a CUDA GPU that supports it, fp32 on a CPU; `bf16_native`: bf16 wherever the device has
     bf16 matmul units (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else fp32

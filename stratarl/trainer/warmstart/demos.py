@@ -29,6 +29,7 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from stratarl.data.examples import Example
 from stratarl.retrieval.base import Passage
@@ -158,7 +159,7 @@ def render_demonstrations(
         draw = rng.random()
         if guess_on == "guessable" and not example.metadata.get("guessable", False):
             draw = no_search_fraction + draw * (1.0 - no_search_fraction)
-        common = dict(topk=topk, max_obs_tokens=max_obs_tokens, prompt_ids=prompt_ids)
+        common: dict[str, Any] = {"topk": topk, "max_obs_tokens": max_obs_tokens, "prompt_ids": prompt_ids}
         if draw < no_search_fraction:
             guess = other.golden_answers[0]
             demos.append(
@@ -246,7 +247,7 @@ def render_reading_examples(
     Copying learnt only after ``Question: q <answer>`` does not carry over to an answer turn whose question
     lies before the observation (docs/lab.md, "Why this recipe"); both layouts teach both.
     """
-    by_passage: dict[str, list[tuple[str, str]]] = {}
+    by_passage: dict[str, list[tuple[str, str, Example]]] = {}
     for example in examples:
         hops = (example.metadata or {}).get("hops") or []
         if len(hops) == 1:
@@ -277,11 +278,11 @@ def render_reading_examples(
 
 
 def _agent_reading_example(
-    tokenizer, question: tuple, obs: list[int], pid: str, context: str, prompt_template: str
+    tokenizer, reading: tuple[str, str, Example], obs: list[int], pid: str, context: str, prompt_template: str
 ) -> Demonstration:
     """A reading example in the agent's layout: the question in the prompt, a search of it, the observation, the
     answer turn (kind ``reading_agent``; the agent's tokens are the targets)."""
-    question, answer, example = question
+    question, answer, example = reading
     prompt = encode_prompt(tokenizer, question, prompt_template, example.metadata.get("options"))
     turn = _policy_ids(tokenizer, f"{SEARCH_THOUGHT}<search> {question} </search>")
     final = _policy_ids(tokenizer, f"{ANSWER_THOUGHT}<answer> {answer} </answer>")
@@ -297,7 +298,9 @@ def _agent_reading_example(
     )
 
 
-def _reading_example(tokenizer, questions: list[tuple], obs: list[int], pid: str, context: str) -> Demonstration:
+def _reading_example(
+    tokenizer, questions: list[tuple[str, str, Example]], obs: list[int], pid: str, context: str
+) -> Demonstration:
     """A reading example in the question-after-observation layout: the observation, then each question and its
     answer (kind ``reading``; only the answers are targets)."""
     response, mask = list(obs[1:]), [0] * (len(obs) - 1)

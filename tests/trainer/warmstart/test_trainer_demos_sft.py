@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -159,7 +160,7 @@ def test_sft_lr_factor_warmup_then_constant_or_cosine():
     assert sft_lr_factor(2, 10, 2, "cosine") == 1.0
     assert sft_lr_factor(9, 10, 2, "cosine") == pytest.approx(0.1)
     cosine = [sft_lr_factor(s, 10, 2, "cosine") for s in range(2, 10)]
-    assert all(a > b for a, b in zip(cosine, cosine[1:]))  # strictly decreasing after warm-up
+    assert all(a > b for a, b in itertools.pairwise(cosine))  # strictly decreasing after warm-up
     # midpoint of a 2-step warm-up + 3-step decay (steps 2, 3, 4; p = 0, 1/2, 1): 0.1 + 0.9 * 0.5 = 0.55
     assert sft_lr_factor(3, 5, 2, "cosine") == pytest.approx(0.55)
     # one step only: warm-up of 1 gives factor 1 at step 0, never a division by zero
@@ -191,7 +192,7 @@ def test_run_sft_cosine_schedule_reaches_a_tenth_of_the_lr(tiny_model):
     assert len(lrs) == 8
     assert lrs[0] == pytest.approx(1e-2)  # lr after the first step = warm-up factor 2/2
     assert lrs[-2] == pytest.approx(1e-3)  # the last step (s = 7) runs at 10% of the lr
-    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs))
 
 
 def test_sft_schedule_is_validated():

@@ -80,7 +80,7 @@ def test_probe_world_is_none_the_warm_start_trains_on():
     assert probe_seed != 0
     assert not {world_seed(0, i) for i in range(10_000)} & {probe_seed}
     assert not {world_seed(0, READING_WORLD_OFFSET + i) for i in range(10_000)} & {probe_seed}
-    single, multi, retriever = probe_questions(cfg, 4, seed=probe_seed)
+    single, multi, _retriever = probe_questions(cfg, 4, seed=probe_seed)
     assert len(single) == 4 and len(multi) == 4
     assert all(len(e.metadata["hops"]) == 1 for e in single) and all(len(e.metadata["hops"]) == 2 for e in multi)
     from stratarl.trainer.warmstart.worlds import world_demonstrations
@@ -162,7 +162,7 @@ def _share_without_search(folder) -> float:
     """Share of the probe's 2-hop questions that the greedy policy answered with 0 searches (from the metrics:
     the mean number of searches and the one-search share pin it when at most 2 searches are allowed)."""
     rows = [json.loads(line) for line in (folder / "sft_metrics.jsonl").read_text().splitlines()]
-    probe = [r for r in rows if "probe/single_hop_em" in r][0]
+    probe = next(r for r in rows if "probe/single_hop_em" in r)
     mean, one = probe["probe/multi_hop_searches"], probe["probe/multi_hop_one_search"]
     # mean = 1 * one + 2 * two (+ 0 * none), one + two + none = 1  ->  two = (mean - one) / 2
     two = (mean - one) / 2
