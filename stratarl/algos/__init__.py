@@ -10,7 +10,9 @@ formula and source. See docs/ARCHITECTURE.md and docs/algorithms.md.
 from __future__ import annotations
 
 from stratarl.algos.advantages import (
+    STRATIFIED_ALPHA,
     broadcast_to_tokens,
+    check_alpha,
     cross_stratum_bias,
     gae_advantages,
     grpo_advantages,
@@ -75,6 +77,7 @@ __all__ = [
     "DELTA_RULES",
     "KL_ESTIMATORS",
     "LEVELS",
+    "STRATIFIED_ALPHA",
     "AdvantageBatch",
     "ClipBiasNormalizer",
     "CorrectionOutput",
@@ -85,6 +88,7 @@ __all__ = [
     "behaviour_correction_names",
     "broadcast_to_tokens",
     "cap_strata",
+    "check_alpha",
     "clipped_policy_loss",
     "clipped_value_loss",
     "cross_stratum_bias",

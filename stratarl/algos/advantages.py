@@ -116,12 +116,23 @@ def stratum_cells(group_ids: Tensor, strata_ids: Tensor) -> tuple[Tensor, int]:
     return dense_ids(group * num_strata + stratum)
 
 
+STRATIFIED_ALPHA = 0.6
+"""The default blend α of Stratified GRPO, everywhere one is read: Zhu et al.'s setting (arXiv 2510.06214,
+Qwen2.5-3B-Base runs)."""
+
+
+def check_alpha(alpha: float, name: str = "alpha") -> None:
+    """Raise a ValueError naming ``name`` unless the blend weight ``alpha`` lies in [0, 1]."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1] (0 = GRPO, 1 = pure SAN), got {alpha!r}")
+
+
 def stratified_advantages(
     rewards: Tensor,
     group_ids: Tensor,
     strata_ids: Tensor,
     *,
-    alpha: float = 0.6,
+    alpha: float = STRATIFIED_ALPHA,
     eps: float = 1e-6,
     std_ddof: int = 1,
     scale_by_std: bool = True,
@@ -149,8 +160,7 @@ def stratified_advantages(
     check_1d("rewards", rewards)
     check_ids("group_ids", group_ids, rewards.shape[0])
     check_ids("strata_ids", strata_ids, rewards.shape[0])
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1] (0 = GRPO, 1 = pure SAN), got {alpha!r}")
+    check_alpha(alpha)
     gn = grpo_advantages(rewards, group_ids, eps=eps, std_ddof=std_ddof, scale_by_std=scale_by_std)
     if gn.numel() == 0:
         return gn

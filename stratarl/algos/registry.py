@@ -22,7 +22,7 @@ One signature per kind:
 
 Every parameter is keyword-only with a default, so :func:`keyword_params` can list a part's
 parameters and a config can be checked against them before any tensor exists.
-An unknown name raises a KeyError listing the registered ones.
+An unknown name raises a KeyError listing the registered ones (each table is a :class:`stratarl.registry.Registry`).
 
 A part registered from a user's module (``stratarl train --import my_parts.py`` or the
 ``STRATARL_IMPORT`` environment variable, see :mod:`stratarl.extensions`) is reachable from the
@@ -34,11 +34,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from torch import Tensor
 
 from stratarl.algos.advantages import (
+    STRATIFIED_ALPHA,
     broadcast_to_tokens,
     gae_advantages,
     grpo_advantages,
@@ -49,6 +50,7 @@ from stratarl.algos.corrections import CorrectionOutput, decoupled_weights, mis_
 from stratarl.algos.gigpo import gigpo_advantages, step_group_metrics, step_groups, token_step_ids
 from stratarl.algos.losses import PolicyLossOutput, clipped_policy_loss
 from stratarl.algos.sorl import ClipBiasNormalizer
+from stratarl.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -110,32 +112,11 @@ AdvantageFn = Callable[..., tuple[Tensor, Tensor]]
 PolicyLossFn = Callable[..., PolicyLossOutput]
 NormalizerFn = Callable[..., GradNormalizer]
 CorrectionFn = Callable[..., CorrectionOutput]
-_ADVANTAGES: dict[str, AdvantageFn] = {}
+_ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 _ADVANTAGE_INFO: dict[str, AdvantageInfo] = {}
-_POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-_NORMALIZERS: dict[str, NormalizerFn] = {}
-_CORRECTIONS: dict[str, CorrectionFn] = {}
-
-
-_Part = TypeVar("_Part", bound=Callable[..., Any])
-
-
-def _register(table: dict[str, _Part], kind: str, name: str) -> Callable[[_Part], _Part]:
-    def decorator(fn: _Part) -> _Part:
-        if name in table and table[name] is not fn:
-            owner = getattr(table[name], "__qualname__", repr(table[name]))
-            raise ValueError(f"{kind} {name!r} is already registered (by {owner})")
-        table[name] = fn
-        return fn
-
-    return decorator
-
-
-def _lookup(table: dict[str, _Part], kind: str, name: str) -> _Part:
-    if name not in table:
-        valid = ", ".join(sorted(table))
-        raise KeyError(f"unknown {kind} {name!r}; registered: {valid}")
-    return table[name]
+_POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+_NORMALIZERS: Registry[NormalizerFn] = Registry("gradient normaliser")
+_CORRECTIONS: Registry[CorrectionFn] = Registry("behaviour correction")
 
 
 def register_advantage(
@@ -154,10 +135,10 @@ def register_advantage(
     ``metrics``: ``fn(batch, **params) -> dict[str, float]``, called with the estimator's parameters; the
     trainer logs what it returns.
     """
-    register = _register(_ADVANTAGES, "advantage estimator", name)
+    _ADVANTAGES.check_name(name)
 
     def decorator(fn: AdvantageFn) -> AdvantageFn:
-        register(fn)
+        _ADVANTAGES.add(name, fn)
         _ADVANTAGE_INFO[name] = AdvantageInfo(
             needs_values=needs_values,
             group_relative=group_relative,
@@ -171,59 +152,59 @@ def register_advantage(
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator: register ``fn(log_probs, old_log_probs, advantages, response_mask, **params) -> PolicyLossOutput``."""
-    return _register(_POLICY_LOSSES, "policy loss", name)
+    return _POLICY_LOSSES.decorator(name)
 
 
 def register_grad_normalizer(name: str) -> Callable[[NormalizerFn], NormalizerFn]:
     """Decorator: register ``fn(parameters, **params) -> GradNormalizer`` (see :class:`GradNormalizer`)."""
-    return _register(_NORMALIZERS, "gradient normaliser", name)
+    return _NORMALIZERS.decorator(name)
 
 
 def register_behaviour_correction(name: str) -> Callable[[CorrectionFn], CorrectionFn]:
     """Decorator: register ``fn(old_log_probs, behaviour_log_probs, response_mask, **params) -> CorrectionOutput``."""
-    return _register(_CORRECTIONS, "behaviour correction", name)
+    return _CORRECTIONS.decorator(name)
 
 
 def get_advantage(name: str) -> AdvantageFn:
     """The advantage estimator registered as ``name`` (KeyError lists the valid names)."""
-    return _lookup(_ADVANTAGES, "advantage estimator", name)
+    return _ADVANTAGES.lookup(name)
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
     """The policy loss registered as ``name`` (KeyError lists the valid names)."""
-    return _lookup(_POLICY_LOSSES, "policy loss", name)
+    return _POLICY_LOSSES.lookup(name)
 
 
 def get_grad_normalizer(name: str) -> NormalizerFn:
     """The gradient normaliser registered as ``name`` (KeyError lists the valid names)."""
-    return _lookup(_NORMALIZERS, "gradient normaliser", name)
+    return _NORMALIZERS.lookup(name)
 
 
 def get_behaviour_correction(name: str) -> CorrectionFn:
     """The behaviour-policy correction registered as ``name`` (KeyError lists the valid names)."""
-    return _lookup(_CORRECTIONS, "behaviour correction", name)
+    return _CORRECTIONS.lookup(name)
 
 
 def advantage_info(name: str) -> AdvantageInfo:
     """What estimator ``name`` declared at registration (KeyError lists the valid names)."""
-    _lookup(_ADVANTAGES, "advantage estimator", name)
+    _ADVANTAGES.lookup(name)
     return _ADVANTAGE_INFO.get(name, AdvantageInfo())
 
 
 def advantage_names() -> list[str]:
-    return sorted(_ADVANTAGES)
+    return _ADVANTAGES.names()
 
 
 def policy_loss_names() -> list[str]:
-    return sorted(_POLICY_LOSSES)
+    return _POLICY_LOSSES.names()
 
 
 def grad_normalizer_names() -> list[str]:
-    return sorted(_NORMALIZERS)
+    return _NORMALIZERS.names()
 
 
 def behaviour_correction_names() -> list[str]:
-    return sorted(_CORRECTIONS)
+    return _CORRECTIONS.names()
 
 
 def keyword_params(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -263,7 +244,7 @@ def _drgrpo(batch: AdvantageBatch, *, std_ddof: int = 1) -> tuple[Tensor, Tensor
 def _stratified(
     batch: AdvantageBatch,
     *,
-    alpha: float = 0.6,
+    alpha: float = STRATIFIED_ALPHA,
     eps: float = 1e-6,
     std_ddof: int = 1,
     scale_by_std: bool = True,

@@ -70,13 +70,13 @@ def search_counts(response_mask: Tensor, valid_mask: Tensor | None = None) -> Te
     return (_starts(observation) & after_policy).sum(dim=1)
 
 
-def cap_strata(counts: Tensor, cap: int | None) -> Tensor:
-    """Stratum key with a cap: counts ≥ ``cap`` share one stratum (``None`` = no cap)."""
-    if cap is None:
+def cap_strata(counts: Tensor, stratum_cap: int | None) -> Tensor:
+    """Stratum key with a cap: counts ≥ ``stratum_cap`` share one stratum (``None`` = no cap)."""
+    if stratum_cap is None:
         return counts
-    if cap < 0:
-        raise ValueError(f"cap must be >= 0 or None, got {cap!r}")
-    return counts.clamp(max=cap)
+    if stratum_cap < 0:
+        raise ValueError(f"stratum_cap must be >= 0 or None, got {stratum_cap!r}")
+    return counts.clamp(max=stratum_cap)
 
 
 def _check_log_probs(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tensor) -> Tensor:

@@ -55,7 +55,7 @@ class CommandFailed(Exception):
         self.code = code
 
 
-def fail(message: str, code: int = 2) -> int:
+def print_error(message: str, code: int = 2) -> int:
     """Print ``error: <message>`` on stderr; returns the exit code."""
     print(f"error: {message}", file=sys.stderr)
     return code
@@ -67,16 +67,16 @@ def guard(fn):
     try:
         return fn()
     except ConfigError as error:
-        return fail(str(error))
+        return print_error(str(error))
     except CommandFailed as error:
-        return fail(str(error), error.code)
+        return print_error(str(error), error.code)
     except (ValueError, FileNotFoundError, RuntimeError, KeyError) as error:
         if os.environ.get("STRATARL_DEBUG"):
             raise
         if isinstance(error, OSError) and error.errno is not None:  # the system's FileNotFoundError, not ours
-            return fail(describe_os_error(error), 1)
-        return fail(f"{type(error).__name__}: {error}", 1)
+            return print_error(describe_os_error(error), 1)
+        return print_error(f"{type(error).__name__}: {error}", 1)
     except OSError as error:  # disk full, read-only or unwritable run directory, a path under a file
         if os.environ.get("STRATARL_DEBUG"):
             raise
-        return fail(describe_os_error(error), 1)
+        return print_error(describe_os_error(error), 1)

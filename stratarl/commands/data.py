@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from stratarl.commands import fail
+from stratarl.commands import print_error
 
 _FORMAT_HELP = (
     "read every row with this registered dataset format (search_r1, medqa, medmcqa, or one a module "
@@ -88,12 +88,12 @@ def _synth(args: argparse.Namespace) -> int:
     try:
         hop_mix = tuple(float(x) for x in args.hop_mix.split(","))
     except ValueError:
-        return fail(f"--hop-mix {args.hop_mix!r}: expected three comma-separated numbers, e.g. 0.4,0.4,0.2")
+        return print_error(f"--hop-mix {args.hop_mix!r}: expected three comma-separated numbers, e.g. 0.4,0.4,0.2")
     for flag, value in (("--num-train", args.num_train), ("--num-test", args.num_test)):
         if value is not None and value < 1:
-            return fail(f"{flag} {value}: must be at least 1 (or left out for the size's default)")
+            return print_error(f"{flag} {value}: must be at least 1 (or left out for the size's default)")
     if Path(args.out).exists() and not Path(args.out).is_dir():
-        return fail(f"--out {args.out} is a file, not a folder. Fix: pass a folder path")
+        return print_error(f"--out {args.out} is a file, not a folder. Fix: pass a folder path")
     try:
         start = time.perf_counter()
         kb = generate_knowledge_base(
@@ -108,7 +108,7 @@ def _synth(args: argparse.Namespace) -> int:
         )
         generated = time.perf_counter() - start
     except ValueError as error:
-        return fail(f"{error} (see `stratarl data synth --help`)")
+        return print_error(f"{error} (see `stratarl data synth --help`)")
     if args.check_retrieval:
         from stratarl.data.retrievability import format_recall_table, hop_recall
         from stratarl.retrieval.bm25 import BM25Retriever
@@ -130,12 +130,12 @@ def _convert(args: argparse.Namespace) -> int:
     from stratarl.data.search_r1 import DatasetFormatError, load_examples, write_examples
 
     if Path(args.output).suffix not in (".parquet", ".jsonl"):
-        return fail(f"{args.output}: the output must end in .parquet or .jsonl")
+        return print_error(f"{args.output}: the output must end in .parquet or .jsonl")
     try:
         examples = load_examples(args.input, split=args.split, limit=args.limit, format=args.format)
         path = write_examples(examples, args.output, split=args.split)
     except (DatasetFormatError, FileNotFoundError, ValueError) as error:
-        return fail(str(error))
+        return print_error(str(error))
     print(f"wrote {len(examples)} rows to {path}")
     return 0
 
@@ -145,7 +145,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     path = Path(args.file)
     if not path.is_file():
-        return fail(f"{path}: no such file")
+        return print_error(f"{path}: no such file")
     if path.suffix == ".jsonl" and args.format is None and _is_corpus(path):
         return _inspect_corpus(path, args.rows)
     try:
@@ -153,7 +153,7 @@ def _inspect(args: argparse.Namespace) -> int:
         require_rows(rows, str(path))  # as `data convert` and training do
         examples = examples_from_rows(rows, origin=str(path), format=args.format)
     except (DatasetFormatError, ValueError) as error:
-        return fail(str(error))
+        return print_error(str(error))
     print(f"{path}: {len(examples)} questions")
     for label, key in (
         ("data_source", None),
@@ -194,7 +194,7 @@ def _inspect_corpus(path: Path, rows: int) -> int:
             if len(shown) < rows:
                 shown.append(json.dumps(passage.to_document(), ensure_ascii=False)[:300])
     except CorpusError as error:
-        return fail(str(error))
+        return print_error(str(error))
     print(f"{path}: corpus with {count} passages")
     for line in shown:
         print(line)

@@ -64,18 +64,18 @@ def register(subparsers) -> None:
     )
     build.add_argument("--hnsw-m", type=int, default=32, help="dense hnsw: links per vector (default: 32)")
     build.add_argument("--ef-search", type=int, default=128, help="dense hnsw: candidates per query (default: 128)")
-    build.set_defaults(func=run_build)
+    build.set_defaults(func=_build)
 
     info = commands.add_parser("info", help="print an index's settings")
     info.add_argument("index", help="index directory")
-    info.set_defaults(func=run_info)
+    info.set_defaults(func=_info)
 
     search = commands.add_parser("search", help="query an index from the command line")
     search.add_argument("index", help="index directory (or corpus jsonl, indexed with BM25 on the fly)")
     search.add_argument("queries", nargs="+", help="one or more queries")
     search.add_argument("-k", "--topk", type=int, default=3, help="passages per query (default: 3)")
     search.add_argument("--json", action="store_true", help="print the /retrieve response JSON instead of text")
-    search.set_defaults(func=run_search)
+    search.set_defaults(func=_search)
 
 
 def _fail(message: str) -> int:
@@ -88,7 +88,7 @@ def index_folder_for(corpus: Path) -> Path:
     return corpus.parent / f"{corpus.name.split('.')[0]}_index"
 
 
-def run_build(args: argparse.Namespace) -> int:
+def _build(args: argparse.Namespace) -> int:
     from stratarl.retrieval.corpus import CorpusError, load_corpus
 
     start = time.perf_counter()
@@ -144,7 +144,7 @@ def run_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_info(args: argparse.Namespace) -> int:
+def _info(args: argparse.Namespace) -> int:
     from stratarl.retrieval.index_files import read_index_meta
 
     try:
@@ -155,7 +155,7 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_search(args: argparse.Namespace) -> int:
+def _search(args: argparse.Namespace) -> int:
     from stratarl.retrieval.corpus import CorpusError
     from stratarl.retrieval.factory import build_retriever
     from stratarl.retrieval.protocol import format_retrieve_response

@@ -1,4 +1,4 @@
-"""`stratarl train` (RL, optionally after a warm start) and `stratarl demo` (the main job)."""
+"""`stratarl train`: RL, optionally after a warm start (`stratarl demo`, the main job, is in commands/demo.py)."""
 
 from __future__ import annotations
 
@@ -37,19 +37,6 @@ def register(subparsers) -> None:
     p.add_argument("--run-dir", help="write the run here instead of <trainer.output_dir>/<trainer.run_name>")
     add_retriever_check_flag(p)
     p.set_defaults(func=run_train)
-
-    d = subparsers.add_parser(
-        "demo",
-        help="the main job: warm start + Stratified GRPO on the synthetic task, "
-        "eval before/after and an HTML report (configs/demo.yaml)",
-    )
-    d.add_argument("overrides", nargs="*", help=CONFIG_HELP)
-    d.add_argument(
-        "--config", default=str(REPO_CONFIGS / "demo.yaml"), help="config to run (default: configs/demo.yaml)"
-    )
-    d.add_argument("--run-dir", help="run directory (default: runs/demo-<timestamp>)")
-    add_retriever_check_flag(d)
-    d.set_defaults(func=run_demo)
 
 
 def add_retriever_check_flag(parser) -> None:
@@ -184,40 +171,5 @@ def run_train(args: argparse.Namespace) -> int:
             flush=True,
         )
         return code
-
-    return guard(body)
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    def body() -> int:
-        from stratarl.evaluation.report import build_report
-        from stratarl.trainer.config import load_config
-        from stratarl.trainer.config.resolve import describe
-
-        started = time.perf_counter()
-        cfg = load_config(args.config, list(args.overrides))
-        run_dir = (
-            Path(args.run_dir)
-            if args.run_dir
-            else Path(cfg.trainer.output_dir) / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-        )
-        print(f"stratarl demo: {cfg.model.name}, synthetic KB + BM25; run directory {run_dir}", flush=True)
-        print(f"algorithm {describe(cfg.algo.name, cfg.algorithm)}", flush=True)
-        check_retriever(cfg, args)
-        summary = run_pipeline(cfg, run_dir, resume=False)
-        report = build_report([run_dir])
-        from stratarl.evaluation.headline import format_headline, headline
-
-        wall = time.perf_counter() - started
-        print("\n=== stratarl demo ===")
-        # What was measured and how sure it is: EM / F1 before -> after RL with 95% CIs over the held-out
-        # questions, the paired gain, the held-out EM at every eval, and a verdict (stratarl.evaluation.report).
-        print(format_headline(headline([run_dir])))
-        if cfg.sft.enabled and not cfg.model.init_from:
-            print("(before RL = after the warm start, so the gain measures the RL steps alone)")
-        print(f"wall time: {wall / 60:.1f} min")
-        print(f"report: {report}")
-        print(f"run directory: {run_dir}")
-        return summary.get("exit_code", 0)
 
     return guard(body)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from stratarl.commands import fail
+from stratarl.commands import print_error
 
 
 def register(subparsers) -> None:
@@ -40,14 +40,14 @@ def _convert(args: argparse.Namespace) -> int:
     from stratarl.integrations.verl_data import write_verl_parquet
 
     if args.limit is not None and args.limit < 1:
-        return fail(f"--limit must be >= 1, got {args.limit}")
+        return print_error(f"--limit must be >= 1, got {args.limit}")
     if not args.output.endswith(".parquet"):
-        return fail(f"{args.output}: veRL reads parquet; name the output *.parquet")
+        return print_error(f"{args.output}: veRL reads parquet; name the output *.parquet")
     try:
         examples = load_examples(args.input, split=args.split, limit=args.limit)
         path = write_verl_parquet(examples, args.output, split=args.split)
     except (DatasetFormatError, FileNotFoundError, ValueError) as error:
-        return fail(str(error))
+        return print_error(str(error))
     sources = sorted({example.data_source for example in examples})
     print(f"wrote {len(examples)} rows to {path} (data sources: {', '.join(sources)})")
     return 0
@@ -57,7 +57,7 @@ def _check(args: argparse.Namespace) -> int:
     try:
         import stratarl.integrations.verl as plugin
     except ImportError as error:
-        return fail(str(error))
+        return print_error(str(error))
     from verl import __version__ as verl_version
     from verl.trainer.ppo import core_algos
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stratarl.data.examples import DatasetFormatError, Example
+from stratarl.registry import Registry
 
 DEFAULT_FORMAT = "search_r1"
 
@@ -70,7 +71,12 @@ def _keywords(fn: Callable) -> frozenset[str] | None:
     return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
-_FORMATS: dict[str, DatasetFormat] = {}
+_FORMATS: Registry[DatasetFormat] = Registry(
+    "dataset format",
+    how_to_add="(a format of your own: register_dataset_format in a module loaded with --import)",
+    unknown_error=ValueError,
+    source=lambda dataset_format: dataset_format.read,
+)
 
 
 def register_dataset_format(
@@ -86,17 +92,10 @@ def register_dataset_format(
     ``prepare(rows, origin) -> dict``: extra keywords for ``fn``, computed once per file from the rows it reads
     (MedMCQA decides there whether ``cop`` counts from 0 or 1). A name registered twice is refused (ValueError).
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a dataset format name is a non-empty string, got {name!r}")
+    _FORMATS.check_name(name)
 
     def decorator(fn: RowReader) -> RowReader:
-        if name in _FORMATS and _FORMATS[name].read is not fn:
-            owner = getattr(_FORMATS[name].read, "__qualname__", repr(_FORMATS[name].read))
-            raise ValueError(
-                f"dataset format {name!r} is already registered (by {owner}); pick another name "
-                f"(registered: {', '.join(dataset_format_names())})"
-            )
-        _FORMATS[name] = DatasetFormat(name, fn, matches, prepare, _keywords(fn))
+        _FORMATS.add(name, DatasetFormat(name, fn, matches, prepare, _keywords(fn)))
         return fn
 
     return decorator
@@ -104,17 +103,12 @@ def register_dataset_format(
 
 def dataset_format_names() -> list[str]:
     """The registered dataset formats, sorted (the built-ins and any a loaded module registered)."""
-    return sorted(_FORMATS)
+    return _FORMATS.names()
 
 
 def get_dataset_format(name: str) -> DatasetFormat:
     """The format registered as ``name``; an unknown name raises a ValueError listing the registered ones."""
-    if name not in _FORMATS:
-        raise ValueError(
-            f"unknown dataset format {name!r}; registered: {', '.join(dataset_format_names())} "
-            "(a format of your own: register_dataset_format in a module loaded with --import)"
-        )
-    return _FORMATS[name]
+    return _FORMATS.lookup(name)
 
 
 def _detectors() -> list[DatasetFormat]:

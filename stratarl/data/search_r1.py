@@ -36,7 +36,7 @@ from stratarl.data.examples import DatasetFormatError, Example
 from stratarl.data.formats import examples_from_rows, register_dataset_format
 from stratarl.rollout.prompt import build_prompt
 
-VERL_PREFIX = "searchR1_"
+VERL_PREFIX = "searchR1_"  # the data_source tag of veRL's Search-R1 variant rows
 _FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
 _QUESTION_MARKER = "Question:"
 

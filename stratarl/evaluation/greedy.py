@@ -27,7 +27,7 @@ from stratarl.retrieval.base import Retriever
 from stratarl.retrieval.timed import TimedRetriever
 from stratarl.rewards import SOURCE_REWARDS, answer_match, f1_score, sub_exact_match
 from stratarl.rollout.backends import make_generator
-from stratarl.rollout.collect import Question, Scoring, collect, transcript
+from stratarl.rollout.collect import Question, Scoring, collect, scored_transcript
 from stratarl.rollout.config import RolloutConfig
 
 METRIC_COLUMNS = ("em", "subem", "f1", "searches_mean", "answer_rate", "count")
@@ -145,7 +145,7 @@ def _evaluate(
             types.append((e.metadata or {}).get("question_type"))
             per_question.append(question_record(e, s))
             if len(transcripts) < num_transcripts:
-                transcripts.append(transcript(r, e, tokenizer, reward=s["em"], stratum=r.num_searches))
+                transcripts.append(scored_transcript(r, e, tokenizer, reward=s["em"], stratum=r.num_searches))
         if bar is not None:
             bar.update(len(chunk))
             bar.set_postfix(em=f"{sum(s['em'] for s in scores) / len(scores):.3f}")

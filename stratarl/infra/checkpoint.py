@@ -33,13 +33,20 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
-from stratarl.publish import REPLACED_PREFIX as PUBLISH_REPLACED_PREFIX
-from stratarl.publish import fsync_dir, fsync_tree, publish_dir, replaced_copies, staging_dir, write_atomic
+from stratarl.publish import (
+    REPLACED_PREFIX,
+    fsync_dir,
+    fsync_tree,
+    publish_dir,
+    replaced_copies,
+    staging_dir,
+    write_atomic,
+)
 
 MANIFEST = "manifest.json"
 REQUIRED_FILES = ("model.safetensors", "state.pt")
 TMP_PREFIX = ".step_"  # stratarl.publish.staging_dir of a step_N folder
-REPLACED_PREFIX = f"{PUBLISH_REPLACED_PREFIX}step_"  # where publish_dir moves an old step_N aside
+REPLACED_STEP_PREFIX = f"{REPLACED_PREFIX}step_"  # where publish_dir moves an old step_N aside
 
 
 @dataclass
@@ -285,7 +292,7 @@ def clean_stale(root: str | Path) -> list[Path]:
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
-    for p in sorted(root.glob(f"{REPLACED_PREFIX}*")) if root.is_dir() else []:
+    for p in sorted(root.glob(f"{REPLACED_STEP_PREFIX}*")) if root.is_dir() else []:
         inner = [c for c in p.iterdir() if c.is_dir()] if p.is_dir() else []
         if not inner or all((root / c.name).is_dir() for c in inner):
             shutil.rmtree(p, ignore_errors=True)
@@ -359,7 +366,7 @@ def reinstate(path: str | Path) -> Path:
     """Move a checkpoint found in a moved-aside ``.replaced-*`` folder back to ``step_N`` and point
     ``latest`` at it (after a kill inside a re-save); other paths are returned unchanged."""
     path = Path(path)
-    if not path.parent.name.startswith(REPLACED_PREFIX):
+    if not path.parent.name.startswith(REPLACED_STEP_PREFIX):
         return path
     root = path.parent.parent
     target = root / path.name

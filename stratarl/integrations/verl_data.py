@@ -22,9 +22,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from stratarl.data.examples import Example
+from stratarl.data.search_r1 import VERL_PREFIX
 from stratarl.rollout.prompt import normalize_question
 
-VERL_PREFIX = "searchR1_"
 VERL_AGENT_NAME = "tool_agent"
 VERL_SYSTEM_PROMPT = "You are a helpful and harmless assistant."
 # Search-R1's base template with veRL's tool calls in place of <search>/<information>. veRL's

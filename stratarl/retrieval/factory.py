@@ -22,12 +22,18 @@ import inspect
 from collections.abc import Callable
 from pathlib import Path
 
+from stratarl.registry import Registry
 from stratarl.retrieval.base import Retriever
 from stratarl.retrieval.index_files import read_index_meta
 from stratarl.retrieval.remote import RemoteRetriever, normalize_retrieve_url
 
 RetrieverBuilder = Callable[..., Retriever]
-_RETRIEVERS: dict[str, RetrieverBuilder] = {}
+_RETRIEVERS: Registry[RetrieverBuilder] = Registry(
+    "retriever kind",
+    listed_as="valid kinds",
+    how_to_add="(a kind of your own: register_retriever in a module loaded with --import)",
+    unknown_error=ValueError,
+)
 _SOURCE_KEYS = ("kind", "index", "corpus", "url")  # where the retriever comes from: not passed on as options
 _NOT_SPEC_OPTIONS = {"encoder"}  # DenseRetriever.from_passages(encoder=) takes a loaded model, not a config value
 
@@ -49,35 +55,17 @@ def register_retriever(name: str) -> Callable[[RetrieverBuilder], RetrieverBuild
     list[list[Passage]]``. A spec key the builder does not take is refused, naming the keys it does
     (unless it takes ``**options``). A name registered twice is refused (ValueError).
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a retriever kind is a non-empty string, got {name!r}")
-
-    def decorator(builder: RetrieverBuilder) -> RetrieverBuilder:
-        if name in _RETRIEVERS and _RETRIEVERS[name] is not builder:
-            owner = getattr(_RETRIEVERS[name], "__qualname__", repr(_RETRIEVERS[name]))
-            raise ValueError(
-                f"retriever kind {name!r} is already registered (by {owner}); pick another name "
-                f"(registered: {', '.join(retriever_names())})"
-            )
-        _RETRIEVERS[name] = builder
-        return builder
-
-    return decorator
+    return _RETRIEVERS.decorator(name)
 
 
 def retriever_names() -> list[str]:
     """The registered retriever kinds, sorted (the built-ins and any a loaded module registered)."""
-    return sorted(_RETRIEVERS)
+    return _RETRIEVERS.names()
 
 
 def get_retriever_builder(kind: str) -> RetrieverBuilder:
     """The builder registered as ``kind``; an unknown kind raises a ValueError that lists the registered ones."""
-    if kind not in _RETRIEVERS:
-        raise ValueError(
-            f"unknown retriever kind {kind!r}; valid kinds: {', '.join(retriever_names())} "
-            "(a kind of your own: register_retriever in a module loaded with --import)"
-        )
-    return _RETRIEVERS[kind]
+    return _RETRIEVERS.lookup(kind)
 
 
 def spec_options(constructor) -> set[str]:

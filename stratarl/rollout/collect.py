@@ -25,8 +25,7 @@ from stratarl.rollout.config import RolloutConfig
 from stratarl.rollout.engine import Rollout, RolloutEngine
 from stratarl.rollout.generation import Generator
 from stratarl.rollout.prompt import encode_messages, encode_prompt
-from stratarl.rollout.transcript import rollout_metrics as engine_rollout_metrics
-from stratarl.rollout.transcript import transcript as engine_transcript
+from stratarl.rollout.transcript import rollout_metrics, transcript
 
 STRATUM_KEYS = ("num_searches", "observation_blocks", "answered", "random")
 """Built-in stratum keys (``algo.stratum_key``); ``random`` is the control the trainer draws from num_searches."""
@@ -86,7 +85,7 @@ class CollectedBatch:
     retrieval_s: float
 
 
-def stratum_function(key: str, cap: int | None) -> Callable[[Rollout], int]:
+def stratum_function(key: str, stratum_cap: int | None) -> Callable[[Rollout], int]:
     """Rollout -> integer stratum: number of searches (capped), observation blocks (capped), answered, or a
     user function.
 
@@ -95,12 +94,12 @@ def stratum_function(key: str, cap: int | None) -> Callable[[Rollout], int]:
     (``stratarl.algos.search_counts``), which also counts invalid-action feedback and misses an observation
     after the last turn."""
     if key == "num_searches":
-        return lambda r: min(r.num_searches, cap) if cap is not None else r.num_searches
+        return lambda r: min(r.num_searches, stratum_cap) if stratum_cap is not None else r.num_searches
     if key == "observation_blocks":
 
         def blocks(r) -> int:
             count = int(search_counts(torch.tensor([r.response_mask], dtype=torch.long))[0]) if r.response_mask else 0
-            return min(count, cap) if cap is not None else count
+            return min(count, stratum_cap) if stratum_cap is not None else count
 
         return blocks
     if key == "answered":
@@ -186,7 +185,7 @@ def _distribution(values: list[int], prefix: str, max_key: int = 4) -> dict[str,
     return {f"{prefix}/{k}{'+' if k == max_key else ''}": counts.get(k, 0) / n for k in range(max_key + 1)}
 
 
-def rollout_metrics(batch: CollectedBatch) -> dict[str, float]:
+def batch_metrics(batch: CollectedBatch) -> dict[str, float]:
     """reward/*, rollout/* (search calls and their distribution, lengths, rates) and stratum/* metrics."""
     rs = batch.rollouts
     n = max(1, len(rs))
@@ -196,7 +195,7 @@ def rollout_metrics(batch: CollectedBatch) -> dict[str, float]:
     # The engine's own rollout/* means and rates (searches, turns, answered, valid actions, ...),
     # plus what only the trainer knows: rewards, length extremes, strata.
     m: dict[str, float] = {
-        **engine_rollout_metrics(rs),
+        **rollout_metrics(rs),
         "reward/mean": sum(batch.rewards) / n,
         "reward/em": sum(batch.em) / n,
         "rollout/search_calls_max": float(max(searches, default=0)),
@@ -236,7 +235,7 @@ def advantage_metrics(advantages: torch.Tensor, response_mask: torch.Tensor) -> 
     }
 
 
-def transcript(
+def scored_transcript(
     rollout: Rollout,
     example: Question,
     tokenizer,
@@ -247,7 +246,7 @@ def transcript(
 ) -> dict:
     """The engine's transcript (prompt, turns, searches with passages, answer, flags, mask runs)
     with the example, the stratum and the advantage the update used."""
-    record = engine_transcript(rollout, tokenizer, reward=reward, golds=example.golden_answers)
+    record = transcript(rollout, tokenizer, reward=reward, golds=example.golden_answers)
     return {
         "example_id": example.id,
         "question": example.question,

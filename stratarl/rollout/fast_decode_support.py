@@ -2,7 +2,7 @@
 
 Covered: ``model_type`` in ``SUPPORTED_MODEL_TYPES`` (``stratarl.models.MODEL_SUPPORT``) with plain
 ``nn.Linear`` projections or peft LoRA on them, SiLU MLP, no sliding window shorter than the context, no
-dynamic rope and no q/k norms. ``unsupported_reason(model)`` says why a model is not covered; the
+dynamic rope and no q/k norms. ``fast_decode_unsupported_reason(model)`` says why a model is not covered; the
 generator then uses the model's own forward.
 """
 
@@ -41,7 +41,7 @@ def _linear_problem(linear) -> str | None:
     return f"{type(linear).__name__} projections are not plain nn.Linear or LoRA"
 
 
-def unsupported_reason(model) -> str | None:
+def fast_decode_unsupported_reason(model) -> str | None:
     """None when ``FastDecoder`` covers ``model``, else a sentence saying why not."""
     model = unwrap(model)
     config: Any = getattr(model, "config", None)  # a transformers config: its fields are read by name

@@ -26,7 +26,7 @@ The math is the model's own: RMSNorm in fp32 as ``LlamaRMSNorm``, the model's
 
 Supported: ``model_type`` in ``SUPPORTED_MODEL_TYPES`` (llama, qwen2, mistral) with plain ``nn.Linear``
 projections or peft LoRA on them (merged into the fused weights, W + s·BA), SiLU MLP, no sliding window
-shorter than the context and no dynamic rope. ``unsupported_reason(model)`` says why a model is not
+shorter than the context and no dynamic rope. ``fast_decode_unsupported_reason(model)`` says why a model is not
 covered (``stratarl.rollout.fast_decode_support``); the generator then uses the model's own forward. The
 fused, packed weights are built in ``stratarl.rollout.decoder_weights``.
 """
@@ -46,15 +46,20 @@ from stratarl.rollout.decoder_weights import (
     norm_eps,
     packing_available,
 )
-from stratarl.rollout.fast_decode_support import SUPPORTED_MODEL_TYPES, decoder_with_layers, is_lora, unsupported_reason
+from stratarl.rollout.fast_decode_support import (
+    SUPPORTED_MODEL_TYPES,
+    decoder_with_layers,
+    fast_decode_unsupported_reason,
+    is_lora,
+)
 
 __all__ = [
     "GEMV_ROWS",
     "PACK_MIN_ELEMENTS",
     "SUPPORTED_MODEL_TYPES",
     "FastDecoder",
+    "fast_decode_unsupported_reason",
     "packing_available",
-    "unsupported_reason",
 ]
 
 
@@ -103,7 +108,7 @@ class FastDecoder:
         if dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"FastDecoder dtype must be float32 or bfloat16, got {dtype}")
         self.dtype = dtype
-        reason = unsupported_reason(model)
+        reason = fast_decode_unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"FastDecoder does not support this model: {reason}")
         self.model = model  # parameters (LoRA's included) are tracked on the model as given

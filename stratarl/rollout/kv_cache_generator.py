@@ -8,7 +8,7 @@ import inspect
 
 import torch
 
-from stratarl.rollout.fast_forward import FastDecoder, unsupported_reason
+from stratarl.rollout.fast_forward import FastDecoder, fast_decode_unsupported_reason
 from stratarl.rollout.generator import FinishReason, Generation, Generator, SamplingParams, left_pad, row_limits
 from stratarl.rollout.prefix_cache import PrefixEntry, RowCollector, reusable_prefixes
 from stratarl.rollout.sampling import sample_tokens
@@ -163,7 +163,7 @@ class KVCacheGenerator(Generator):
         self.model = model
         self.tokenizer = tokenizer
         self.drop_finished = drop_finished
-        reason = unsupported_reason(model)
+        reason = fast_decode_unsupported_reason(model)
         if fast and reason is not None:
             raise ValueError(f"fast=True but the fast decode path does not support this model: {reason}")
         self.fast_decoder = FastDecoder(model, dtype=dtype) if fast is not False and reason is None else None

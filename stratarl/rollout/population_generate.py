@@ -34,7 +34,7 @@ class GenerateCall:
     cache_keys: Sequence | None = None
 
 
-def alone_reason(generator) -> str | None:
+def generate_alone_reason(generator) -> str | None:
     """None when ``generator``'s calls can be stacked with others, else why it generates alone."""
     if not isinstance(generator, KVCacheGenerator) or generator.fast_decoder is None:
         return "not a KVCacheGenerator on the fast decoder"
@@ -49,7 +49,7 @@ def generate_together(calls: Sequence[GenerateCall]) -> list[list[Generation] | 
     results: list = [None] * len(calls)
     groups: dict[tuple, list[int]] = {}
     for i, call in enumerate(calls):
-        if alone_reason(call.generator) is not None:
+        if generate_alone_reason(call.generator) is not None:
             results[i] = _alone(call)
         else:
             groups.setdefault(architecture(_stacked_generator(call).model), []).append(i)

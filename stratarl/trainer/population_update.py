@@ -58,7 +58,7 @@ class UpdateCall:
         return update_policy(self.learner, self.batch, self.settings, self.generator, forward=self.forward)
 
 
-def alone_reason(call: UpdateCall) -> str | None:
+def update_alone_reason(call: UpdateCall) -> str | None:
     """None when ``call`` can be stacked with others, else why it updates alone."""
     if call.forward is not None and call.forward.prefix is not None:
         return "a frozen prefix (model.trainable_layers): the solo fast update"
@@ -73,7 +73,7 @@ def update_together(calls: list[UpdateCall]) -> list[dict | BaseException]:
     results: list = [None] * len(calls)
     groups: dict[tuple, list[int]] = {}
     for i, call in enumerate(calls):
-        if alone_reason(call) is not None:
+        if update_alone_reason(call) is not None:
             try:
                 results[i] = call.alone()
             except Exception as error:  # noqa: BLE001 - this member's failure only

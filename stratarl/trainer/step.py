@@ -38,10 +38,10 @@ from stratarl.infra.threads import step_threads
 from stratarl.rollout.collect import (
     CollectedBatch,
     advantage_metrics,
+    batch_metrics,
     faulty_rollouts,
-    rollout_metrics,
+    scored_transcript,
     step_states,
-    transcript,
     without_rollouts,
 )
 from stratarl.trainer.batch import ScoredBatch, TrainBatch, collate_rollouts, scatter_response_values
@@ -165,7 +165,7 @@ def _rl_step(run: RunState) -> dict[str, float]:
         rollout.policy_version = version
     if faults["update/skipped"]:  # no optimizer step: the rewards are the broken retriever's
         return {
-            **rollout_metrics(collected),
+            **batch_metrics(collected),
             **faults,
             **lag,
             **run.timer.pop(),
@@ -181,7 +181,7 @@ def _rl_step(run: RunState) -> dict[str, float]:
         update = run.parts.update(run.learner, batch, run.settings.update, run.shuffle_rng, forward=forward)
 
     metrics = {
-        **rollout_metrics(collected),
+        **batch_metrics(collected),
         **advantage_metrics(batch.advantages, batch.response_mask),
         **estimated,
         **update,
@@ -279,7 +279,7 @@ def _write_transcripts(run: RunState, collected: CollectedBatch, strata: list[in
     """The first ``logging.num_transcripts`` rollouts of the step, with the stratum and advantage the update used."""
     adv = batch.advantages[:, 0] if batch.advantages.shape[1] else torch.zeros(batch.size)
     records = [
-        transcript(r, e, run.tokenizer, reward=rw, stratum=s, advantage=float(a))
+        scored_transcript(r, e, run.tokenizer, reward=rw, stratum=s, advantage=float(a))
         for r, e, rw, s, a in zip(collected.rollouts, collected.examples, collected.rewards, strata, adv.tolist())
     ][: run.settings.step.num_transcripts]
     write_transcripts(run.run_dir / "transcripts" / f"step_{run.step + 1:06d}.jsonl", records)

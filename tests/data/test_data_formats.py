@@ -36,7 +36,7 @@ def users_format(tmp_path, monkeypatch):
     """The user's module loaded as `--import` loads it; its format is unregistered again afterwards."""
     plugin = tmp_path / "my_format.py"
     plugin.write_text(MY_FORMAT)
-    monkeypatch.setattr(formats, "_FORMATS", dict(formats._FORMATS))
+    monkeypatch.setattr(formats, "_FORMATS", formats._FORMATS.copy())
     load_extension(str(plugin))
     return plugin
 
@@ -165,8 +165,8 @@ def test_the_readme_retriever_and_format_are_right_and_register_by_name(monkeypa
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     (code,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "my_task.py" in block]
-    monkeypatch.setattr(formats, "_FORMATS", dict(formats._FORMATS))
-    monkeypatch.setattr(factory, "_RETRIEVERS", dict(factory._RETRIEVERS))
+    monkeypatch.setattr(formats, "_FORMATS", formats._FORMATS.copy())
+    monkeypatch.setattr(factory, "_RETRIEVERS", factory._RETRIEVERS.copy())
     exec(compile(code, "README.md", "exec"), {})
     notes = tmp_path / "notes.txt"
     notes.write_text("Hamlet was written by Shakespeare\nParis is the capital of France\n")

@@ -357,7 +357,7 @@ def test_real_tiny_run_gets_a_headline(tmp_path, tiny_overrides):
 
 @pytest.mark.slow
 def test_demo_prints_the_headline(tmp_path, tiny_overrides, capsys):
-    from stratarl.commands.train import run_demo
+    from stratarl.commands.demo import run_demo
 
     args = argparse.Namespace(
         config=str(TINY),

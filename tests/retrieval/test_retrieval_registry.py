@@ -43,7 +43,7 @@ def users_kind(tmp_path, monkeypatch):
     """The user's module loaded as `--import` loads it; its kind is unregistered again afterwards."""
     plugin = tmp_path / "my_retriever.py"
     plugin.write_text(MY_RETRIEVER)
-    monkeypatch.setattr(factory, "_RETRIEVERS", dict(factory._RETRIEVERS))
+    monkeypatch.setattr(factory, "_RETRIEVERS", factory._RETRIEVERS.copy())
     load_extension(str(plugin))
     return plugin
 
@@ -175,7 +175,7 @@ def test_server_workers_load_the_commands_imports_and_build_a_users_kind(tmp_pat
 
     plugin = tmp_path / "my_retriever.py"
     plugin.write_text(MY_RETRIEVER)
-    monkeypatch.setattr(factory, "_RETRIEVERS", dict(factory._RETRIEVERS))
+    monkeypatch.setattr(factory, "_RETRIEVERS", factory._RETRIEVERS.copy())
     monkeypatch.setattr(extensions, "_LOADED", [])
     load_extensions([str(plugin)])  # as `stratarl --import my_retriever.py ...` does
     assert loaded_extensions() == [str(plugin.resolve())]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stratarl.rollout.fast_forward import FastDecoder, packing_available, unsupported_reason
+from stratarl.rollout.fast_forward import FastDecoder, fast_decode_unsupported_reason, packing_available
 from stratarl.rollout.generation import (
     HFGenerator,
     KVCacheGenerator,
@@ -68,7 +68,7 @@ def test_prefill_and_decode_match_model_forward(kind, smollm2_tokenizer):
 
 
 def _check_prefill_and_decode(model, smollm2_tokenizer):
-    assert unsupported_reason(model) is None
+    assert fast_decode_unsupported_reason(model) is None
     pad = smollm2_tokenizer.pad_token_id
     ids, mask = left_pad(PROMPTS, pad, "cpu")
     decoder = FastDecoder(model)
@@ -142,11 +142,11 @@ def test_unsupported_models_fall_back(smollm2_tokenizer, tiny_model):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2))
-    assert "model_type 'gpt2'" in unsupported_reason(gpt2)
+    assert "model_type 'gpt2'" in fast_decode_unsupported_reason(gpt2)
     with pytest.raises(ValueError, match="fast=True"):
         KVCacheGenerator(gpt2, smollm2_tokenizer, fast=True)
     dora = get_peft_model(copy.deepcopy(tiny_model), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
-    assert "DoRA" in unsupported_reason(dora)
+    assert "DoRA" in fast_decode_unsupported_reason(dora)
     assert KVCacheGenerator(dora, smollm2_tokenizer).fast_decoder is None
     assert KVCacheGenerator(tiny_model, smollm2_tokenizer).fast_decoder is not None
     assert KVCacheGenerator(tiny_model, smollm2_tokenizer, fast=False).fast_decoder is None
@@ -160,7 +160,7 @@ def test_lora_adapters_are_merged_and_followed(smollm2_tokenizer):
         _build("llama_gqa", smollm2_tokenizer),
         LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]),
     )
-    assert unsupported_reason(model) is None
+    assert fast_decode_unsupported_reason(model) is None
     pad = smollm2_tokenizer.pad_token_id
     ids, mask = left_pad(PROMPTS, pad, "cpu")
     decoder = FastDecoder(model)

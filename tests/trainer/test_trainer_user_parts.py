@@ -163,7 +163,7 @@ def test_the_readme_rloo_is_right_and_registers_by_name(monkeypatch):
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     (code,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "my_parts.py" in block]
-    monkeypatch.setattr(registry, "_ADVANTAGES", dict(registry._ADVANTAGES))
+    monkeypatch.setattr(registry, "_ADVANTAGES", registry._ADVANTAGES.copy())
     monkeypatch.setattr(registry, "_ADVANTAGE_INFO", dict(registry._ADVANTAGE_INFO))
     exec(compile(code, "README.md", "exec"), {})
     rewards, groups = [1.0, 0.0, 0.5, 2.0, -1.0, 3.0], [7, 7, 7, 2, 2, 9]

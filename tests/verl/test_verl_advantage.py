@@ -108,12 +108,13 @@ def test_groups_come_from_uid_not_row_order():
     torch.testing.assert_close(out_perm.batch["advantages"][:, 0], out.batch["advantages"][perm, 0])
 
 
-def test_strata_cap_merges_high_counts():
+@pytest.mark.parametrize("spelling", ["stratum_cap", "strata_cap"])  # strata_cap: the older spelling still loads
+def test_stratum_cap_merges_high_counts(spelling):
     rewards, searches = [1.0, 0.0, 1.0, 0.0], [2, 3, 2, 3]
     capped = compute_advantage(
         make_batch(rewards, searches, ["g"] * 4),
         adv_estimator="stratified_grpo",
-        config=algorithm_config(alpha=1.0, strata_cap=2),
+        config=algorithm_config(alpha=1.0, **{spelling: 2}),
     )
     one_stratum = compute_advantage(
         make_batch(rewards, [2, 2, 2, 2], ["g"] * 4),
@@ -127,6 +128,15 @@ def test_strata_cap_merges_high_counts():
     )
     # Without the cap each stratum's rewards are all equal → pure SAN is 0 everywhere.
     torch.testing.assert_close(uncapped.batch["advantages"], torch.zeros(4, T))
+
+
+def test_older_cap_spelling_in_the_dataclass():
+    assert StratifiedGRPOConfig(strata_cap=2).stratum_cap == 2
+    assert StratifiedGRPOConfig(stratum_cap=3).stratum_cap == 3
+    with pytest.raises(ValueError, match="keep stratum_cap only"):
+        StratifiedGRPOConfig(stratum_cap=3, strata_cap=2)
+    with pytest.raises(ValueError, match="stratum_cap must be >= 0"):
+        StratifiedGRPOConfig(strata_cap=-1)
 
 
 def test_dataclass_config_and_mean_only_mode(rollouts):

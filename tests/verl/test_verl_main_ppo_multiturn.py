@@ -15,9 +15,6 @@ counter. About 3–4 minutes per trainer on 2 cores.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,33 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", params=[("v1", 2), ("legacy", 1)], ids=["v1-2ranks", "legacy-1rank"])
-def run(request, tmp_path_factory):
-    try:
-        mt.serve_python()
-    except RuntimeError as error:
-        pytest.skip(str(error))
+def run(request, tmp_path_factory, smoke_multiturn):
     trainer, ranks = request.param
     workdir = tmp_path_factory.mktemp(f"verl-multiturn-{trainer}")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stratarl.integrations.verl.smoke_multiturn",
-            "--workdir",
-            str(workdir),
-            "--trainer",
-            trainer,
-            "--ranks",
-            str(ranks),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        cwd=REPO,
-        env={**os.environ},
-    )
-    log = (workdir / "main_ppo.log").read_text() if (workdir / "main_ppo.log").exists() else ""
-    assert result.returncode == 0, (result.stdout + result.stderr + log)[-6000:]
+    _, log = smoke_multiturn(workdir, "--trainer", trainer, "--ranks", str(ranks))
     loaded = mt.load_run(workdir)
     loaded["trainer"], loaded["ranks_count"], loaded["log"] = trainer, ranks, log
     return loaded

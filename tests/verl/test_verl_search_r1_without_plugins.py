@@ -10,7 +10,6 @@ without the plugins".
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -51,30 +50,10 @@ def test_the_recipe_tool_and_the_cpu_harness_load_no_plugin():
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    try:
-        mt.serve_python()
-    except RuntimeError as error:
-        pytest.skip(str(error))
+def run(tmp_path_factory, smoke_multiturn):
     workdir = tmp_path_factory.mktemp("verl-search-r1-plain")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stratarl.integrations.verl.smoke_multiturn",
-            "--workdir",
-            str(workdir),
-            "--without-plugins",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        cwd=REPO,
-        env={**os.environ},
-    )
-    log = (workdir / "main_ppo.log").read_text() if (workdir / "main_ppo.log").exists() else ""
-    assert result.returncode == 0, (result.stdout + result.stderr + log)[-6000:]
-    return workdir, log, result.stdout
+    stdout, log = smoke_multiturn(workdir, "--without-plugins")
+    return workdir, log, stdout
 
 
 @pytest.mark.slow

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,10 +22,8 @@ pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test
 import torch
 
 from stratarl.algos import search_counts
-from stratarl.integrations import search_tool
 from stratarl.integrations.verl import smoke_multiturn as mt
 from stratarl.integrations.verl import smollm2
-from stratarl.retrieval.base import Passage
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = mt.user_prompt(mt.QUESTIONS[0], "smollm2")
@@ -45,23 +40,6 @@ def tokenizer():
     tokenizer = AutoTokenizer.from_pretrained(source)
     tokenizer.chat_template = smollm2.TOOL_CHAT_TEMPLATE
     return tokenizer
-
-
-class CountingRetriever:
-    def __init__(self):
-        self.queries: list[str] = []
-
-    def search(self, queries, k):
-        self.queries.extend(queries)
-        return [[Passage(id="0", contents='"Paris"\nParis is the capital of France .')] for _ in queries]
-
-
-@pytest.fixture
-def retriever(monkeypatch):
-    stub = CountingRetriever()
-    monkeypatch.setattr(search_tool, "_retriever", stub)
-    monkeypatch.setenv("STRATARL_RETRIEVER_TOPK", "1")
-    return stub
 
 
 def test_the_template_renders_the_tool_schema_veRL_passes(tokenizer):
@@ -100,31 +78,13 @@ def test_a_malformed_call_is_no_search(tokenizer, retriever):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, smoke_multiturn):
     try:
-        mt.serve_python()
         smollm2.source_folder()
     except RuntimeError as error:
         pytest.skip(str(error))
     workdir = tmp_path_factory.mktemp("verl-smollm2")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stratarl.integrations.verl.smoke_multiturn",
-            "--workdir",
-            str(workdir),
-            "--model",
-            "smollm2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        cwd=REPO,
-        env={**os.environ},
-    )
-    log = (workdir / "main_ppo.log").read_text() if (workdir / "main_ppo.log").exists() else ""
-    assert result.returncode == 0, (result.stdout + result.stderr + log)[-6000:]
+    smoke_multiturn(workdir, "--model", "smollm2", timeout=1500)
     loaded = mt.load_run(workdir)
     loaded["warm_start"] = json.loads((workdir / "warm_start.json").read_text())
     return loaded

@@ -25,33 +25,14 @@ from verl.tools.function_tool import load_function_tools_from_path
 from verl.workers.rollout.replica import TokenOutput
 
 from stratarl.algos import search_counts
-from stratarl.integrations import search_tool
 from stratarl.integrations.verl.agent_model import QUERY, build_agent_tokenizer, tool_call_text
 from stratarl.integrations.verl_data import VERL_USER_TEMPLATE
-from stratarl.retrieval.base import Passage
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "verl"
 CALL = tool_call_text() + " <|im_end|>"
 TWO_CALLS = tool_call_text() + " " + tool_call_text() + " <|im_end|>"
 ANSWER = "<answer> Paris </answer> <|im_end|>"
 PLAIN_QUERY_CALL = f"<tool_call> {QUERY} </tool_call> <|im_end|>"  # what the old prompt asked for
-
-
-class CountingRetriever:
-    """Stub `/retrieve` backend: counts queries; raises on the calls listed in ``fail_on`` (1-based)."""
-
-    def __init__(self, fail_on=()):
-        self.queries: list[str] = []
-        self.fail_on = set(fail_on)
-
-    def search(self, queries, k):
-        self.queries.extend(queries)
-        if len(self.queries) in self.fail_on:
-            raise RuntimeError("retriever down")
-        return [
-            [Passage(id=f"{q}-{i}", contents=f'"Paris"\nParis is the capital of {q}') for i in range(k)]
-            for q in queries
-        ]
 
 
 class ScriptedServer:
@@ -68,14 +49,6 @@ class ScriptedServer:
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     return build_agent_tokenizer(tmp_path_factory.mktemp("tokenizer"))
-
-
-@pytest.fixture
-def retriever(monkeypatch):
-    stub = CountingRetriever()
-    monkeypatch.setattr(search_tool, "_retriever", stub)
-    monkeypatch.setenv("STRATARL_RETRIEVER_TOPK", "1")
-    return stub
 
 
 def replay(tokenizer, turns, *, response_length=256, max_assistant_turns=4, max_parallel_calls=1):
@@ -163,13 +136,12 @@ def test_parallel_calls_in_one_turn_are_one_block(tokenizer, retriever):
     assert len(retriever.queries) == len(out.extra_fields["tool_rewards"]) == 2
 
 
-def test_an_error_observation_is_a_block(tokenizer, monkeypatch):
+def test_an_error_observation_is_a_block(tokenizer, retriever):
     """A failed search still appends a tool response (the error text): it counts as a round."""
-    failing = CountingRetriever(fail_on={1})
-    monkeypatch.setattr(search_tool, "_retriever", failing)
+    retriever.fail_on = {1}
     out = replay(tokenizer, [CALL, CALL, ANSWER])
     assert blocks(out) == rounds(out) == 2
-    assert len(failing.queries) == 2 and out.extra_fields["tool_rewards"] == [0.0, 0.0]
+    assert len(retriever.queries) == 2 and out.extra_fields["tool_rewards"] == [0.0, 0.0]
 
 
 def test_a_call_in_the_last_allowed_turn_is_not_executed(tokenizer, retriever):

@@ -38,7 +38,7 @@ Settings come from veRL's ``algorithm`` config (a DictConfig or an ``AlgoConfig`
         alpha: 0.6                    # 0 = GRPO, 1 = pure SAN (paper: 0.6)
         eps: 1.0e-6                   # added to the std, as veRL's GRPO
         std_ddof: 1                   # Bessel's correction, as veRL's GRPO (torch.std)
-        strata_cap: null              # counts >= cap share one stratum
+        stratum_cap: null             # counts >= cap share one stratum (older spelling: strata_cap)
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 from stratarl.algos import broadcast_to_tokens, cap_strata, search_counts, stratified_advantages
+from stratarl.algos.advantages import STRATIFIED_ALPHA, check_alpha
 from stratarl.integrations.verl.guards import refuse_for_estimator
 
 ESTIMATOR_NAME = "stratified_grpo"
@@ -64,17 +65,17 @@ V1_CALLER_MODULE = "verl.trainer.ppo.v1.utils"
 V1_CALLER = "compute_advantage_for_multi_trajectories"
 # When set, every call appends one json line (uid, strata, rewards, advantages per rollout) to this
 # file: what the estimator saw and gave, for checking a run against an independent count of searches.
-DUMP_ENV = "STRATARL_VERL_STRATA_DUMP"
+STRATA_DUMP_ENV = "STRATARL_VERL_STRATA_DUMP"
 
 
 @dataclass(frozen=True)
 class StratifiedSettings:
     """Stratified GRPO parameters read from veRL's ``algorithm.stratified_grpo`` block."""
 
-    alpha: float = 0.6
+    alpha: float = STRATIFIED_ALPHA
     eps: float = 1e-6
     std_ddof: int = 1
-    strata_cap: int | None = None
+    stratum_cap: int | None = None
     scale_by_std: bool = True
 
 
@@ -89,26 +90,34 @@ def _get(config: Any, key: str, default: Any) -> Any:
     return default if value is None and default is not None else value
 
 
+def stratum_cap_from(block: Any, *, where: str) -> int | None:
+    """The block's ``stratum_cap`` or, from an older config, ``strata_cap`` (None: no cap)."""
+    cap, older = _get(block, "stratum_cap", None), _get(block, "strata_cap", None)
+    if older is not None:
+        if cap is not None and cap != older:
+            raise ValueError(
+                f"{where} sets stratum_cap={cap} and strata_cap={older}, its older spelling. Fix: keep stratum_cap only"
+            )
+        cap = older
+    return None if cap is None else int(cap)
+
+
 def stratified_settings(config: Any, *, epsilon: float = 1e-6, norm_adv_by_std: bool = True) -> StratifiedSettings:
     """Settings from veRL's algorithm config; unknown keys in the block are an error (typos)."""
     block = _get(config, CONFIG_KEY, None) or {}
-    allowed = {"alpha", "eps", "std_ddof", "strata_cap"}
+    allowed = {"alpha", "eps", "std_ddof", "stratum_cap"}
     keys = {k for k in block.keys() if not str(k).startswith("_")} if hasattr(block, "keys") else set()  # noqa: SIM118  DictConfig
-    unknown = sorted(keys - allowed)
+    unknown = sorted(keys - allowed - {"strata_cap"})
     if unknown:
         raise ValueError(f"algorithm.{CONFIG_KEY} has unknown key(s) {unknown}; valid keys: {sorted(allowed)}")
-    cap = _get(block, "strata_cap", None)
     settings = StratifiedSettings(
-        alpha=float(_get(block, "alpha", 0.6)),
+        alpha=float(_get(block, "alpha", STRATIFIED_ALPHA)),
         eps=float(_get(block, "eps", epsilon)),
         std_ddof=int(_get(block, "std_ddof", 1)),
-        strata_cap=None if cap is None else int(cap),
+        stratum_cap=stratum_cap_from(block, where=f"algorithm.{CONFIG_KEY}"),
         scale_by_std=bool(_get(config, "norm_adv_by_std_in_grpo", norm_adv_by_std)),
     )
-    if not 0.0 <= settings.alpha <= 1.0:
-        raise ValueError(
-            f"algorithm.{CONFIG_KEY}.alpha must be in [0, 1] (0 = GRPO, 1 = pure SAN), got {settings.alpha}"
-        )
+    check_alpha(settings.alpha, f"algorithm.{CONFIG_KEY}.alpha")
     return settings
 
 
@@ -204,7 +213,7 @@ def compute_stratified_grpo_advantage(
     with torch.no_grad():
         rewards = token_level_rewards.sum(dim=-1)
         group_ids = group_ids_from_index(index, rewards.shape[0]).to(rewards.device)
-        strata = cap_strata(search_counts(response_mask), settings.strata_cap)
+        strata = cap_strata(search_counts(response_mask), settings.stratum_cap)
         per_rollout = stratified_advantages(
             rewards,
             group_ids,
@@ -215,8 +224,8 @@ def compute_stratified_grpo_advantage(
             scale_by_std=settings.scale_by_std,
         )
         advantages = broadcast_to_tokens(per_rollout, response_mask).to(token_level_rewards.dtype)
-    if os.environ.get(DUMP_ENV):
-        dump_strata(os.environ[DUMP_ENV], index, strata, rewards, per_rollout, keys=keys)
+    if os.environ.get(STRATA_DUMP_ENV):
+        dump_strata(os.environ[STRATA_DUMP_ENV], index, strata, rewards, per_rollout, keys=keys)
     return advantages, advantages.clone()
 
 

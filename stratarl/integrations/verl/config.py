@@ -15,6 +15,8 @@ from verl.base_config import BaseConfig
 from verl.trainer.config import AlgoConfig
 from verl.workers.config.actor import PolicyLossConfig
 
+from stratarl.algos.advantages import STRATIFIED_ALPHA, check_alpha
+from stratarl.integrations.verl.advantage import stratum_cap_from
 from stratarl.integrations.verl.guards import refuse_for_estimator, refuse_for_turn_loss
 
 
@@ -26,25 +28,26 @@ class StratifiedGRPOConfig(BaseConfig):
         alpha: blend α in [0, 1]: A = α · A_SAN + (1 − α) · A_GN (0 = GRPO, 1 = pure SAN; paper 0.6).
         eps: ε added to the std (veRL's GRPO uses 1e-6).
         std_ddof: 1 = Bessel's correction (veRL's GRPO, ``torch.std``), 0 = population std.
-        strata_cap: search counts ≥ cap share one stratum; None = one stratum per count.
+        stratum_cap: search counts ≥ cap share one stratum; None = one stratum per count (as the trainer's
+            ``algo.stratum_cap``). ``strata_cap``, the older spelling, still loads.
     """
 
-    alpha: float = 0.6
+    alpha: float = STRATIFIED_ALPHA
     eps: float = 1e-6
     std_ddof: int = 1
-    strata_cap: int | None = None
+    stratum_cap: int | None = None
+    strata_cap: int | None = None  # the older spelling of stratum_cap: read into it
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(
-                f"algorithm.stratified_grpo.alpha must be in [0, 1] (0 = GRPO, 1 = pure SAN), got {self.alpha}"
-            )
+        # BaseConfig freezes a field once set; the older spelling is folded in here, before anything reads it.
+        object.__setattr__(self, "stratum_cap", stratum_cap_from(self, where="algorithm.stratified_grpo"))
+        check_alpha(self.alpha, "algorithm.stratified_grpo.alpha")
         if self.eps < 0:
             raise ValueError(f"algorithm.stratified_grpo.eps must be >= 0, got {self.eps}")
         if self.std_ddof not in (0, 1):
             raise ValueError(f"algorithm.stratified_grpo.std_ddof must be 0 or 1, got {self.std_ddof}")
-        if self.strata_cap is not None and self.strata_cap < 0:
-            raise ValueError(f"algorithm.stratified_grpo.strata_cap must be >= 0 or null, got {self.strata_cap}")
+        if self.stratum_cap is not None and self.stratum_cap < 0:
+            raise ValueError(f"algorithm.stratified_grpo.stratum_cap must be >= 0 or null, got {self.stratum_cap}")
 
 
 @dataclass

@@ -29,14 +29,13 @@ import argparse
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from stratarl.algos import stratified_advantages
+from stratarl.algos import STRATIFIED_ALPHA, stratified_advantages
 from stratarl.integrations.verl import smoke, smoke_multiturn
 from stratarl.integrations.verl.agent_model import TOOL_CALL, build_agent_model
 
@@ -51,12 +50,6 @@ ROLLOUTS = [
 ]
 QUESTIONS = ["What is the capital of France ?", "Which city is the capital of France ?"]
 TOOL_RESPONSE = ["<|im_end|>", "<|im_start|>", "tool", "France", "is", "<|im_end|>", "<|im_start|>", "assistant"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def build_batch(model_dir: Path):
@@ -131,7 +124,7 @@ def build_batch(model_dir: Path):
         torch.tensor(rewards),
         torch.tensor([int(u[-1]) for u in uids]),
         torch.tensor(strata),
-        alpha=0.6,
+        alpha=STRATIFIED_ALPHA,
         eps=smoke.STRATIFIED_EPS,
         std_ddof=1,
     )
@@ -265,7 +258,7 @@ def run_worker(workdir: Path, rank: int, world: int) -> None:
 
 def launch(workdir: Path, world: int, timeout_s: float = 600) -> list[dict]:
     """Start ``world`` rank processes (gloo on 127.0.0.1) and return their records."""
-    port = free_port()
+    port = smoke_multiturn.free_port()
     (workdir / f"sorl_world{world}.jsonl").unlink(missing_ok=True)
     processes = []
     for rank in range(world):

@@ -19,7 +19,7 @@ from stratarl.rewards import em_reward
 # When set, compute_score_with_turns appends one json line per rollout it scores to this file (the data
 # row's extra_info.index, score, tool_calls, num_turns): the agent loop's own counts, for checking a run
 # under either veRL trainer (v1's rollout dump keeps no reward extras).
-DUMP_ENV = "STRATARL_VERL_REWARD_DUMP"
+REWARD_DUMP_ENV = "STRATARL_VERL_REWARD_DUMP"
 
 
 def gold_answers(ground_truth: Any) -> list[str]:
@@ -62,9 +62,9 @@ def compute_score_with_turns(
         "tool_calls": float(len(tool_rewards) if tool_rewards is not None else -1),
         "num_turns": float(num_turns if num_turns is not None else -1),
     }
-    if os.environ.get(DUMP_ENV):
+    if os.environ.get(REWARD_DUMP_ENV):
         index = info.get("index")
         record = {"index": None if index is None else int(index), **result}
-        with open(os.environ[DUMP_ENV], "a") as out:  # one short write per line: safe across reward workers
+        with open(os.environ[REWARD_DUMP_ENV], "a") as out:  # one short write per line: safe across reward workers
             out.write(json.dumps(record) + "\n")
     return result

@@ -35,13 +35,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-from stratarl.algos import grpo_advantages, stratified_advantages
+from stratarl.algos import STRATIFIED_ALPHA, grpo_advantages, stratified_advantages
 from stratarl.integrations.verl import compat, smoke, smollm2
-from stratarl.integrations.verl.advantage import DUMP_ENV
+from stratarl.integrations.verl.advantage import STRATA_DUMP_ENV
 from stratarl.integrations.verl.agent_model import build_agent_model
-from stratarl.integrations.verl.reward import DUMP_ENV as REWARD_DUMP_ENV
-from stratarl.integrations.verl.worker import DUMP_ENV as SORL_DUMP_ENV
+from stratarl.integrations.verl.reward import REWARD_DUMP_ENV
+from stratarl.integrations.verl.worker import SORL_DUMP_ENV
 from stratarl.integrations.verl_data import VERL_USER_TEMPLATE
+from stratarl.retrieval.base import Passage
+from stratarl.retrieval.corpus import write_corpus
 
 REPO = Path(__file__).resolve().parents[3]
 GROUP_SIZE = 6
@@ -68,12 +70,9 @@ QUESTIONS = [
 ]
 
 
-def write_corpus(path: Path) -> Path:
-    """A Search-R1 corpus jsonl (``{"id", "contents": "\\"Title\\"\\ntext"}``) of :data:`CORPUS`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"id": str(i), "contents": f'"{title}"\n{text}'}) for i, (title, text) in enumerate(CORPUS)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def write_smoke_corpus(path: Path) -> Path:
+    """:data:`CORPUS` as a Search-R1 corpus jsonl (passage ``i``: ``"Title"\\ntext``)."""
+    return write_corpus([Passage(str(i), f'"{title}"\n{text}') for i, (title, text) in enumerate(CORPUS)], path)
 
 
 MODELS = ("tiny", "smollm2")
@@ -124,6 +123,7 @@ def serve_python() -> str:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -185,7 +185,7 @@ PLUGIN_KEYS = (
     "algorithm.stratified_grpo",
     "reward.custom_reward_function",
     "VERL_USE_EXTERNAL_MODULES",
-    DUMP_ENV,
+    STRATA_DUMP_ENV,
     REWARD_DUMP_ENV,
     SORL_DUMP_ENV,
 )
@@ -241,7 +241,7 @@ def main_ppo_overrides(
             "reward.custom_reward_function.name=compute_score_with_turns",
             f"{env}.STRATARL_RETRIEVER_URL={url}/retrieve",
             f'{env}.STRATARL_RETRIEVER_TOPK="{TOPK}"',
-            f"{env}.{DUMP_ENV}={workdir / 'strata.jsonl'}",
+            f"{env}.{STRATA_DUMP_ENV}={workdir / 'strata.jsonl'}",
             f"{env}.{REWARD_DUMP_ENV}={workdir / 'rewards.jsonl'}",
             f"{env}.{SORL_DUMP_ENV}={workdir / 'ranks.jsonl'}",
         ],
@@ -284,7 +284,7 @@ def run(
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     write_data(workdir / "data", model)
-    server, url = start_server(write_corpus(workdir / "corpus.jsonl"), workdir / "server.log")
+    server, url = start_server(write_smoke_corpus(workdir / "corpus.jsonl"), workdir / "server.log")
     try:
         if model == "smollm2":
             # The warm start renders its demonstrations through veRL's loop and the real server.
@@ -431,7 +431,7 @@ def groups_by_step(run: dict) -> dict[int, list[dict]]:
     return steps
 
 
-def expected_advantages(groups: list[dict], *, single_stratum: bool = False, alpha: float = 0.6):
+def expected_advantages(groups: list[dict], *, single_stratum: bool = False, alpha: float = STRATIFIED_ALPHA):
     """stratarl's Stratified GRPO on the reward function's records of one step, group by group.
 
     Returns one list per group of (score, tool rounds, advantage), sorted; strata are the agent loop's

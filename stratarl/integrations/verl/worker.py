@@ -53,7 +53,7 @@ DEFAULT_DELTA = 1.0
 # When set, every SORL optimizer step appends one json line per data-parallel rank to this file: the
 # rank's ‖C‖, scale, grad norm and a digest of the full parameters after the step (for checking that
 # ranks agree; costs one all-gather of the parameters per step, so only for tests and smoke runs).
-DUMP_ENV = "STRATARL_VERL_SORL_DUMP"
+SORL_DUMP_ENV = "STRATARL_VERL_SORL_DUMP"
 _steps_taken = 0
 
 
@@ -176,8 +176,8 @@ def sorl_train_batch(engine: Any, data: TensorDict, loss_function: Callable, *, 
     with _sorl_step_active():
         outputs = engine.forward_backward_batch(data, _scaled(loss_function, scale), forward_only=False)
     grad_norm = engine.optimizer_step()
-    if os.environ.get(DUMP_ENV):
-        dump_sorl_step(os.environ[DUMP_ENV], engine, c_norm=float(c_norm), scale=scale, grad_norm=grad_norm)
+    if os.environ.get(SORL_DUMP_ENV):
+        dump_sorl_step(os.environ[SORL_DUMP_ENV], engine, c_norm=float(c_norm), scale=scale, grad_norm=grad_norm)
     if engine.is_mp_src_rank_with_outputs():
         metrics = outputs["metrics"]
         metrics["grad_norm"] = grad_norm
@@ -198,7 +198,7 @@ def full_parameters(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 def dump_sorl_step(path: str, engine: Any, *, c_norm: float, scale: float, grad_norm: Any) -> None:
-    """Append this rank's record of one SORL step (see :data:`DUMP_ENV`)."""
+    """Append this rank's record of one SORL step (see :data:`SORL_DUMP_ENV`)."""
     global _steps_taken  # noqa: PLW0603  this worker process's step count, numbering its dump records
     _steps_taken += 1
     digest = hashlib.sha256()

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from stratarl.algos.advantages import STRATIFIED_ALPHA, check_alpha
 from stratarl.algos.losses import AGG_MODES, AggMode, KlEstimator
 from stratarl.algos.presets import PRESETS
 from stratarl.algos.sorl import DeltaRule
@@ -61,7 +62,7 @@ class AlgoConfig:
     `sorl_delta_ema`."""
     critic: str | None = None
     """`none` or `value_head` (a value head on the policy's hidden states; GAE needs it); null: the preset's."""
-    alpha: float = 0.6
+    alpha: float = STRATIFIED_ALPHA
     """Stratified GRPO blend: alpha * SAN + (1 - alpha) * GN (0 = GRPO, 1 = pure SAN; paper: 0.6)."""
     stratum_key: str = "num_searches"
     """How rollouts are stratified: `num_searches` (paper: the retriever calls run), `observation_blocks` (the
@@ -127,8 +128,10 @@ class AlgoConfig:
 
     def validate(self, p: str) -> None:
         check_choices(self, p)
-        if not 0.0 <= self.alpha <= 1.0:
-            _fail(f"{p}.alpha", self.alpha, "the blend weight must lie in [0, 1]", "use 0.6 (paper)")
+        try:
+            check_alpha(self.alpha)
+        except ValueError:
+            _fail(f"{p}.alpha", self.alpha, "the blend weight must lie in [0, 1]", f"use {STRATIFIED_ALPHA} (paper)")
         if self.stratum_key not in STRATUM_KEYS and ":" not in self.stratum_key:
             close = difflib.get_close_matches(self.stratum_key, STRATUM_KEYS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
