@@ -124,14 +124,14 @@ def timed_steps(runs: dict, steps: int) -> tuple[dict, dict, list]:
     first_ratios: list[float] = []
 
     def keeping(arm, original):
-        def update(learner, batch, cfg, generator, **kwargs):
-            # The batch, the weights that sampled it (before this update changes them), and its prefix.
+        def update(learner, batch, settings, generator, **kwargs):
+            # The batch, the weights that sampled it (before this update changes them), and its forward.
             kept[arm] = {
                 "batch": copy.deepcopy(batch),
                 "weights": copy.deepcopy(learner.model.state_dict()),
-                "prefix": kwargs.get("prefix"),
+                "forward": kwargs.get("forward"),
             }
-            return original(learner, batch, cfg, generator, **kwargs)
+            return original(learner, batch, settings, generator, **kwargs)
 
         return update
 
@@ -161,7 +161,9 @@ def timed_steps(runs: dict, steps: int) -> tuple[dict, dict, list]:
 
 def numerics(runs: dict, kept: dict) -> dict:
     """Log-prob differences on one rollout batch (the fp32 run's last), all with the weights that sampled it."""
-    from stratarl.trainer.update import batch_prefix, on_policy_shortcut, score_batch
+    from stratarl.trainer.forward import REFERENCE, batch_forward
+    from stratarl.trainer.settings import UpdateSettings
+    from stratarl.trainer.update import score_batch
 
     batch = kept["fp32"]["batch"]
     learner32 = runs["fp32"].learner
@@ -171,15 +173,16 @@ def numerics(runs: dict, kept: dict) -> dict:
     cfg32 = runs["fp32"].cfg
     cfg32 = dataclasses.replace(cfg32, algo=dataclasses.replace(cfg32.algo, old_logprobs="recompute")).validate()
     cfg16 = runs["bf16"].cfg
-    if on_policy_shortcut(cfg16):  # the bf16 step skips the scoring pass; here it is run to be compared
+    if UpdateSettings.from_config(cfg16).on_policy_shortcut:  # the bf16 step skips the scoring pass; run it here
         cfg16 = dataclasses.replace(cfg16, trainer=dataclasses.replace(cfg16.trainer, mini_batches=2)).validate()
+    s32, s16 = UpdateSettings.from_config(cfg32), UpdateSettings.from_config(cfg16)
     sampled = batch.old_logprobs.clone()  # the fp32 decoder's sampling log-probs
     mask = batch.response_mask.bool()
     learner = copy.copy(learner32)
     learner.model = model
     tokens = batch.tokens()  # scored anew, without the sampler's log-probs
-    fp32 = score_batch(learner, tokens, cfg32)
-    bf16 = score_batch(learner, tokens, cfg16, prefix=batch_prefix(learner, tokens, cfg16))
+    fp32 = score_batch(learner, tokens, s32)
+    bf16 = score_batch(learner, tokens, s16, forward=batch_forward(learner.model, tokens, s16.policy))
     out = {
         "bf16_vs_fp32_scoring_max": float((bf16.old_logprobs - fp32.old_logprobs)[mask].abs().max()),
         "bf16_vs_fp32_scoring_mean": float((bf16.old_logprobs - fp32.old_logprobs)[mask].abs().mean()),
@@ -206,22 +209,23 @@ def numerics(runs: dict, kept: dict) -> dict:
         [[1] * len(o.token_ids) for o in outputs],
         pad_id=tokenizer.pad_token_id,
     )
-    own = score_batch(learner, own, cfg16, prefix=batch_prefix(learner, own, cfg16))
+    own = score_batch(learner, own, s16, forward=batch_forward(learner.model, own, s16.policy))
     errors = [abs(float(own.old_logprobs[r, t]) - lp) for r, o in enumerate(outputs) for t, lp in enumerate(o.logprobs)]
     out["bf16_sampling_vs_bf16_scoring_max"] = max(errors) if errors else 0.0
     # The bf16 arm's own last batch, with the prefix its decoder captured while sampling it: scored through
     # that prefix (as its step did), through a computed bf16 prefix, and in fp32 with no prefix (the reference).
     own16 = kept["bf16"]
-    if own16["prefix"] is not None and own16["prefix"].source == "rollouts":
+    prefix16 = own16["forward"].prefix if own16["forward"] is not None else None
+    if prefix16 is not None and prefix16.source == "rollouts":
         model.load_state_dict(own16["weights"])
         tokens16 = own16["batch"].tokens()
         scored = {}
-        for name, cfg, prefix in (
-            ("fp32", cfg32, None),
-            ("computed", cfg16, batch_prefix(learner, tokens16, cfg16)),
-            ("captured", cfg16, own16["prefix"]),
+        for name, settings, forward in (
+            ("fp32", s32, REFERENCE),
+            ("computed", s16, batch_forward(learner.model, tokens16, s16.policy)),
+            ("captured", s16, own16["forward"]),
         ):
-            scored[name] = score_batch(learner, tokens16, cfg, prefix=prefix).old_logprobs
+            scored[name] = score_batch(learner, tokens16, settings, forward=forward).old_logprobs
         m = own16["batch"].response_mask.bool()
         for name in ("computed", "captured"):
             diff = (scored[name] - scored["fp32"])[m].abs()

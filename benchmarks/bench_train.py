@@ -139,11 +139,11 @@ def loop_bench(config: str, steps: int, overrides: list[str], keep_batch: bool =
     executed: list[float] = []
     kept: dict = {}
 
-    def counted_update(learner, batch, cfg, generator, **kwargs):
+    def counted_update(learner, batch, settings, generator, **kwargs):
         if keep_batch:
             kept["batch"] = copy.deepcopy(batch)
         with record_decoder_calls(learner.model) as record:
-            out = update_policy(learner, batch, cfg, generator, **kwargs)
+            out = update_policy(learner, batch, settings, generator, **kwargs)
         executed.append(record.total())
         return out
 
@@ -206,11 +206,15 @@ def update_comparison(cfg, batch, repeats: int = 2) -> dict:
     advantages are all 0 (every reward equal) they are replaced by seeded N(0, 1) per row, so the
     gradients compared are not 0 (the work timed is the same either way)."""
     from stratarl.infra.flops import record_decoder_calls
-    from stratarl.trainer.prefix import unsupported_reason
+    from stratarl.trainer.forward import REFERENCE, PrefixForward
+    from stratarl.trainer.learner import build_learner
+    from stratarl.trainer.prefix import frozen_prefix, unsupported_reason
+    from stratarl.trainer.settings import UpdateSettings
     from stratarl.trainer.setup import load_policy
-    from stratarl.trainer.update import accumulate_gradients, build_learner, update_policy
+    from stratarl.trainer.update import accumulate_gradients, update_policy
 
     model, _ = load_policy(cfg.model)
+    settings = UpdateSettings.from_config(cfg)
     total_steps = cfg.trainer.epochs * cfg.trainer.mini_batches
     replaced = not bool(batch.advantages.abs().sum())
     if replaced:  # all rewards equal: zero advantages, zero policy gradient, and nothing to compare
@@ -225,20 +229,18 @@ def update_comparison(cfg, batch, repeats: int = 2) -> dict:
             b = copy.deepcopy(batch)
             with record_decoder_calls(learner.model) as record:
                 t = time.perf_counter()
-                update_policy(learner, b, cfg, torch.Generator().manual_seed(0), impl=impl)
+                update_policy(learner, b, settings, torch.Generator().manual_seed(0), impl=impl)
                 times[impl].append(time.perf_counter() - t)
             flops[impl] = record.total()
     grads = {}
     for impl in ("reference", "fast"):
         learner = build_learner(copy.deepcopy(model), cfg, total_steps)
         learner.model.train()
-        prefix, rows = None, None
+        forward = REFERENCE
         if impl == "fast":
-            from stratarl.trainer.prefix import frozen_prefix
-
             prefix = frozen_prefix(learner.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
-            rows = list(range(batch.size))
-        accumulate_gradients(learner, copy.deepcopy(batch), cfg, prefix, rows)
+            forward = PrefixForward(prefix)
+        accumulate_gradients(learner, copy.deepcopy(batch), settings, forward)
         grads[impl] = [p.grad.clone() for p in learner.policy_parameters() if p.grad is not None]
     diff = max(float((a - b).abs().max()) for a, b in zip(grads["reference"], grads["fast"]))
     scale = max(float(a.abs().max()) for a in grads["reference"])

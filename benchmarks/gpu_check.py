@@ -451,7 +451,9 @@ def model_flops(model, decoder_tokens: int, head_tokens: int) -> tuple[float, di
 def update_section(args, device: torch.device, policy) -> dict:
     from stratarl.trainer.batch import collate_sequences
     from stratarl.trainer.config import config_from_dict
-    from stratarl.trainer.update import build_learner, optimizer_step, score_batch
+    from stratarl.trainer.learner import build_learner
+    from stratarl.trainer.settings import UpdateSettings
+    from stratarl.trainer.update import optimizer_step, score_batch
 
     spec = SIZES[args.size]["update"]
     model, _ = build_smollm2_like(args.size, device, seed=1)
@@ -470,20 +472,21 @@ def update_section(args, device: torch.device, policy) -> dict:
         ],
     )
     learner = build_learner(model, cfg, total_optimizer_steps=spec["steps"] + 1)
+    settings = UpdateSettings.from_config(cfg)
     g = torch.Generator().manual_seed(2)
     vocab = model.config.vocab_size
     prompts = torch.randint(2, vocab - 1, (spec["rows"], spec["prompt"]), generator=g).tolist()  # all distinct
     responses = torch.randint(2, vocab - 1, (spec["rows"], spec["response"]), generator=g).tolist()
     batch = collate_sequences(prompts, responses, [[1] * spec["response"]] * spec["rows"], 0).to(device)
-    scored = score_batch(learner, batch, cfg)  # old log-probs: the first step's ratios are 1
+    scored = score_batch(learner, batch, settings)  # old log-probs: the first step's ratios are 1
     advantages = torch.randn(spec["rows"], 1, generator=g).to(device) * batch.response_mask
     batch = scored.with_advantages(advantages, advantages)  # grpo's returns are its advantages (no critic)
     learner.model.train()
-    optimizer_step(learner, batch, cfg)  # warm-up
+    optimizer_step(learner, batch, settings)  # warm-up
     _sync(device)
     start = time.perf_counter()
     for _ in range(spec["steps"]):
-        optimizer_step(learner, batch, cfg)
+        optimizer_step(learner, batch, settings)
     _sync(device)
     seconds = (time.perf_counter() - start) / spec["steps"]
     decoder_tokens, head_tokens = int(batch.attention_mask.sum()), int(batch.response_mask.sum())

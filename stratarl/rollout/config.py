@@ -1,8 +1,10 @@
 """The rollout engine's config: budgets, sampling and the prompt of a rollout (Search-R1 defaults).
 
 One class serves the engine (``RolloutEngine(generator, retriever, tokenizer, RolloutConfig(...))``)
-and the trainer's config tree, which embeds it as its ``rollout:`` section. Invalid values raise
-:class:`~stratarl.config_errors.ConfigError` (a ValueError) at construction, naming the field and the fix.
+and the trainer's config tree, which embeds it as its ``rollout:`` section. It is frozen: the engine and a
+training step hold the very value the config was validated with, and a changed copy is ``replace(...)``.
+Invalid values raise :class:`~stratarl.config_errors.ConfigError` (a ValueError) at construction, naming the
+field and the fix.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ BACKENDS = ("kv_cache", "kv_cache_generic", "hf")
 SAMPLER_PRECISIONS = ("fp32", "bf16", "int8")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutConfig:
     group_size: int = 5
     """Rollouts per prompt (G; Search-R1 GRPO: 5). Used by the trainer's collection, not by the engine."""

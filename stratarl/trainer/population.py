@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -47,11 +47,14 @@ from stratarl.rollout.backends import make_generator
 from stratarl.rollout.collect import collect
 from stratarl.rollout.generation import Generation, Generator, SamplingParams
 from stratarl.rollout.population_generate import GenerateCall, generate_together
+from stratarl.trainer.batch import TrainBatch
 from stratarl.trainer.config import Config
+from stratarl.trainer.forward import PolicyForward
+from stratarl.trainer.learner import Learner
 from stratarl.trainer.population_update import UpdateCall, update_together
 from stratarl.trainer.rl import train
 from stratarl.trainer.run import RunParts
-from stratarl.trainer.update import update_policy
+from stratarl.trainer.settings import UpdateSettings
 
 
 @dataclass
@@ -154,7 +157,7 @@ def _update_alone(pending: _Pending[UpdateCall]):
     call = pending.call
     try:
         with _threads(pending.threads):
-            return update_policy(call.learner, call.batch, call.cfg, call.generator, impl=call.impl, prefix=call.prefix)
+            return call.alone()
     except Exception as error:  # noqa: BLE001 - this member's failure only
         return error
 
@@ -224,10 +227,16 @@ def population_parts(lockstep: Lockstep) -> RunParts:
     def member_generator(model, tokenizer, backend: str, *, seed: int, policy) -> Generator:
         return PopulationGenerator(make_generator(model, tokenizer, backend, seed=seed, policy=policy), lockstep)
 
-    def member_update(learner, batch, cfg, generator, *, impl: str = "fast", prefix=None) -> dict:
-        return lockstep.call(
-            "update", _Pending(UpdateCall(learner, batch, cfg, generator, impl, prefix), None, torch.get_num_threads())
-        )
+    def member_update(
+        learner: Learner,
+        batch: TrainBatch,
+        settings: UpdateSettings,
+        generator: torch.Generator,
+        *,
+        forward: PolicyForward | None = None,
+    ) -> dict[str, float]:
+        call = UpdateCall(learner, batch, settings, generator, forward)
+        return lockstep.call("update", _Pending(call, None, torch.get_num_threads()))
 
     return RunParts(make_generator=member_generator, collect=collect, update=member_update)
 
@@ -255,10 +264,18 @@ class _MemberLogs:
         sys.stdout, sys.stderr = target
 
 
+class MemberPipeline(Protocol):
+    """How one member is run: ``train_member``, or the command line's warm start then RL (``run_pipeline``)."""
+
+    def __call__(
+        self, cfg: Config, run_dir: Path, *, resume: bool, start_over: bool, parts: RunParts | None
+    ) -> dict: ...
+
+
 def run_population(
     members: Sequence[Member],
     *,
-    pipeline: Callable[..., dict] = train_member,
+    pipeline: MemberPipeline = train_member,
     stack: bool = False,
     threads: int = 1,
     logs: bool = True,

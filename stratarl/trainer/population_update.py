@@ -27,11 +27,11 @@ import torch
 from stratarl.algos.sorl import ClipBiasNormalizer
 from stratarl.infra.stacked import StackedParams, architecture, causal_hidden, parameter_table, stack_reason
 from stratarl.trainer.batch import TrainBatch, mini_batch_rows
-from stratarl.trainer.config import Config
+from stratarl.trainer.forward import PolicyForward
+from stratarl.trainer.learner import Learner
 from stratarl.trainer.logprobs import chunked_head_logprobs
-from stratarl.trainer.prefix import Prefix
+from stratarl.trainer.settings import UpdateSettings
 from stratarl.trainer.update import (
-    Learner,
     apply_gradients,
     micro_batch_plan,
     micro_batch_terms,
@@ -45,22 +45,25 @@ CHUNK_ROWS = 8
 
 @dataclass
 class UpdateCall:
-    """One member's ``update_policy(learner, batch, cfg, generator, impl=..., prefix=...)``."""
+    """One member's ``update_policy(learner, batch, settings, generator, forward=...)``."""
 
     learner: Learner
     batch: TrainBatch
-    cfg: Config
+    settings: UpdateSettings
     generator: torch.Generator
-    impl: str = "fast"
-    prefix: Prefix | None = None
+    forward: PolicyForward | None = None
+
+    def alone(self) -> dict[str, float]:
+        """This call's ``update_policy``, on its own."""
+        return update_policy(self.learner, self.batch, self.settings, self.generator, forward=self.forward)
 
 
 def update_alone_reason(call: UpdateCall) -> str | None:
     """None when ``call`` can be stacked with others, else why it updates alone."""
-    if call.prefix is not None:
+    if call.forward is not None and call.forward.prefix is not None:
         return "a frozen prefix (model.trainable_layers): the solo fast update"
-    if call.cfg.device_policy.autocast_dtype is not None:
-        return f"precision {call.cfg.device_policy.autocast_dtype}"
+    if call.settings.policy.autocast_dtype is not None:
+        return f"precision {call.settings.policy.autocast_dtype}"
     return stack_reason(call.learner.model)
 
 
@@ -72,9 +75,7 @@ def update_together(calls: list[UpdateCall]) -> list[dict | BaseException]:
     for i, call in enumerate(calls):
         if update_alone_reason(call) is not None:
             try:
-                results[i] = update_policy(
-                    call.learner, call.batch, call.cfg, call.generator, impl=call.impl, prefix=call.prefix
-                )
+                results[i] = call.alone()
             except Exception as error:  # noqa: BLE001 - this member's failure only
                 results[i] = error
         else:
@@ -91,7 +92,7 @@ def _update_group(calls: list[UpdateCall]) -> list:
     plans: dict[int, list[list[int]]] = {}
     for i, call in enumerate(calls):
         try:  # every epoch's mini-batches drawn up front: the same draws, in the same order, as alone
-            epochs, minis = call.cfg.trainer.epochs, call.cfg.trainer.mini_batches
+            epochs, minis = call.settings.epochs, call.settings.mini_batches
             plans[i] = [rows for _ in range(epochs) for rows in mini_batch_rows(call.batch.size, minis, call.generator)]
         except Exception as error:  # noqa: BLE001
             results[i] = error
@@ -105,7 +106,7 @@ def _update_group(calls: list[UpdateCall]) -> list:
             for i in active:
                 if results[i] is None:
                     try:
-                        per_step[i].append(apply_gradients(calls[i].learner, calls[i].cfg, sums[i]))
+                        per_step[i].append(apply_gradients(calls[i].learner, calls[i].settings, sums[i]))
                     except Exception as error:  # noqa: BLE001
                         results[i] = error
     finally:
@@ -122,7 +123,7 @@ def _accumulate(calls: list[UpdateCall], rows: list[list[int]], results: list, i
     A member whose loss terms raise gets its exception in ``results`` and leaves the group."""
     sums: dict[int, defaultdict[str, float]] = {i: defaultdict(float) for i in index}
     tokens = dict.fromkeys(index, 0)
-    plans = {i: micro_batch_plan(call.batch.select(r), call.cfg) for i, call, r in zip(index, calls, rows)}
+    plans = {i: micro_batch_plan(call.batch.select(r), call.settings) for i, call, r in zip(index, calls, rows)}
     by_index = dict(zip(index, calls))
     for m in range(max((len(p) for p in plans.values()), default=0)):
         part = [i for i in index if m < len(plans[i]) and results[i] is None]
@@ -134,14 +135,14 @@ def _accumulate(calls: list[UpdateCall], rows: list[list[int]], results: list, i
             stack,
             fused,
             [plans[i][m][1] for i in part],
-            [by_index[i].cfg for i in part],
+            [by_index[i].settings for i in part],
             [by_index[i].learner.value_head is not None for i in part],
         )
         total = None
         for slot, i in enumerate(part):
             call, (_, mb, weight) = by_index[i], plans[i][m]
             try:
-                loss, clip_bias, metrics = micro_batch_terms(call.learner, mb, call.cfg, outs[slot])
+                loss, clip_bias, metrics = micro_batch_terms(call.learner, mb, call.settings, outs[slot])
                 if call.learner.normalizer is not None:
                     _clip_bias_grads(
                         call.learner,
@@ -184,7 +185,7 @@ def _clip_bias_grads(
 
 
 def stacked_outputs(
-    stack: StackedParams, fused, mbs: list[TrainBatch], cfgs: list[Config], need_hidden: list[bool]
+    stack: StackedParams, fused, mbs: list[TrainBatch], settings: list[UpdateSettings], need_hidden: list[bool]
 ) -> list[dict[str, torch.Tensor]]:
     """Per member, what ``response_logprobs(..., with_entropy=True)`` returns for its micro-batch ``mbs[k]``:
     ``logprobs`` and ``entropy`` [B, T] (0 off the response mask), and ``hidden`` [B, T, H] when
@@ -213,17 +214,19 @@ def stacked_outputs(
             index = (mb.prompt_lengths[c].view(-1, 1) - 1 + columns).clamp(max=width - 1)
             pieces[k].append(hidden[k, : len(c)].gather(1, index.unsqueeze(-1).expand(len(c), T, H)))
     outs = []
-    for k, (mb, cfg) in enumerate(zip(mbs, cfgs)):
+    for k, (mb, member) in enumerate(zip(mbs, settings)):
         order = orders[k]
         states = torch.cat(pieces[k]) if len(pieces[k]) > 1 else pieces[k][0]
         position = torch.empty(len(order), dtype=torch.long)
         position[torch.tensor(order)] = torch.arange(len(order))
         states = states[position.to(device)]  # back in the micro-batch's row order
-        outs.append(_head(states, mb, fused.head[k], cfg, need_hidden[k]))
+        outs.append(_head(states, mb, fused.head[k], member, need_hidden[k]))
     return outs
 
 
-def _head(hidden: torch.Tensor, mb: TrainBatch, weight: torch.Tensor, cfg: Config, need_hidden: bool) -> dict:
+def _head(
+    hidden: torch.Tensor, mb: TrainBatch, weight: torch.Tensor, settings: UpdateSettings, need_hidden: bool
+) -> dict:
     """The LM head on the states predicting policy tokens (``response_logprobs``'s second half)."""
     B, L = mb.input_ids.shape
     T = mb.response_mask.shape[1]
@@ -235,8 +238,8 @@ def _head(hidden: torch.Tensor, mb: TrainBatch, weight: torch.Tensor, cfg: Confi
         hidden[mask],
         head,  # type: ignore[arg-type]  # a stand-in LM head: the member's stacked weight, no bias
         targets[mask],
-        chunk_tokens=cfg.trainer.logprob_chunk_tokens,
-        temperature=cfg.rollout.temperature,
+        chunk_tokens=settings.logprob_chunk_tokens,
+        temperature=settings.temperature,
         with_entropy=True,
     )
     out = {

@@ -112,7 +112,7 @@ def _run_steps(run: RunState, step: Callable[[RunState], dict[str, float]], inte
     every ``trainer.save_every`` (never while only skipped steps follow the last update) and evaluates every
     ``trainer.eval_every``."""
     cfg, state = run.cfg, LoopState()
-    bar = _step_bar(cfg, run.step)
+    bar = progress(cfg.trainer.steps, "train", initial=run.step) if cfg.logging.progress else None
     watch = RetrievalWatch(cfg.retrieval.max_failed_fraction, cfg.retrieval.max_failed_steps)
     while run.step < cfg.trainer.steps and not interrupt.requested and state.stopped is None:
         run.retriever.start_step()
@@ -160,12 +160,6 @@ def _finish(run: RunState, state: LoopState, path: Path, summary: dict, *, inter
         print(f"stopped at step {run.step}; {resume_hint}", flush=True)
     elif run.cfg.eval.before_after:
         summary["eval_after"] = _run_eval(run, "after")
-
-
-def _step_bar(cfg: Config, start: int):
-    if not cfg.logging.progress:
-        return None
-    return progress(cfg.trainer.steps, "train", initial=start)
 
 
 def _print_line(bar, line: str) -> None:

@@ -1,47 +1,106 @@
 """A run's state, built once from its config, and its checkpoints (save, restore, resume).
 
-``build_run`` resolves everything a step needs once: the task, the retriever (timed, with the step's
-budget), the policy and its learner (optimizer, scheduler, reference, critic, normaliser, policy loss), the
-generator, the reward and stratum functions, the advantage estimator, the data sampler and the logger.
-``RunParts`` are the collaborators a step calls; each can be replaced (a test injects a scripted generator
+``build_run`` resolves everything a step needs once: the settings of the step and the update (the algorithm
+and the device policy among them: ``RunSettings``), the task, the retriever (timed, with the step's budget), the
+policy and its learner (optimizer, scheduler, reference, critic, normaliser, policy loss), the generator, the
+reward and stratum functions, the advantage estimator, the data sampler and the logger. ``RunParts`` are the
+collaborators a step calls, each typed by a Protocol; each can be replaced (a test injects a scripted generator
 or wraps the update) without touching a module global.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from stratarl.algos.registry import AdvantageBatch
 from stratarl.infra import checkpoint as ckpt
 from stratarl.infra.metrics import MetricsLogger, PhaseTimer
-from stratarl.infra.precision import check_placement
+from stratarl.infra.precision import DevicePolicy, check_placement
 from stratarl.retrieval.timed import TimedRetriever
 from stratarl.rollout.backends import make_generator
-from stratarl.rollout.collect import CollectedBatch, Scoring, collect
+from stratarl.rollout.collect import CollectedBatch, Question, Scoring, collect
+from stratarl.rollout.config import RolloutConfig
 from stratarl.rollout.generation import Generator
+from stratarl.trainer.batch import TrainBatch
 from stratarl.trainer.behaviour import BehaviourPolicy
 from stratarl.trainer.config import Config
 from stratarl.trainer.config.resolve import bound_advantage
+from stratarl.trainer.forward import PolicyForward
+from stratarl.trainer.learner import Learner, build_learner
+from stratarl.trainer.settings import RunSettings, UpdateSettings
 from stratarl.trainer.setup import build_task_retriever, load_policy, load_task
 from stratarl.trainer.task import TaskData
-from stratarl.trainer.update import Learner, build_learner, update_policy
+from stratarl.trainer.update import update_policy
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+
+class MakeGenerator(Protocol):
+    """How a run makes its generator (``stratarl.rollout.backends.make_generator``)."""
+
+    def __call__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        backend: str,
+        *,
+        seed: int,
+        policy: DevicePolicy,
+    ) -> Generator: ...
+
+
+class Collect(Protocol):
+    """How a step collects its rollouts (``stratarl.rollout.collect.collect``)."""
+
+    def __call__(
+        self,
+        generator: Generator,
+        retriever: TimedRetriever,
+        tokenizer: PreTrainedTokenizerBase,
+        examples: Sequence[Question],
+        rollout: RolloutConfig,
+        scoring: Scoring,
+        *,
+        group_size: int,
+        prompt_cache: dict | None = None,
+        capture_layer: int | None = None,
+    ) -> CollectedBatch: ...
+
+
+class Update(Protocol):
+    """How a step updates the policy on its train batch (``stratarl.trainer.update.update_policy``)."""
+
+    def __call__(
+        self,
+        learner: Learner,
+        batch: TrainBatch,
+        settings: UpdateSettings,
+        generator: torch.Generator,
+        *,
+        forward: PolicyForward | None = None,
+    ) -> dict[str, float]: ...
+
+
+class BoundAdvantage(Protocol):
+    """The algorithm's advantage estimator with its parameters bound: (advantages, returns) [B, T]."""
+
+    def __call__(self, batch: AdvantageBatch, /) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
 class RunParts:
     """The collaborators a run calls: how it makes its generator, collects rollouts and updates the policy."""
 
-    make_generator: Callable[..., Generator] = make_generator
-    collect: Callable[..., CollectedBatch] = collect
-    update: Callable[..., dict] = update_policy
+    make_generator: MakeGenerator = make_generator
+    collect: Collect = collect
+    update: Update = update_policy
 
 
 DEFAULT_PARTS = RunParts()
@@ -54,6 +113,10 @@ class RunState:
     """Everything a step reads or mutates, built once per run (``build_run``)."""
 
     cfg: Config
+    """The config the run was built from: the loop's steps, checkpoints and evals read it; a step reads
+    ``settings``."""
+    settings: RunSettings
+    """What the step and the update read, resolved once from ``cfg`` (the algorithm, the device policy)."""
     run_dir: Path
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
@@ -62,7 +125,7 @@ class RunState:
     generator: Generator
     learner: Learner
     scoring: Scoring
-    advantage: Callable
+    advantage: BoundAdvantage
     """The algorithm's estimator with its parameters bound: ``advantage(AdvantageBatch) -> (advantages, returns)``."""
     sampler: ckpt.DataSampler
     shuffle_rng: torch.Generator
@@ -84,9 +147,10 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None, parts
     """Model, retriever, generator, optimizer, sampler and logger for ``cfg`` (fresh state); ``parts``: the
     collaborators (default ``DEFAULT_PARTS``)."""
     parts = DEFAULT_PARTS if parts is None else parts
-    # A config-named reward or stratum function that cannot load fails here, before any work.
+    # A config-named reward or stratum function that cannot load, or bf16 asked of a GPU without it, fails here,
+    # before any work.
     scoring = Scoring.from_names(cfg.algo.reward, cfg.algo.stratum_key, cfg.algo.stratum_cap)
-    cfg.device_policy  # noqa: B018 (resolved here: bf16 on a GPU without it fails before any work)
+    settings = RunSettings.from_config(cfg)
     torch.manual_seed(cfg.trainer.seed)
     task = load_task(cfg)
     retriever = TimedRetriever(build_task_retriever(cfg, task), budget_s=cfg.retrieval.step_budget_s)
@@ -100,7 +164,7 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None, parts
         behaviour = BehaviourPolicy.create(
             model,
             precision=cfg.rollout.precision,
-            learner_policy=cfg.device_policy,
+            learner_policy=settings.policy,
             max_lag=cfg.trainer.policy_lag,
             mode=cfg.trainer.policy_lag_mode,
             seed=cfg.trainer.seed,
@@ -110,7 +174,7 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None, parts
         tokenizer,
         cfg.rollout.backend,
         seed=cfg.trainer.seed,
-        policy=cfg.device_policy if behaviour is None else behaviour.policy,
+        policy=settings.policy if behaviour is None else behaviour.policy,
     )
     logger = MetricsLogger(
         run_dir,
@@ -121,6 +185,7 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None, parts
     )
     return RunState(
         cfg=cfg,
+        settings=settings,
         run_dir=run_dir,
         model=model,
         tokenizer=tokenizer,
@@ -129,7 +194,7 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None, parts
         generator=generator,
         learner=learner,
         scoring=scoring,
-        advantage=bound_advantage(cfg.algorithm),
+        advantage=bound_advantage(settings.algorithm),
         sampler=ckpt.DataSampler(len(task.train), cfg.trainer.seed),
         shuffle_rng=torch.Generator().manual_seed(cfg.trainer.seed + 1),
         logger=logger,

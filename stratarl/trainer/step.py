@@ -3,14 +3,19 @@
 prompts     P questions from the seeded sampler
 behaviour   the sampler's weights: the learner's own, or with an off-policy source (trainer.policy_lag,
             rollout.precision) a copy loaded with version s - lag in the sampler's numerics (BehaviourPolicy)
-collected   G rollouts per prompt, rewarded and stratified        (RunParts.collect)
+collected   G rollouts per prompt, rewarded and stratified        (RunParts.collect: stratarl.rollout.collect)
 strata      the strata the advantage uses (the observed ones, or the random-strata control's)
 tokens      the rollouts collated                                 (TokenBatch)
-scored      behaviour / reference log-probs, critic values        (ScoredBatch; update.score_batch)
+forward     the policy's forward for this batch: the frozen       (stratarl.trainer.forward.batch_forward)
+            prefix once, or every layer per micro-batch
+scored      behaviour / reference log-probs, critic values        (ScoredBatch; stratarl.trainer.update.score_batch)
 train       + the algorithm's advantages and returns              (TrainBatch; with each turn's anchor state
                                                                   for an estimator that needs it: GiGPO)
-update      K epochs x M mini-batches of optimizer steps          (RunParts.update)
+update      K epochs x M mini-batches of optimizer steps: the     (RunParts.update: stratarl.trainer.update)
+            loss (micro_batch_terms), then the optimizer step
 metrics     rollout, advantage (and the estimator's own), update, stratum, fault and timing metrics; transcripts
+
+A step reads ``run.settings`` (stratarl.trainer.settings: plain values resolved once), never the config tree.
 """
 
 from __future__ import annotations
@@ -40,9 +45,10 @@ from stratarl.rollout.collect import (
     without_rollouts,
 )
 from stratarl.trainer.batch import ScoredBatch, TrainBatch, collate_rollouts, scatter_response_values
-from stratarl.trainer.config import Config
-from stratarl.trainer.run import RunState
-from stratarl.trainer.update import batch_prefix, capture_layer, score_batch
+from stratarl.trainer.forward import PolicyForward, batch_forward, capture_layer
+from stratarl.trainer.run import BoundAdvantage, RunState
+from stratarl.trainer.settings import StepSettings
+from stratarl.trainer.update import score_batch
 
 
 def advantage_inputs(
@@ -65,7 +71,7 @@ def advantage_inputs(
     )
 
 
-def compute_advantages(advantage, scored: ScoredBatch, inputs: AdvantageBatch) -> TrainBatch:
+def compute_advantages(advantage: BoundAdvantage, scored: ScoredBatch, inputs: AdvantageBatch) -> TrainBatch:
     """The train stage: ``scored`` with the estimator's advantages and returns [B, T]. ``advantage`` is the run's
     estimator with its parameters bound (``RunState.advantage``); ``inputs``: :func:`advantage_inputs` of
     ``scored``."""
@@ -88,17 +94,17 @@ def estimator_metrics(spec: AlgorithmSpec, inputs: AdvantageBatch) -> dict[str, 
     return {} if metrics is None else {k: float(v) for k, v in metrics(inputs, **spec.advantage_params).items()}
 
 
-def advantage_strata(cfg: Config, observed: list[int], group_ids: list[int], step: int) -> list[int]:
+def advantage_strata(settings: StepSettings, observed: list[int], group_ids: list[int], step: int) -> list[int]:
     """The strata the advantage uses: the observed ones, or for ``algo.stratum_key: random`` the observed
     strata permuted inside each group (same sizes, random members; seeded by trainer.seed and the step,
     so a resumed run draws the same strata)."""
-    if cfg.algo.stratum_key != "random":
+    if not settings.random_strata:
         return list(observed)
-    generator = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_003 + step)
+    generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
     return shuffle_strata_within_groups(torch.tensor(observed), torch.tensor(group_ids), generator).tolist()
 
 
-def stratum_metrics(cfg: Config, collected: CollectedBatch, strata: list[int]) -> dict[str, float]:
+def stratum_metrics(settings: StepSettings, collected: CollectedBatch, strata: list[int]) -> dict[str, float]:
     """stratum/cross_var and stratum/zero_san_frac on the strata the advantage used (see
     stratarl.algos.strata); with random strata also stratum/cross_var_observed on the real ones.
     stratum/live_groups_frac (groups with >= 2 strata of mean reward in [0.05, 0.95]) is always taken on the
@@ -112,7 +118,7 @@ def stratum_metrics(cfg: Config, collected: CollectedBatch, strata: list[int]) -
         "stratum/zero_san_frac": float(zero_san_fraction(rewards, groups, used)),
         "stratum/live_groups_frac": float(live_strata_group_fraction(rewards, groups, torch.tensor(collected.strata))),
     }
-    if cfg.algo.stratum_key == "random":
+    if settings.random_strata:
         out["stratum/cross_var_observed"] = float(
             cross_stratum_variance(rewards, groups, torch.tensor(collected.strata))
         )
@@ -149,25 +155,73 @@ def rl_step(run: RunState) -> dict[str, float]:
     return metrics
 
 
+def _rl_step(run: RunState) -> dict[str, float]:
+    """The stages of the module docstring, in order."""
+    step_start = time.perf_counter()
+    version, lag = _prepare_behaviour(run)
+    capture = _capture(run)
+    collected, faults = _collect(run, capture)
+    for rollout in collected.rollouts:
+        rollout.policy_version = version
+    if faults["update/skipped"]:  # no optimizer step: the rewards are the broken retriever's
+        return {
+            **batch_metrics(collected),
+            **faults,
+            **lag,
+            **run.timer.pop(),
+            "time/step": time.perf_counter() - step_start,
+        }
+    strata = advantage_strata(run.settings.step, collected.strata, collected.group_ids, run.step)
+    scored, forward = _score(run, collected, capture)
+    states = rollout_step_states(run.settings.algorithm, collected, run.tokenizer)
+    inputs = advantage_inputs(scored, collected.rewards, collected.group_ids, strata, states)
+    batch = compute_advantages(run.advantage, scored, inputs)
+    estimated = estimator_metrics(run.settings.algorithm, inputs)
+    with run.timer("update"):
+        update = run.parts.update(run.learner, batch, run.settings.update, run.shuffle_rng, forward=forward)
+
+    metrics = {
+        **batch_metrics(collected),
+        **advantage_metrics(batch.advantages, batch.response_mask),
+        **estimated,
+        **update,
+        **stratum_metrics(run.settings.step, collected, strata),
+        **em_by_type(collected.examples, collected.em),
+        **faults,
+        **lag,
+        **_mismatch(scored),
+    }
+    metrics.update(run.timer.pop())
+    metrics["perf/prefix_from_rollouts"] = float(forward.prefix is not None and forward.prefix.source == "rollouts")
+    metrics["time/step"] = time.perf_counter() - step_start
+    update_tokens = float(batch.attention_mask.sum()) * run.settings.update.epochs
+    metrics["perf/update_tokens_per_s"] = update_tokens / max(metrics.get("time/update", 0.0), 1e-9)
+    generated = sum(sum(r.response_mask) for r in collected.rollouts)
+    metrics["perf/generation_tokens_per_s"] = generated / max(collected.generation_s, 1e-9)
+    if run.settings.step.num_transcripts:
+        _write_transcripts(run, collected, strata, batch)
+    return metrics
+
+
 def _collect(run: RunState, capture: int | None) -> tuple[CollectedBatch, dict[str, float]]:
     """The step's rollouts without the faulty ones, and the fault metrics (``update/skipped`` 1: no update)."""
-    cfg = run.cfg
-    examples = [run.task.train[i] for i in run.sampler.next(cfg.trainer.prompts_per_step)]
+    settings = run.settings.step
+    examples = [run.task.train[i] for i in run.sampler.next(settings.prompts_per_step)]
     collected = run.parts.collect(
         run.generator,
         run.retriever,
         run.tokenizer,
         examples,
-        cfg.rollout,
+        settings.rollout,
         run.scoring,
-        group_size=cfg.rollout.group_size,
+        group_size=settings.rollout.group_size,
         prompt_cache=run.prompt_cache,
         capture_layer=capture,
     )
     run.timer.add("generation", collected.generation_s)
     run.timer.add("retrieval", collected.retrieval_s)
     faulty = faulty_rollouts(collected.rollouts)
-    faults = fault_metrics(faulty, cfg.retrieval.max_failed_fraction, cfg.trainer.mini_batches)
+    faults = fault_metrics(faulty, settings.max_failed_fraction, run.settings.update.mini_batches)
     if any(faulty) and not faults["update/skipped"]:
         collected = without_rollouts(collected, faulty)
     return collected, faults
@@ -182,73 +236,34 @@ def _prepare_behaviour(run: RunState) -> tuple[int, dict[str, float]]:
     return version, {"offpolicy/lag": float(lag), "offpolicy/policy_version": float(version)}
 
 
-def _rl_step(run: RunState) -> dict[str, float]:
-    cfg, timer = run.cfg, run.timer
-    step_start = time.perf_counter()
-    version, lag = _prepare_behaviour(run)
-    # The generator keeps the hidden states entering the lowest trainable layer: the frozen prefix the
-    # update needs, already computed while sampling (None when the fast update does not run, or when the
-    # sampler's numerics differ from the learner's: its states are not the learner's prefix).
-    same_numerics = run.behaviour is None or run.behaviour.same_numerics(cfg.device_policy)
-    capture = capture_layer(run.learner) if cfg.trainer.prefix_from_rollouts and same_numerics else None
-    collected, faults = _collect(run, capture)
-    for rollout in collected.rollouts:
-        rollout.policy_version = version
-    if faults["update/skipped"]:  # no optimizer step: the rewards are the broken retriever's
-        return {
-            **batch_metrics(collected),
-            **faults,
-            **lag,
-            **timer.pop(),
-            "time/step": time.perf_counter() - step_start,
-        }
-    strata = advantage_strata(cfg, collected.strata, collected.group_ids, run.step)
+def _capture(run: RunState) -> int | None:
+    """The decoder layer whose input states the generator keeps while sampling: the frozen prefix the update
+    needs, computed once (None when the fast update does not run, or when the sampler's numerics differ from
+    the learner's: its states are not the learner's prefix)."""
+    same_numerics = run.behaviour is None or run.behaviour.same_numerics(run.settings.policy)
+    return capture_layer(run.learner.model) if run.settings.step.prefix_from_rollouts and same_numerics else None
 
-    tokens = collate_rollouts(collected.rollouts, run.tokenizer.pad_token_id).to(cfg.trainer.device)
+
+def _score(run: RunState, collected: CollectedBatch, capture: int | None) -> tuple[ScoredBatch, PolicyForward]:
+    """The scored stage of the step's rollouts, and the policy's forward the update shares with it."""
+    tokens = collate_rollouts(collected.rollouts, run.tokenizer.pad_token_id).to(run.settings.step.device)
     sampling = scatter_response_values([r.sampling_logprobs for r in collected.rollouts], tokens.response_lengths)
-    with timer("frozen_prefix"):  # the frozen layers, once for the scoring pass and every optimizer step
+    with run.timer("frozen_prefix"):  # the frozen layers, once for the scoring pass and every optimizer step
         states = [r.frozen_states for r in collected.rollouts] if capture is not None else None
-        prefix = batch_prefix(run.learner, tokens, cfg, states=states)
+        forward = batch_forward(run.learner.model, tokens, run.settings.policy, states=states)
     for rollout in collected.rollouts:
         rollout.frozen_states = None  # the states' memory, now in the prefix
-    with timer("logprobs"):
+    with run.timer("logprobs"):
         scored = score_batch(
-            run.learner, tokens, cfg, sampling, prefix, shortcut=True, measure_learner=run.behaviour is not None
+            run.learner,
+            tokens,
+            run.settings.update,
+            sampling,
+            forward,
+            shortcut=True,
+            measure_learner=run.behaviour is not None,
         )
-    inputs = advantage_inputs(
-        scored,
-        collected.rewards,
-        collected.group_ids,
-        strata,
-        rollout_step_states(cfg.algorithm, collected, run.tokenizer),
-    )
-    batch = compute_advantages(run.advantage, scored, inputs)
-    estimated = estimator_metrics(cfg.algorithm, inputs)
-
-    with timer("update"):
-        update = run.parts.update(run.learner, batch, cfg, run.shuffle_rng, prefix=prefix)
-
-    metrics = {
-        **batch_metrics(collected),
-        **advantage_metrics(batch.advantages, batch.response_mask),
-        **estimated,
-        **update,
-        **stratum_metrics(cfg, collected, strata),
-        **em_by_type(collected.examples, collected.em),
-        **faults,
-        **lag,
-        **_mismatch(scored),
-    }
-    metrics.update(timer.pop())
-    metrics["perf/prefix_from_rollouts"] = float(prefix is not None and prefix.source == "rollouts")
-    metrics["time/step"] = time.perf_counter() - step_start
-    update_tokens = float(batch.attention_mask.sum()) * cfg.trainer.epochs
-    metrics["perf/update_tokens_per_s"] = update_tokens / max(metrics.get("time/update", 0.0), 1e-9)
-    generated = sum(sum(r.response_mask) for r in collected.rollouts)
-    metrics["perf/generation_tokens_per_s"] = generated / max(collected.generation_s, 1e-9)
-    if cfg.logging.num_transcripts:
-        _write_transcripts(run, collected, strata, batch)
-    return metrics
+    return scored, forward
 
 
 def _mismatch(scored: ScoredBatch) -> dict[str, float]:
@@ -266,5 +281,5 @@ def _write_transcripts(run: RunState, collected: CollectedBatch, strata: list[in
     records = [
         scored_transcript(r, e, run.tokenizer, reward=rw, stratum=s, advantage=float(a))
         for r, e, rw, s, a in zip(collected.rollouts, collected.examples, collected.rewards, strata, adv.tolist())
-    ][: run.cfg.logging.num_transcripts]
+    ][: run.settings.step.num_transcripts]
     write_transcripts(run.run_dir / "transcripts" / f"step_{run.step + 1:06d}.jsonl", records)

@@ -15,8 +15,10 @@ from stratarl.evaluation.greedy import aggregate, eval_metrics
 from stratarl.rollout.collect import Scoring
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import ConfigError, load_config
+from stratarl.trainer.learner import build_learner
+from stratarl.trainer.settings import StepSettings, UpdateSettings
 from stratarl.trainer.step import advantage_strata, em_by_type, stratum_metrics
-from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch
+from stratarl.trainer.update import accumulate_gradients, score_batch
 
 
 def _cfg(*overrides):
@@ -40,7 +42,7 @@ def _clipped_batch(learner, cfg, seed=0, rows=6):
     masks = [[1, 1, 1, 0, 0, 1, 1, 1] for _ in range(rows)]  # two turns around an observation
     tokens = collate_sequences(prompts, responses, masks, pad_id=0)
     adv = torch.tensor([1.0, -1.0, 0.5, 2.0, 1.5, 0.7])[:rows][:, None] * tokens.response_mask
-    batch = score_batch(learner, tokens, cfg).with_advantages(adv, adv.clone())
+    batch = score_batch(learner, tokens, UpdateSettings.from_config(cfg)).with_advantages(adv, adv.clone())
     return dataclasses.replace(batch, old_logprobs=batch.old_logprobs - 2.0 * batch.response_mask)
 
 
@@ -71,7 +73,7 @@ def test_normalisation_only_arm_scales_a_clipped_step(tiny_model):
     cfg = _cfg("algo.name=grpo", "algo.sorl_normalize=true")
     learner = build_learner(copy.deepcopy(tiny_model), cfg, total_optimizer_steps=1)
     assert learner.normalizer is not None and cfg.algorithm.ratio_level == "token"
-    metrics = accumulate_gradients(learner, _clipped_batch(learner, cfg), cfg)
+    metrics = accumulate_gradients(learner, _clipped_batch(learner, cfg), UpdateSettings.from_config(cfg))
     assert metrics["loss/clip_frac"] > 0 and "loss/clip_frac_turn" not in metrics  # token-level ratio
     out = learner.normalizer.apply()
     assert float(out["sorl/c_norm"]) > 0
@@ -86,7 +88,7 @@ def test_turn_ratio_only_arm_leaves_a_clipped_step_unscaled(tiny_model):
     for cfg in (cfg_turn_only, cfg_so):
         model = copy.deepcopy(tiny_model)
         learner = build_learner(model, cfg, total_optimizer_steps=1)
-        metrics = accumulate_gradients(learner, _clipped_batch(learner, cfg), cfg)
+        metrics = accumulate_gradients(learner, _clipped_batch(learner, cfg), UpdateSettings.from_config(cfg))
         assert metrics["loss/clip_frac_turn"] > 0  # turn-level ratio in both
         if cfg is cfg_turn_only:
             assert learner.normalizer is None  # nothing rescales .grad: scale 1
@@ -116,11 +118,11 @@ def test_random_strata_collect_the_search_counts_and_permute_per_step():
     plain = _cfg()
     observed = [0, 0, 1, 2, 2, 2, 0, 1, 1, 1, 3, 0]
     groups = [0] * 6 + [1] * 6
-    first, again, later = (advantage_strata(cfg, observed, groups, s) for s in (0, 0, 1))
+    first, again, later = (advantage_strata(StepSettings.from_config(cfg), observed, groups, s) for s in (0, 0, 1))
     assert first == again and first != later and first != observed
     for g in (0, 1):
         assert sorted(first[g * 6 : (g + 1) * 6]) == sorted(observed[g * 6 : (g + 1) * 6])
-    assert advantage_strata(plain, observed, groups, 0) == observed
+    assert advantage_strata(StepSettings.from_config(plain), observed, groups, 0) == observed
 
 
 class _Collected:
@@ -130,18 +132,20 @@ class _Collected:
 
 def test_stratum_metrics_of_a_step():
     collected = _Collected([1.0, 1.0, 0.0, 0.0], [0, 0, 0, 0], [1, 1, 0, 0])
-    m = stratum_metrics(_cfg(), collected, collected.strata)
+    m = stratum_metrics(StepSettings.from_config(_cfg()), collected, collected.strata)
     assert m == {
         "stratum/cross_var": pytest.approx(0.25),
         "stratum/zero_san_frac": 1.0,
         "stratum/live_groups_frac": 0.0,
     }
-    m = stratum_metrics(_cfg("algo.stratum_key=random"), collected, [1, 0, 1, 0])
+    m = stratum_metrics(StepSettings.from_config(_cfg("algo.stratum_key=random")), collected, [1, 0, 1, 0])
     assert m["stratum/cross_var"] == pytest.approx(0.0) and m["stratum/cross_var_observed"] == pytest.approx(0.25)
     # live strata are read on the observed strata whatever the advantage used: two live strata in one group
     live = _Collected([1.0, 0.0, 1.0, 0.0, 1.0, 1.0], [0] * 6, [1, 1, 2, 2, 3, 3])
-    assert stratum_metrics(_cfg(), live, live.strata)["stratum/live_groups_frac"] == 1.0
-    shuffled = stratum_metrics(_cfg("algo.stratum_key=random"), live, [1, 2, 1, 2, 3, 3])  # 0 live if used
+    assert stratum_metrics(StepSettings.from_config(_cfg()), live, live.strata)["stratum/live_groups_frac"] == 1.0
+    shuffled = stratum_metrics(
+        StepSettings.from_config(_cfg("algo.stratum_key=random")), live, [1, 2, 1, 2, 3, 3]
+    )  # 0 live if used
     assert shuffled["stratum/live_groups_frac"] == 1.0
 
 
@@ -219,7 +223,7 @@ def test_running_pg_statistic_starts_at_the_first_norm_and_resumes_from_a_checkp
     learner = build_learner(copy.deepcopy(tiny_model), cfg, total_optimizer_steps=2)
     assert learner.normalizer.rule == "running_pg" and learner.normalizer.ema == 0.8
     batch = _clipped_batch(learner, cfg)
-    accumulate_gradients(learner, batch, cfg)
+    accumulate_gradients(learner, batch, UpdateSettings.from_config(cfg))
     first = {k: float(v) for k, v in learner.normalizer.apply().items()}
     assert math.isclose(first["sorl/delta"], 0.5 * first["sorl/pg_grad_norm"], rel_tol=1e-6)
     assert first["sorl/engaged"] == float(first["sorl/c_norm"] > first["sorl/delta"])
@@ -227,11 +231,11 @@ def test_running_pg_statistic_starts_at_the_first_norm_and_resumes_from_a_checkp
     assert math.isclose(saved["pg_norm_ema"], first["sorl/pg_grad_norm"], rel_tol=1e-6)  # 0.8 m + 0.2 m = m
     for p in learner.model.parameters():
         p.grad = None
-    accumulate_gradients(learner, batch, cfg)
+    accumulate_gradients(learner, batch, UpdateSettings.from_config(cfg))
     second = float(learner.normalizer.apply()["sorl/scale"])
     restored = build_learner(copy.deepcopy(tiny_model), cfg, total_optimizer_steps=2)
     restored.normalizer.load_state_dict(saved)
-    accumulate_gradients(restored, batch, cfg)
+    accumulate_gradients(restored, batch, UpdateSettings.from_config(cfg))
     assert float(restored.normalizer.apply()["sorl/scale"]) == second
 
 
@@ -245,7 +249,7 @@ def _sgd_step_delta(tiny_model, *overrides):
     learner = build_learner(model, cfg, total_optimizer_steps=1)
     assert isinstance(learner.optimizer, torch.optim.SGD)
     before = [p.detach().clone() for p in model.parameters()]
-    metrics = optimizer_step(learner, _clipped_batch(learner, cfg), cfg)
+    metrics = optimizer_step(learner, _clipped_batch(learner, cfg), UpdateSettings.from_config(cfg))
     return [p.detach() - b for p, b in zip(model.parameters(), before)], metrics
 
 

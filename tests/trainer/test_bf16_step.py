@@ -21,8 +21,11 @@ from stratarl.models import build_tiny_model, freeze_all_but_last_layers
 from stratarl.rollout.generation import KVCacheGenerator, SamplingParams
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import load_config
+from stratarl.trainer.forward import batch_forward
+from stratarl.trainer.learner import build_learner
 from stratarl.trainer.logprobs import response_logprobs
-from stratarl.trainer.update import batch_prefix, build_learner, score_batch, update_policy
+from stratarl.trainer.settings import UpdateSettings
+from stratarl.trainer.update import score_batch, update_policy
 
 # bf16 keeps 8 bits of mantissa: through the 4 layers of this random model (log-probs around -6) token
 # log-probs moved by at most 0.0031 (scoring) and 0.0026 (the decoder's sampling log-probs); the bound is
@@ -80,16 +83,15 @@ def test_first_bf16_step_is_on_policy(algo, mini_batches, frozen_model):
     """One optimizer step per batch: no scoring pass, the update's own detached log-probs (ratio exactly 1).
     Two mini-batches: the scoring pass through the update's frozen prefix; the first step's |log ratio| < 1e-3
     (a separate full forward in bf16 gave 2.5e-3 on this model)."""
-    from stratarl.trainer import update as update_module
-
     model = copy.deepcopy(frozen_model)
     cfg = _cfg("bf16", f"algo.name={algo}", f"trainer.mini_batches={mini_batches}")
+    settings = UpdateSettings.from_config(cfg)
     learner = build_learner(model, cfg, total_optimizer_steps=mini_batches)
     tokens, advantages = _grouped_batch()
-    prefix = batch_prefix(learner, tokens, cfg)
-    assert prefix is not None  # the fast path: frozen layers once, shared by scoring and the update
-    scored = score_batch(learner, tokens, cfg, prefix=prefix, shortcut=True)
-    assert scored.on_policy == (mini_batches == 1) == update_module.on_policy_shortcut(cfg)
+    forward = batch_forward(learner.model, tokens, settings.policy)
+    assert forward.prefix is not None  # the fast path: frozen layers once, shared by scoring and the update
+    scored = score_batch(learner, tokens, settings, forward=forward, shortcut=True)
+    assert scored.on_policy == (mini_batches == 1) == settings.on_policy_shortcut
     batch = scored.with_advantages(advantages, advantages.clone())
     seen, stepped = [], []
     handle = learner.optimizer.register_step_post_hook(lambda *_: stepped.append(1))
@@ -102,7 +104,7 @@ def test_first_bf16_step_is_on_policy(algo, mini_batches, frozen_model):
 
     learner.policy_loss = recorded  # the learner's policy loss, injected
     try:
-        metrics = update_policy(learner, batch, cfg, torch.Generator().manual_seed(0), prefix=prefix)
+        metrics = update_policy(learner, batch, settings, torch.Generator().manual_seed(0), forward=forward)
     finally:
         handle.remove()
     assert seen and max(seen) < 1e-3, seen
@@ -116,16 +118,14 @@ def test_first_bf16_step_is_on_policy(algo, mini_batches, frozen_model):
 
 
 def test_the_shortcut_needs_recompute_and_one_step_and_refuses_an_unscored_batch(frozen_model):
-    from stratarl.trainer.update import on_policy_shortcut
-
-    assert on_policy_shortcut(_cfg("fp32"))
-    assert not on_policy_shortcut(_cfg("fp32", "trainer.epochs=2"))
-    assert not on_policy_shortcut(_cfg("fp32", "algo.old_logprobs=rollout"))
+    assert UpdateSettings.from_config(_cfg("fp32")).on_policy_shortcut
+    assert not UpdateSettings.from_config(_cfg("fp32", "trainer.epochs=2")).on_policy_shortcut
+    assert not UpdateSettings.from_config(_cfg("fp32", "algo.old_logprobs=rollout")).on_policy_shortcut
     cfg = _cfg("fp32", "trainer.mini_batches=2")
     learner = build_learner(copy.deepcopy(frozen_model), cfg, total_optimizer_steps=2)
     tokens, _ = _grouped_batch()
     with pytest.raises(TypeError, match="unscored TokenBatch: score it first"):
-        update_policy(learner, tokens, cfg, torch.Generator().manual_seed(0))
+        update_policy(learner, tokens, UpdateSettings.from_config(cfg), torch.Generator().manual_seed(0))
 
 
 def test_bf16_scoring_through_the_prefix_is_within_the_bound_of_fp32(frozen_model):
@@ -134,7 +134,10 @@ def test_bf16_scoring_through_the_prefix_is_within_the_bound_of_fp32(frozen_mode
     for precision in ("fp32", "bf16"):
         cfg = _cfg(precision, "trainer.mini_batches=2")  # a scoring pass (no on-policy shortcut)
         learner = build_learner(copy.deepcopy(frozen_model), cfg, total_optimizer_steps=1)
-        scored[precision] = score_batch(learner, tokens, cfg, prefix=batch_prefix(learner, tokens, cfg))
+        settings = UpdateSettings.from_config(cfg)
+        scored[precision] = score_batch(
+            learner, tokens, settings, forward=batch_forward(learner.model, tokens, settings.policy)
+        )
     batch32, batch16 = scored["fp32"], scored["bf16"]
     mask = batch32.response_mask.bool()
     error = float((batch16.old_logprobs - batch32.old_logprobs)[mask].abs().max())
@@ -146,8 +149,9 @@ def test_scoring_through_the_prefix_equals_the_full_forward_in_fp32(frozen_model
     cfg = _cfg("fp32", "trainer.mini_batches=2")
     learner = build_learner(copy.deepcopy(frozen_model), cfg, total_optimizer_steps=1)
     tokens, _ = _grouped_batch(2)
-    shared = score_batch(learner, tokens, cfg, prefix=batch_prefix(learner, tokens, cfg))
-    plain = score_batch(learner, tokens, cfg)
+    settings = UpdateSettings.from_config(cfg)
+    shared = score_batch(learner, tokens, settings, forward=batch_forward(learner.model, tokens, settings.policy))
+    plain = score_batch(learner, tokens, settings)
     torch.testing.assert_close(shared.old_logprobs, plain.old_logprobs, rtol=1e-5, atol=1e-5)
 
 

@@ -17,6 +17,7 @@ from stratarl.infra.precision import DevicePolicy, check_placement, resolve_prec
 from stratarl.rollout.backends import AutocastGenerator, make_generator
 from stratarl.rollout.generation import Generator
 from stratarl.trainer.config import load_config
+from stratarl.trainer.settings import UpdateSettings
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
@@ -159,7 +160,7 @@ def test_autocast_generator_runs_generate_under_autocast():
 
 
 def test_build_learner_puts_value_head_reference_and_normaliser_on_the_models_device():
-    from stratarl.trainer.update import build_learner
+    from stratarl.trainer.learner import build_learner
 
     with torch.device("meta"):
         model = _tiny_llama()
@@ -248,8 +249,9 @@ def test_value_head_stays_fp32_under_autocast():
 def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close_to_fp32():
     from stratarl.trainer.batch import scatter_response_values
     from stratarl.trainer.config.resolve import bound_advantage
+    from stratarl.trainer.learner import build_learner
     from stratarl.trainer.step import advantage_inputs, compute_advantages
-    from stratarl.trainer.update import build_learner, optimizer_step, score_batch
+    from stratarl.trainer.update import optimizer_step, score_batch
 
     grads = {}
     for precision in ("fp32", "bf16"):
@@ -258,7 +260,7 @@ def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close
         learner = build_learner(model, cfg, total_optimizer_steps=2)
         tokens = _batch()
         sampling = scatter_response_values([[0.0] * 4, [0.0] * 2, [0.0] * 3], tokens.response_lengths)
-        scored = score_batch(learner, tokens, cfg, sampling)
+        scored = score_batch(learner, tokens, UpdateSettings.from_config(cfg), sampling)
         assert scored.old_logprobs.dtype == scored.ref_logprobs.dtype == scored.old_values.dtype == torch.float32
         batch = compute_advantages(
             bound_advantage(cfg.algorithm), scored, advantage_inputs(scored, [1.0, 0.0, 0.5], [0, 0, 1], [0, 0, 0])
@@ -267,7 +269,7 @@ def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close
         params = dict(model.named_parameters())
         for name, p in params.items():
             p.register_hook(lambda g, name=name: grads.setdefault(precision, {}).__setitem__(name, g.clone()))
-        optimizer_step(learner, batch, cfg)
+        optimizer_step(learner, batch, UpdateSettings.from_config(cfg))
         check_placement(model, "cpu", learner.value_head, learner.ref_model)
         for group in learner.optimizer.param_groups:
             for p in group["params"]:
@@ -286,8 +288,9 @@ def test_bf16_update_keeps_fp32_weights_and_optimizer_state_with_gradients_close
 def test_every_preset_scores_and_updates_under_bf16(algo):
     from stratarl.algos.registry import advantage_info
     from stratarl.trainer.config.resolve import bound_advantage
+    from stratarl.trainer.learner import build_learner
     from stratarl.trainer.step import advantage_inputs, compute_advantages
-    from stratarl.trainer.update import build_learner, score_batch, update_policy
+    from stratarl.trainer.update import score_batch, update_policy
 
     cfg = load_config(
         TINY,
@@ -301,14 +304,14 @@ def test_every_preset_scores_and_updates_under_bf16(algo):
     )
     model = _tiny_llama()
     learner = build_learner(model, cfg, total_optimizer_steps=1)
-    scored = score_batch(learner, _batch(), cfg)
+    scored = score_batch(learner, _batch(), UpdateSettings.from_config(cfg))
     # GiGPO reads each turn's anchor state (rollout 0 has two turns, the others one).
     states = [("", "\x1eobs"), ("",), ("",)] if advantage_info(cfg.algorithm.advantage).needs_step_states else None
     batch = compute_advantages(
         bound_advantage(cfg.algorithm), scored, advantage_inputs(scored, [1.0, 0.0, 0.5], [0, 0, 1], [0, 1, 0], states)
     )
     before = [p.detach().clone() for p in model.parameters()]
-    metrics = update_policy(learner, batch, cfg, torch.Generator().manual_seed(0))
+    metrics = update_policy(learner, batch, UpdateSettings.from_config(cfg), torch.Generator().manual_seed(0))
     assert math.isfinite(metrics["loss/policy"]) and metrics["optim/skipped_steps"] == 0.0
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     check_placement(model, "cpu", learner.value_head, learner.ref_model)  # still fp32 master weights

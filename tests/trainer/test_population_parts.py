@@ -206,13 +206,9 @@ def _recorded_update_calls(tmp_path, arms: list[tuple[int, str, list[str]]]):
 
     calls, solo = [], []
 
-    def recorder(learner, batch, cfg, generator, **kw):
-        calls.append(
-            UpdateCall(
-                copy.deepcopy(learner), batch, cfg, copy.deepcopy(generator), kw.get("impl", "fast"), kw.get("prefix")
-            )
-        )
-        out = update_policy(learner, batch, cfg, generator, **kw)
+    def recorder(learner, batch, settings, generator, **kw):
+        calls.append(UpdateCall(copy.deepcopy(learner), batch, settings, copy.deepcopy(generator), kw.get("forward")))
+        out = update_policy(learner, batch, settings, generator, **kw)
         solo.append((out, learner))
         return out
 

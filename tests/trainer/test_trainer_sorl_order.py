@@ -11,7 +11,9 @@ import torch
 
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import load_config
-from stratarl.trainer.update import build_learner, optimizer_step, score_batch
+from stratarl.trainer.learner import build_learner
+from stratarl.trainer.settings import UpdateSettings
+from stratarl.trainer.update import optimizer_step, score_batch
 
 
 def _step(tiny_model, *overrides):
@@ -35,9 +37,11 @@ def _step(tiny_model, *overrides):
     responses = [torch.randint(3, 500, (8,), generator=g).tolist() for _ in range(4)]
     tokens = collate_sequences(prompts, responses, [[1, 1, 1, 0, 0, 1, 1, 1]] * 4, pad_id=0)
     advantages = torch.tensor([1.0, -1.0, 0.5, 2.0])[:, None] * tokens.response_mask
-    batch = score_batch(learner, tokens, cfg).with_advantages(advantages, advantages.clone())
+    batch = score_batch(learner, tokens, UpdateSettings.from_config(cfg)).with_advantages(
+        advantages, advantages.clone()
+    )
     batch = replace(batch, old_logprobs=batch.old_logprobs - 2.0 * batch.response_mask)  # all clipped: ||C|| > 0
-    return optimizer_step(learner, batch, cfg)
+    return optimizer_step(learner, batch, UpdateSettings.from_config(cfg))
 
 
 @pytest.mark.parametrize("order", ["before_clip", "after_clip"])

@@ -11,7 +11,9 @@ import torch
 
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import load_config
-from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch, update_policy
+from stratarl.trainer.learner import build_learner
+from stratarl.trainer.settings import UpdateSettings
+from stratarl.trainer.update import accumulate_gradients, score_batch, update_policy
 
 
 def _batch(seed: int = 0, rows: int = 6):
@@ -33,7 +35,7 @@ def _batch(seed: int = 0, rows: int = 6):
 def _train_batch(learner, cfg, seed: int = 0, rows: int = 6):
     """``_batch(seed)`` scored by ``learner`` (recomputed old log-probs), with its advantages as returns too."""
     tokens, advantages = _batch(seed, rows)
-    return score_batch(learner, tokens, cfg).with_advantages(advantages, advantages.clone())
+    return score_batch(learner, tokens, UpdateSettings.from_config(cfg)).with_advantages(advantages, advantages.clone())
 
 
 def _cfg(*overrides):
@@ -63,7 +65,7 @@ def _by_micro_batch_budget(tiny_model, *overrides):
         batch = _train_batch(learner, cfg)
         batch = replace(batch, old_logprobs=batch.old_logprobs - 0.05)  # off-policy: ratios != 1, some clipped
         model.zero_grad(set_to_none=True)
-        metrics = accumulate_gradients(learner, batch, cfg)
+        metrics = accumulate_gradients(learner, batch, UpdateSettings.from_config(cfg))
         results.append((_grads(model), metrics, batch))
     return results
 
@@ -82,7 +84,7 @@ def test_first_step_is_on_policy(tiny_model):
     cfg = _cfg("trainer.micro_batch_tokens=40")
     learner = build_learner(model, cfg, total_optimizer_steps=1)
     batch = _train_batch(learner, cfg, 1)
-    metrics = accumulate_gradients(learner, batch, cfg)
+    metrics = accumulate_gradients(learner, batch, UpdateSettings.from_config(cfg))
     assert metrics["loss/clip_frac"] == 0.0
     torch.testing.assert_close(metrics["loss/ratio_max"], 1.0)
     torch.testing.assert_close(metrics["loss/ratio_min"], 1.0)
@@ -95,7 +97,7 @@ def test_observation_tokens_never_contribute(tiny_model):
     batch = _train_batch(learner, cfg, 2)
     batch = replace(batch, old_logprobs=batch.old_logprobs + 0.1)
     model.zero_grad(set_to_none=True)
-    accumulate_gradients(learner, batch, cfg)
+    accumulate_gradients(learner, batch, UpdateSettings.from_config(cfg))
     reference = _grads(model)
     # Scribble on every masked (observation / padding) entry of the loss inputs.
     off = batch.response_mask == 0
@@ -106,7 +108,7 @@ def test_observation_tokens_never_contribute(tiny_model):
         ref_logprobs=torch.where(off, torch.full_like(batch.ref_logprobs, 7.0), batch.ref_logprobs),
     )
     model.zero_grad(set_to_none=True)
-    accumulate_gradients(learner, batch, cfg)
+    accumulate_gradients(learner, batch, UpdateSettings.from_config(cfg))
     for a, b in zip(reference, _grads(model)):
         torch.testing.assert_close(a, b)
 
@@ -121,7 +123,7 @@ def test_so_grpo_logs_sorl_metrics_and_is_plain_ppo_when_nothing_clipped(tiny_mo
         model = copy.deepcopy(tiny_model)
         learner = build_learner(model, cfg, total_optimizer_steps=1)
         batch = _train_batch(learner, cfg, 3)
-        metrics = update_policy(learner, batch, cfg, torch.Generator().manual_seed(0))
+        metrics = update_policy(learner, batch, UpdateSettings.from_config(cfg), torch.Generator().manual_seed(0))
         finals.append([p.detach().clone() for p in model.parameters()])
         if cfg is cfg_so:
             assert metrics["sorl/c_norm"] == 0.0 and metrics["sorl/scale"] == 1.0
@@ -138,7 +140,7 @@ def test_so_grpo_shrinks_a_heavily_clipped_step(tiny_model):
     batch = _train_batch(learner, cfg, 4)
     batch = replace(batch, old_logprobs=batch.old_logprobs - 2.0 * batch.response_mask)  # ratio e^2: clipped
     model.zero_grad(set_to_none=True)
-    metrics = accumulate_gradients(learner, batch, cfg)
+    metrics = accumulate_gradients(learner, batch, UpdateSettings.from_config(cfg))
     assert metrics["loss/clip_frac"] > 0
     out = learner.normalizer.apply()
     assert out["sorl/c_norm"] > 0
@@ -154,13 +156,13 @@ def test_ppo_critic_learns_without_touching_the_policy_gradient(tiny_model):
     assert batch.old_values is not None and batch.old_values.abs().sum() == 0  # zero-initialised head
     batch = replace(batch, returns=batch.advantages + 1.0 * batch.response_mask)
     model.zero_grad(set_to_none=True)
-    accumulate_gradients(learner, batch, cfg)
+    accumulate_gradients(learner, batch, UpdateSettings.from_config(cfg))
     with_critic = _grads(model)
     assert learner.value_head.linear.bias.grad.abs() > 0
     # Same batch without the value term: identical policy gradient (the head reads detached states).
     learner.value_head = None
     model.zero_grad(set_to_none=True)
-    accumulate_gradients(learner, batch, cfg)
+    accumulate_gradients(learner, batch, UpdateSettings.from_config(cfg))
     for a, b in zip(with_critic, _grads(model)):
         torch.testing.assert_close(a, b)
 
@@ -195,10 +197,9 @@ def test_seq_mean_token_sum_norm_uses_one_constant_length_so_micro_batching_does
     micro-batch's padded length: one micro-batch and one row at a time give the same gradient, and the policy
     loss is the hand-computed Σ_rows Σ_t / (B · L) of the same per-token terms."""
     from stratarl.algos import clipped_policy_loss
-    from stratarl.trainer.update import norm_length
 
     overrides = ("algo.loss_agg=seq-mean-token-sum-norm", "rollout.max_total_tokens=300")
-    assert norm_length(_cfg(*overrides)) == 300
+    assert UpdateSettings.from_config(_cfg(*overrides)).norm_length == 300
     results = _by_micro_batch_budget(tiny_model, *overrides)
     for a, b in zip(results[0][0], results[1][0]):
         torch.testing.assert_close(a, b)
@@ -239,11 +240,11 @@ def _on_policy_gradient(tiny_model, name: str, advantages: torch.Tensor) -> list
     cfg = _cfg(f"algo.name={name}")
     learner = build_learner(model, cfg, total_optimizer_steps=1)
     tokens, _ = _batch(6)
-    batch = score_batch(learner, tokens, cfg).with_advantages(
+    batch = score_batch(learner, tokens, UpdateSettings.from_config(cfg)).with_advantages(
         advantages * tokens.response_mask, advantages * tokens.response_mask
     )
     model.zero_grad(set_to_none=True)
-    metrics = accumulate_gradients(learner, batch, cfg)
+    metrics = accumulate_gradients(learner, batch, UpdateSettings.from_config(cfg))
     assert metrics["loss/clip_frac"] == 0.0  # on-policy: nothing clipped, C = 0
     return _grads(model)
 

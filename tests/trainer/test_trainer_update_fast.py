@@ -14,8 +14,11 @@ from stratarl.infra.flops import record_decoder_calls
 from stratarl.models import build_tiny_model, freeze_all_but_last_layers
 from stratarl.trainer.batch import collate_sequences
 from stratarl.trainer.config import load_config
+from stratarl.trainer.forward import REFERENCE, PrefixForward
+from stratarl.trainer.learner import build_learner
 from stratarl.trainer.prefix import frozen_prefix, group_micro_batches, unsupported_reason
-from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch, update_policy
+from stratarl.trainer.settings import UpdateSettings
+from stratarl.trainer.update import accumulate_gradients, score_batch, update_policy
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,7 @@ def _grouped_batch(seed: int = 0, groups: int = 3, group_size: int = 3):
 def _train_batch(learner, cfg, seed: int = 0):
     """``_grouped_batch(seed)`` scored by ``learner`` (recomputed old log-probs), with its advantages."""
     tokens, advantages = _grouped_batch(seed)
-    return score_batch(learner, tokens, cfg).with_advantages(advantages, advantages.clone())
+    return score_batch(learner, tokens, UpdateSettings.from_config(cfg)).with_advantages(advantages, advantages.clone())
 
 
 def _cfg(*overrides):
@@ -77,7 +80,13 @@ def _params_after_update(frozen_model, cfg, impl: str, *, batch_seed: int, optim
     model = copy.deepcopy(frozen_model)
     handle = model.model.layers[0].mlp.down_proj.register_forward_hook(hook) if hook is not None else None
     learner = build_learner(model, cfg, total_optimizer_steps=optimizer_steps)
-    update_policy(learner, _train_batch(learner, cfg, batch_seed), cfg, torch.Generator().manual_seed(0), impl=impl)
+    update_policy(
+        learner,
+        _train_batch(learner, cfg, batch_seed),
+        UpdateSettings.from_config(cfg),
+        torch.Generator().manual_seed(0),
+        impl=impl,
+    )
     if handle is not None:
         handle.remove()
     return [p.detach().clone() for p in model.parameters()]
@@ -109,12 +118,11 @@ def test_fast_gradients_equal_the_reference(frozen_model, overrides):
         batch = dataclasses.replace(batch, old_logprobs=batch.old_logprobs - 0.1 * batch.response_mask)
         if learner.value_head is not None:  # a non-zero critic, so the value loss has a gradient
             torch.nn.init.normal_(learner.value_head.linear.weight, std=0.1, generator=torch.Generator().manual_seed(0))
-        rows = list(range(batch.size))
-        prefix = None
+        forward = REFERENCE
         if impl == "fast":
-            prefix = frozen_prefix(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
+            forward = PrefixForward(frozen_prefix(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths))
         model.train()
-        metrics = accumulate_gradients(learner, batch, cfg, prefix, rows if prefix is not None else None)
+        metrics = accumulate_gradients(learner, batch, UpdateSettings.from_config(cfg), forward)
         results.append((_grads(model, learner.value_head), metrics))
     (ref_grads, ref_metrics), (fast_grads, fast_metrics) = results
     assert any(g.abs().sum() > 0 for g in ref_grads)
@@ -157,7 +165,7 @@ def test_frozen_layers_run_once_per_batch_in_the_fast_update(frozen_model):
         learner = build_learner(model, cfg, total_optimizer_steps=4)
         batch = _train_batch(learner, cfg, 2)
         with record_decoder_calls(model) as record:
-            update_policy(learner, batch, cfg, torch.Generator().manual_seed(0), impl=impl)
+            update_policy(learner, batch, UpdateSettings.from_config(cfg), torch.Generator().manual_seed(0), impl=impl)
         counts[impl] = sum(r * q for layer, r, q, _, _, _ in record.calls if layer == 0)
     batch, _ = _grouped_batch(2)
     unique_prompt_tokens = 3 * int(batch.prompt_lengths.max())  # 3 prompts, left-padded to the longest
@@ -191,7 +199,13 @@ def test_an_unknown_update_impl_is_refused(frozen_model):
     cfg = _cfg()
     learner = build_learner(copy.deepcopy(frozen_model), cfg, total_optimizer_steps=1)
     with pytest.raises(ValueError, match="update impl 'quick' is not one of"):
-        update_policy(learner, _train_batch(learner, cfg), cfg, torch.Generator().manual_seed(0), impl="quick")
+        update_policy(
+            learner,
+            _train_batch(learner, cfg),
+            UpdateSettings.from_config(cfg),
+            torch.Generator().manual_seed(0),
+            impl="quick",
+        )
 
 
 def test_fast_update_under_bf16_runs_the_frozen_prefix_in_bf16_and_tracks_the_reference(frozen_model):

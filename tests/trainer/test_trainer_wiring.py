@@ -23,6 +23,7 @@ from stratarl.algos.advantages import (
     stratified_advantages,
 )
 from stratarl.trainer.config import load_config
+from stratarl.trainer.settings import UpdateSettings
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
@@ -47,14 +48,14 @@ def spy():
 
     def install(run):
         real_collect, real_update, real_loss = run.parts.collect, run.parts.update, run.learner.policy_loss
-        name = run.cfg.algorithm.policy_loss
+        name = run.settings.algorithm.policy_loss
 
         def collect(*args, **kwargs):
             record["collected"] = real_collect(*args, **kwargs)
             return record["collected"]
 
-        def update_policy(learner, batch, cfg, generator, **kwargs):
-            record["batch"], record["prefix"] = copy.deepcopy(batch), kwargs.get("prefix")
+        def update_policy(learner, batch, settings, generator, **kwargs):
+            record["batch"], record["prefix"] = copy.deepcopy(batch), kwargs["forward"].prefix
             record["optimizer_steps"] = 0
 
             def counted(*_):
@@ -62,7 +63,7 @@ def spy():
 
             handle = learner.optimizer.register_step_post_hook(counted)
             try:
-                return real_update(learner, batch, cfg, generator, **kwargs)
+                return real_update(learner, batch, settings, generator, **kwargs)
             finally:
                 handle.remove()
 
@@ -237,7 +238,8 @@ def test_observation_positions_never_move_the_gradient(tiny_model):
     """Whatever the batch holds at observation positions (response_mask 0: advantages, behaviour and reference
     log-probs, values, returns), the accumulated gradient is the same, for every preset."""
     from stratarl.trainer.batch import collate_sequences
-    from stratarl.trainer.update import accumulate_gradients, build_learner, score_batch
+    from stratarl.trainer.learner import build_learner
+    from stratarl.trainer.update import accumulate_gradients, score_batch
 
     for name in ("grpo", "stratified_grpo", "ppo", "so_ppo", "so_grpo"):
         cfg = load_config(
@@ -253,7 +255,9 @@ def test_observation_positions_never_move_the_gradient(tiny_model):
             masks = [[1, 1, 1, 0, 0, 1, 1, 1]] * 4  # an observation block between two turns
             tokens = collate_sequences(prompts, responses, masks, pad_id=0)
             advantages = torch.tensor([1.0, -1.0, 0.5, 2.0])[:, None] * tokens.response_mask
-            batch = score_batch(learner, tokens, cfg).with_advantages(advantages, advantages.clone())
+            batch = score_batch(learner, tokens, UpdateSettings.from_config(cfg)).with_advantages(
+                advantages, advantages.clone()
+            )
             obs = (batch.response_mask == 0).float()
             obs[:, 8:] = 0.0
             assert obs.sum() == 8
@@ -266,7 +270,7 @@ def test_observation_positions_never_move_the_gradient(tiny_model):
                 ref_logprobs=batch.ref_logprobs - poison * 3.0 * obs,
                 old_values=None if batch.old_values is None else batch.old_values + poison * 7.0 * obs,
             )
-            accumulate_gradients(learner, batch, cfg)
+            accumulate_gradients(learner, batch, UpdateSettings.from_config(cfg))
             grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
         assert grads[0]
         for a, b in zip(*grads):

@@ -22,9 +22,12 @@ from stratarl.rollout.collect import collect as real_collect
 from stratarl.rollout.generation import Generation, Generator
 from stratarl.trainer.batch import collate_rollouts, collate_sequences
 from stratarl.trainer.config import load_config
+from stratarl.trainer.forward import REFERENCE
+from stratarl.trainer.learner import build_learner
 from stratarl.trainer.run import RunParts, build_run
+from stratarl.trainer.settings import UpdateSettings
 from stratarl.trainer.step import rl_step
-from stratarl.trainer.update import build_learner, micro_batch_loss, score_batch
+from stratarl.trainer.update import micro_batch_terms, score_batch
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
@@ -42,7 +45,9 @@ def _kl_batch(learner, cfg):
     responses = [torch.randint(3, 500, (8,), generator=g).tolist() for _ in range(4)]
     tokens = collate_sequences(prompts, responses, [[1, 1, 1, 0, 0, 1, 1, 1]] * 4, pad_id=0)
     advantages = torch.tensor([1.0, -1.0, 0.5, 2.0])[:, None] * tokens.response_mask
-    batch = score_batch(learner, tokens, cfg).with_advantages(advantages, advantages.clone())
+    batch = score_batch(learner, tokens, UpdateSettings.from_config(cfg)).with_advantages(
+        advantages, advantages.clone()
+    )
     return dataclasses.replace(batch, ref_logprobs=batch.old_logprobs - SHIFT * batch.response_mask)
 
 
@@ -52,7 +57,7 @@ def test_kl_coef_weights_the_kl_term_of_the_loss(estimator, tiny_model):
     policy part is the same, the loss moves by exactly delta(kl_coef) x KL. With k1 the KL is hand-derived:
     the reference log-probs are SHIFT below the policy's on every policy token, so KL = SHIFT exactly
     (k3: exp(-SHIFT) + SHIFT - 1). Catches ``loss + kl`` (weight 1) or any fixed weight in place of
-    ``algo.kl_coef * kl`` in ``micro_batch_loss``."""
+    ``settings.kl_coef * kl`` in ``micro_batch_terms``."""
     coefs = (0.05, 0.5)
     cfgs = [
         load_config(
@@ -73,7 +78,15 @@ def test_kl_coef_weights_the_kl_term_of_the_loss(estimator, tiny_model):
     expected_kl = SHIFT if estimator == "k1" else float(torch.exp(torch.tensor(-SHIFT)) + SHIFT - 1)
     out = []
     for c, cfg in zip(coefs, cfgs):
-        loss, _, metrics = micro_batch_loss(learner, batch, cfg)
+        settings = UpdateSettings.from_config(cfg)
+        forward = REFERENCE.response_logprobs(
+            learner.model,
+            batch,
+            chunk_tokens=settings.logprob_chunk_tokens,
+            temperature=settings.temperature,
+            with_entropy=True,
+        )
+        loss, _, metrics = micro_batch_terms(learner, batch, settings, forward)
         kl, policy = float(metrics["loss/kl"]), float(metrics["loss/policy"])
         assert kl == pytest.approx(expected_kl, abs=1e-5)
         assert float(loss.detach()) == pytest.approx(policy + c * kl, abs=1e-6), f"loss is not policy + {c} x KL"

@@ -6,11 +6,12 @@ rewritten (stratarl.trainer.config.legacy), then the whole tree is validated. Ev
 path, the bad value, why it is wrong and how to fix it. Unknown keys list the valid ones with a close-match
 suggestion. The resolved tree is saved as ``config.yaml`` in the run directory.
 
-Validation also resolves, once, what the rest of the code reads instead of re-deriving it: the frozen
-algorithm (``Config.algorithm``, stratarl.trainer.config.resolve), and gives the rollout section its passages per
-search (``retrieval.topk``, the one place that sets it). The device / precision policy
-(``Config.device_policy``, stratarl.infra.precision) depends on the machine, so it is resolved once, on
-first use (``build_run`` asks first, so bf16 on a GPU without it fails before any work).
+Validation also checks that the algorithm resolves (stratarl.trainer.config.resolve), and gives the rollout section
+its passages per search (``retrieval.topk``, the one place that sets it). The config stores nothing resolved:
+``Config.algorithm`` and ``Config.device_policy`` (stratarl.infra.precision; it depends on the machine) are derived
+from their sections on each read, so a copy (``dataclasses.replace``) cannot lose them. A run resolves both once,
+into frozen values its step and update read (``stratarl.trainer.settings.RunSettings``; ``build_run`` does it
+first, so bf16 on a GPU without it fails before any work).
 
 The package: the root here (``Config``, ``load_config``, ``save_config``), the sections in ``sections``, ``algo``
 and ``sft``, the older spellings in ``legacy`` and the algorithm's resolution in ``resolve``.
@@ -34,7 +35,7 @@ from stratarl.algos.sorl import DELTA_RULES as SORL_DELTA_RULES
 from stratarl.config_errors import ConfigError, yaml_syntax_error
 from stratarl.config_errors import fail as _fail
 from stratarl.config_tree import apply_overrides, build, parse_override
-from stratarl.infra.precision import DevicePolicy
+from stratarl.infra.precision import DevicePolicy, policy_of
 from stratarl.rollout.config import RolloutConfig
 from stratarl.trainer.config.algo import ALGORITHMS, LOSS_AGGREGATIONS, SORL_ORDERS, AlgoConfig
 from stratarl.trainer.config.legacy import rewrite_legacy
@@ -82,9 +83,9 @@ __all__ = [
 
 @dataclass
 class Config:
-    """The whole tree. ``validate()`` checks every section and their combinations and resolves ``algorithm``
-    once; ``device_policy`` is resolved on first use (read both only from a validated config: ``load_config``
-    and ``config_from_dict`` validate; after ``dataclasses.replace`` call ``validate()`` again)."""
+    """The whole tree. ``validate()`` checks every section and their combinations (``load_config`` and
+    ``config_from_dict`` validate; a copy changed by ``dataclasses.replace`` is checked by ``validate()`` again).
+    ``algorithm`` and ``device_policy`` are derived from their sections; nothing resolved is stored."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -131,23 +132,15 @@ class Config:
 
     @property
     def algorithm(self) -> AlgorithmSpec:
-        """The resolved algorithm: its five parts and their complete keyword arguments (frozen)."""
-        return self._resolved("_algorithm")
+        """The resolved algorithm: its five parts and their complete keyword arguments (frozen), derived from the
+        ``algo`` section on each read (a run reads it once: ``RunSettings``)."""
+        return resolve_algorithm(self.algo)
 
     @property
     def device_policy(self) -> DevicePolicy:
-        """Where the run computes and in what precision (``trainer.device``, ``trainer.precision``), resolved on
-        first use and kept: it depends on the machine (a config written for a GPU loads on a laptop)."""
-        self._resolved("_algorithm")  # validated
-        if "_device_policy" not in self.__dict__:
-            self._device_policy = DevicePolicy.create(self.trainer.device, self.trainer.precision)
-        return self._device_policy
-
-    def _resolved(self, name: str):
-        try:
-            return self.__dict__[name]
-        except KeyError:
-            raise RuntimeError("the config has not been validated: call Config.validate() (load_config does)") from None
+        """Where the run computes and in what precision (``trainer.device``, ``trainer.precision``), derived on
+        each read: it depends on the machine (a config written for a GPU loads on a laptop)."""
+        return policy_of(self.trainer)
 
     def _check_across_sections(self) -> None:
         if self.rollout.greedy:
@@ -166,8 +159,7 @@ class Config:
                 f"{self.rollout.group_size} = {rollouts} rollouts to cut into mini-batches",
                 f"use trainer.mini_batches <= {rollouts}, or raise trainer.prompts_per_step / rollout.group_size",
             )
-        spec = self._algorithm = resolve_algorithm(self.algo)
-        self.__dict__.pop("_device_policy", None)  # resolved again on first use
+        spec = resolve_algorithm(self.algo)  # an algorithm that does not resolve fails here, naming the field
         if self.rollout.group_size < 2 and advantage_info(spec.advantage).group_relative:
             _fail(
                 "rollout.group_size",
