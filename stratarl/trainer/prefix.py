@@ -71,10 +71,11 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 
 def lowest_trainable_layer(decoder: torch.nn.Module) -> int:
     """Index of the lowest decoder layer with a trainable parameter (the number of layers if none)."""
-    for index, layer in enumerate(decoder.layers):
+    layers: torch.nn.ModuleList = decoder.layers  # type: ignore[assignment]  # a Llama-type decoder's ModuleList
+    for index, layer in enumerate(layers):
         if any(p.requires_grad for p in layer.parameters()):
             return index
-    return len(decoder.layers)
+    return len(layers)
 
 
 def _run_layers(
@@ -171,9 +172,9 @@ def frozen_prefix(
     U, P = len(prompts), int(prompt_lengths.max())
     prompt_ids = input_ids.new_zeros((U, P))
     prompt_valid = torch.zeros((U, P), dtype=torch.bool, device=device)
-    for u, prompt in enumerate(prompts):  # left padding: every prompt ends at column P - 1
-        prompt_ids[u, P - len(prompt) :] = torch.tensor(prompt, dtype=input_ids.dtype)
-        prompt_valid[u, P - len(prompt) :] = True
+    for prompt_index, prompt in enumerate(prompts):  # left padding: every prompt ends at column P - 1
+        prompt_ids[prompt_index, P - len(prompt) :] = torch.tensor(prompt, dtype=input_ids.dtype)
+        prompt_valid[prompt_index, P - len(prompt) :] = True
     prompt_positions = (prompt_valid.long().cumsum(-1) - 1).clamp(min=0)
     prompt_hidden, prompt_kv = _run_layers(
         decoder, 0, k, decoder.embed_tokens(prompt_ids), prompt_positions, prompt_valid

@@ -118,11 +118,14 @@ def _score_rows(
             )
         if learner_lp is not None:
             learner_lp[rows, :t] = out["logprobs"]
-        if values is not None:
+        if values is not None and learner.value_head is not None:
             values[rows, :t] = response_values(learner.value_head, out["hidden"], mb.response_mask)
     if ref is not None:
-        ctx = learner.model.disable_adapter() if learner.use_adapter_as_ref else nullcontext()
+        # A LoRA-wrapped (peft) model has disable_adapter: its base weights are the reference.
+        ctx = learner.model.disable_adapter() if learner.use_adapter_as_ref else nullcontext()  # type: ignore[operator]
         ref_model = learner.model if learner.use_adapter_as_ref else learner.ref_model
+        if ref_model is None:
+            raise RuntimeError("the KL term needs a reference model and the learner has none (build_learner makes one)")
         with ctx, settings.policy.autocast():
             ref[rows, :t] = REFERENCE.response_logprobs(
                 ref_model, mb, chunk_tokens=chunk_tokens, temperature=temperature
@@ -171,6 +174,8 @@ def micro_batch_terms(
         metrics["loss/kl"] = kl.detach()
         loss = loss + settings.kl_coef * kl
     if learner.value_head is not None:
+        if mb.old_values is None:
+            raise RuntimeError("a critic's value loss needs the batch's old values (score_batch computes them)")
         values = response_values(learner.value_head, out["hidden"], mask, detach=settings.critic_detach)
         vloss, vmetrics = clipped_value_loss(
             values, mb.old_values, mb.returns, mask, clip=settings.value_clip, agg=agg, norm_length=length
@@ -235,7 +240,8 @@ def accumulate_gradients(
             loss, clip_bias, metrics = micro_batch_terms(learner, mb, settings, out)
         if learner.normalizer is not None:
             nothing_clipped = float(metrics["loss/clip_frac"]) == 0.0
-            learner.normalizer.backward(loss * weight, clip_bias * weight, skip_clip_bias=nothing_clipped)
+            weighted_bias = None if clip_bias is None else clip_bias * weight
+            learner.normalizer.backward(loss * weight, weighted_bias, skip_clip_bias=nothing_clipped)
         else:
             (loss * weight).backward()
         for key, value in metrics.items():
@@ -269,7 +275,7 @@ def apply_gradients(learner: Learner, settings: UpdateSettings, sums: dict[str, 
     accumulated with it): the normaliser and clipping in ``algo.sorl_order``, the optimizer and the scheduler."""
     raw_norm = float(_grad_norm(learner.policy_parameters())) if learner.normalizer is not None else 0.0
     normalize_first = learner.normalizer is not None and settings.sorl_order == "before_clip"
-    if normalize_first:
+    if normalize_first and learner.normalizer is not None:
         sums.update({k: float(v) for k, v in learner.normalizer.apply().items()})
     params = learner.policy_parameters()
     clip = settings.grad_clip if settings.grad_clip > 0 else float("inf")
@@ -292,7 +298,7 @@ def apply_gradients(learner: Learner, settings: UpdateSettings, sums: dict[str, 
     learner.optimizer.zero_grad(set_to_none=True)
     learner.scheduler.step()
     sums["optim/grad_norm"] = float(grad_norm)
-    sums["optim/lr"] = learner.scheduler.get_last_lr()[0]
+    sums["optim/lr"] = float(learner.scheduler.get_last_lr()[0])
     return sums
 
 
