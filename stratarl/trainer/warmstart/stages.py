@@ -41,7 +41,13 @@ from stratarl.trainer.warmstart.probe import (
     run_probe,
 )
 from stratarl.trainer.warmstart.sft import demo_shortfall, run_sft
-from stratarl.trainer.warmstart.worlds import REHEARSAL_WORLD_OFFSET, reading_batches, world_batches, world_seed
+from stratarl.trainer.warmstart.worlds import (
+    REHEARSAL_WORLD_OFFSET,
+    demonstration_style,
+    reading_batches,
+    world_batches,
+    world_seed,
+)
 
 
 def warm_start_key(cfg: Config) -> dict:
@@ -219,15 +225,8 @@ def _demo_plan(cfg: Config, tokenizer, task, tally: DemoTally) -> DemoPlan:
         tokenizer,
         build_task_retriever(cfg, task),
         num_demos=s.num_demos,
-        topk=cfg.retrieval.topk,
-        max_obs_tokens=cfg.rollout.max_obs_tokens,
-        no_search_fraction=s.no_search_fraction,
-        guess_on=s.guess_on,
-        wrong_hop_pool=s.wrong_hop_pool,
-        wrong_hop_fraction=s.wrong_hop_fraction,
-        early_answer_fraction=s.early_answer_fraction,
         seed=s.seed,
-        prompt_template=cfg.rollout.prompt_template,
+        **demonstration_style(cfg),
     )
     shortfall = demo_shortfall(s.num_demos, len(demos), len(task.train))
     if shortfall:

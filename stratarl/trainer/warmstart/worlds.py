@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from stratarl.data.synth import generate_knowledge_base
 from stratarl.trainer.warmstart.demos import Demonstration, render_demonstrations, render_reading_examples
@@ -99,22 +100,25 @@ def world_demonstrations(cfg, tokenizer, index: int) -> list[Demonstration]:
 
     kb, retriever = _world(cfg, index)
     seed = world_seed(cfg.data.synthetic.seed, index)
-    s = cfg.sft
     return render_demonstrations(
-        kb.train,
-        tokenizer,
-        retriever,
-        num_demos=len(kb.train),
-        topk=cfg.retrieval.topk,
-        max_obs_tokens=cfg.rollout.max_obs_tokens,
-        no_search_fraction=s.no_search_fraction,
-        guess_on=s.guess_on,
-        wrong_hop_pool=s.wrong_hop_pool,
-        wrong_hop_fraction=s.wrong_hop_fraction,
-        early_answer_fraction=s.early_answer_fraction,
-        seed=seed,
-        prompt_template=cfg.rollout.prompt_template,
+        kb.train, tokenizer, retriever, num_demos=len(kb.train), seed=seed, **demonstration_style(cfg)
     )
+
+
+def demonstration_style(cfg) -> dict[str, Any]:
+    """``render_demonstrations``'s keyword arguments that every demonstration source shares (``sft.source``:
+    ``task`` or ``worlds``): the prompt, the search depth, the observation cap and the imperfect-demo mix."""
+    s = cfg.sft
+    return {
+        "topk": cfg.retrieval.topk,
+        "max_obs_tokens": cfg.rollout.max_obs_tokens,
+        "no_search_fraction": s.no_search_fraction,
+        "guess_on": s.guess_on,
+        "wrong_hop_pool": s.wrong_hop_pool,
+        "wrong_hop_fraction": s.wrong_hop_fraction,
+        "early_answer_fraction": s.early_answer_fraction,
+        "prompt_template": cfg.rollout.prompt_template,
+    }
 
 
 def world_batches(cfg, tokenizer, *, batch_size: int, mix_worlds: int = 4) -> Iterator[list[Demonstration]]:
