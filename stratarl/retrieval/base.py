@@ -1,7 +1,9 @@
-"""The retriever Protocol and the passage type every retriever returns."""
+"""The retriever Protocol, the passage type every retriever returns, and the checks and result shape that the
+local indexes share."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -47,6 +49,27 @@ def check_k(k: int) -> None:
     """Raise `ValueError` unless ``k`` (passages per query) is a positive integer."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
+
+
+def search_request(queries: Iterable[str], k: int, num_passages: int) -> tuple[list[str], int]:
+    """A local index's search arguments, checked: the queries as a list and how many passages each can get
+    (``k``, at most the index's ``num_passages``). Raises `ValueError` on a bad ``k`` (`check_k`)."""
+    check_k(k)
+    return list(queries), min(k, num_passages)
+
+
+def ranked_passages(
+    passages: Sequence[Passage],
+    indices: list[list[int]],
+    scores: list[list[float]],
+    keep: Callable[[int, float], bool],
+) -> list[list[Passage]]:
+    """One list per query row: ``passages[i]`` scored ``s`` for each ``(i, s)`` of the row that ``keep`` admits,
+    in the row's order (best first)."""
+    return [
+        [Passage(passages[i].id, passages[i].contents, float(s)) for i, s in zip(row_i, row_s) if keep(i, s)]
+        for row_i, row_s in zip(indices, scores)
+    ]
 
 
 class RetrievalError(RuntimeError):

@@ -18,7 +18,7 @@ import bm25s
 import numpy as np
 import torch
 
-from stratarl.retrieval.base import Passage, check_k
+from stratarl.retrieval.base import Passage, ranked_passages, search_request
 from stratarl.retrieval.bm25_build import bm25_index_meta, index_in_memory
 from stratarl.retrieval.bm25_text import make_stemmer, stopword_set, tokenize_to_ids
 from stratarl.retrieval.corpus import load_corpus
@@ -188,11 +188,9 @@ class BM25Retriever:
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         """Top-``k`` passages for each query, best first, scores attached; one list per query, in order."""
-        check_k(k)
-        queries = list(queries)
+        queries, k_eff = search_request(queries, k, len(self.passages))
         if not queries:
             return []
-        k_eff = min(k, len(self.passages))
         num_terms = len(self._term_ptr) - 1
         with self._lock:  # PyStemmer objects are not thread-safe
             query_terms, _ = tokenize_to_ids(
@@ -203,13 +201,5 @@ class BM25Retriever:
         scores, indices = sparse_top_k(
             self._weights, self._doc_ids, self._term_ptr, len(self.passages), query_terms, k_eff
         )
-        results = []
-        for row_indices, row_scores in zip(indices.tolist(), scores.tolist()):
-            results.append(
-                [
-                    Passage(self.passages[i].id, self.passages[i].contents, float(s))
-                    for i, s in zip(row_indices, row_scores)
-                    if s > 0.0
-                ]
-            )
-        return results
+        # A passage that shares no term with the query scores 0: it was not found.
+        return ranked_passages(self.passages, indices.tolist(), scores.tolist(), keep=lambda i, s: s > 0.0)

@@ -31,7 +31,7 @@ from stratarl.retrieval.ann import (
     import_faiss,
     set_search_params,
 )
-from stratarl.retrieval.base import Passage, check_k
+from stratarl.retrieval.base import Passage, ranked_passages, search_request
 from stratarl.retrieval.corpus import load_corpus, passages_fingerprint
 from stratarl.retrieval.encoder import EncoderSettings, TextEncoder, read_encoder_settings
 from stratarl.retrieval.index_files import (
@@ -344,15 +344,11 @@ class DenseRetriever:
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         """Top-``k`` passages for each query, best first, scores attached; one list per query, in order."""
-        check_k(k)
-        queries = list(queries)
+        queries, k_eff = search_request(queries, k, len(self.passages))
         if not queries:
             return []
-        k_eff = min(k, len(self.passages))
         with self._lock:
             query_embeddings = self.encoder.encode([self.query_prefix + q for q in queries])
             scores, indices = self._top_k(query_embeddings, k_eff)
-        return [
-            [Passage(self.passages[i].id, self.passages[i].contents, float(s)) for i, s in zip(row_i, row_s) if i >= 0]
-            for row_i, row_s in zip(indices.tolist(), scores.tolist())
-        ]
+        # An approximate index (ivf / hnsw) that finds fewer than k pads its answer with index -1.
+        return ranked_passages(self.passages, indices.tolist(), scores.tolist(), keep=lambda i, s: i >= 0)
