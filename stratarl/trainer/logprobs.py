@@ -159,6 +159,39 @@ def chunked_head_logprobs(
     return torch.cat(logps), torch.cat(ents)
 
 
+def response_head_outputs(
+    hidden: torch.Tensor,
+    head: torch.nn.Linear,
+    input_ids: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    chunk_tokens: int,
+    temperature: float,
+    with_entropy: bool,
+    return_hidden: bool,
+) -> dict[str, torch.Tensor]:
+    """The LM head on ``hidden`` [B, T, H], the states that predict each response token (response token j of
+    row b sits at position ``prompt_lengths[b] + j`` of ``input_ids`` [B, L]): ``response_logprobs``'s outputs,
+    ``logprobs`` and ``entropy`` [B, T] (0 off ``response_mask``) and, with ``return_hidden``, ``hidden``.
+    Only the policy tokens go through the head (``chunked_head_logprobs``)."""
+    B, L = input_ids.shape
+    T = response_mask.shape[1]
+    position = (prompt_lengths.view(B, 1) + torch.arange(T, device=input_ids.device).view(1, T)).clamp(max=L - 1)
+    targets = input_ids.gather(1, position)
+    mask = response_mask.bool()
+    lp_flat, ent_flat = chunked_head_logprobs(
+        hidden[mask], head, targets[mask], chunk_tokens=chunk_tokens, temperature=temperature, with_entropy=with_entropy
+    )
+    out = {
+        "logprobs": hidden.new_zeros(B, T, dtype=torch.float32).masked_scatter(mask, lp_flat),
+        "entropy": hidden.new_zeros(B, T, dtype=torch.float32).masked_scatter(mask, ent_flat),
+    }
+    if return_hidden:
+        out["hidden"] = hidden
+    return out
+
+
 def response_chunks(
     lengths: list[int], prompt_width: int, *, token_flops: float, pair_flops: float, pass_flops: float
 ) -> list[list[int]]:
@@ -314,14 +347,14 @@ def response_logprobs(
         hidden = hidden_all.gather(1, index.unsqueeze(-1).expand(B, T, hidden_all.shape[-1]))
     if not with_logprobs:
         return {"hidden": hidden}
-    targets = input_ids.gather(1, (index + 1).clamp(max=L - 1))
-    mask = response_mask.bool()
-    lp_flat, ent_flat = chunked_head_logprobs(
-        hidden[mask], head, targets[mask], chunk_tokens=chunk_tokens, temperature=temperature, with_entropy=with_entropy
+    return response_head_outputs(
+        hidden,
+        head,
+        input_ids,
+        prompt_lengths,
+        response_mask,
+        chunk_tokens=chunk_tokens,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        return_hidden=return_hidden,
     )
-    logprobs = hidden.new_zeros(B, T, dtype=torch.float32).masked_scatter(mask, lp_flat)
-    entropy = hidden.new_zeros(B, T, dtype=torch.float32).masked_scatter(mask, ent_flat)
-    out = {"logprobs": logprobs, "entropy": entropy}
-    if return_hidden:
-        out["hidden"] = hidden
-    return out

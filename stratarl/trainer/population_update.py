@@ -29,7 +29,7 @@ from stratarl.infra.stacked import StackedParams, architecture, causal_hidden, p
 from stratarl.trainer.batch import TrainBatch, mini_batch_rows
 from stratarl.trainer.forward import PolicyForward
 from stratarl.trainer.learner import Learner
-from stratarl.trainer.logprobs import chunked_head_logprobs
+from stratarl.trainer.logprobs import response_head_outputs
 from stratarl.trainer.settings import UpdateSettings
 from stratarl.trainer.update import (
     apply_gradients,
@@ -228,24 +228,15 @@ def _head(
     hidden: torch.Tensor, mb: TrainBatch, weight: torch.Tensor, settings: UpdateSettings, need_hidden: bool
 ) -> dict:
     """The LM head on the states predicting policy tokens (``response_logprobs``'s second half)."""
-    B, L = mb.input_ids.shape
-    T = mb.response_mask.shape[1]
-    index = (mb.prompt_lengths.view(B, 1) - 1 + torch.arange(T, device=hidden.device).view(1, T)).clamp(max=L - 1)
-    targets = mb.input_ids.gather(1, (index + 1).clamp(max=L - 1))
-    mask = mb.response_mask.bool()
     head = types.SimpleNamespace(weight=weight, bias=None)
-    lp, ent = chunked_head_logprobs(
-        hidden[mask],
+    return response_head_outputs(
+        hidden,
         head,  # type: ignore[arg-type]  # a stand-in LM head: the member's stacked weight, no bias
-        targets[mask],
+        mb.input_ids,
+        mb.prompt_lengths,
+        mb.response_mask,
         chunk_tokens=settings.logprob_chunk_tokens,
         temperature=settings.temperature,
         with_entropy=True,
+        return_hidden=need_hidden,
     )
-    out = {
-        "logprobs": hidden.new_zeros(B, T, dtype=torch.float32).masked_scatter(mask, lp),
-        "entropy": hidden.new_zeros(B, T, dtype=torch.float32).masked_scatter(mask, ent),
-    }
-    if need_hidden:
-        out["hidden"] = hidden
-    return out

@@ -370,25 +370,15 @@ def prefix_response_logprobs(
     input_ids [n, L], prompt_lengths [n], response_mask [n, T]: the rows' own tensors (a
     micro-batch selected from the batch the prefix was computed on).
     """
-    n, T = response_mask.shape
-    hidden = suffix_hidden(model, prefix, rows, T)
-    index = (prompt_lengths.view(n, 1) + torch.arange(T, device=input_ids.device).view(1, T)).clamp(
-        max=input_ids.shape[1] - 1
-    )
-    targets = input_ids.gather(1, index)
-    mask = response_mask.bool()
-    lp_flat, ent_flat = logprobs.chunked_head_logprobs(
-        hidden[mask],
+    hidden = suffix_hidden(model, prefix, rows, response_mask.shape[1])
+    return logprobs.response_head_outputs(
+        hidden,
         output_head(model),
-        targets[mask],
+        input_ids,
+        prompt_lengths,
+        response_mask,
         chunk_tokens=chunk_tokens,
         temperature=temperature,
         with_entropy=with_entropy,
+        return_hidden=return_hidden,
     )
-    out = {
-        "logprobs": hidden.new_zeros(n, T, dtype=torch.float32).masked_scatter(mask, lp_flat),
-        "entropy": hidden.new_zeros(n, T, dtype=torch.float32).masked_scatter(mask, ent_flat),
-    }
-    if return_hidden:
-        out["hidden"] = hidden
-    return out
