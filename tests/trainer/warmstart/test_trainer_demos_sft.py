@@ -203,6 +203,13 @@ def test_sft_schedule_is_validated():
         SFTConfig(schedule="linear").validate("sft")
 
 
+def _render(examples, tokenizer, retriever, *, num_demos: int, **options):
+    """``render_demonstrations`` with top-2 retrieval, 64 observation tokens, seed 0 and no imperfect demonstrations
+    unless ``options`` say otherwise."""
+    settings = {"topk": 2, "max_obs_tokens": 64, "no_search_fraction": 0.0, "wrong_hop_fraction": 0.0, "seed": 0}
+    return render_demonstrations(examples, tokenizer, retriever, num_demos=num_demos, **{**settings, **options})
+
+
 def test_imperfect_demonstrations_borrow_from_the_same_family(smollm2_tokenizer):
     from stratarl.data.synth import generate_knowledge_base
 
@@ -212,34 +219,14 @@ def test_imperfect_demonstrations_borrow_from_the_same_family(smollm2_tokenizer)
     for e in kb.train:
         answers_of.setdefault(e.metadata["family"], set()).add(e.golden_answers[0])
     family = {e.id: e.metadata["family"] for e in kb.train}
-    guesses = render_demonstrations(
-        kb.train,
-        smollm2_tokenizer,
-        retriever,
-        num_demos=60,
-        topk=2,
-        max_obs_tokens=64,
-        no_search_fraction=1.0,
-        wrong_hop_fraction=0.0,
-        seed=0,
-    )
+    guesses = _render(kb.train, smollm2_tokenizer, retriever, num_demos=60, no_search_fraction=1.0)
     assert len(guesses) == 60 and {d.kind for d in guesses} == {"no_search"}
     size = {f: sum(family[i] == f for i in family) for f in answers_of}
     shared = [d for d in guesses if size[family[d.example_id]] > 1]  # a family of one borrows from any question
     # every guess is an answer of another question of the own family (a country for a country question, ...)
     assert all(d.meta["answer"] in answers_of[family[d.example_id]] for d in shared)
     assert len({family[d.example_id] for d in shared}) > 3  # several families, so the check has teeth
-    wrong = render_demonstrations(
-        kb.train,
-        smollm2_tokenizer,
-        retriever,
-        num_demos=60,
-        topk=2,
-        max_obs_tokens=64,
-        no_search_fraction=0.0,
-        wrong_hop_fraction=1.0,
-        seed=0,
-    )
+    wrong = _render(kb.train, smollm2_tokenizer, retriever, num_demos=60, wrong_hop_fraction=1.0)
     hops_of = {e.id: e.metadata["hops"] for e in kb.train}
     wrong = [d for d in wrong if d.kind == "wrong_hop" and size[family[d.example_id]] > 1]
     assert len(wrong) > 10
@@ -268,16 +255,13 @@ def test_guess_on_guessable_guesses_only_on_small_answer_sets(smollm2_tokenizer)
     assert 10 < sum(guessable.values()) < len(guessable) - 10  # both kinds are there, so the check has teeth
 
     def render(guess_on: str):
-        return render_demonstrations(
+        return _render(
             kb.train,
             smollm2_tokenizer,
             retriever,
             num_demos=150,
-            topk=2,
-            max_obs_tokens=64,
             no_search_fraction=0.6,
             wrong_hop_fraction=0.4,
-            seed=0,
             guess_on=guess_on,
         )
 
@@ -317,17 +301,8 @@ def test_wrong_hop_pool_any_takes_the_wrong_last_hop_from_other_families(smollm2
     hops_of = {e.id: e.metadata["hops"] for e in kb.train}
 
     def same_relation_share(pool: str) -> float:
-        demos = render_demonstrations(
-            kb.train,
-            smollm2_tokenizer,
-            retriever,
-            num_demos=120,
-            topk=2,
-            max_obs_tokens=64,
-            no_search_fraction=0.0,
-            wrong_hop_fraction=1.0,
-            seed=0,
-            wrong_hop_pool=pool,
+        demos = _render(
+            kb.train, smollm2_tokenizer, retriever, num_demos=120, wrong_hop_fraction=1.0, wrong_hop_pool=pool
         )
         wrong = [d for d in demos if d.kind == "wrong_hop"]
         assert len(wrong) > 30
