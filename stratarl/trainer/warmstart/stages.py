@@ -55,9 +55,10 @@ def warm_start_key(cfg: Config) -> dict:
     warm start (``trainer.precision`` resolving to bf16 on this machine) has its own key; fp32 keys carry no
     precision."""
     sft = dataclasses.asdict(cfg.sft)
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg.sft)}
     # Options at their defaults leave the keys of warm starts built before the options existed unchanged.
-    for option, default in (("guess_on", "any"), ("wrong_hop_pool", "family")):
-        if sft[option] == default:
+    for option in ("guess_on", "wrong_hop_pool"):
+        if sft[option] == defaults[option]:
             del sft[option]
     key = {
         "model": dataclasses.asdict(cfg.model),
