@@ -83,6 +83,12 @@ def _success_given(run: dict, k: int, first: int, last: int) -> float | None:
     return sum(r * c for r, c in pairs) / total if total else None
 
 
+def _gap(run: dict, k: int, j: int, first: int, last: int) -> float | None:
+    """Success given k searches minus success given j searches over the same bins (None if either is absent)."""
+    a, b = _success_given(run, k, first, last), _success_given(run, j, first, last)
+    return None if a is None or b is None else a - b
+
+
 def _share(run: dict, k: int, first: int, last: int) -> float | None:
     return _mean(_bins(run, f"rollout/search_calls_frac/{k}")[first : last + 1])
 
@@ -128,6 +134,22 @@ METRICS = {
         "training reward of rollouts with 2 searches, steps 91-100",
         lambda r: _success_given(r, 2, 9, 9),
     ),
+    "success_0s_1_50": (
+        "training reward of rollouts with no search, steps 1-50 (count-weighted)",
+        lambda r: _success_given(r, 0, 0, 4),
+    ),
+    "success_2s_1_50": (
+        "training reward of rollouts with 2 searches, steps 1-50 (count-weighted)",
+        lambda r: _success_given(r, 2, 0, 4),
+    ),
+    "gap_2s_0s_1_50": (
+        (
+            "the between-stratum gap: training reward of the 2-search rollouts minus that of the no-search ones, "
+            "steps 1-50 (its sign says which stratum GRPO's shared baseline favours)"
+        ),
+        lambda r: _gap(r, 2, 0, 0, 4),
+    ),
+    "share_2s_first": ("share of rollouts with 2 searches, steps 1-10", lambda r: _share(r, 2, 0, 0)),
     "share_2s_1_100": ("share of rollouts with 2 searches, steps 1-100", lambda r: _share(r, 2, 0, 9)),
     "share_2s_at_100": ("share of rollouts with 2 searches, steps 91-100", lambda r: _share(r, 2, 9, 9)),
     "success_2s_all": (
