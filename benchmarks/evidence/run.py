@@ -324,6 +324,24 @@ def _stale(lock: Path) -> bool:
     return False
 
 
+def warmstart_key(exp: dict, overrides: list[str]) -> dict:
+    """What a warm start of the experiment's base config with ``overrides`` depends on: stratarl's own cache key
+    (``warm_start_key``: model, data, retrieval, prompt format, the sft section, gradient clip and micro-batch),
+    not the RL settings. Round-tripped through JSON so that it compares with a record read back."""
+    from stratarl.trainer.config import load_config
+    from stratarl.trainer.warmstart.stages import warm_start_key
+
+    return json.loads(json.dumps(warm_start_key(load_config(exp["base_path"], overrides)), default=str))
+
+
+def same_warmstart(have: dict, wanted: dict) -> bool:
+    """Whether a warm start recorded as ``have`` is the one ``wanted`` asks for: on the warm-start key when the
+    record has one; a record written before keys were recorded matches only the same base and overrides."""
+    if "key" in have:
+        return have["key"] == wanted["key"]
+    return Path(have.get("base", "")).name == wanted["base"] and have.get("overrides") == wanted["overrides"]
+
+
 def run_warmstart(exp: dict, task: str, overrides: list[str], out: Path, *, wait: bool = True) -> bool | None:
     """Train the task's shared SFT checkpoint once (a lock file keeps two runners from doing it twice).
 
@@ -332,13 +350,14 @@ def run_warmstart(exp: dict, task: str, overrides: list[str], out: Path, *, wait
     folder = out / "warmstart" / task
     record = out / "warmstart" / f"{task}.json"
     cmd = [*STRATARL, "sft", exp["base_path"], *overrides, "trainer.num_threads=1", "--out", str(folder)]
-    # The base config by name (a sweep continued from another checkout trusts the same warm start).
-    wanted = {"base": Path(exp["base_path"]).name, "overrides": overrides}
+    # The base config by name (a sweep continued from another checkout trusts the same warm start), the overrides
+    # as given, and what the warm start depends on: a record matches on that key, so an RL-only setting in the
+    # overrides (optim.lr, say) reuses the checkpoint instead of refusing it.
+    wanted = {"base": Path(exp["base_path"]).name, "overrides": overrides, "key": warmstart_key(exp, overrides)}
     lock = out / "warmstart" / f"{task}.lock"  # _try_lock creates the folder
     while True:
         if (folder / "model" / "config.json").is_file() and record.is_file():
-            have = json.loads(record.read_text())
-            if {**have, "base": Path(have.get("base", "")).name} != wanted:
+            if not same_warmstart(json.loads(record.read_text()), wanted):
                 sys.exit(
                     f"error: {folder} was trained with other settings ({record}); the runs of task {task!r} "
                     f"would not start from the warm start they ask for. Fix: delete {folder} and {record}, "

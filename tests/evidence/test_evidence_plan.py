@@ -234,3 +234,28 @@ def test_shared_warmstart_trains_one_warm_start_for_every_world(runner, tmp_path
     exp.pop("shared_warmstart")
     sft, specs = runner.plan(exp, tmp_path, seeds=2, steps=5, reduced=False, extra=[], arms=["grpo"])
     assert list(sft) == ["lab-w5101", "lab-w5102"] and [s.task for s in specs] == ["lab-w5101", "lab-w5102"]
+
+
+def test_warm_start_record_matches_on_what_the_warm_start_reads(runner, tmp_path):
+    """A finished warm start is reused when only RL settings differ (optim.lr: each lr amendment of a design
+    used to rebuild an identical checkpoint) and refused when a setting it trains with differs (sft.steps)."""
+    exp = runner.load_experiment("lab_sorl_clip")
+    sft, _ = runner.plan(exp, tmp_path, seeds=1, steps=5, reduced=False, extra=[], arms=["grpo"])
+    (overrides,) = sft.values()
+    assert "optim.lr=0.0003" in overrides  # the design's common lr reaches the warm start's overrides
+    folder = tmp_path / "warmstart" / "threehop"
+    (folder / "model").mkdir(parents=True)
+    (folder / "model" / "config.json").write_text("{}")
+    record = tmp_path / "warmstart" / "threehop.json"
+    base = Path(exp["base_path"]).name
+    record.write_text(json.dumps({"base": base, "overrides": overrides, "key": runner.warmstart_key(exp, overrides)}))
+
+    other_lr = [o for o in overrides if not o.startswith("optim.lr=")] + ["optim.lr=1e-4"]
+    assert runner.run_warmstart(exp, "threehop", other_lr, tmp_path) is True  # reused, nothing trained
+    with pytest.raises(SystemExit, match="trained with other settings"):
+        runner.run_warmstart(exp, "threehop", [*overrides, "sft.steps=7"], tmp_path)
+    # a record from before keys were recorded matches only its own overrides
+    record.write_text(json.dumps({"base": base, "overrides": overrides}))
+    assert runner.run_warmstart(exp, "threehop", overrides, tmp_path) is True
+    with pytest.raises(SystemExit, match="trained with other settings"):
+        runner.run_warmstart(exp, "threehop", other_lr, tmp_path)
