@@ -84,6 +84,12 @@ def register(subparsers) -> None:
     )
     phantom.add_argument("--out", required=True, help="output folder (one sub-folder per universe)")
     phantom.add_argument("--seeds", required=True, help="universe seeds: 7, 1,4,9 or 101-108")
+    phantom.add_argument(
+        "--test-seeds",
+        default=None,
+        help="also generate these universes and write one run's data at OUT: corpus.jsonl (every universe), "
+        "train.parquet (the --seeds universes' questions), test.parquet (these universes' questions)",
+    )
     phantom.add_argument("--max-tree-size", type=int, default=50, help="people per family tree (default 50)")
     phantom.add_argument("--num-trees", type=int, default=2, help="family trees per universe (default 2)")
     phantom.add_argument(
@@ -146,10 +152,21 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _phantomwiki(args: argparse.Namespace) -> int:
-    from stratarl.data.phantomwiki import PhantomWikiError, UniverseSpec, build_universe, parse_seeds
+    from stratarl.data.phantomwiki import (
+        PhantomWikiError,
+        UniverseSpec,
+        build_universe,
+        combine_universes,
+        parse_seeds,
+    )
 
     try:
-        seeds = parse_seeds(args.seeds)
+        train_seeds = parse_seeds(args.seeds)
+        test_seeds = parse_seeds(args.test_seeds) if args.test_seeds else []
+        shared = sorted(set(train_seeds) & set(test_seeds))
+        if shared:
+            raise ValueError(f"seed {shared[0]} is in both --seeds and --test-seeds: a test universe must be unseen")
+        seeds = train_seeds + test_seeds
         specs = [
             UniverseSpec(
                 seed=seed,
@@ -176,6 +193,17 @@ def _phantomwiki(args: argparse.Namespace) -> int:
             f"{done['universe']}: {done['articles']} articles, {done['questions']} questions ({per_difficulty}) "
             f"in {done['seconds']:.1f}s -> {done['path']}",
             flush=True,
+        )
+    if test_seeds:
+        try:
+            summary = combine_universes(
+                [out / f"u{seed}" for seed in train_seeds], [out / f"u{seed}" for seed in test_seeds], out
+            )
+        except PhantomWikiError as error:
+            return print_error(str(error))
+        print(
+            f"run data: {summary['articles']} articles; train {summary['train']['questions']} questions, "
+            f"test {summary['test']['questions']} questions -> {out}/corpus.jsonl, train.parquet, test.parquet"
         )
     return 0
 

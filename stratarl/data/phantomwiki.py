@@ -332,3 +332,46 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds:
         raise ValueError(f"seeds {text!r}: no seed. Fix: e.g. 7 or 101-108")
     return list(dict.fromkeys(seeds))
+
+
+def combine_universes(train_dirs: Sequence[Path], test_dirs: Sequence[Path], out_dir: str | Path) -> dict[str, Any]:
+    """One run's data from universes in the Search-R1 layout: ``corpus.jsonl`` (every universe's articles, ids
+    renumbered), ``train.parquet`` (the questions of ``train_dirs``), ``test.parquet`` (those of ``test_dirs``) and
+    ``universes.json``. A universe on both sides, or a person's name in two universes (retrieval could not tell
+    them apart), is refused."""
+    from stratarl.data.search_r1 import load_examples, write_search_r1_parquet
+    from stratarl.retrieval.corpus import load_corpus
+
+    train_dirs, test_dirs = [Path(d) for d in train_dirs], [Path(d) for d in test_dirs]
+    both = {d.resolve() for d in train_dirs} & {d.resolve() for d in test_dirs}
+    if both:
+        raise PhantomWikiError(
+            f"universe {sorted(both)[0]} is both a training and a test universe. Fix: keep them apart"
+        )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    owner: dict[str, str] = {}
+    records = []
+    with open(out_dir / "corpus.jsonl", "w", encoding="utf-8") as corpus:
+        for universe in [*train_dirs, *test_dirs]:
+            for passage in load_corpus(universe / "corpus.jsonl"):
+                if passage.title in owner:
+                    raise PhantomWikiError(
+                        f"{passage.title!r} is a person of both {owner[passage.title]} and {universe}. Fix: use other "
+                        "universe seeds (retrieval cannot tell two people of one name apart)"
+                    )
+                owner[passage.title] = str(universe)
+                line = {"id": str(len(owner) - 1), "contents": passage.contents}
+                corpus.write(json.dumps(line, ensure_ascii=False) + "\n")
+            records.append(json.loads((universe / "universe.json").read_text(encoding="utf-8")))
+    counts = {}
+    for split, dirs in (("train", train_dirs), ("test", test_dirs)):
+        examples = [e for d in dirs for e in load_examples(str(d / "questions.parquet"))]
+        write_search_r1_parquet(examples, out_dir / f"{split}.parquet", split=split)
+        counts[split] = universe_counts(examples, [])
+        counts[split]["universes"] = [
+            f"phantomwiki-{json.loads((d / 'universe.json').read_text())['spec']['seed']}" for d in dirs
+        ]
+    summary = {"articles": len(owner), **counts, "universes": records, "attribution": ATTRIBUTION}
+    (out_dir / "universes.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary

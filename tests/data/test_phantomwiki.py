@@ -197,3 +197,67 @@ def test_the_command_fails_in_one_line_without_the_generator(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "STRATARL_PHANTOMWIKI_GENERATE" in done.stderr
     assert not (tmp_path / "o" / "u1").exists()
+
+
+def _renamed_universe(source: Path, target: Path, prefix: str) -> Path:
+    """A copy of a universe folder whose people carry ``prefix`` in their names (a second, disjoint universe)."""
+    target.mkdir(parents=True)
+    lines = (source / "corpus.jsonl").read_text().splitlines()
+    renamed = []
+    for line in lines:
+        row = json.loads(line)
+        title, _, text = row["contents"].partition("\n")
+        renamed.append(json.dumps({"id": row["id"], "contents": f'"{prefix}{title.strip(chr(34))}"\n{text}'}))
+    (target / "corpus.jsonl").write_text("\n".join(renamed) + "\n")
+    shutil.copy(source / "questions.parquet", target / "questions.parquet")
+    record = json.loads((source / "universe.json").read_text())
+    record["spec"]["seed"] = 99
+    (target / "universe.json").write_text(json.dumps(record))
+    return target
+
+
+def test_one_runs_data_keeps_training_and_test_universes_apart(tmp_path):
+    from stratarl.data.phantomwiki import combine_universes
+
+    first = tmp_path / "u3"
+    write_universe(FIXTURE, first, SPEC)
+    second = _renamed_universe(first, tmp_path / "u99", "Zz")
+    summary = combine_universes([first], [second], tmp_path / "run")
+    assert summary["articles"] == 48
+    assert summary["train"]["universes"] == ["phantomwiki-3"] and summary["test"]["universes"] == ["phantomwiki-99"]
+    corpus = load_corpus(tmp_path / "run" / "corpus.jsonl")
+    assert [p.id for p in corpus] == [str(i) for i in range(48)]
+    assert len(load_examples(str(tmp_path / "run" / "train.parquet"))) == 16
+    assert {e.metadata["split"] for e in load_examples(str(tmp_path / "run" / "test.parquet"))} == {"test"}
+    with pytest.raises(PhantomWikiError, match="both a training and a test universe"):
+        combine_universes([first], [first], tmp_path / "bad")
+    with pytest.raises(PhantomWikiError, match="'Danilo Colin' is a person of both"):
+        combine_universes([first, _renamed_universe(first, tmp_path / "u98", "")], [], tmp_path / "bad2")
+
+
+@pytest.mark.slow
+def test_a_run_trains_on_a_phantomwiki_universe_with_the_set_reward(tmp_path, stratarl_cli):
+    """`stratarl train` on the committed universe (files source, BM25 over its articles, set F1), with the held-out
+    eval scored as PhantomWiki's and reported per difficulty."""
+    write_universe(FIXTURE, tmp_path / "u3", SPEC)
+    universe = tmp_path / "u3"
+    done = stratarl_cli(
+        "train",
+        Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml",
+        "data.source=files",
+        f"data.train_files=[{universe / 'questions.parquet'}]",
+        f"data.test_files=[{universe / 'questions.parquet'}]",
+        f"data.corpus={universe / 'corpus.jsonl'}",
+        "algo.reward=f1",
+        "trainer.steps=2",
+        f"trainer.output_dir={tmp_path / 'runs'}",
+        "eval.before_after=true",
+        "data.max_eval_examples=6",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    [run] = list((tmp_path / "runs").iterdir())
+    evals = sorted((run / "eval").glob("*.json")) if (run / "eval").is_dir() else []
+    assert evals, sorted(p.name for p in run.iterdir())
+    result = json.loads(evals[-1].read_text())
+    assert set(result["per_source"]) == {"phantomwiki"}
+    assert set(result["per_type"]) <= {"difficulty_1", "difficulty_2", "difficulty_4"} and result["per_type"]
