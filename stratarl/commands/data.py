@@ -87,8 +87,8 @@ def register(subparsers) -> None:
     phantom.add_argument(
         "--test-seeds",
         default=None,
-        help="also generate these universes and write one run's data at OUT: corpus.jsonl (every universe), "
-        "train.parquet (the --seeds universes' questions), test.parquet (these universes' questions)",
+        help="held-out universes: also generated, their questions in OUT/test.parquet (OUT/corpus.jsonl holds every "
+        "universe's articles, OUT/train.parquet the --seeds universes' questions)",
     )
     phantom.add_argument("--max-tree-size", type=int, default=50, help="people per family tree (default 50)")
     phantom.add_argument("--num-trees", type=int, default=2, help="family trees per universe (default 2)")
@@ -194,17 +194,18 @@ def _phantomwiki(args: argparse.Namespace) -> int:
             f"in {done['seconds']:.1f}s -> {done['path']}",
             flush=True,
         )
-    if test_seeds:
-        try:
-            summary = combine_universes(
-                [out / f"u{seed}" for seed in train_seeds], [out / f"u{seed}" for seed in test_seeds], out
-            )
-        except PhantomWikiError as error:
-            return print_error(str(error))
-        print(
-            f"run data: {summary['articles']} articles; train {summary['train']['questions']} questions, "
-            f"test {summary['test']['questions']} questions -> {out}/corpus.jsonl, train.parquet, test.parquet"
+    try:
+        summary = combine_universes(
+            [out / f"u{seed}" for seed in train_seeds], [out / f"u{seed}" for seed in test_seeds], out
         )
+    except PhantomWikiError as error:
+        return print_error(str(error))
+    test = f", test {summary['test']['questions']} questions" if test_seeds else ""
+    files = "train.parquet, test.parquet" if test_seeds else "train.parquet"
+    print(
+        f"run data: {summary['articles']} articles; train {summary['train']['questions']} questions{test} -> "
+        f"{out}/corpus.jsonl, {files}"
+    )
     return 0
 
 

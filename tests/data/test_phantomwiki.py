@@ -261,3 +261,54 @@ def test_a_run_trains_on_a_phantomwiki_universe_with_the_set_reward(tmp_path, st
     result = json.loads(evals[-1].read_text())
     assert set(result["per_source"]) == {"phantomwiki"}
     assert set(result["per_type"]) <= {"difficulty_1", "difficulty_2", "difficulty_4"} and result["per_type"]
+
+
+def _searches(question: str) -> list[tuple[str, str]] | None:
+    corpus, examples = read_universe(FIXTURE, universe="phantomwiki-3")
+    titles = {line["id"]: line["contents"].split("\n", 1)[0].strip('"') for line in corpus}
+    example = next(e for e in examples if e.question == question)
+    hops = example.metadata.get("hops")
+    assert example.metadata["searches_needed"] == (None if hops is None else len(hops))
+    return None if hops is None else [(h["query"], titles[h["passage_id"]]) for h in hops]
+
+
+class TestSolutionSearches:
+    """The articles a question needs, read off the committed universe by hand (tests/data/fixtures)."""
+
+    def test_a_stated_relation_needs_the_named_persons_article(self):
+        # "The husband of Jesse Kiel is Lance Kiel." is in Jesse Kiel's article
+        assert _searches("Who is the husband of Jesse Kiel?") == [("Jesse Kiel", "Jesse Kiel")]
+
+    def test_a_person_found_by_an_attribute_is_searched_by_its_value(self):
+        # Lance Kiel's article: "The date of birth of Lance Kiel is 0189-03-08." and his hobby
+        assert _searches("What is the hobby of the person whose date of birth is 0189-03-08?") == [
+            ("0189-03-08", "Lance Kiel")
+        ]
+
+    def test_a_composed_relation_reads_every_article_along_the_family_chain(self):
+        # Lance Kiel -daughter-> Ramona Colin -son-> Mckinley Colin -daughter-> Yvette Song (the answer):
+        # the great-granddaughter needs Lance's, Ramona's and Mckinley's articles, not Yvette's
+        assert _searches("Who is the great-granddaughter of the person whose date of birth is 0189-03-08?") == [
+            ("0189-03-08", "Lance Kiel"),
+            ("Ramona Colin", "Ramona Colin"),
+            ("Mckinley Colin", "Mckinley Colin"),
+        ]
+
+    def test_an_attribute_of_related_people_reads_each_of_them(self):
+        # Lance's daughter is Ramona Colin: her hobby is in her own article
+        assert _searches("What is the hobby of the daughter of Lance Kiel?") == [
+            ("Lance Kiel", "Lance Kiel"),
+            ("Ramona Colin", "Ramona Colin"),
+        ]
+        # three children, each article read once, in the order of the generator's solutions
+        reads = _searches("What is the date of birth of the child of Ramiro Duquette?")
+        assert reads is not None and reads[0] == ("Ramiro Duquette", "Ramiro Duquette")
+        assert sorted(reads[1:]) == [(n, n) for n in ("Laurel Duquette", "Wyatt Duquette", "Zelma Duquette")]
+
+    def test_counting_questions_get_no_plan(self):
+        assert _searches("How many children does Ramiro Duquette have?") is None
+
+    def test_the_last_search_tells_every_answer(self):
+        _, examples = read_universe(FIXTURE, universe="phantomwiki-3")
+        example = next(e for e in examples if e.question == "Who is the child of Ramiro Duquette?")
+        assert example.metadata["hops"][-1]["answer"] == "Laurel Duquette, Wyatt Duquette, Zelma Duquette"
