@@ -31,7 +31,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +256,7 @@ def read_universe(raw_dir: str | Path, *, universe: str | None = None) -> tuple[
         example.metadata["searches_needed"] = None if hops is None else len(hops)
         if hops is not None:
             example.metadata["hops"] = hops
+            example.metadata["demo_answer"] = hops[-1]["answer"]  # every answer, as a warm start should say it
         examples.append(example)
     ids = Counter(e.id for e in examples)
     duplicated = [i for i, n in ids.items() if n > 1]
@@ -359,9 +360,11 @@ def combine_universes(train_dirs: Sequence[Path], test_dirs: Sequence[Path], out
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     owner: dict[str, str] = {}
+    new_ids: dict[Path, dict[str, str]] = {}  # per universe: its passage id -> the run corpus's
     records = []
     with open(out_dir / "corpus.jsonl", "w", encoding="utf-8") as corpus:
         for universe in [*train_dirs, *test_dirs]:
+            new_ids[universe] = {}
             for passage in load_corpus(universe / "corpus.jsonl"):
                 if passage.title in owner:
                     raise PhantomWikiError(
@@ -369,6 +372,7 @@ def combine_universes(train_dirs: Sequence[Path], test_dirs: Sequence[Path], out
                         "universe seeds (retrieval cannot tell two people of one name apart)"
                     )
                 owner[passage.title] = str(universe)
+                new_ids[universe][passage.id] = str(len(owner) - 1)
                 line = {"id": str(len(owner) - 1), "contents": passage.contents}
                 corpus.write(json.dumps(line, ensure_ascii=False) + "\n")
             records.append(json.loads((universe / "universe.json").read_text(encoding="utf-8")))
@@ -376,7 +380,7 @@ def combine_universes(train_dirs: Sequence[Path], test_dirs: Sequence[Path], out
     for split, dirs in (("train", train_dirs), ("test", test_dirs)):
         if not dirs:
             continue
-        examples = [e for d in dirs for e in load_examples(str(d / "questions.parquet"))]
+        examples = [_renumbered(e, new_ids[d]) for d in dirs for e in load_examples(str(d / "questions.parquet"))]
         write_search_r1_parquet(examples, out_dir / f"{split}.parquet", split=split)
         counts[split] = universe_counts(examples, [])
         counts[split]["universes"] = [
@@ -385,6 +389,15 @@ def combine_universes(train_dirs: Sequence[Path], test_dirs: Sequence[Path], out
     summary = {"articles": len(owner), **counts, "universes": records, "attribution": ATTRIBUTION}
     (out_dir / "universes.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+def _renumbered(example: Example, new_ids: dict[str, str]) -> Example:
+    """``example`` with its solution's passage ids (``metadata["hops"]``) in the run corpus's numbering."""
+    hops = example.metadata.get("hops")
+    if not hops:
+        return example
+    metadata = dict(example.metadata, hops=[dict(hop, passage_id=new_ids[str(hop["passage_id"])]) for hop in hops])
+    return replace(example, metadata=metadata)
 
 
 # The relations an article states ("The son of X is Y." is son(X, Y) in X's article); every other relation a question

@@ -227,6 +227,12 @@ def test_one_runs_data_keeps_training_and_test_universes_apart(tmp_path):
     assert summary["train"]["universes"] == ["phantomwiki-3"] and summary["test"]["universes"] == ["phantomwiki-99"]
     corpus = load_corpus(tmp_path / "run" / "corpus.jsonl")
     assert [p.id for p in corpus] == [str(i) for i in range(48)]
+    # the solutions' passage ids follow the renumbering: the test universe's point at its own (renamed) people
+    titles = {p.id: p.title for p in corpus}
+    test_hops = [h for e in load_examples(str(tmp_path / "run" / "test.parquet")) for h in e.metadata.get("hops", [])]
+    assert test_hops and all(titles[h["passage_id"]].startswith("Zz") for h in test_hops)
+    train_hops = [h for e in load_examples(str(tmp_path / "run" / "train.parquet")) for h in e.metadata.get("hops", [])]
+    assert train_hops and not any(titles[h["passage_id"]].startswith("Zz") for h in train_hops)
     assert len(load_examples(str(tmp_path / "run" / "train.parquet"))) == 16
     assert {e.metadata["split"] for e in load_examples(str(tmp_path / "run" / "test.parquet"))} == {"test"}
     with pytest.raises(PhantomWikiError, match="both a training and a test universe"):
@@ -312,3 +318,30 @@ class TestSolutionSearches:
         _, examples = read_universe(FIXTURE, universe="phantomwiki-3")
         example = next(e for e in examples if e.question == "Who is the child of Ramiro Duquette?")
         assert example.metadata["hops"][-1]["answer"] == "Laurel Duquette, Wyatt Duquette, Zelma Duquette"
+
+
+def test_a_warm_start_demonstration_replays_the_solution_and_names_every_answer(tmp_path, smollm2_tokenizer):
+    from stratarl.trainer.warmstart.demos import render_demonstrations
+
+    write_universe(FIXTURE, tmp_path, SPEC)
+    examples = [e for e in load_examples(str(tmp_path / "questions.parquet")) if e.metadata.get("hops")]
+    retriever = BM25Retriever.from_passages(load_corpus(tmp_path / "corpus.jsonl"))
+    demos = render_demonstrations(
+        examples,
+        smollm2_tokenizer,
+        retriever,
+        num_demos=len(examples),
+        topk=3,
+        max_obs_tokens=400,
+        no_search_fraction=0.0,
+        wrong_hop_fraction=0.0,
+        seed=0,
+    )
+    by_id = {d.example_id: d for d in demos}
+    child = next(e for e in examples if e.question == "Who is the child of Ramiro Duquette?")
+    demo = by_id[child.id]  # its one search finds Ramiro Duquette's article, so the demonstration is kept
+    assert demo.kind == "correct" and demo.meta["searches"] == ["Ramiro Duquette"]
+    assert demo.meta["answer"] == "Laurel Duquette, Wyatt Duquette, Zelma Duquette"
+    assert smollm2_tokenizer.decode(demo.response_ids).endswith(
+        "<answer> Laurel Duquette, Wyatt Duquette, Zelma Duquette </answer><|im_end|>"
+    )
