@@ -21,7 +21,7 @@ as the Search-R1 rewards do.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from stratarl.rewards.qa import extract_answer
 
@@ -73,19 +73,22 @@ def set_covers(prediction: str, golds: str | Sequence[str], sep: str = ANSWER_SE
     return float(set_precision_recall(prediction, golds, sep)[1] == 1.0)
 
 
+def _answer_score(response_text: str, golds: str | Sequence[str], metric: Callable[..., float]) -> float:
+    """``metric`` of the last ``<answer>`` in the response against the golds; 0.0 without one."""
+    answer = extract_answer(response_text)
+    return 0.0 if answer is None else metric(answer, golds)
+
+
 def phantomwiki_em_reward(response_text: str, golds: str | Sequence[str]) -> float:
     """Set EM of the last ``<answer>`` in the response; 0.0 without one."""
-    answer = extract_answer(response_text)
-    return 0.0 if answer is None else set_exact_match(answer, golds)
+    return _answer_score(response_text, golds, set_exact_match)
 
 
 def phantomwiki_f1_reward(response_text: str, golds: str | Sequence[str]) -> float:
     """Set F1 of the last ``<answer>`` in the response; 0.0 without one."""
-    answer = extract_answer(response_text)
-    return 0.0 if answer is None else set_f1(answer, golds)
+    return _answer_score(response_text, golds, set_f1)
 
 
 def phantomwiki_subem_reward(response_text: str, golds: str | Sequence[str]) -> float:
     """1.0 if the last ``<answer>`` names every gold answer; 0.0 otherwise or without one."""
-    answer = extract_answer(response_text)
-    return 0.0 if answer is None else set_covers(answer, golds)
+    return _answer_score(response_text, golds, set_covers)
