@@ -38,6 +38,7 @@ from stratarl.algos.losses import (
     entropy_from_logits,
     kl_penalty,
 )
+from stratarl.algos.params import Param
 from stratarl.algos.registry import (
     AdvantageBatch,
     advantage_names,
@@ -110,6 +111,7 @@ __all__ = [
     "num_turns",
     "outcome_to_token_rewards",
     "policy_loss_names",
+    "Param",
     "register_advantage",
     "register_behaviour_correction",
     "register_policy_loss",
