@@ -56,12 +56,16 @@ def _spec_error(path, where: str, value, why: str, fix: str) -> None:
     raise ConfigError(f"population spec {path}: {where} = {shown}: {why}. Fix: {fix}")
 
 
-def _check_keys(path, where: str, entry: dict, allowed: tuple[str, ...]) -> None:
+def _check_keys(path, where: str, entry: dict, allowed: tuple[str, ...], elsewhere: tuple[str, ...] = ()) -> None:
+    """Refuse a key not in ``allowed`` with the nearest one; ``elsewhere``: keys of the spec's top level, named
+    when a run entry holds one of them (or something close)."""
     from stratarl.config_errors import close_match
 
     for key in entry:
         if key not in allowed:
             hint = close_match(str(key), allowed)
+            if not hint and (other := close_match(str(key), elsewhere)):
+                hint = f"{other[:-2]}, a key of the spec itself, not of a run? "
             _spec_error(
                 path, f"{where}.{key}", entry[key], f"unknown key; {hint}the keys are {', '.join(allowed)}",
                 "spell the key as one of those (a misspelt key would be ignored)",
@@ -112,7 +116,7 @@ def check_run_entry(path, index: int, run) -> None:
     where = member_label(index, run)
     if not isinstance(run, dict):
         _spec_error(path, where, run, "not a mapping", 'write {"run_dir": DIR, "config": YAML, "overrides": [...]}')
-    _check_keys(path, where, run, RUN_KEYS)
+    _check_keys(path, where, run, RUN_KEYS, SPEC_KEYS)
     for key in ("run_dir", "config", "name"):
         if key in run and not (isinstance(run[key], str) and run[key].strip()):
             _spec_error(path, f"{where}.{key}", run[key], "not a non-empty string", f"give {key} as a string")
