@@ -175,6 +175,8 @@ def _finish(run: RunState, state: LoopState, path: Path | None, summary: dict, *
     if state.stopped is not None:
         print(f"error: {state.stopped}", file=sys.stderr, flush=True)
         kept = f"checkpoint {path}" if path is not None else "no checkpoint was written yet"
+        if path is None:
+            resume_hint = f"train it again with `stratarl train --resume {shlex.quote(str(run.run_dir))} --start-over`"
         print(f"stopped at step {run.step} ({kept}); {resume_hint}", flush=True)
         if state.code == RETRIEVAL_STOP_CODE:
             summary["retrieval_failure"] = state.stopped

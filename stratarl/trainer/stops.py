@@ -112,7 +112,7 @@ def nonfinite_step(step: int, metrics: dict[str, float]) -> str | None:
     loss = float(metrics.get("loss/policy", 0.0))
     if skipped == 0.0 and math.isfinite(loss):
         return None
-    what = f"the policy loss is {loss}" if not math.isfinite(loss) else "the gradient is not finite"
+    what = f"the policy loss is not finite ({loss})" if not math.isfinite(loss) else "the gradient is not finite"
     return (
         f"step {step}: {what}, so its update cannot be applied. Fix: check the algorithm's parameters (algo.*, "
         "e.g. an advantage or loss parameter that makes NaN) and optim.lr, then resume from the last checkpoint"
