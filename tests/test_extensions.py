@@ -13,8 +13,7 @@ MODULES = {
     "raises.py": ('x = 1\nraise RuntimeError("no GPU here")\n', "raised RuntimeError while loading", "line 2"),
     "syntax.py": ("def f(:\n    pass\n", "a syntax error", "line 1"),
     "twice.py": (
-        "from stratarl.retrieval import register_retriever\n\n@register_retriever('bm25')\ndef b(**spec):\n"
-        "    return None\n",
+        "from stratarl.retrieval import register_retriever\n\n@register_retriever('bm25')\ndef b(**spec):\n    return None\n",
         "retriever kind 'bm25' is already registered",
         "line 3",
     ),

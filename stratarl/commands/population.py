@@ -67,7 +67,10 @@ def _check_keys(path, where: str, entry: dict, allowed: tuple[str, ...], elsewhe
             if not hint and (other := close_match(str(key), elsewhere)):
                 hint = f"{other[:-2]}, a key of the spec itself, not of a run? "
             _spec_error(
-                path, f"{where}.{key}", entry[key], f"unknown key; {hint}the keys are {', '.join(allowed)}",
+                path,
+                f"{where}.{key}",
+                entry[key],
+                f"unknown key; {hint}the keys are {', '.join(allowed)}",
                 "spell the key as one of those (a misspelt key would be ignored)",
             )
 
@@ -125,7 +128,10 @@ def check_run_entry(path, index: int, run) -> None:
     overrides = run.get("overrides", [])
     if not isinstance(overrides, list) or not all(isinstance(o, (str, int, float, bool)) for o in overrides):
         _spec_error(
-            path, f"{where}.overrides", overrides, "not a list of key=value strings",
+            path,
+            f"{where}.overrides",
+            overrides,
+            "not a list of key=value strings",
             'write e.g. "overrides": ["algo.name=grpo", "trainer.steps=20"]',
         )
     for key in ("resume", "start_over", "allow_lag_change"):
@@ -134,7 +140,10 @@ def check_run_entry(path, index: int, run) -> None:
     resume = run.get("resume", False)
     if resume and "config" in run:
         _spec_error(
-            path, f"{where}.config", run["config"], "a resumed run uses its own config.yaml",
+            path,
+            f"{where}.config",
+            run["config"],
+            "a resumed run uses its own config.yaml",
             "drop config (overrides still apply), or drop resume: true to start a new run",
         )
     if not resume and "config" not in run:
@@ -151,7 +160,9 @@ def members_of(spec: dict, path: str | Path = "") -> list:
     from stratarl.trainer.config import load_config
     from stratarl.trainer.population import Member
 
-    members, names, dirs = [], {}, {}
+    members: list = []
+    names: dict[object, str] = {}
+    dirs: dict[object, str] = {}
     for index, run in enumerate(spec["runs"]):
         where = member_label(index, run)
         run_dir = Path(run["run_dir"])
@@ -208,7 +219,9 @@ def member_line(result) -> str:
     if result.status == "done":
         return f"{result.name}: done: {steps} steps ({result.run_dir})"
     if result.status == "stopped":
-        return f"{result.name}: STOPPED at step {steps} (exit code {result.exit_code}): {result.reason} ({result.run_dir})"
+        return (
+            f"{result.name}: STOPPED at step {steps} (exit code {result.exit_code}): {result.reason} ({result.run_dir})"
+        )
     return f"{result.name}: DROPPED (exit code 1): {result.reason} ({result.run_dir})"
 
 

@@ -280,9 +280,7 @@ def train_member(
     allow_lag_change: bool = False,
 ) -> dict:
     """A member's run without a warm start of its own (``model.init_from`` or a fresh model): ``rl.train``."""
-    return train(
-        cfg, run_dir, resume=resume, start_over=start_over, parts=parts, allow_lag_change=allow_lag_change
-    )
+    return train(cfg, run_dir, resume=resume, start_over=start_over, parts=parts, allow_lag_change=allow_lag_change)
 
 
 class _MemberLogs:

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stratarl.evaluation.greedy import eval_metrics, evaluate, format_table, overall, save_eval
+from stratarl.infra.checkpoint import latest_checkpoint
 from stratarl.infra.metrics import format_step_line
 from stratarl.infra.progress import progress
 from stratarl.trainer.config import Config, save_config
 from stratarl.trainer.run import RunParts, RunState, build_run, progress_state, resume_or_fail, save
 from stratarl.trainer.setup import eval_settings, limit_per_source
 from stratarl.trainer.step import rl_step
-from stratarl.infra.checkpoint import latest_checkpoint
 from stratarl.trainer.stops import (
     NONFINITE_STOP_CODE,
     RETRIEVAL_STOP_CODE,

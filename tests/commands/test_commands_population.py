@@ -110,7 +110,10 @@ def test_members_get_the_retriever_probe_of_stratarl_train(tmp_path, monkeypatch
             {"runs": [{"run_dir": "a", "config": "c.yaml"}], "stak": True},
             ["spec.stak", "did you mean 'stack'"],
         ),
-        ([{"name": "m1", "run_dir": "a", "config": "c.yaml", "stak": True}], ["run 0 (m1).stak", "did you mean 'stack', a key of the spec itself"]),
+        (
+            [{"name": "m1", "run_dir": "a", "config": "c.yaml", "stak": True}],
+            ["run 0 (m1).stak", "did you mean 'stack', a key of the spec itself"],
+        ),
         (7, ["the file = 7", "not a mapping or a list"]),
         ([7], ["run 0 = 7", "not a mapping"]),
         ([{"name": "m", "run_dir": "a", "config": "c.yaml", "overrides": "x=1"}], ["run 0 (m).overrides", "list"]),

@@ -84,7 +84,9 @@ def test_a_share_check_counts_the_runs_on_the_side_its_bound_names(pilot):
     below = pilot.evaluate({"below": 0.5, "share": [0.5, 1.0]}, values)
     assert below["share"] == pytest.approx(1 / 3, abs=1e-4) and not below["passed"]
     # strict bounds: a run at the bound is on neither side
-    assert pilot.evaluate({"above": 0.6, "share": [0.5, 1.0]}, [0.6, 0.6, 0.7])["share"] == pytest.approx(1 / 3, abs=1e-4)
+    assert pilot.evaluate({"above": 0.6, "share": [0.5, 1.0]}, [0.6, 0.6, 0.7])["share"] == pytest.approx(
+        1 / 3, abs=1e-4
+    )
     assert not pilot.evaluate({"above": 0.6, "share": [0.5, 1.0]}, [0.6, 0.6, 0.7])["passed"]
 
 
@@ -225,6 +227,7 @@ def test_gate_needs_an_admitted_record_of_this_very_design(pilot, tmp_path):
 
     def gate_of(design, root):
         return gate(design, root, runs, METRICS)
+
     # any change of the regime after its pilot (a pilot arm's settings, a task setting, the steps) needs a new pilot
     for changed in (
         {**exp, "arms": {**exp["arms"], "grpo": {"optim.lr": 1e-3}}},

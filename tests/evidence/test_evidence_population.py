@@ -80,7 +80,7 @@ def test_a_member_the_population_reports_stopped_is_a_failed_run_even_when_its_s
         write_arm=lambda d, spec, exp, resumed: (d / "arm.json").write_text("{}"),
         write_result=lambda *a: written.append(a),
         STRATARL=["stratarl"],
-        _env=lambda: {},
+        _env=dict,
     )
 
     def fake_call(cmd, **kwargs):

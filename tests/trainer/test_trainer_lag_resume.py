@@ -22,6 +22,7 @@ SMALL = ["trainer.prompts_per_step=2", "rollout.group_size=2", "eval.before_afte
 def trained(tmp_path_factory):
     """A run of 3 steps at policy lag 2 with a checkpoint after each (keep_last 2: steps 2 and 3), trained once."""
     from conftest import REWARD_MODULE
+
     from stratarl.trainer.rl import train
 
     root = tmp_path_factory.mktemp("lagged")

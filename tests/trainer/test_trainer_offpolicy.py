@@ -324,9 +324,7 @@ def test_with_several_optimizer_steps_the_correction_reads_the_recomputed_pi_old
     for old, mask in calls:
         assert rows(old, mask) <= pi_old  # every row the correction saw is a row of the recomputed pi_old
     # ... and after the first optimizer step pi_theta is not pi_old: a correction fed pi_theta would fail above
-    moved = [
-        float((theta - old)[mask].abs().max()) for (old, mask), theta in zip(calls[1:], current[1:]) if mask.any()
-    ]
+    moved = [float((theta - old)[mask].abs().max()) for (old, mask), theta in zip(calls[1:], current[1:]) if mask.any()]
     assert moved and max(moved) > 1e-4
 
 
