@@ -6,7 +6,7 @@ Param.number(ge=0)})``), so a config whose value is of the wrong type, outside t
 when it loads, with the config field named, before any model is built. A parameter a part does not declare is
 checked by the type of its default (a float default: a finite number; an int: an integer; a bool: true or false;
 a str: a string), so a user's part without ``params=`` still gets its types checked and every non-finite number
-refused (docs/algorithms.md, "Adding an algorithm"). Standard library only.
+refused (docs/training.md, "Algorithms"). Standard library only.
 """
 
 from __future__ import annotations
