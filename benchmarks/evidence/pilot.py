@@ -194,7 +194,7 @@ def read_record(path: Path) -> dict:
 
 
 # What a record's check must agree on with the same check re-derived from the pilot summaries.
-COMPARED = ("metric", "arm", "n", "values", "mean", "share", "passed")
+COMPARED = ("metric", "arm", "n", "values", "mean", "share", "passed", "why")
 
 
 def disagreement(record: dict, fresh: dict) -> str | None:

@@ -397,7 +397,15 @@ def pilot_gate(exp: dict, pilot_root: Path, results: Path) -> str | None:
         section = pilots.validate(exp, tables.METRICS)
     except ValueError as error:
         return str(error)
-    runs = tables.load_runs(pilots.pilot_experiment(exp, section), results)
+    pilot_exp = pilots.pilot_experiment(exp, section)
+    try:
+        runs = tables.load_runs(pilot_exp, results)
+    except (ValueError, OSError, KeyError, TypeError) as error:  # a damaged summary: JSON, fields
+        return (
+            f"a pilot summary under {results / pilot_exp['name']} cannot be read ({type(error).__name__}: "
+            f"{' '.join(str(error).split())[:200]}), so the pilot's verdict cannot be checked. Fix: restore the "
+            f"summaries from git, or run the pilot again (python benchmarks/evidence/run.py {exp['name']} --pilot)"
+        )
     return pilots.gate(exp, pilot_root, runs, tables.METRICS)
 
 

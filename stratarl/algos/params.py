@@ -102,7 +102,7 @@ class Param:
         `ParamError` saying why it is refused and how to fix it."""
         if value is None and self.optional:
             return None
-        if isinstance(value, float) and not math.isfinite(value):
+        if not _all_finite(value):
             raise ParamError("not a finite number (nan and inf would train a NaN model)", f"use {self.describe()}")
         if self.kind == "any":
             return value
@@ -133,6 +133,17 @@ class Param:
         if not (low_ok and high_ok):
             raise ParamError("out of range", f"use {self.describe()}")
         return value
+
+
+def _all_finite(value: Any) -> bool:
+    """No float in ``value`` (a number, or one inside lists, tuples and mappings) is NaN or infinite."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_all_finite(v) for v in value)
+    if isinstance(value, Mapping):
+        return all(_all_finite(v) for v in value.values())
+    return True
 
 
 def param_from_default(default: Any) -> Param:

@@ -220,8 +220,10 @@ class BehaviourPolicy:
         """Why a checkpoint at ``step`` with behaviour state ``state`` (None: it has none) cannot reproduce this
         run's lags: another ``trainer.policy_lag`` / ``policy_lag_mode``, or missing weight snapshots. None
         when it can."""
+        if step == 0:  # nothing was sampled yet: the run from here is a run with this lag
+            return None
         if state is None:
-            if self.max_lag > 0 and step > 0:
+            if self.max_lag > 0:
                 return (
                     f"the checkpoint holds no weight snapshots (its run had trainer.policy_lag 0), but this run has "
                     f"trainer.policy_lag {self.max_lag}: steps {step}..{step + self.max_lag - 1} would sample with "

@@ -265,12 +265,15 @@ def check_lags(run: RunState, state: dict, path: Path, *, allow_lag_change: bool
         raise ckpt.CheckpointError(f"{path}/state.pt: its weight snapshots are damaged")
     if run.behaviour is not None and saved is not None:
         run.behaviour.check_shapes(saved, f"{path}/state.pt")
-    if run.behaviour is not None:
-        problem = run.behaviour.resume_problem(saved, int(state["step"]))
-    elif saved is not None and int(saved.get("max_lag", 0)) > 0:
-        problem = f"the checkpoint was written with trainer.policy_lag {saved['max_lag']}, this run has 0"
-    else:
-        problem = None
+    try:
+        if run.behaviour is not None:
+            problem = run.behaviour.resume_problem(saved, int(state["step"]))
+        elif saved is not None and int(saved.get("max_lag", 0)) > 0 and int(state["step"]) > 0:
+            problem = f"the checkpoint was written with trainer.policy_lag {saved['max_lag']}, this run has 0"
+        else:
+            problem = None
+    except (ValueError, TypeError) as error:  # lag settings that are not numbers: a damaged state.pt
+        raise ckpt.CheckpointError(f"{path}/state.pt: its weight snapshots' settings are damaged ({error})") from None
     if problem is None:
         return
     if not allow_lag_change:

@@ -321,3 +321,23 @@ def test_an_amended_design_keeps_the_verdicts_of_earlier_pilots(pilot):
     again = pilot.keep_history({"design_hash": "ccc", "admitted": True, "checks": {}}, kept)
     assert [r["design_hash"] for r in again["earlier"]] == ["aaa", "bbb"]
     assert pilot.keep_history(amended, None) == amended
+
+
+def test_a_damaged_pilot_summary_refuses_the_sweep_in_one_line(tmp_path):
+    import shutil
+
+    sys.path.insert(0, str(EVIDENCE))
+    runner = _load("evidence_run_for_damage", "run.py")
+    exp = runner.load_experiment("lab_shortcut")
+    results, pilots = tmp_path / "results", tmp_path / "pilots"
+    shutil.copytree(runner.RESULTS / "lab_shortcut-pilot", results / "lab_shortcut-pilot")
+    pilots.mkdir()
+    shutil.copy(EVIDENCE / "pilots" / "lab_shortcut.json", pilots / "lab_shortcut.json")
+    assert runner.pilot_gate(exp, pilots, results) is None  # the copies agree
+    summary = sorted((results / "lab_shortcut-pilot").glob("*/*.json"))[0]
+    summary.write_text("{truncated")
+    why = runner.pilot_gate(exp, pilots, results)
+    assert "a pilot summary under" in why and "cannot be read" in why and "\n" not in why
+    summary.unlink()  # a summary gone: its run lacks the metric, which the record does not say
+    why = runner.pilot_gate(exp, pilots, results)
+    assert "disagrees with the pilot summaries (check g16/" in why

@@ -129,3 +129,12 @@ def test_the_exact_resume_still_resumes(lagged):
     assert summary["start_step"] == 3 and summary["steps"] == 4 and summary["exit_code"] == 0
     state = torch.load(run_dir / "checkpoints" / "step_000004" / "state.pt", weights_only=True)
     assert state["behaviour"]["max_lag"] == 2 and state["behaviour"]["shortened"] == []
+
+
+def test_snapshot_settings_that_are_not_numbers_count_as_damage(lagged, capsys):
+    from stratarl.trainer.rl import train
+
+    run_dir, common = lagged
+    _rewrite_state(run_dir / "checkpoints" / "step_000003", lambda state: state["behaviour"].update(max_lag="two"))
+    summary = train(load_config(TINY, [*common, "trainer.steps=3"]), run_dir, resume=True)
+    assert summary["start_step"] == 2 and "settings are damaged" in capsys.readouterr().err

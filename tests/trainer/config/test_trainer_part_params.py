@@ -130,6 +130,8 @@ def test_param_checks_hand_cases():
         (Param.choice("a", "b"), "c"),
         (Param.flag(), 1),
         (Param.any(), math.nan),
+        (Param.any(), [1.0, [math.inf]]),
+        (Param.any(), {"w": math.nan}),
     ):
         with pytest.raises(ParamError):
             spec.check(value)
