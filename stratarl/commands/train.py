@@ -187,7 +187,8 @@ def run_train(args: argparse.Namespace) -> int:
         code = summary.get("exit_code", 0)
         print(
             f"{'stopped' if code else 'done'}: {summary['steps']} steps in {summary['train_seconds']:.0f}s; "
-            f"checkpoint {summary['checkpoint']}",
+            f"checkpoint {summary['checkpoint'] or 'none yet'}"
+            + (f" (exit code {code}: {summary.get('stop_reason')})" if code else ""),
             flush=True,
         )
         return code
