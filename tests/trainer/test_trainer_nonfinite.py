@@ -6,23 +6,32 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from stratarl.algos import register_advantage
-from stratarl.algos.registry import advantage_names
 from stratarl.trainer.config import load_config
 from stratarl.trainer.stops import NONFINITE_STOP_CODE, nonfinite_step
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 NAN_ADVANTAGE = "i54_test_nan_advantage"
 
-if NAN_ADVANTAGE not in advantage_names():
+
+@pytest.fixture
+def nan_advantage():
+    """An estimator whose every policy-token advantage is NaN (a loss, so a gradient, that is not finite),
+    unregistered afterwards."""
+    from stratarl.algos import registry
 
     @register_advantage(NAN_ADVANTAGE)
     def _nan_advantage(batch):
-        """Every policy token's advantage NaN: a loss, and so a gradient, that is not finite."""
         nan = torch.full(batch.response_mask.shape, float("nan"))
         return nan, nan
+
+    yield NAN_ADVANTAGE
+    del registry._ADVANTAGES[NAN_ADVANTAGE]
+    registry._ADVANTAGE_INFO.pop(NAN_ADVANTAGE, None)
+    registry._PARAMS["advantage"].pop(NAN_ADVANTAGE, None)
 
 
 def test_nonfinite_step_hand_cases():
@@ -32,7 +41,7 @@ def test_nonfinite_step_hand_cases():
     assert "the policy loss is not finite (nan)" in nonfinite_step(3, {"loss/policy": float("nan")})
 
 
-def test_a_nan_loss_stops_the_run_with_exit_code_4(tmp_path, tiny_overrides, capsys):
+def test_a_nan_loss_stops_the_run_with_exit_code_4(tmp_path, tiny_overrides, capsys, nan_advantage):
     """Before: the optimizer skipped every step, the run wrote a checkpoint of step 3 and ended `done`, exit 0."""
     from stratarl.trainer.rl import train
 

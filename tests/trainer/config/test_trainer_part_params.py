@@ -21,6 +21,19 @@ TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny.yaml"
 TIS = ["algo.behaviour_correction=tis"]
 
 
+@pytest.fixture
+def own_advantages():
+    """Advantages a test registers are unregistered afterwards (other tests list the registered names)."""
+    from stratarl.algos import registry
+
+    before = set(registry._ADVANTAGES)
+    yield
+    for name in set(registry._ADVANTAGES) - before:
+        del registry._ADVANTAGES[name]
+        registry._ADVANTAGE_INFO.pop(name, None)
+        registry._PARAMS["advantage"].pop(name, None)
+
+
 @pytest.mark.parametrize(
     "overrides, field, words",
     [
@@ -85,13 +98,12 @@ def test_every_built_in_part_declares_every_parameter_it_takes():
                 assert set(declared) == set(registry.keyword_params(get(name))), (kind, name)
 
 
-def test_a_users_part_declares_its_ranges_and_its_undeclared_keywords_are_typed_by_their_defaults():
+def test_a_users_part_declares_its_ranges_and_its_undeclared_keywords_are_typed_by_their_defaults(own_advantages):
     name = "i54_test_scaled"
-    if name not in __import__("stratarl.algos.registry", fromlist=["x"]).advantage_names():
 
-        @register_advantage(name, group_relative=True, params={"scale": Param.number(gt=0)})
-        def scaled(batch, *, scale: float = 1.0, shift: float = 0.0, rounds: int = 1, mode: str = "a"):
-            return batch.rewards, batch.rewards
+    @register_advantage(name, group_relative=True, params={"scale": Param.number(gt=0)})
+    def scaled(batch, *, scale: float = 1.0, shift: float = 0.0, rounds: int = 1, mode: str = "a"):
+        return batch.rewards, batch.rewards
 
     specs = param_specs("advantage", name, get_advantage(name))
     assert specs["scale"] == Param.number(gt=0) and specs["shift"] == Param.number()
@@ -107,7 +119,7 @@ def test_a_users_part_declares_its_ranges_and_its_undeclared_keywords_are_typed_
         load_config(TINY, [*base, "algo.advantage_params.rounds=two"])
 
 
-def test_a_declaration_of_a_keyword_the_part_lacks_is_refused_at_registration():
+def test_a_declaration_of_a_keyword_the_part_lacks_is_refused_at_registration(own_advantages):
     with pytest.raises(ValueError, match="declares 'scael'"):
 
         @register_advantage("i54_test_misdeclared", params={"scael": Param.number()})
