@@ -28,6 +28,11 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def coerce(value: Any, tp: Any, path: str) -> Any:
+    """``value`` checked against the annotation ``tp`` (ints widen to floats; a config error naming ``path``)."""
+    return _coerce(value, tp, path)
+
+
 def _coerce(value: Any, tp: Any, path: str) -> Any:
     """Check ``value`` against the annotation ``tp`` (ints widen to floats)."""
     origin = typing.get_origin(tp)

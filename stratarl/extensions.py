@@ -8,7 +8,9 @@ the config is read, so whatever it registers with ``stratarl.algos.register_adva
 ``register_policy_loss`` / ``register_grad_normalizer`` is a valid name in ``algo.*``, a retriever kind
 registered with ``stratarl.retrieval.register_retriever`` a valid ``retrieval.spec``, and a format registered
 with ``stratarl.data.register_dataset_format`` reads the question files it matches. An entry is a path to
-a ``.py`` file or a dotted module name on ``sys.path``. Each file is loaded once per process.
+a ``.py`` file or a dotted module name on ``sys.path``. Each file is loaded once per process. A module that
+fails while loading (a syntax error, an exception, a name it registers that is taken) is one `ExtensionError`
+line naming the module, what it raised and the line (``STRATARL_DEBUG=1`` shows the traceback).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -78,10 +81,27 @@ def _load_file(path: Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception:
+    except Exception as error:
         del sys.modules[name]
-        raise
+        if os.environ.get("STRATARL_DEBUG"):
+            raise
+        raise ExtensionError(_raised(str(path), error, path)) from None
     return module
+
+
+def _raised(entry: str, error: Exception, path: Path | None) -> str:
+    """One line for a module that failed while it ran: what it raised and where (its own file's line), and a fix."""
+    if isinstance(error, SyntaxError):
+        where = f" ({error.filename}, line {error.lineno})" if error.lineno else ""
+        return f"{FLAG} {entry}: a syntax error{where}: {error.msg}. Fix: correct the module's syntax"
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [f for f in frames if path is None or Path(f.filename).resolve() == path.resolve()] or frames
+    where = f" ({own[-1].filename}, line {own[-1].lineno})" if own else ""
+    what = " ".join(str(error).split()) or "no message"
+    return (
+        f"{FLAG} {entry}: the module raised {type(error).__name__} while loading{where}: {what[:300]}. Fix: correct "
+        "the module (STRATARL_DEBUG=1 shows the traceback)"
+    )
 
 
 def load_extension(entry: str) -> ModuleType:
@@ -101,6 +121,12 @@ def load_extension(entry: str) -> ModuleType:
             f"{FLAG} {entry}: no module named {error.name!r}. Fix: pass a .py path, or put the "
             "module's folder on PYTHONPATH."
         ) from None
+    except Exception as error:
+        if os.environ.get("STRATARL_DEBUG"):
+            raise
+        module = sys.modules.get(entry)
+        file = getattr(module, "__file__", None)
+        raise ExtensionError(_raised(entry, error, Path(file) if file else None)) from None
 
 
 def loaded_extensions() -> list[str]:

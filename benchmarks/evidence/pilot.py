@@ -5,7 +5,8 @@ The warm-start admission (admission.py) checks the first step's rollouts. This c
 budget on worlds the sweep never uses, does the task leave headroom, does it keep two live strata for
 Stratified GRPO, does PPO clip and does SORL's normaliser engage? A null where the mechanism had nothing to
 act on says nothing about the method, so a design with a ``pilot`` section does not run its sweep until
-`run.py EXP --pilot` has written an admitted record, and the design it admitted is still the one on file.
+`run.py EXP --pilot` has written an admitted record, the design it admitted is still the one on file, and every
+check of the record re-derives from the committed pilot summaries (``gate`` judges them again and compares).
 
     pilot:
       world_from: 4101          # pilot seed s runs on world 4101 + s; the sweep's world_from must not overlap
@@ -171,23 +172,81 @@ def record_path(exp: dict, root: Path = PILOTS) -> Path:
     return root / f"{exp['name']}.json"
 
 
-def gate(exp: dict, root: Path = PILOTS) -> str | None:
-    """None when the sweep may run (no pilot section, or an admitted record of this very design); else the
-    one-line reason it may not."""
+def read_record(path: Path) -> dict:
+    """The pilot record at ``path``, or a ``ValueError`` of one line saying why it cannot be read (not JSON, not a
+    mapping, no ``checks`` mapping of check -> {passed, ...})."""
+    fix = "Fix: restore it from git, or write it again with `run.py EXP --pilot`"
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"the pilot record {path} is not JSON ({error.msg} at line {error.lineno}). {fix}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"the pilot record {path} cannot be read ({error}). {fix}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"the pilot record {path} is a JSON {type(record).__name__}, not a record (a mapping). {fix}")
+    checks = record.get("checks")
+    if not isinstance(checks, dict) or not checks:
+        raise ValueError(f"the pilot record {path} lacks `checks` (the verdict of each check). {fix}")
+    for name, check in checks.items():
+        if not isinstance(check, dict) or not isinstance(check.get("passed"), bool):
+            raise ValueError(f"the pilot record {path}: check {name} has no verdict (`passed`). {fix}")
+    return record
+
+
+# What a record's check must agree on with the same check re-derived from the pilot summaries.
+COMPARED = ("metric", "arm", "n", "values", "mean", "share", "passed", "why")
+
+
+def disagreement(record: dict, fresh: dict) -> str | None:
+    """Where ``record`` (as committed) differs from ``fresh`` (``judge`` on the committed pilot summaries): the
+    first check whose metric, arm, values, mean, share or verdict differ, a check one has and the other lacks, or
+    the overall verdict; None when they agree."""
+    have, want = record["checks"], fresh["checks"]
+    for name in [*want, *(k for k in have if k not in want)]:
+        if name not in have:
+            return f"check {name}: the record lacks it"
+        if name not in want:
+            return f"check {name}: the design has no such check"
+        for key in COMPARED:
+            if have[name].get(key) != want[name].get(key):
+                return (
+                    f"check {name}: the record says {key} = {have[name].get(key)!r}, the pilot summaries give "
+                    f"{want[name].get(key)!r}"
+                )
+    for key in ("admitted", "worlds", "conditions"):
+        if record.get(key) != fresh[key]:
+            return f"`{key}`: the record says {record.get(key)!r}, the pilot summaries give {fresh[key]!r}"
+    return None
+
+
+def gate(exp: dict, root: Path, runs: dict, metrics: dict) -> str | None:
+    """None when the sweep may run (no pilot section, or an admitted record of this very design whose every check
+    re-derives from the pilot runs ``runs``: condition -> arm -> seed -> summary, as ``tables.load_runs`` reads
+    the committed ``<experiment>-pilot`` summaries); else the one-line reason it may not."""
     if not exp.get("pilot"):
         return None
     path = record_path(exp, root)
     fix = f"Fix: python benchmarks/evidence/run.py {exp['name']} --pilot"
     if not path.is_file():
         return f"{exp['name']} has a pilot section but no pilot record ({path}). {fix}"
-    record = json.loads(path.read_text())
+    try:
+        record = read_record(path)
+        section = validate(exp, metrics)
+    except ValueError as error:
+        return str(error)
     if record.get("design_hash") != design_hash(exp):
         return (
             f"the pilot record {path} admitted another design (hash {record.get('design_hash')}, this one "
             f"{design_hash(exp)}): the design changed after its pilot. {fix}"
         )
+    differs = disagreement(record, judge(exp, section, runs, metrics))
+    if differs is not None:
+        return (
+            f"the pilot record {path} disagrees with the pilot summaries ({differs}). Fix: restore the record "
+            f"and the summaries from git, or run the pilot again ({fix[5:]})"
+        )
     if not record.get("admitted"):
-        failed = [f"{k}: {v['why']}" for k, v in record["checks"].items() if not v["passed"]]
+        failed = [f"{k}: {v.get('why', 'failed')}" for k, v in record["checks"].items() if not v["passed"]]
         return (
             f"{exp['name']}'s pilot did not admit the regime ({'; '.join(failed)}). Fix: change the design "
             "and run its pilot again; the sweep never runs in a regime where the mechanism had nothing to act on"

@@ -4,7 +4,8 @@ population` process instead of one `stratarl train` process each, ``--jobs`` pro
 Every run keeps what ``run.run_one`` gives it: skipped when summarised under ``results`` or finished, a lock file
 next to its run directory (so several runners can share a sweep), resumed from its checkpoint (`--resume`) or
 started over, arm.json with its provenance, its output in its own train.log, its summary under ``results`` when it
-finished. A run that fails in a population is reported as FAIL and the others go on. Runs are grouped in plan
+finished. A run that fails in a population (dropped, or stopped early: the population's summary says which, with
+its exit code and reason) is reported as FAIL and the others go on. Runs are grouped in plan
 order (seed-major), so a population holds the arms of a seed, paired runs side by side.
 """
 
@@ -56,6 +57,16 @@ def _claim(runner: ModuleType, spec, exp: dict, steps: int, results: Path | None
     return None, (fd, lock, entry, has_checkpoint)
 
 
+def _member_outcomes(summary: Path) -> dict[str, dict]:
+    """run_dir -> the member's entry of a `stratarl population --summary` file (status: done / stopped / dropped,
+    exit_code, reason); {} when the population wrote none (it failed before training)."""
+    try:
+        members = json.loads(summary.read_text()).get("members", [])
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {str(m.get("run_dir")): m for m in members if isinstance(m, dict)}
+
+
 def _run_group(
     runner: ModuleType, group: list, exp: dict, steps: int, results: Path | None, index: int, out: Path
 ) -> list[str]:
@@ -77,9 +88,17 @@ def _run_group(
             cmd = [*runner.STRATARL, "population", str(path), "--summary", str(path.with_suffix(".out.json"))]
             with open(path.with_suffix(".log"), "a") as log:
                 rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=runner._env())
+            outcome = _member_outcomes(path.with_suffix(".out.json"))
             for i, claim in todo:
                 spec = group[i]
-                if runner.finished(spec.run_dir, spec.steps or steps):
+                member = outcome.get(str(spec.run_dir))
+                if member is not None and member.get("status") != "done":
+                    why = member.get("reason") or member.get("status")
+                    statuses[i] = (
+                        f"FAIL {member.get('status')} (exit code {member.get('exit_code')}: {why}; population log "
+                        f"{path.with_suffix('.log')})"
+                    )
+                elif runner.finished(spec.run_dir, spec.steps or steps):
                     if results is not None:
                         runner.write_result(spec, exp, results, spec.config_hash())
                     statuses[i] = "resumed" if claim[3] else "done"

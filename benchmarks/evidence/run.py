@@ -387,6 +387,28 @@ def run_warmstart(exp: dict, task: str, overrides: list[str], out: Path, *, wait
         lock.unlink(missing_ok=True)
 
 
+def pilot_gate(exp: dict, pilot_root: Path, results: Path) -> str | None:
+    """pilot.gate on the pilot summaries under ``results`` (<experiment>-pilot/): None when the sweep may run."""
+    if not exp.get("pilot"):
+        return None
+    import tables  # here: tables.py imports this module
+
+    try:
+        section = pilots.validate(exp, tables.METRICS)
+    except ValueError as error:
+        return str(error)
+    pilot_exp = pilots.pilot_experiment(exp, section)
+    try:
+        runs = tables.load_runs(pilot_exp, results)
+    except (ValueError, OSError, KeyError, TypeError) as error:  # a damaged summary: JSON, fields
+        return (
+            f"a pilot summary under {results / pilot_exp['name']} cannot be read ({type(error).__name__}: "
+            f"{' '.join(str(error).split())[:200]}), so the pilot's verdict cannot be checked. Fix: restore the "
+            f"summaries from git, or run the pilot again (python benchmarks/evidence/run.py {exp['name']} --pilot)"
+        )
+    return pilots.gate(exp, pilot_root, runs, tables.METRICS)
+
+
 def finished(run_dir: Path, steps: int) -> bool:
     path = run_dir / "summary.json"
     if not path.is_file():
@@ -825,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
         exp = pilots.pilot_experiment(exp, pilot)
         args.seeds, args.arms = pilot["seeds"], pilot["arms"]
         args.conditions = pilot.get("conditions") or args.conditions
-    elif not args.reduced and not args.aggregate_only and (why := pilots.gate(exp, pilot_root)):
+    elif not args.reduced and not args.aggregate_only and (why := pilot_gate(exp, pilot_root, results)):
         sys.exit(f"error: {why}")
     seeds = args.seeds or red.get("seeds") or exp.get("seeds", 3)
     # A condition's own `seeds` holds unless the command line or the reduced section sets one count for all.
@@ -935,7 +957,12 @@ def main(argv: list[str] | None = None) -> int:
         record = pilots.judge(design, pilot, tables.load_runs(exp, results), tables.METRICS)
         pilot_root.mkdir(parents=True, exist_ok=True)
         path = pilots.record_path(design, pilot_root)
-        record = pilots.keep_history(record, json.loads(path.read_text()) if path.is_file() else None)
+        try:  # an unreadable earlier record has no history to keep
+            previous = pilots.read_record(path) if path.is_file() else None
+        except ValueError as error:
+            print(f"warning: {error}; writing a new record", flush=True)
+            previous = None
+        record = pilots.keep_history(record, previous)
         path.write_text(json.dumps(record, indent=1) + "\n")
         print(pilots.describe(record), flush=True)
         print(f"wrote {pilots.record_path(design, pilot_root)}", flush=True)

@@ -38,6 +38,7 @@ from stratarl.algos.losses import (
     entropy_from_logits,
     kl_penalty,
 )
+from stratarl.algos.params import Param
 from stratarl.algos.registry import (
     AdvantageBatch,
     advantage_names,
@@ -81,6 +82,7 @@ __all__ = [
     "AdvantageBatch",
     "ClipBiasNormalizer",
     "CorrectionOutput",
+    "Param",
     "PolicyLossOutput",
     "advantage_names",
     "aggregate_loss",

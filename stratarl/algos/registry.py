@@ -21,7 +21,10 @@ One signature per kind:
   the three ``offpolicy/`` keys). Built in: ``tis``, ``mis``, ``decoupled`` (stratarl.algos.corrections).
 
 Every parameter is keyword-only with a default, so :func:`keyword_params` can list a part's
-parameters and a config can be checked against them before any tensor exists.
+parameters and a config can be checked against them before any tensor exists. Each decorator takes
+``params={keyword: Param}`` (stratarl.algos.params): the types and ranges a config's values must have
+(:func:`param_specs`); a keyword left undeclared is checked by its default's type, and no part receives a
+number that is not finite.
 An unknown name raises a KeyError listing the registered ones (each table is a :class:`stratarl.registry.Registry`).
 
 A part registered from a user's module (``stratarl train --import my_parts.py`` or the
@@ -32,7 +35,7 @@ config by its name, e.g. ``algo.advantage=rloo``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,8 +51,10 @@ from stratarl.algos.advantages import (
 )
 from stratarl.algos.corrections import CorrectionOutput, decoupled_weights, mis_weights, tis_weights
 from stratarl.algos.gigpo import gigpo_advantages, step_group_metrics, step_groups, token_step_ids
-from stratarl.algos.losses import PolicyLossOutput, clipped_policy_loss
-from stratarl.algos.sorl import ClipBiasNormalizer
+from stratarl.algos.losses import AGG_MODES, PolicyLossOutput, clipped_policy_loss
+from stratarl.algos.params import Param, check_params_declared, param_from_default
+from stratarl.algos.sorl import DELTA_RULES, ClipBiasNormalizer
+from stratarl.algos.turns import LEVELS
 from stratarl.registry import Registry
 
 
@@ -117,6 +122,32 @@ _ADVANTAGE_INFO: dict[str, AdvantageInfo] = {}
 _POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 _NORMALIZERS: Registry[NormalizerFn] = Registry("gradient normaliser")
 _CORRECTIONS: Registry[CorrectionFn] = Registry("behaviour correction")
+_PARAMS: dict[str, dict[str, Mapping[str, Param]]] = {
+    "advantage": {},
+    "policy_loss": {},
+    "normalizer": {},
+    "behaviour_correction": {},
+}
+ParamSpecs = Mapping[str, Param] | None
+
+
+def _declare(kind: str, name: str, fn: Callable[..., Any], params: ParamSpecs) -> None:
+    declared = dict(params or {})
+    check_params_declared(name, declared, keyword_params(fn))
+    _PARAMS[kind][name] = declared
+
+
+def _decorator(
+    registry: Registry[Any], kind: str, name: str, params: ParamSpecs
+) -> Callable[[Callable[..., Any]], Any]:
+    registry.check_name(name)
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _declare(kind, name, fn, params)  # before adding: a bad declaration leaves the name free
+        registry.add(name, fn)
+        return fn
+
+    return decorator
 
 
 def register_advantage(
@@ -126,6 +157,7 @@ def register_advantage(
     group_relative: bool = False,
     needs_step_states: bool = False,
     metrics: Callable[..., dict[str, float]] | None = None,
+    params: ParamSpecs = None,
 ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: register ``fn(batch: AdvantageBatch, **params) -> (advantages [B,T], returns [B,T])``.
 
@@ -134,10 +166,12 @@ def register_advantage(
     ``needs_step_states``: it reads ``AdvantageBatch.step_states`` (the trainer fills them only then).
     ``metrics``: ``fn(batch, **params) -> dict[str, float]``, called with the estimator's parameters; the
     trainer logs what it returns.
+    ``params``: ``{keyword: Param}``, the types and ranges of its keywords (stratarl.algos.params).
     """
     _ADVANTAGES.check_name(name)
 
     def decorator(fn: AdvantageFn) -> AdvantageFn:
+        _declare("advantage", name, fn, params)
         _ADVANTAGES.add(name, fn)
         _ADVANTAGE_INFO[name] = AdvantageInfo(
             needs_values=needs_values,
@@ -150,19 +184,29 @@ def register_advantage(
     return decorator
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator: register ``fn(log_probs, old_log_probs, advantages, response_mask, **params) -> PolicyLossOutput``."""
-    return _POLICY_LOSSES.decorator(name)
+def register_policy_loss(name: str, *, params: ParamSpecs = None) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: register ``fn(log_probs, old_log_probs, advantages, response_mask, **params) -> PolicyLossOutput``
+    (``params``: ``{keyword: Param}``, the types and ranges of its keywords)."""
+    return _decorator(_POLICY_LOSSES, "policy_loss", name, params)
 
 
-def register_grad_normalizer(name: str) -> Callable[[NormalizerFn], NormalizerFn]:
-    """Decorator: register ``fn(parameters, **params) -> GradNormalizer`` (see :class:`GradNormalizer`)."""
-    return _NORMALIZERS.decorator(name)
+def register_grad_normalizer(name: str, *, params: ParamSpecs = None) -> Callable[[NormalizerFn], NormalizerFn]:
+    """Decorator: register ``fn(parameters, **params) -> GradNormalizer`` (see :class:`GradNormalizer`;
+    ``params``: ``{keyword: Param}``)."""
+    return _decorator(_NORMALIZERS, "normalizer", name, params)
 
 
-def register_behaviour_correction(name: str) -> Callable[[CorrectionFn], CorrectionFn]:
-    """Decorator: register ``fn(old_log_probs, behaviour_log_probs, response_mask, **params) -> CorrectionOutput``."""
-    return _CORRECTIONS.decorator(name)
+def register_behaviour_correction(name: str, *, params: ParamSpecs = None) -> Callable[[CorrectionFn], CorrectionFn]:
+    """Decorator: register ``fn(old_log_probs, behaviour_log_probs, response_mask, **params) -> CorrectionOutput``
+    (``params``: ``{keyword: Param}``)."""
+    return _decorator(_CORRECTIONS, "behaviour_correction", name, params)
+
+
+def param_specs(kind: str, name: str, fn: Callable[..., Any]) -> dict[str, Param]:
+    """The check of each keyword of part ``name`` of ``kind`` (advantage, policy_loss, normalizer,
+    behaviour_correction): its declared ``Param``, else one from its default's type (`param_from_default`)."""
+    declared = _PARAMS.get(kind, {}).get(name, {})
+    return {k: declared.get(k) or param_from_default(d) for k, d in keyword_params(fn).items()}
 
 
 def get_advantage(name: str) -> AdvantageFn:
@@ -225,7 +269,13 @@ def _outcome(batch: AdvantageBatch, advantages: Tensor) -> tuple[Tensor, Tensor]
     return token, token
 
 
-@register_advantage("grpo", group_relative=True)
+_EPS = Param.number(ge=0)
+_DDOF = Param.integer(ge=0)
+_UNIT = Param.number(ge=0, le=1)
+_STD = {"eps": _EPS, "std_ddof": _DDOF, "scale_by_std": Param.flag()}
+
+
+@register_advantage("grpo", group_relative=True, params=_STD)
 def _grpo(
     batch: AdvantageBatch, *, eps: float = 1e-6, std_ddof: int = 1, scale_by_std: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -234,13 +284,13 @@ def _grpo(
     return _outcome(batch, adv)
 
 
-@register_advantage("drgrpo", group_relative=True)
+@register_advantage("drgrpo", group_relative=True, params={"std_ddof": _DDOF})
 def _drgrpo(batch: AdvantageBatch, *, std_ddof: int = 1) -> tuple[Tensor, Tensor]:
     """Dr.GRPO mean-only advantage ``R − mean_g R`` (arXiv 2503.20783)."""
     return _outcome(batch, grpo_advantages(batch.rewards, batch.group_ids, std_ddof=std_ddof, scale_by_std=False))
 
 
-@register_advantage("stratified", group_relative=True)
+@register_advantage("stratified", group_relative=True, params={**_STD, "alpha": _UNIT})
 def _stratified(
     batch: AdvantageBatch,
     *,
@@ -267,7 +317,7 @@ def _stratified(
     return _outcome(batch, adv)
 
 
-@register_advantage("gae", needs_values=True)
+@register_advantage("gae", needs_values=True, params={"gamma": _UNIT, "lam": _UNIT, "whiten": Param.flag()})
 def _gae(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = False) -> tuple[Tensor, Tensor]:
     """GAE over policy tokens (PPO / SO-PPO with a critic); see :func:`gae_advantages`."""
     if batch.values is None:
@@ -294,7 +344,18 @@ def _gigpo_metrics(
     return step_group_metrics(_step_groups(batch, similarity_threshold))
 
 
-@register_advantage("gigpo", group_relative=True, needs_step_states=True, metrics=_gigpo_metrics)
+@register_advantage(
+    "gigpo",
+    group_relative=True,
+    needs_step_states=True,
+    metrics=_gigpo_metrics,
+    params={
+        **_STD,
+        "gamma": _UNIT,
+        "step_weight": Param.number(ge=0),
+        "similarity_threshold": Param.number(gt=0, le=1, optional=True),
+    },
+)
 def _gigpo(
     batch: AdvantageBatch,
     *,
@@ -326,15 +387,30 @@ def _gigpo(
 
 # The clipped surrogate is the ``ppo`` loss; SO-PPO / SO-GRPO use it too, at the turn ratio level and with the
 # ``sorl`` gradient normaliser (stratarl.algos.presets).
-register_policy_loss("ppo")(clipped_policy_loss)
+register_policy_loss(
+    "ppo",
+    params={
+        "level": Param.choice(*LEVELS),
+        "clip_low": Param.number(gt=0, lt=1),
+        "clip_high": Param.number(gt=0),
+        "dual_clip": Param.number(gt=1, optional=True),
+        "agg": Param.choice(*AGG_MODES),
+        "norm_length": Param.integer(ge=1, optional=True),
+        "token_weights": Param.any(),
+    },
+)(clipped_policy_loss)
 
 # Behaviour-policy corrections (docs/algorithms.md, "Behaviour-policy corrections").
-register_behaviour_correction("tis")(tis_weights)
-register_behaviour_correction("mis")(mis_weights)
-register_behaviour_correction("decoupled")(decoupled_weights)
+_CAP = {"cap": Param.number(gt=1), "level": Param.choice(*LEVELS)}
+register_behaviour_correction("tis", params=_CAP)(tis_weights)
+register_behaviour_correction("mis", params=_CAP)(mis_weights)
+register_behaviour_correction("decoupled", params={"cap": Param.number(gt=1, optional=True)})(decoupled_weights)
 
 
-@register_grad_normalizer("sorl")
+@register_grad_normalizer(
+    "sorl",
+    params={"delta": Param.number(gt=0), "rule": Param.choice(*DELTA_RULES), "ema": Param.number(ge=0, lt=1)},
+)
 def _sorl_normalizer(
     parameters: Iterable[Tensor], *, delta: float = 1.0, rule: str = "fixed", ema: float = 0.9
 ) -> ClipBiasNormalizer:

@@ -34,6 +34,12 @@ def register(subparsers) -> None:
         help="with --resume: when RUN_DIR holds no intact "
         "checkpoint (e.g. it was killed before its first one), train it again from step 0 instead of failing",
     )
+    p.add_argument(
+        "--allow-lag-change",
+        action="store_true",
+        help="with --resume: resume even when the checkpoint cannot reproduce the policy lags (trainer.policy_lag "
+        "or policy_lag_mode changed, or weight snapshots are missing): the next steps sample with shorter lags",
+    )
     p.add_argument("--run-dir", help="write the run here instead of <trainer.output_dir>/<trainer.run_name>")
     add_retriever_check_flag(p)
     p.set_defaults(func=run_train)
@@ -102,7 +108,9 @@ def load_run_config(args):
     return cfg, resolve_run_dir(cfg, args.run_dir), False
 
 
-def run_pipeline(cfg, run_dir: Path, *, resume: bool, start_over: bool = False, parts=None) -> dict:
+def run_pipeline(
+    cfg, run_dir: Path, *, resume: bool, start_over: bool = False, parts=None, allow_lag_change: bool = False
+) -> dict:
     """Warm start (if ``sft.enabled`` and no ``model.init_from``), then RL; returns the RL summary. ``parts``: the
     run's collaborators (a population member's: stratarl.trainer.population)."""
     from stratarl.infra.threads import set_threads
@@ -146,7 +154,15 @@ def run_pipeline(cfg, run_dir: Path, *, resume: bool, start_over: bool = False, 
                 flush=True,
             )
         init_from = str(model_dir)
-    summary = train(cfg, run_dir, resume=resume, init_from=init_from, start_over=start_over, parts=parts)
+    summary = train(
+        cfg,
+        run_dir,
+        resume=resume,
+        init_from=init_from,
+        start_over=start_over,
+        parts=parts,
+        allow_lag_change=allow_lag_change,
+    )
     if summary_sft is not None:
         summary["sft"] = summary_sft
     return summary
@@ -162,12 +178,17 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"algorithm {describe(cfg.algo.name, cfg.algorithm)}", flush=True)
         if args.start_over and not resume:
             raise ConfigError("--start-over only applies with --resume RUN_DIR")
+        if args.allow_lag_change and not resume:
+            raise ConfigError("--allow-lag-change only applies with --resume RUN_DIR")
         check_retriever(cfg, args)
-        summary = run_pipeline(cfg, run_dir, resume=resume, start_over=args.start_over)
+        summary = run_pipeline(
+            cfg, run_dir, resume=resume, start_over=args.start_over, allow_lag_change=args.allow_lag_change
+        )
         code = summary.get("exit_code", 0)
         print(
             f"{'stopped' if code else 'done'}: {summary['steps']} steps in {summary['train_seconds']:.0f}s; "
-            f"checkpoint {summary['checkpoint']}",
+            f"checkpoint {summary['checkpoint'] or 'none yet'}"
+            + (f" (exit code {code}: {summary.get('stop_reason')})" if code else ""),
             flush=True,
         )
         return code

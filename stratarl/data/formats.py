@@ -38,8 +38,10 @@ once per file with the rows this format reads). Ids must be unique within a file
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,14 +118,38 @@ def _detectors() -> list[DatasetFormat]:
     return [f for f in reversed(list(_FORMATS.values())) if f.matches is not None]
 
 
-def format_of_row(row: Any, detectors: Sequence[DatasetFormat] | None = None) -> DatasetFormat:
+def format_of_row(
+    row: Any, detectors: Sequence[DatasetFormat] | None = None, *, origin: str = "a row", row_index: int | None = None
+) -> DatasetFormat:
     """The format that reads ``row``: the newest registered one whose ``matches`` accepts it, else ``search_r1``."""
     if isinstance(row, dict):
         for dataset_format in _detectors() if detectors is None else detectors:
             matches = dataset_format.matches
-            if matches is not None and matches(row):
+            with _reported(origin, row_index, f"the `matches` of dataset format {dataset_format.name!r}"):
+                found = matches is not None and matches(row)
+            if found:
                 return dataset_format
     return get_dataset_format(DEFAULT_FORMAT)
+
+
+@contextmanager
+def _reported(origin: str, row_index: int | None, what: str) -> Iterator[None]:
+    """A user's reader, ``matches`` or ``prepare`` that raises (anything but a `DatasetFormatError`, which names
+    its own row) becomes one `DatasetFormatError` line naming the file, the row and the format
+    (``STRATARL_DEBUG=1`` keeps the traceback)."""
+    try:
+        yield
+    except DatasetFormatError:
+        raise
+    except Exception as error:
+        if os.environ.get("STRATARL_DEBUG"):
+            raise
+        where = f"{origin}: row {row_index}" if row_index is not None else origin
+        what_raised = " ".join(str(error).split())[:300] or "no message"
+        raise DatasetFormatError(
+            f"{where}: {what} raised {type(error).__name__}: {what_raised}. Fix: correct the format's code, or the "
+            "row it cannot read (STRATARL_DEBUG=1 shows the traceback)"
+        ) from None
 
 
 class _Reader:
@@ -145,9 +171,13 @@ class _Reader:
             keywords["origin"] = origin
         if self.id_:
             keywords["id_"] = id_
-        example = self.format.read(row, **keywords)
+        with _reported(origin, row_index, f"dataset format {self.format.name!r}"):
+            example = self.format.read(row, **keywords)
         if not isinstance(example, Example):
-            raise TypeError(f"dataset format {self.format.name!r} returned a {type(example).__name__}, not an Example")
+            raise DatasetFormatError(
+                f"{origin}: row {row_index}: dataset format {self.format.name!r} returned a "
+                f"{type(example).__name__}, not an Example. Fix: return stratarl.data.Example(...) from the reader"
+            )
         metadata = example.metadata
         if "format" not in metadata:
             metadata["format"] = self.format.name
@@ -178,13 +208,14 @@ def examples_from_rows(rows: Sequence[Any], *, origin: str, format: str | None =
             stacklevel=3,
         )
     detectors = _detectors()
-    formats = [chosen or format_of_row(row, detectors) for row in rows]
+    formats = [chosen or format_of_row(row, detectors, origin=origin, row_index=i) for i, row in enumerate(rows)]
     readers: dict[str, _Reader] = {}
     for dataset_format in {f.name: f for f in formats}.values():
         extra = {}
         if dataset_format.prepare is not None:
             own_rows = [row for row, f in zip(rows, formats) if f.name == dataset_format.name]
-            extra = dict(dataset_format.prepare(own_rows, origin))
+            with _reported(origin, None, f"the `prepare` of dataset format {dataset_format.name!r}"):
+                extra = dict(dataset_format.prepare(own_rows, origin))
         readers[dataset_format.name] = _Reader(dataset_format, extra)
     examples = [
         readers[dataset_format.name](row, i, origin, str(file_ids[i]) if use_file_ids else None)

@@ -209,13 +209,24 @@ def _run_config(path: Path) -> str:
     return f"model.* in {run_config}" if run_config.is_file() else "model.* in the run's config.yaml"
 
 
+def previous_checkpoint_note(root: Path) -> str:
+    """What a failed save leaves to resume from: ``the previous checkpoint (step_N) is intact``, or, when the run
+    wrote none yet, that a resume starts over."""
+    try:
+        have, _ = find_checkpoint(root)
+    except OSError:
+        have = None
+    if have is None:
+        return "no earlier checkpoint exists yet (a resume needs --start-over)"
+    return f"the previous checkpoint ({Path(have).name}) is intact"
+
+
 def _disk_error(error: OSError, root: Path) -> OSError:
     if error.errno == errno.ENOSPC:
         return OSError(
             errno.ENOSPC,
-            f"disk full while writing a checkpoint under {root}; the previous checkpoint "
-            "is intact. Fix: free space (or lower trainer.keep_last), then "
-            "`stratarl train --resume RUN_DIR`",
+            f"disk full while writing a checkpoint under {root}; {previous_checkpoint_note(root)}. Fix: free space "
+            "(or lower trainer.keep_last), then `stratarl train --resume RUN_DIR`",
         )
     if error.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
         return OSError(
@@ -268,7 +279,7 @@ def save_checkpoint(
             raise OSError(
                 errno.ENOSPC,
                 f"disk full while writing a checkpoint under {root} ({free >> 20} MiB "
-                "free); the previous checkpoint is intact. Fix: free space, then `stratarl train --resume "
+                f"free); {previous_checkpoint_note(root)}. Fix: free space, then `stratarl train --resume "
                 "RUN_DIR`",
             ) from None
         raise

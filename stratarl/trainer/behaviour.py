@@ -26,9 +26,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from stratarl.config_errors import ConfigError
+from stratarl.infra.checkpoint import CheckpointError
 from stratarl.infra.precision import DevicePolicy, Precision
 
 LAG_MODES = ("fixed", "uniform")
+
+
+class LagResumeError(ConfigError):
+    """A resume whose checkpoint cannot reproduce the run's policy lags (`BehaviourPolicy.resume_problem`)."""
 
 
 def lag_for_step(max_lag: int, mode: str, seed: int, step: int) -> int:
@@ -197,8 +203,68 @@ class BehaviourPolicy:
             named[name].copy_(fake_quantize_int8(value) if name in self.quantized else value)
         return version, step - version
 
-    def state_dict(self) -> dict:
-        return self.snapshots.state_dict()
+    def needed_versions(self, step: int) -> list[int]:
+        """The versions the steps after a checkpoint at ``step`` may sample with: max(0, step − k) .. step − 1
+        (version ``step`` is the live weights)."""
+        return list(range(max(0, step - self.max_lag), step)) if self.max_lag > 0 else []
+
+    def state_dict(self, step: int | None = None) -> dict:
+        """The snapshots, with the lag settings they were kept for; a checkpoint of ``step`` also lists the
+        versions it lacks by design (``shortened``: dropped before a restore past steps without an update)."""
+        state = {**self.snapshots.state_dict(), "max_lag": self.max_lag, "mode": self.mode}
+        if step is not None:
+            state["shortened"] = [v for v in self.needed_versions(step) if v not in self.snapshots.weights]
+        return state
+
+    def resume_problem(self, state: dict | None, step: int) -> str | None:
+        """Why a checkpoint at ``step`` with behaviour state ``state`` (None: it has none) cannot reproduce this
+        run's lags: another ``trainer.policy_lag`` / ``policy_lag_mode``, or missing weight snapshots. None
+        when it can."""
+        if step == 0:  # nothing was sampled yet: the run from here is a run with this lag
+            return None
+        if state is None:
+            if self.max_lag > 0:
+                return (
+                    f"the checkpoint holds no weight snapshots (its run had trainer.policy_lag 0), but this run has "
+                    f"trainer.policy_lag {self.max_lag}: steps {step}..{step + self.max_lag - 1} would sample with "
+                    "shorter lags"
+                )
+            return None
+        saved_lag, saved_mode = state.get("max_lag"), state.get("mode")
+        if saved_lag is not None and (int(saved_lag), saved_mode) != (self.max_lag, self.mode):
+            return (
+                f"the checkpoint was written with trainer.policy_lag {saved_lag} ({saved_mode}), this run has "
+                f"{self.max_lag} ({self.mode}): the lags after step {step} would differ from the run's"
+            )
+        have = {int(v) for v in state.get("versions", [])}
+        missing = [v for v in self.needed_versions(step) if v not in have and v not in state.get("shortened", [])]
+        if missing:
+            return (
+                f"the checkpoint lacks the weight snapshots of versions {missing} that trainer.policy_lag "
+                f"{self.max_lag} needs after step {step}: those steps would sample with shorter lags"
+            )
+        return None
+
+    def check_shapes(self, state: dict, where: str) -> None:
+        """A `CheckpointError` (so a resume falls back to the previous checkpoint) when a snapshot does not fit
+        the learner's trainable parameters (count or shapes)."""
+        live = self._live()
+        versions, weights = state.get("versions"), state.get("weights")
+        if not isinstance(versions, list) or not isinstance(weights, list) or len(versions) != len(weights):
+            raise CheckpointError(f"{where}: its weight snapshots are damaged (versions and weights do not pair up)")
+        for version, tensors in zip(versions, weights):
+            if not isinstance(tensors, list) or len(tensors) != len(live):
+                raise CheckpointError(
+                    f"{where}: the weight snapshot of version {version} does not hold the {len(live)} trainable "
+                    "parameters of this model"
+                )
+            for name, tensor, param in zip(self.trainable, tensors, live):
+                if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(param.shape):
+                    shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+                    raise CheckpointError(
+                        f"{where}: the weight snapshot of version {version} has {name} of shape {shape}, the model's "
+                        f"is {tuple(param.shape)}"
+                    )
 
     def load_state_dict(self, state: dict, step: int) -> None:
         """Restore the snapshots of a checkpoint taken at ``step`` (newer versions, if any, are dropped)."""

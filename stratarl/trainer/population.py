@@ -26,7 +26,8 @@ over 10^4-token activations), per-op overhead is a small share, and the stacked 
 prompt (the solo update shares it), so it is slower (docs/lab.md, "Sweeps as populations").
 
 A member that fails (its warm start refused, an exception in a step, weights that became non-finite) is
-reported (``MemberResult.error``) and the others go on. Resume is per member (``Member.resume``: its newest
+dropped and reported (``MemberResult.error``), and the others go on; a member whose run stopped early (retrieval
+failures, a non-finite step: a non-zero exit code in its summary) is reported as stopped (``MemberResult.status``). Resume is per member (``Member.resume``: its newest
 checkpoint, as `stratarl train --resume`).
 """
 
@@ -66,11 +67,17 @@ class Member:
     run_dir: Path
     resume: bool = False
     start_over: bool = False
+    allow_lag_change: bool = False
+    """With ``resume``: resume even when the checkpoint cannot reproduce the policy lags (`--allow-lag-change`)."""
 
 
 @dataclass
 class MemberResult:
-    """How a member ended: its run's summary (as `stratarl train` returns it), or the error that dropped it."""
+    """How a member ended: its run's summary (as `stratarl train` returns it), or the error that dropped it.
+
+    ``status``: ``done`` (it ran to the end, exit code 0), ``stopped`` (its run stopped early with a non-zero exit
+    code: retrieval failures, a signal, a non-finite step; ``reason`` says which) or ``dropped`` (an exception ended
+    it; ``error``). ``exit_code`` is what `stratarl train` would have exited with (1 for a dropped member)."""
 
     name: str
     run_dir: Path
@@ -80,7 +87,29 @@ class MemberResult:
 
     @property
     def ok(self) -> bool:
-        return self.error is None
+        """Whether the member finished: ``done``, neither stopped early nor dropped."""
+        return self.status == "done"
+
+    @property
+    def exit_code(self) -> int:
+        if self.error is not None or self.summary is None:
+            return 1
+        return int(self.summary.get("exit_code", 0) or 0)
+
+    @property
+    def status(self) -> str:
+        if self.error is not None or self.summary is None:
+            return "dropped"
+        return "stopped" if self.exit_code else "done"
+
+    @property
+    def reason(self) -> str:
+        """Why the member did not finish ('' when done)."""
+        if self.status == "dropped":
+            return self.error or "no summary"
+        if self.status == "stopped":
+            return str((self.summary or {}).get("stop_reason") or f"exit code {self.exit_code}")
+        return ""
 
 
 @dataclass
@@ -242,10 +271,16 @@ def population_parts(lockstep: Lockstep) -> RunParts:
 
 
 def train_member(
-    cfg: Config, run_dir: Path, *, resume: bool = False, start_over: bool = False, parts: RunParts | None = None
+    cfg: Config,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    start_over: bool = False,
+    parts: RunParts | None = None,
+    allow_lag_change: bool = False,
 ) -> dict:
     """A member's run without a warm start of its own (``model.init_from`` or a fresh model): ``rl.train``."""
-    return train(cfg, run_dir, resume=resume, start_over=start_over, parts=parts)
+    return train(cfg, run_dir, resume=resume, start_over=start_over, parts=parts, allow_lag_change=allow_lag_change)
 
 
 class _MemberLogs:
@@ -265,7 +300,8 @@ class _MemberLogs:
 
 
 class MemberPipeline(Protocol):
-    """How one member is run: ``train_member``, or the command line's warm start then RL (``run_pipeline``)."""
+    """How one member is run: ``train_member``, or the command line's warm start then RL (``run_pipeline``).
+    A member with ``allow_lag_change`` also gets the keyword ``allow_lag_change=True``."""
 
     def __call__(
         self, cfg: Config, run_dir: Path, *, resume: bool, start_over: bool, parts: RunParts | None
@@ -300,7 +336,14 @@ def run_population(
         )
         parts = population_parts(lockstep)
         bodies = [
-            lambda m=m: pipeline(m.cfg, Path(m.run_dir), resume=m.resume, start_over=m.start_over, parts=parts)
+            lambda m=m: pipeline(
+                m.cfg,
+                Path(m.run_dir),
+                resume=m.resume,
+                start_over=m.start_over,
+                parts=parts,
+                **({"allow_lag_change": True} if m.allow_lag_change else {}),
+            )
             for m in members
         ]
         outcomes = lockstep.run(bodies)

@@ -25,13 +25,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stratarl.evaluation.greedy import eval_metrics, evaluate, format_table, overall, save_eval
+from stratarl.infra.checkpoint import latest_checkpoint
 from stratarl.infra.metrics import format_step_line
 from stratarl.infra.progress import progress
 from stratarl.trainer.config import Config, save_config
 from stratarl.trainer.run import RunParts, RunState, build_run, progress_state, resume_or_fail, save
 from stratarl.trainer.setup import eval_settings, limit_per_source
 from stratarl.trainer.step import rl_step
-from stratarl.trainer.stops import RETRIEVAL_STOP_CODE, GracefulInterrupt, RetrievalWatch
+from stratarl.trainer.stops import (
+    NONFINITE_STOP_CODE,
+    RETRIEVAL_STOP_CODE,
+    GracefulInterrupt,
+    RetrievalWatch,
+    nonfinite_step,
+)
 
 
 def _run_eval(run: RunState, tag: str) -> dict:
@@ -63,6 +70,8 @@ class LoopState:
     last: dict = field(default_factory=dict)
     stopped: str | None = None
     healthy: tuple[int, dict] | None = None
+    code: int = 0
+    """The exit code of an early stop (``stops.RETRIEVAL_STOP_CODE``, ``stops.NONFINITE_STOP_CODE``)."""
 
 
 def train(
@@ -74,11 +83,13 @@ def train(
     start_over: bool = False,
     parts: RunParts | None = None,
     step: Callable[[RunState], dict[str, float]] = rl_step,
+    allow_lag_change: bool = False,
 ) -> dict:
     """Run (or resume) RL training in ``run_dir``; returns a summary (final metrics, eval before/after).
 
     ``resume`` continues from the newest intact checkpoint (`resume_or_fail`); config.yaml is rewritten
-    only once the run is built and restored, so a resume that fails leaves it as it was. ``parts`` and
+    only once the run is built and restored, so a resume that fails leaves it as it was; ``allow_lag_change``
+    resumes even when the checkpoint cannot reproduce the policy lags (`LagResumeError` otherwise). ``parts`` and
     ``step``: the collaborators (a test injects a scripted generator, or wraps the step)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +97,7 @@ def train(
         save_config(cfg, run_dir / "config.yaml")
     run = build_run(cfg, run_dir, init_from=init_from, parts=parts)
     if resume:
-        resume_or_fail(run, start_over=start_over)
+        resume_or_fail(run, start_over=start_over, allow_lag_change=allow_lag_change)
         save_config(cfg, run_dir / "config.yaml")
     summary: dict = {"run_dir": str(run_dir), "algo": cfg.algo.name, "start_step": run.step}
     started = time.perf_counter()
@@ -94,12 +105,17 @@ def train(
         summary["eval_before"] = _run_eval(run, "before")
     with GracefulInterrupt() as interrupt:
         state = _run_steps(run, step, interrupt)
-        path = save(run, at=state.healthy)  # never a checkpoint newer than the last healthy update
-        summary["checkpoint"] = str(path)
+        if state.code == NONFINITE_STOP_CODE:  # the weights of this step are suspect: keep the checkpoints on disk
+            path = latest_checkpoint(run.ckpt_dir)
+        else:
+            path = save(run, at=state.healthy)  # never a checkpoint newer than the last healthy update
+        summary["checkpoint"] = None if path is None else str(path)
         if state.healthy is not None:
             summary["checkpoint_step"] = state.healthy[0]
         summary["interrupted"] = interrupt.requested
-        summary["exit_code"] = interrupt.exit_code or (RETRIEVAL_STOP_CODE if state.stopped else 0)
+        summary["exit_code"] = interrupt.exit_code or state.code
+        if state.stopped is not None or interrupt.requested:
+            summary["stop_reason"] = state.stopped or f"stopped by a signal (exit code {interrupt.exit_code})"
     _finish(run, state, path, summary, interrupted=interrupt.requested)
     summary.update({"steps": run.step, "final": state.last, "train_seconds": time.perf_counter() - started})
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
@@ -127,6 +143,10 @@ def _run_steps(run: RunState, step: Callable[[RunState], dict[str, float]], inte
             bar.update(1)
         _print_line(bar, format_step_line(run.step, cfg.trainer.steps, state.last))
         state.stopped = watch.check(run.step, run.retriever, skipped)
+        state.code = RETRIEVAL_STOP_CODE if state.stopped else 0
+        if state.stopped is None and (bad := nonfinite_step(run.step, metrics)) is not None:
+            state.stopped, state.code = bad, NONFINITE_STOP_CODE
+            break
         if cfg.trainer.save_every and run.step % cfg.trainer.save_every == 0 and state.healthy is None:
             save(run)
         if (
@@ -141,7 +161,7 @@ def _run_steps(run: RunState, step: Callable[[RunState], dict[str, float]], inte
     return state
 
 
-def _finish(run: RunState, state: LoopState, path: Path, summary: dict, *, interrupted: bool) -> None:
+def _finish(run: RunState, state: LoopState, path: Path | None, summary: dict, *, interrupted: bool) -> None:
     """How the run ended, on the terminal (with the resume command when it stopped early); the held-out eval
     after the last step when it ran to the end."""
     resume_hint = f"resume with `stratarl train --resume {shlex.quote(str(run.run_dir))}`"
@@ -154,8 +174,12 @@ def _finish(run: RunState, state: LoopState, path: Path, summary: dict, *, inter
         )
     if state.stopped is not None:
         print(f"error: {state.stopped}", file=sys.stderr, flush=True)
-        print(f"stopped at step {run.step} (checkpoint {path}); {resume_hint}", flush=True)
-        summary["retrieval_failure"] = state.stopped
+        kept = f"checkpoint {path}" if path is not None else "no checkpoint was written yet"
+        if path is None:
+            resume_hint = f"train it again with `stratarl train --resume {shlex.quote(str(run.run_dir))} --start-over`"
+        print(f"stopped at step {run.step} ({kept}); {resume_hint}", flush=True)
+        if state.code == RETRIEVAL_STOP_CODE:
+            summary["retrieval_failure"] = state.stopped
     elif interrupted:
         print(f"stopped at step {run.step}; {resume_hint}", flush=True)
     elif run.cfg.eval.before_after:

@@ -28,7 +28,7 @@ from stratarl.rollout.collect import CollectedBatch, Question, Scoring, collect
 from stratarl.rollout.config import RolloutConfig
 from stratarl.rollout.generation import Generator
 from stratarl.trainer.batch import TrainBatch
-from stratarl.trainer.behaviour import BehaviourPolicy
+from stratarl.trainer.behaviour import BehaviourPolicy, LagResumeError
 from stratarl.trainer.config import Config
 from stratarl.trainer.config.resolve import bound_advantage
 from stratarl.trainer.forward import PolicyForward
@@ -228,7 +228,7 @@ def save(run: RunState, at: tuple[int, dict] | None = None) -> Path:
     if run.learner.normalizer is not None:
         state["sorl"] = run.learner.normalizer.state_dict()
     if run.behaviour is not None:
-        state["behaviour"] = run.behaviour.state_dict()  # the stale weights the next k steps sample with
+        state["behaviour"] = run.behaviour.state_dict(step)  # the stale weights the next k steps sample with
     return ckpt.save_checkpoint(
         run.ckpt_dir,
         step,
@@ -239,8 +239,12 @@ def save(run: RunState, at: tuple[int, dict] | None = None) -> Path:
     )
 
 
-def restore(run: RunState, path: Path) -> None:
+def restore(run: RunState, path: Path, *, allow_lag_change: bool = False) -> None:
+    """Load checkpoint ``path`` into the run. A damaged weight snapshot is a `CheckpointError` (the caller falls
+    back to an earlier checkpoint); a checkpoint that cannot reproduce the policy lags is a `LagResumeError`
+    unless ``allow_lag_change``."""
     state = ckpt.load_checkpoint(path, model=run.model, value_head=run.learner.value_head)
+    check_lags(run, state, path, allow_lag_change=allow_lag_change)
     run.learner.optimizer.load_state_dict(state["optimizer"])
     run.learner.scheduler.load_state_dict(state["scheduler"])
     ckpt.set_rng_state(state["rng"], run.generator.rng)
@@ -253,11 +257,38 @@ def restore(run: RunState, path: Path) -> None:
     run.step = int(state["step"])
 
 
+def check_lags(run: RunState, state: dict, path: Path, *, allow_lag_change: bool) -> None:
+    """The behaviour state of checkpoint ``path``: its snapshots fit the model (else `CheckpointError`), and it
+    reproduces the run's lags (else `LagResumeError`, or a warning with ``allow_lag_change``)."""
+    saved = state.get("behaviour")
+    if saved is not None and not isinstance(saved, dict):
+        raise ckpt.CheckpointError(f"{path}/state.pt: its weight snapshots are damaged")
+    if run.behaviour is not None and saved is not None:
+        run.behaviour.check_shapes(saved, f"{path}/state.pt")
+    try:
+        if run.behaviour is not None:
+            problem = run.behaviour.resume_problem(saved, int(state["step"]))
+        elif saved is not None and int(saved.get("max_lag", 0)) > 0 and int(state["step"]) > 0:
+            problem = f"the checkpoint was written with trainer.policy_lag {saved['max_lag']}, this run has 0"
+        else:
+            problem = None
+    except (ValueError, TypeError) as error:  # lag settings that are not numbers: a damaged state.pt
+        raise ckpt.CheckpointError(f"{path}/state.pt: its weight snapshots' settings are damaged ({error})") from None
+    if problem is None:
+        return
+    if not allow_lag_change:
+        raise LagResumeError(
+            f"--resume {run.run_dir}: {problem}. Fix: resume with the run's own trainer.policy_lag and "
+            "policy_lag_mode, or pass --allow-lag-change to resume with shorter lags on purpose"
+        )
+    print(f"warning: --allow-lag-change: {problem}", file=sys.stderr, flush=True)
+
+
 class NoCheckpointError(RuntimeError):
     """`--resume` found no intact checkpoint to continue from."""
 
 
-def restore_newest(run: RunState) -> tuple[Path | None, list[str]]:
+def restore_newest(run: RunState, *, allow_lag_change: bool = False) -> tuple[Path | None, list[str]]:
     """Restore the newest checkpoint that verifies and loads; returns it (None: none did) and one line
     per checkpoint skipped on the way. Stale temporary folders of killed writes are removed first."""
     ckpt.clean_stale(run.ckpt_dir)
@@ -267,7 +298,7 @@ def restore_newest(run: RunState) -> tuple[Path | None, list[str]]:
         skipped.append(f"{pointer} does not name a checkpoint folder")
     for path in ckpt.checkpoint_candidates(run.ckpt_dir):
         try:
-            restore(run, path)
+            restore(run, path, allow_lag_change=allow_lag_change)
         except (ckpt.CheckpointError, KeyError, TypeError) as error:
             skipped.append(str(error) if isinstance(error, ckpt.CheckpointError) else f"{path}: state.pt lacks {error}")
             continue
@@ -275,11 +306,11 @@ def restore_newest(run: RunState) -> tuple[Path | None, list[str]]:
     return None, skipped
 
 
-def resume_or_fail(run: RunState, *, start_over: bool) -> None:
+def resume_or_fail(run: RunState, *, start_over: bool, allow_lag_change: bool = False) -> None:
     """Restore for `--resume`: the newest intact checkpoint (a warning names each one skipped); with
     none, step 0 only when ``start_over``, else `NoCheckpointError`. metrics.jsonl then loses the rows
     of steps after the restored one (they are trained again)."""
-    path, skipped = restore_newest(run)
+    path, skipped = restore_newest(run, allow_lag_change=allow_lag_change)
     for line in skipped:
         print(f"warning: skipped checkpoint: {line}", file=sys.stderr, flush=True)
     if path is None and not start_over:

@@ -1,8 +1,10 @@
-"""When a run stops early: a signal (finish the step, checkpoint, exit 128 + the signal) or a retriever that
-keeps failing (stop with a checkpoint and a message naming it)."""
+"""When a run stops early: a signal (finish the step, checkpoint, exit 128 + the signal), a retriever that
+keeps failing (stop with a checkpoint and a message naming it) or a step whose loss or gradient is not finite
+(stop at once, keeping the checkpoints already written)."""
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 from dataclasses import dataclass
@@ -12,6 +14,8 @@ from stratarl.retrieval.timed import TimedRetriever
 STOP_SIGNALS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP"}
 RETRIEVAL_STOP_CODE = 3
 """Exit code of `stratarl train` when retrieval failures stopped the run (a signal gives 128 + its number)."""
+NONFINITE_STOP_CODE = 4
+"""Exit code of `stratarl train` when a step's loss or gradient was not finite (`nonfinite_step`)."""
 
 
 class GracefulInterrupt:
@@ -98,3 +102,18 @@ def one_line(text: str, limit: int) -> str:
     """``text`` on one line (newlines and runs of spaces folded), cut to ``limit`` characters with an ellipsis."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def nonfinite_step(step: int, metrics: dict[str, float]) -> str | None:
+    """The stop message when step ``step``'s update met a loss or a gradient that is not finite (its optimizer
+    skipped that step: ``optim/skipped_steps`` > 0, or ``loss/policy`` is NaN / inf); None when it is healthy.
+    Training on would skip every later step as well, or train on garbage: the run stops instead."""
+    skipped = float(metrics.get("optim/skipped_steps", 0.0))
+    loss = float(metrics.get("loss/policy", 0.0))
+    if skipped == 0.0 and math.isfinite(loss):
+        return None
+    what = f"the policy loss is not finite ({loss})" if not math.isfinite(loss) else "the gradient is not finite"
+    return (
+        f"step {step}: {what}, so its update cannot be applied. Fix: check the algorithm's parameters (algo.*, "
+        "e.g. an advantage or loss parameter that makes NaN) and optim.lr, then resume from the last checkpoint"
+    )

@@ -180,3 +180,31 @@ def test_the_readme_retriever_and_format_are_right_and_register_by_name(monkeypa
     examples = examples_from_rows(TRIVIA_ROWS, origin="trivia.jsonl")
     assert [e.golden_answers for e in examples] == [("Shakespeare", "William Shakespeare"), ("Paris",)]
     assert {e.metadata["format"] for e in examples} == {"trivia"}
+
+
+def test_a_users_reader_matches_or_prepare_that_raises_is_one_line_naming_the_row(users_format):
+    """Before: the reader's own exception reached the user as a traceback."""
+
+    @register_dataset_format("fragile", matches=lambda row: row["kind"] == "fragile")  # KeyError on other rows
+    def fragile(row, *, row_index):
+        return Example(id=f"f-{row_index}", question=row["question"].upper(), golden_answers=("a",))
+
+    with pytest.raises(DatasetFormatError) as read:
+        examples_from_rows([{"kind": "fragile", "question": None}], origin="f.jsonl", format="fragile")
+    assert str(read.value).startswith(
+        "f.jsonl: row 0: dataset format 'fragile' raised AttributeError: 'NoneType' object has no attribute 'upper'"
+    )
+    with pytest.raises(DatasetFormatError, match=r"f.jsonl: row 0: the `matches` of dataset format 'fragile' raised"):
+        examples_from_rows([{"question": "q", "golden_answers": ["a"]}], origin="f.jsonl")
+
+    def bad_prepare(rows, origin):
+        raise RuntimeError("no vocabulary")
+
+    register_dataset_format("prepared", prepare=bad_prepare)(lambda row: None)
+    with pytest.raises(DatasetFormatError, match="f.jsonl: the `prepare` of dataset format 'prepared' raised Runtime"):
+        examples_from_rows([{"a": 1}], origin="f.jsonl", format="prepared")
+    register_dataset_format("not_an_example")(lambda row: {"question": "q"})
+    with pytest.raises(DatasetFormatError, match="returned a dict, not an Example"):
+        examples_from_rows([{"a": 1}], origin="f.jsonl", format="not_an_example")
+    for error in (read,):
+        assert "\n" not in str(error.value) and "Fix:" in str(error.value)

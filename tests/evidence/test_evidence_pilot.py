@@ -73,6 +73,94 @@ def test_mean_and_share_checks(pilot):
     assert not missing["passed"] and "1 of 2" in missing["why"]
 
 
+def test_a_share_check_counts_the_runs_on_the_side_its_bound_names(pilot):
+    """A window where the two readings differ: with values [0.2, 0.6, 0.7], 2 of 3 runs lie above 0.5 and 1 of 3
+    below it, so `share: [0.5, 1.0]` admits the `above` check and refuses the `below` one. A gate that counted
+    the wrong side (or counted ties) would give the opposite verdicts here; a window like [0.01, 0.99] would not
+    tell them apart."""
+    values = [0.2, 0.6, 0.7]
+    above = pilot.evaluate({"above": 0.5, "share": [0.5, 1.0]}, values)
+    assert above["share"] == pytest.approx(2 / 3, abs=1e-4) and above["passed"]
+    below = pilot.evaluate({"below": 0.5, "share": [0.5, 1.0]}, values)
+    assert below["share"] == pytest.approx(1 / 3, abs=1e-4) and not below["passed"]
+    # strict bounds: a run at the bound is on neither side
+    assert pilot.evaluate({"above": 0.6, "share": [0.5, 1.0]}, [0.6, 0.6, 0.7])["share"] == pytest.approx(
+        1 / 3, abs=1e-4
+    )
+    assert not pilot.evaluate({"above": 0.6, "share": [0.5, 1.0]}, [0.6, 0.6, 0.7])["passed"]
+
+
+def _admitted(pilot, tmp_path):
+    exp = _exp(checks={"escapes": {"metric": "em_after", "arm": "grpo", "above": 0.5, "share": [0.5, 1.0]}})
+    runs = {"c": {"grpo": {0: {"em_after": 0.2}, 1: {"em_after": 0.6}, 2: {"em_after": 0.7}}}}
+    record = pilot.judge(exp, pilot.validate(exp, METRICS), runs, METRICS)
+    assert record["admitted"]
+    pilot.record_path(exp, tmp_path).write_text(json.dumps(record))
+    return exp, runs, record
+
+
+def test_the_gate_re_derives_every_check_and_refuses_a_record_that_disagrees(pilot, tmp_path):
+    exp, runs, record = _admitted(pilot, tmp_path)
+    assert pilot.gate(exp, tmp_path, runs, METRICS) is None
+    path = pilot.record_path(exp, tmp_path)
+    # an edited record: another value, another verdict, an admitted flag its checks do not give, a dropped check
+    edits = {
+        "values": lambda r: r["checks"]["c/escapes"].update(values=[0.9, 0.9, 0.9]),
+        "share": lambda r: r["checks"]["c/escapes"].update(share=1.0),
+        "passed": lambda r: r["checks"]["c/escapes"].update(passed=False),
+        "lacks it": lambda r: r["checks"].update({"c/other": r["checks"].pop("c/escapes")}),
+    }
+    for word, edit in edits.items():
+        edited = json.loads(json.dumps(record))
+        edit(edited)
+        path.write_text(json.dumps(edited))
+        why = pilot.gate(exp, tmp_path, runs, METRICS)
+        assert why is not None and "disagrees" in why and "check c/" in why and word in why, (word, why)
+        assert "\n" not in why
+    # the summaries changed under an intact record (a run's value edited): the verdict is re-derived and refused
+    path.write_text(json.dumps(record))
+    worse = {"c": {"grpo": {0: {"em_after": 0.2}, 1: {"em_after": 0.3}, 2: {"em_after": 0.7}}}}
+    assert "check c/escapes" in pilot.gate(exp, tmp_path, worse, METRICS)
+
+
+def test_a_record_edited_to_admitted_while_its_checks_failed_is_refused(pilot, tmp_path):
+    exp = _exp()
+    runs = {"c": {"grpo": {s: {"em_after": 0.95} for s in range(3)}}}
+    record = pilot.judge(exp, pilot.validate(exp, METRICS), runs, METRICS)
+    assert not record["admitted"]
+    pilot.record_path(exp, tmp_path).write_text(json.dumps({**record, "admitted": True}))
+    why = pilot.gate(exp, tmp_path, runs, METRICS)
+    assert "`admitted`: the record says True" in why and "\n" not in why
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("{not json", "is not JSON"),
+        ("[1, 2]", "is a JSON list"),
+        ('{"design_hash": "x", "admitted": true}', "lacks `checks`"),
+        ('{"checks": []}', "lacks `checks`"),
+        ('{"checks": {"c/x": {"values": []}}}', "check c/x has no verdict"),
+    ],
+)
+def test_an_unreadable_record_refuses_the_sweep_in_one_line(pilot, tmp_path, text, words):
+    exp = _exp()
+    pilot.record_path(exp, tmp_path).write_text(text)
+    why = pilot.gate(exp, tmp_path, {}, METRICS)
+    assert words in why and str(pilot.record_path(exp, tmp_path)) in why and "\n" not in why
+
+
+def test_the_committed_pilot_records_re_derive_from_the_committed_summaries():
+    """Each committed record agrees, check by check, with its committed <experiment>-pilot summaries."""
+    sys.path.insert(0, str(EVIDENCE))
+    runner = _load("evidence_run_for_gate", "run.py")
+    records = sorted((EVIDENCE / "pilots").glob("*.json"))
+    assert records
+    for record in records:
+        exp = runner.load_experiment(record.stem)
+        assert runner.pilot_gate(exp, runner.pilots.PILOTS, runner.RESULTS) is None, record.stem
+
+
 def test_validate_refuses_bad_sections_with_the_field_named(pilot):
     assert pilot.validate(_exp(), METRICS)["arms"] == ["grpo"]
     cases = [
@@ -122,26 +210,35 @@ def test_judge_reads_every_condition_and_each_checks_own_arm(pilot):
 
 def test_gate_needs_an_admitted_record_of_this_very_design(pilot, tmp_path):
     exp = _exp()
-    assert pilot.gate({**exp, "pilot": None}, tmp_path) is None  # no pilot section: nothing to gate
-    assert "no pilot record" in pilot.gate(exp, tmp_path) and "--pilot" in pilot.gate(exp, tmp_path)
+    failing = {"c": {"grpo": {s: {"em_after": 0.95} for s in range(3)}}}
+    runs = {"c": {"grpo": {s: {"em_after": 0.5} for s in range(3)}}}
+    assert pilot.gate({**exp, "pilot": None}, tmp_path, runs, METRICS) is None  # no pilot section: nothing to gate
+    assert "no pilot record" in pilot.gate(exp, tmp_path, runs, METRICS)
+    assert "--pilot" in pilot.gate(exp, tmp_path, runs, METRICS)
     section = pilot.validate(exp, METRICS)
-    record = pilot.judge(exp, section, {"c": {"grpo": {s: {"em_after": 0.95} for s in range(3)}}}, METRICS)
+    record = pilot.judge(exp, section, failing, METRICS)
     pilot.record_path(exp, tmp_path).write_text(json.dumps(record))
-    assert "did not admit" in pilot.gate(exp, tmp_path) and "mean 0.9500" in pilot.gate(exp, tmp_path)
-    record = pilot.judge(exp, section, {"c": {"grpo": {s: {"em_after": 0.5} for s in range(3)}}}, METRICS)
+    assert "did not admit" in pilot.gate(exp, tmp_path, failing, METRICS)
+    assert "mean 0.9500" in pilot.gate(exp, tmp_path, failing, METRICS)
+    record = pilot.judge(exp, section, runs, METRICS)
     pilot.record_path(exp, tmp_path).write_text(json.dumps(record))
-    assert pilot.gate(exp, tmp_path) is None
+    assert pilot.gate(exp, tmp_path, runs, METRICS) is None
+    gate = pilot.gate
+
+    def gate_of(design, root):
+        return gate(design, root, runs, METRICS)
+
     # any change of the regime after its pilot (a pilot arm's settings, a task setting, the steps) needs a new pilot
     for changed in (
         {**exp, "arms": {**exp["arms"], "grpo": {"optim.lr": 1e-3}}},
         {**exp, "steps": 50},
         {**exp, "tasks": {"t": {"sft.wrong_hop_fraction": 0.3}}},
     ):
-        assert "admitted another design" in pilot.gate(changed, tmp_path)
+        assert "admitted another design" in gate_of(changed, tmp_path)
     # ... but not what the pilot does not vouch for: an arm it did not run (added, or set from its measurements),
     # the description, the tables' metrics
     assert (
-        pilot.gate(
+        gate_of(
             {
                 **exp,
                 "arms": {**exp["arms"], "so_ppo": {"algo.sorl_delta": 0.4}},
@@ -224,3 +321,23 @@ def test_an_amended_design_keeps_the_verdicts_of_earlier_pilots(pilot):
     again = pilot.keep_history({"design_hash": "ccc", "admitted": True, "checks": {}}, kept)
     assert [r["design_hash"] for r in again["earlier"]] == ["aaa", "bbb"]
     assert pilot.keep_history(amended, None) == amended
+
+
+def test_a_damaged_pilot_summary_refuses_the_sweep_in_one_line(tmp_path):
+    import shutil
+
+    sys.path.insert(0, str(EVIDENCE))
+    runner = _load("evidence_run_for_damage", "run.py")
+    exp = runner.load_experiment("lab_shortcut")
+    results, pilots = tmp_path / "results", tmp_path / "pilots"
+    shutil.copytree(runner.RESULTS / "lab_shortcut-pilot", results / "lab_shortcut-pilot")
+    pilots.mkdir()
+    shutil.copy(EVIDENCE / "pilots" / "lab_shortcut.json", pilots / "lab_shortcut.json")
+    assert runner.pilot_gate(exp, pilots, results) is None  # the copies agree
+    summary = sorted((results / "lab_shortcut-pilot").glob("*/*.json"))[0]
+    summary.write_text("{truncated")
+    why = runner.pilot_gate(exp, pilots, results)
+    assert "a pilot summary under" in why and "cannot be read" in why and "\n" not in why
+    summary.unlink()  # a summary gone: its run lacks the metric, which the record does not say
+    why = runner.pilot_gate(exp, pilots, results)
+    assert "disagrees with the pilot summaries (check g16/" in why

@@ -54,3 +54,43 @@ def test_a_reduced_experiment_runs_as_one_population(tmp_path):
         [sys.executable, str(RUNNER), *common, "--population", "2"], capture_output=True, text=True, timeout=120
     )
     assert rerun.returncode == 0 and rerun.stdout.count("[skip (summary)]") == 2, rerun.stdout + rerun.stderr
+
+
+def test_a_member_the_population_reports_stopped_is_a_failed_run_even_when_its_steps_all_ran(tmp_path, monkeypatch):
+    """A run stopped by retrieval failures on its last step has summary.json with all its steps: the population's
+    own summary (status stopped, exit code 3) makes it FAIL, not `done`, and its result is not written."""
+    import types
+
+    sys.path.insert(0, str(RUNNER.parent))
+    import population as populations
+
+    written, trained = [], []
+
+    class Spec:
+        condition, arm, seed, steps, overrides = "c", "grpo", 0, 2, []
+        run_dir = tmp_path / "runs" / "c" / "grpo-s0"
+
+        def config_hash(self):
+            return "h"
+
+    runner = types.SimpleNamespace(
+        committed=lambda *a: False,
+        finished=lambda run_dir, steps: bool(trained),  # every step ran once the population did
+        _try_lock=lambda lock: 99,
+        write_arm=lambda d, spec, exp, resumed: (d / "arm.json").write_text("{}"),
+        write_result=lambda *a: written.append(a),
+        STRATARL=["stratarl"],
+        _env=dict,
+    )
+
+    def fake_call(cmd, **kwargs):
+        trained.append(cmd)
+        out = Path(cmd[cmd.index("--summary") + 1])
+        member = {"run_dir": str(Spec.run_dir), "status": "stopped", "exit_code": 3, "reason": "retriever down"}
+        out.write_text(json.dumps({"members": [member]}))
+        return 3
+
+    monkeypatch.setattr(populations.subprocess, "call", fake_call)
+    monkeypatch.setattr(populations.os, "close", lambda fd: None)
+    (status,) = populations._run_group(runner, [Spec()], {"base_path": "x.yaml"}, 2, tmp_path / "res", 0, tmp_path)
+    assert trained and status.startswith("FAIL stopped (exit code 3: retriever down") and written == []

@@ -135,3 +135,30 @@ def test_a_size_mismatch_says_which_way_the_file_changed(tmp_path, change, cause
     with pytest.raises(ckpt.CheckpointError, match=cause) as error:
         ckpt.verify_checkpoint(path)
     assert str(model_file) in str(error.value)
+
+
+def test_a_full_disk_says_whether_an_earlier_checkpoint_exists(tmp_path, monkeypatch):
+    """Before: "the previous checkpoint is intact" even when the run had written none yet."""
+    import errno
+
+    from stratarl.infra import checkpoint as ckpt
+
+    model = torch.nn.Linear(2, 2)
+    real_save = ckpt.save_model
+    full = {"on": True}
+
+    def save_model(module, path):
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(module, path)
+
+    monkeypatch.setattr(ckpt, "save_model", save_model)
+    with pytest.raises(OSError) as first:
+        ckpt.save_checkpoint(tmp_path, 1, model=model, state={})
+    assert "no earlier checkpoint exists yet" in str(first.value) and "intact" not in str(first.value)
+    full["on"] = False
+    ckpt.save_checkpoint(tmp_path, 1, model=model, state={})
+    full["on"] = True
+    with pytest.raises(OSError) as second:
+        ckpt.save_checkpoint(tmp_path, 2, model=model, state={})
+    assert "the previous checkpoint (step_000001) is intact" in str(second.value)

@@ -278,6 +278,56 @@ def test_the_correction_weights_reach_the_loss(name, tmp_path, tiny_overrides):
     assert any(not torch.equal(a, b) for a, b in zip(weights["none"], weights[name]))
 
 
+@pytest.mark.parametrize(
+    "steps", [["trainer.epochs=2", "trainer.mini_batches=1"], ["trainer.epochs=1", "trainer.mini_batches=2"]]
+)
+def test_with_several_optimizer_steps_the_correction_reads_the_recomputed_pi_old(steps, tmp_path, tiny_overrides):
+    """With more than one optimizer step per batch, pi_theta moves away from pi_old after the first step: the
+    correction's first argument must stay the batch's recomputed pi_old (each row one of ScoredBatch.old_logprobs'),
+    never the current policy's log-probs. With one step per batch the two are equal, so only this test tells a
+    correction fed pi_theta from one fed pi_old."""
+    run = _build(
+        tmp_path,
+        tiny_overrides,
+        "rollout.precision=int8",
+        "algo.behaviour_correction=tis",
+        "algo.behaviour_correction_params.cap=1.001",
+        "optim.lr=0.05",
+        *steps,
+    )
+    record = _spy(run)
+    current = []
+    real_loss = run.learner.policy_loss
+
+    def policy_loss(logprobs, old_logprobs, advantages, mask, **kwargs):
+        current.append(logprobs.detach().clone())
+        return real_loss(logprobs, old_logprobs, advantages, mask, **kwargs)
+
+    run.learner.policy_loss = policy_loss
+    calls = []
+    real = run.learner.correction
+
+    def spied(old, behaviour, mask):
+        calls.append((old.clone(), mask.bool()))
+        return real(old, behaviour, mask)
+
+    run.learner.correction = spied
+    metrics = _steps(run, 1)[0]
+    assert metrics["optim/steps"] == 2.0
+    batch = record["batches"][0]
+
+    def rows(logprobs, mask):
+        return {tuple(logprobs[i][mask[i]].tolist()) for i in range(logprobs.shape[0])}
+
+    pi_old = rows(batch.old_logprobs, batch.response_mask.bool())
+    assert len(calls) == len(current) >= 2
+    for old, mask in calls:
+        assert rows(old, mask) <= pi_old  # every row the correction saw is a row of the recomputed pi_old
+    # ... and after the first optimizer step pi_theta is not pi_old: a correction fed pi_theta would fail above
+    moved = [float((theta - old)[mask].abs().max()) for (old, mask), theta in zip(calls[1:], current[1:]) if mask.any()]
+    assert moved and max(moved) > 1e-4
+
+
 def test_sorl_against_the_behaviour_policy_uses_the_samplers_logprobs(tmp_path, tiny_overrides):
     run = _build(
         tmp_path,

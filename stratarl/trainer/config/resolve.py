@@ -18,9 +18,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from stratarl.algos.params import Param, ParamError
 from stratarl.algos.presets import CRITICS, NO_CORRECTION, NO_NORMALIZER, PRESETS, RATIO_LEVELS, AlgorithmSpec
 from stratarl.algos.registry import (
     advantage_info,
@@ -32,9 +34,11 @@ from stratarl.algos.registry import (
     get_policy_loss,
     grad_normalizer_names,
     keyword_params,
+    param_specs,
     policy_loss_names,
 )
 from stratarl.config_errors import close_match, fail
+from stratarl.config_tree import coerce
 from stratarl.trainer.config.legacy import note_deprecated, set_once
 
 # (algo field, keyword of the registered function) per part: a knob reaches every part that takes it.
@@ -100,6 +104,31 @@ def _part_params(algo: Any, p: str, part: str, name: str, fn: Callable, preset: 
             f"{part.replace('_', ' ')} {name!r} needs `{missing[0]}`",
             f"set {p}.{part}_params.{missing[0]}=...",
         )
+    what = f"{_KINDS[part]} {name!r}"
+    return _checked(out, param_specs(part, name, fn), _sources(p, part, explicit, knobs, extra), what)
+
+
+def _sources(p: str, part: str, explicit: Mapping, knobs: Mapping[str, str], extra: Mapping) -> dict[str, str]:
+    """The config field each keyword's value came from (the one an error names)."""
+    out = {kw: RESERVED[part].get(kw, f"{p}.{part}_params.{kw}") for kw in extra}
+    out.update(knobs)
+    out.update({kw: f"{p}.{part}_params.{kw}" for kw in explicit})
+    return out
+
+
+def _checked(values: dict, specs: Mapping[str, Param], sources: Mapping[str, str], what: str) -> dict:
+    """``values`` checked against the part's declared types and ranges (stratarl.algos.params): one config error
+    naming the field for a value of the wrong type, out of range or not finite."""
+    out = dict(values)
+    for key, value in values.items():
+        spec = specs.get(key)
+        if spec is None:
+            continue
+        try:
+            out[key] = spec.check(value)
+        except ParamError as error:
+            where = sources.get(key, f"{what}: {key}")
+            fail(where, value, f"{error.why}: the {what} takes `{key}` as {spec.describe()}", error.fix)
     return out
 
 
@@ -149,7 +178,8 @@ def move_knob_params(algo: Any, note: Callable[[str], None] | None = None) -> An
         valid = keyword_params(get(name))
         for knob, kw in KNOBS[part]:
             if kw in params and kw in valid and kw not in RESERVED[part]:
-                value = params.pop(kw)
+                # typed as the knob is (a string "1e-6", nan and inf refused, naming the spelling used)
+                value = coerce(params.pop(kw), typing.get_type_hints(type(algo))[knob], f"algo.{part}_params.{kw}")
                 set_once(fields, knob, value, f"{part}_params.{kw}")
                 (note or note_deprecated)(f"algo.{part}_params.{kw} is deprecated; read as algo.{knob}={value}")
                 changed = True
