@@ -36,6 +36,7 @@ from stratarl.config_errors import ConfigError, yaml_syntax_error
 from stratarl.config_errors import fail as _fail
 from stratarl.config_tree import apply_overrides, build, parse_override
 from stratarl.infra.precision import DevicePolicy, policy_of
+from stratarl.rollout.collect import named_tools
 from stratarl.rollout.config import RolloutConfig
 from stratarl.trainer.config.algo import ALGORITHMS, LOSS_AGGREGATIONS, SORL_ORDERS, AlgoConfig
 from stratarl.trainer.config.legacy import rewrite_legacy
@@ -158,6 +159,15 @@ class Config:
                 f"a step has only prompts_per_step x group_size = {self.trainer.prompts_per_step} x "
                 f"{self.rollout.group_size} = {rollouts} rollouts to cut into mini-batches",
                 f"use trainer.mini_batches <= {rollouts}, or raise trainer.prompts_per_step / rollout.group_size",
+            )
+        counted = named_tools(self.algo.stratum_key) or []
+        missing = [t for t in counted if t not in self.rollout.tools]
+        if missing:
+            _fail(
+                "algo.stratum_key",
+                self.algo.stratum_key,
+                f"counts calls of {', '.join(missing)}, which rollout.tools ({', '.join(self.rollout.tools)}) lacks",
+                "name tools of rollout.tools, or add the tool there",
             )
         spec = resolve_algorithm(self.algo)  # an algorithm that does not resolve fails here, naming the field
         if self.rollout.group_size < 2 and advantage_info(spec.advantage).group_relative:
