@@ -201,7 +201,9 @@ class RolloutEngine:
         action = self.protocol.parse(self.tokenizer.decode(ids, skip_special_tokens=False))
         eos = generation.finish_reason == "eos"
         stops = self.config.stop_on_eos or last_turn
-        if eos and action.kind != "answer" and not stops and len(ids) > 1:
+        # A call that ends in EOS (llama3_json's do) still runs with stop_on_eos; the loop goes on after it.
+        goes_on = not stops or (action.is_call and not last_turn)
+        if eos and action.kind != "answer" and goes_on and len(ids) > 1:
             # The loop goes on after this turn: drop its final EOS token, as Search-R1's decode with
             # skip_special_tokens=True does, so the next turn never reads an end-of-sequence. A turn
             # that is EOS alone keeps it: every turn holds at least one policy token. (The protocol's
@@ -216,8 +218,7 @@ class RolloutEngine:
             rollout.calls.append(ToolCall(action.content, None, "malformed", action.error, (), action.error_kind))
         if action.kind == "answer":
             rollout.answered, rollout.answer, rollout.end_reason = True, action.content, "answer"
-        elif eos and stops and not (action.is_call and not last_turn):
-            # (A call that ends in EOS, as llama3_json's do, still runs when stop_on_eos is set.)
+        elif eos and not goes_on:
             rollout.end_reason = "eos"
         elif out_of_room:
             rollout.truncated, rollout.end_reason = True, "max_length"

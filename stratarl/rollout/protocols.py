@@ -18,6 +18,7 @@ A protocol of one's own: a subclass of :class:`ToolProtocol` decorated with ``@r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Sequence
@@ -89,9 +90,8 @@ class ToolProtocol:
             known = ", ".join(self.tools)
             return Action("malformed", str(name), None, f"unknown tool {name!r}; the tools are {known}", "unknown_tool")
         problem = check_arguments(self.tools[name], arguments)
-        if problem:
+        if problem or not isinstance(arguments, dict):  # (check_arguments refuses anything but an object)
             return Action("malformed", name, None, problem, "bad_arguments")
-        assert isinstance(arguments, dict)  # check_arguments refused anything else
         main = self.tools[name].main_argument
         return Action(name, str(arguments.get(main, "")).strip(), dict(arguments))
 
@@ -228,10 +228,8 @@ def _json_call(protocol: ToolProtocol, raw: str, arguments_key: str) -> Action:
         return Action("malformed", raw.strip()[:200], None, f"a call is a JSON object {shape}", "bad_json")
     arguments: Any = call.get(arguments_key, call.get("arguments", {}))
     if isinstance(arguments, str):
-        try:
+        with contextlib.suppress(json.JSONDecodeError):  # check_arguments names the wrong type
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass  # check_arguments names the wrong type
     return protocol.call_action(call["name"], arguments)
 
 
