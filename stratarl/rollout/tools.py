@@ -264,7 +264,7 @@ def _check_param(spec: ToolSpec, key: str, value: object, path: str) -> None:
         and not isinstance(value, type(default))
         and not (isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool))
     ):
-        fail(path, value, f"expected a {type(default).__name__} (the default is {default!r})", "change the type")
+        fail(path, value, f"expected {type(default).__name__} (the default is {default!r})", "change the type")
     if isinstance(value, int) and not isinstance(value, bool) and value < 0:
         fail(path, value, "must not be negative", f"use e.g. {default!r}")
 

@@ -160,6 +160,16 @@ class Config:
                 f"{self.rollout.group_size} = {rollouts} rollouts to cut into mini-batches",
                 f"use trainer.mini_batches <= {rollouts}, or raise trainer.prompts_per_step / rollout.group_size",
             )
+        if self.model.name == "word-tiny" and (
+            self.rollout.protocol != "search_r1" or self.rollout.tools != ["search"]
+        ):
+            _fail(
+                "rollout.protocol" if self.rollout.protocol != "search_r1" else "rollout.tools",
+                self.rollout.protocol if self.rollout.protocol != "search_r1" else self.rollout.tools,
+                "model.name=word-tiny's vocabulary holds the words of the search_r1 protocol with its search tool only",
+                "use a subword tokenizer's model (tiny-random, smollm2-135m-instruct), or rollout.protocol=search_r1 "
+                "with rollout.tools=[search]",
+            )
         counted = named_tools(self.algo.stratum_key) or []
         missing = [t for t in counted if t not in self.rollout.tools]
         if missing:
