@@ -225,3 +225,44 @@ class TestConfig:
             load_config(None, ["model.name=word-tiny", "rollout.protocol=hermes"])
         with pytest.raises(ConfigError, match="rollout.tools.*word-tiny"):
             load_config(None, ["model.name=word-tiny", "rollout.tools=[search,open]"])
+
+
+CALC = '''
+from stratarl.rollout.tools import register_tool
+
+
+@register_tool("calc")
+def calc(expression: str, *, digits: int = 3) -> str:
+    """Evaluate an arithmetic expression."""
+    return str(round(float(expression), digits))
+'''
+
+
+def test_a_users_tool_from_the_command_line_is_checked_when_the_config_loads(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+    plugin = tmp_path / "my_tools.py"
+    plugin.write_text(CALC)
+    env = {**os.environ}
+    env.pop("STRATARL_IMPORT", None)
+
+    def train(*args):
+        command = [sys.executable, "-m", "stratarl.cli", "train", str(tiny), *args]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+    out = train("rollout.tools=[search,calc]")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "`rollout.tools[1]` = 'calc': unknown tool" in out.stderr
+    out = train(
+        f"--import={plugin}",
+        "rollout.protocol=hermes",
+        "rollout.tools=[search,calc]",
+        "rollout.tool_params.calc.digitz=2",
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "`rollout.tool_params.calc.digitz` = 2: tool 'calc' has no such parameter" in out.stderr
+    assert "use one of max_calls, digits" in out.stderr
