@@ -226,6 +226,13 @@ class TestConfig:
         with pytest.raises(ConfigError, match="rollout.tools.*word-tiny"):
             load_config(None, ["model.name=word-tiny", "rollout.tools=[search,open]"])
 
+    def test_the_warm_start_is_refused_with_another_protocol(self):
+        from stratarl.trainer.config import load_config
+
+        with pytest.raises(ConfigError, match="sft.enabled.*search_r1 protocol"):
+            load_config(None, ["sft.enabled=true", "rollout.protocol=hermes"])
+        load_config(None, ["sft.enabled=true", "rollout.tools=[search,open]"])  # its demos search; open is optional
+
 
 CALC = '''
 from stratarl.rollout.tools import register_tool

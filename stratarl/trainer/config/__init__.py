@@ -170,6 +170,14 @@ class Config:
                 "use a subword tokenizer's model (tiny-random, smollm2-135m-instruct), or rollout.protocol=search_r1 "
                 "with rollout.tools=[search]",
             )
+        if self.sft.enabled and self.rollout.protocol != "search_r1":
+            _fail(
+                "sft.enabled",
+                True,
+                f"the warm start's demonstrations are written in the search_r1 protocol, not in rollout.protocol="
+                f"{self.rollout.protocol}",
+                "set sft.enabled=false and start from a model that calls tools in that format (model.init_from)",
+            )
         counted = named_tools(self.algo.stratum_key) or []
         missing = [t for t in counted if t not in self.rollout.tools]
         if missing:
