@@ -39,8 +39,8 @@ NOT_CALLS = frozenset({"answer", "invalid", "malformed"})
 @dataclass(frozen=True)
 class Action:
     """What a turn asked for: a tool call (``kind`` is the tool's name, ``content`` its main argument as text,
-    ``arguments`` all of them), a final answer, a malformed call (``error`` says what is wrong, ``error_kind`` is
-    ``bad_json``, ``unknown_tool`` or ``bad_arguments``) or nothing valid."""
+    ``arguments`` all of them), a final answer, a malformed call (``content``: the tool it named, if any; ``error``
+    says what is wrong, ``error_kind`` is ``bad_json``, ``unknown_tool`` or ``bad_arguments``) or nothing valid."""
 
     kind: ActionKind
     content: str = ""

@@ -217,15 +217,16 @@ def _first(text: str, *patterns: re.Pattern[str]) -> tuple[int, re.Match[str] | 
 
 
 def _json_call(protocol: ToolProtocol, raw: str, arguments_key: str) -> Action:
-    """A JSON call ``{"name": ..., <arguments_key>: {...}}`` checked against the tools (``arguments`` given as a
-    JSON string is read too, as vLLM's hermes parser does)."""
+    """A JSON call ``{"name": ..., <arguments_key>: {...}}`` checked against the tools; ``arguments`` given as a
+    JSON string is read too, as vLLM's hermes parser does. A malformed call names the tool it tried in
+    ``content`` ("" when it named none)."""
     try:
         call = json.loads(raw)
     except json.JSONDecodeError as error:
-        return Action("malformed", raw.strip()[:200], None, f"the call is not valid JSON ({error.msg})", "bad_json")
+        return Action("malformed", "", None, f"the call is not valid JSON ({error.msg})", "bad_json")
     if not isinstance(call, dict) or "name" not in call:
         shape = f'{{"name": <tool>, "{arguments_key}": {{...}}}}'
-        return Action("malformed", raw.strip()[:200], None, f"a call is a JSON object {shape}", "bad_json")
+        return Action("malformed", "", None, f"a call is a JSON object {shape}", "bad_json")
     arguments: Any = call.get(arguments_key, call.get("arguments", {}))
     if isinstance(arguments, str):
         with contextlib.suppress(json.JSONDecodeError):  # check_arguments names the wrong type
@@ -317,8 +318,7 @@ class Llama3JsonProtocol(ToolProtocol):
         try:
             call, _ = json.JSONDecoder().raw_decode(text[match.start() :])
         except json.JSONDecodeError as error:
-            raw = text[match.start() :].strip()[:200]
-            return Action("malformed", raw, None, f"the call is not valid JSON ({error.msg})", "bad_json")
+            return Action("malformed", "", None, f"the call is not valid JSON ({error.msg})", "bad_json")
         return _json_call(self, json.dumps(call), "parameters")
 
     def messages(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
