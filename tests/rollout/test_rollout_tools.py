@@ -72,6 +72,8 @@ class TestOpen:
         m = metrics([rollout], ("search", "open"))
         assert m["tools/open/calls_mean"] == 1.0 and m["tools/search/calls_mean"] == 0.0
         assert stratum_function("tool_calls[open]", None)(rollout) == 1
+        assert stratum_function("tool_calls", None)(rollout) == 1
+        assert stratum_function("tool_calls[search]", None)(rollout) == 0
         assert stratum_function("num_searches", None)(rollout) == 0
         assert transcript(rollout, tok)["calls"][0]["arguments"] == {"title": "paris"}
 
@@ -113,6 +115,18 @@ class TestOpen:
         assert "Seine" in first and "at most 1 times" in second and "Italy" not in second
         assert rollout.calls_of(["open"]) == 1 and rollout.over_budget_calls == 1
         assert metrics([rollout], ("open",))["tools/open/over_budget"] == 1.0
+
+    def test_a_search_budget_in_search_r1(self, smollm2_tokenizer):
+        tok = smollm2_tokenizer
+        retriever = CorpusRetriever()
+        turns = ["<search> a </search>", "<search> b </search>", "<answer> x </answer>"]
+        rollout = run(tok, turns, retriever, tool_params={"search": {"max_calls": 1}})
+        assert retriever.calls == [(["a"], 3)] and rollout.num_searches == 1 and rollout.queries == ["a"]
+        assert observations(tok, rollout)[1] == (
+            "\n\n<information>Error: search may be called at most 1 times per answer; use another tool or "
+            "answer</information>\n\n"
+        )
+        assert stratum_function("num_searches", None)(rollout) == 1 and rollout.answered
 
     def test_a_failing_lookup_is_a_tool_error(self, smollm2_tokenizer):
         class Broken(DictRetriever):
