@@ -175,6 +175,13 @@ def _turns_html(record: dict) -> str:
             obs = turn["observation"]
             obs = obs if len(obs) <= 800 else obs[:800] + " …"
             parts.append(f'<pre class="obs">{html.escape(obs)}</pre>')
+    calls = [
+        f"{c.get('tool')}({html.escape(json.dumps(c.get('arguments'), ensure_ascii=False))}): {c.get('status')}"
+        + (f" ({html.escape(str(c['detail']))})" if c.get("detail") else "")
+        for c in record.get("calls") or []
+    ]
+    if calls:  # every tool call of the rollout (docs/agent_loop.md), malformed and over-budget ones included
+        parts.append("<p>Tool calls: " + "; ".join(calls) + "</p>")
     return "".join(parts)
 
 

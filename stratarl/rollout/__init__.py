@@ -1,4 +1,5 @@
-"""Search-R1 rollouts: tag parsing, the prompt, generation backends, the multi-turn engine.
+"""Search-R1 rollouts: tag parsing, tool-call protocols and tools, the prompt, generation backends, the multi-turn
+engine.
 
 Submodules load on first use (PEP 562), so `from stratarl.rollout.prompt import build_prompt`
 or `stratarl.rollout.parsing` does not import torch / transformers.
@@ -26,6 +27,13 @@ _EXPORTS = {
     "format_documents": "parsing",
     "information_observation": "parsing",
     "parse_action": "parsing",
+    "ToolProtocol": "protocols",
+    "make_protocol": "protocols",
+    "register_protocol": "protocols",
+    "ToolCall": "tools",
+    "ToolContext": "tools",
+    "ToolOutput": "tools",
+    "register_tool": "tools",
     "SEARCH_R1_TEMPLATE": "prompt",
     "build_prompt": "prompt",
     "encode_messages": "prompt",

@@ -8,6 +8,7 @@ Groups get fresh ids per question occurrence in the batch, never the dataset's i
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -24,11 +25,25 @@ from stratarl.rewards import answer_match, get_reward, reward_for_source
 from stratarl.rollout.config import RolloutConfig
 from stratarl.rollout.engine import Rollout, RolloutEngine
 from stratarl.rollout.generation import Generator
-from stratarl.rollout.prompt import encode_messages, encode_prompt
-from stratarl.rollout.transcript import rollout_metrics, transcript
+from stratarl.rollout.prompt import build_prompt, encode_messages, resolve_template
+from stratarl.rollout.protocols import ToolProtocol, make_protocol
+from stratarl.rollout.transcript import rollout_metrics, tool_metrics, transcript
 
-STRATUM_KEYS = ("num_searches", "observation_blocks", "answered", "random")
-"""Built-in stratum keys (``algo.stratum_key``); ``random`` is the control the trainer draws from num_searches."""
+STRATUM_KEYS = ("num_searches", "observation_blocks", "answered", "random", "tool_calls")
+"""Built-in stratum keys (``algo.stratum_key``); ``random`` is the control the trainer draws from num_searches.
+``tool_calls`` counts the calls of every tool; ``tool_calls[open,search]`` those of the tools named."""
+TOOL_CALLS_RE = re.compile(r"tool_calls\[\s*(\w+(?:\s*,\s*\w+)*)\s*\]")
+
+
+def is_stratum_key(key: str) -> bool:
+    """A built-in stratum key, ``tool_calls[name, ...]``, or ``module:function``."""
+    return key in STRATUM_KEYS or TOOL_CALLS_RE.fullmatch(key) is not None or ":" in key
+
+
+def named_tools(key: str) -> list[str] | None:
+    """The tools a ``tool_calls[...]`` stratum key counts (None: not such a key)."""
+    match = TOOL_CALLS_RE.fullmatch(key)
+    return [name.strip() for name in match.group(1).split(",")] if match else None
 
 
 class Question(Protocol):
@@ -83,13 +98,16 @@ class CollectedBatch:
     strata: list[int]
     generation_s: float
     retrieval_s: float
+    tools: tuple[str, ...] = ("search",)
+    """The run's tools (``rollout.tools``): each gets its ``tools/<name>/*`` metrics, called or not."""
 
 
 def stratum_function(key: str, stratum_cap: int | None) -> Callable[[Rollout], int]:
-    """Rollout -> integer stratum: number of searches (capped), observation blocks (capped), answered, or a
-    user function.
+    """Rollout -> integer stratum: number of searches (capped), tool calls (capped: every tool's, or the named
+    tools' with ``tool_calls[open]``), observation blocks (capped), answered, or a user function.
 
-    ``num_searches`` counts the retriever calls the engine ran. ``observation_blocks`` is the definition the
+    ``num_searches`` counts the calls of the ``search`` tool the engine ran (as Search-R1's retriever calls);
+    ``tool_calls`` counts calls that ran (not malformed or over-budget ones). ``observation_blocks`` is the definition the
     veRL plugin must use, having only the response mask: the observation blocks between two policy turns
     (``stratarl.algos.search_counts``), which also counts invalid-action feedback and misses an observation
     after the last turn."""
@@ -104,6 +122,14 @@ def stratum_function(key: str, stratum_cap: int | None) -> Callable[[Rollout], i
         return blocks
     if key == "answered":
         return lambda r: int(r.answered)
+    if key == "tool_calls" or named_tools(key) is not None:
+        tools = named_tools(key)  # None: every tool
+
+        def calls(r) -> int:
+            count = r.calls_of(tools)
+            return min(count, stratum_cap) if stratum_cap is not None else count
+
+        return calls
     fn = resolve_callable(key, "algo.stratum_key", num_args=1)
     seen: dict = {}
     # Any hashable key becomes a stable small integer id.
@@ -123,21 +149,31 @@ def encode_prompts(
     cache: dict | None = None,
     template: str = "search_r1",
     rebuild: bool = False,
+    protocol: ToolProtocol | None = None,
 ) -> list[list[int]]:
     """Prompt ids per example: the example's own prompt (a data file's `prompt` column) when it has
-    one and ``rebuild`` is off, else ``template`` around the question."""
+    one and ``rebuild`` is off, else ``template`` around the question (a named template in the protocol's
+    wording); the protocol then describes its tools in the messages (``ToolProtocol.messages``; search_r1
+    with only `search` leaves them as they are)."""
+    protocol = protocol or make_protocol("search_r1", ["search"])
     out = []
     for e in examples:
         if cache is not None and e.id in cache:
             out.append(cache[e.id])
             continue
         if e.prompt and not rebuild:
+            messages = (
+                [{"role": "user", "content": e.prompt}] if isinstance(e.prompt, str) else [dict(m) for m in e.prompt]
+            )
             try:
-                ids = encode_messages(tokenizer, e.prompt)
+                ids = encode_messages(tokenizer, protocol.messages(messages))
             except ValueError as error:
                 raise ValueError(f"example {e.id!r}: {error}") from None
         else:
-            ids = encode_prompt(tokenizer, e.question, template, e.metadata.get("options"))
+            content = build_prompt(
+                e.question, resolve_template(template, protocol.templates), e.metadata.get("options")
+            )
+            ids = encode_messages(tokenizer, protocol.messages([{"role": "user", "content": content}]))
         if cache is not None:
             cache[e.id] = ids
         out.append(ids)
@@ -160,7 +196,9 @@ def collect(
     """G rollouts per question (consecutive, one fresh group id per question), scored and stratified by
     ``scoring``. ``rollout``: the engine's budgets, sampling and prompt (``greedy`` decodes greedily).
     ``capture_layer``: the rollouts keep the hidden states entering that decoder layer (``RolloutEngine.run``)."""
-    prompts = encode_prompts(tokenizer, examples, prompt_cache, rollout.prompt_template, rollout.rebuild_prompt)
+    prompts = encode_prompts(
+        tokenizer, examples, prompt_cache, rollout.prompt_template, rollout.rebuild_prompt, rollout.tool_protocol()
+    )
     flat_prompts = [p for p in prompts for _ in range(group_size)]
     flat_examples = [e for e in examples for _ in range(group_size)]
     group_ids = [i for i in range(len(examples)) for _ in range(group_size)]
@@ -176,7 +214,9 @@ def collect(
         rewards.append(float(reward_for_source(e.data_source, scoring.reward)(r.response_text, e.golden_answers)))
         em.append(float(prediction is not None and answer_match(e.data_source, prediction, e.golden_answers)))
     strata = [int(scoring.stratum(r)) for r in rollouts]
-    return CollectedBatch(rollouts, flat_examples, group_ids, rewards, em, strata, total - retrieval_s, retrieval_s)
+    return CollectedBatch(
+        rollouts, flat_examples, group_ids, rewards, em, strata, total - retrieval_s, retrieval_s, tuple(rollout.tools)
+    )
 
 
 def _distribution(values: list[int], prefix: str, max_key: int = 4) -> dict[str, float]:
@@ -196,6 +236,7 @@ def batch_metrics(batch: CollectedBatch) -> dict[str, float]:
     # plus what only the trainer knows: rewards, length extremes, strata.
     m: dict[str, float] = {
         **rollout_metrics(rs),
+        **tool_metrics(rs, batch.tools),
         "reward/mean": sum(batch.rewards) / n,
         "reward/em": sum(batch.em) / n,
         "rollout/search_calls_max": float(max(searches, default=0)),
@@ -293,4 +334,5 @@ def without_rollouts(batch: CollectedBatch, drop: Sequence[bool]) -> CollectedBa
         pick(batch.strata),
         batch.generation_s,
         batch.retrieval_s,
+        batch.tools,
     )

@@ -10,13 +10,15 @@ field and the fix.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from stratarl.config_errors import fail
 from stratarl.rollout.generation import SamplingParams
-from stratarl.rollout.parsing import ANSWER_STOP, STOP_STRINGS
+from stratarl.rollout.parsing import ANSWER_STOP
 from stratarl.rollout.prompt import PROMPT_TEMPLATES, resolve_template
+from stratarl.rollout.protocols import ToolProtocol, make_protocol, protocol_names
+from stratarl.rollout.tools import check_tool_config, get_tool
 
 BACKENDS = ("kv_cache", "kv_cache_generic", "hf")
 SAMPLER_PRECISIONS = ("fp32", "bf16", "int8")
@@ -60,6 +62,19 @@ class RolloutConfig:
     template containing `{question}`."""
     backend: Literal["kv_cache", "kv_cache_generic", "hf"] = "kv_cache"
     """Generation backend: `kv_cache` (our batched sampler; on Llama-family models its fast forward with a prefix cache across turns), `kv_cache_generic` (the same sampler on the model's own forward) or `hf` (transformers `generate`, the reference)."""
+
+    protocol: str = "search_r1"
+    """How the agent calls tools (docs/agent_loop.md): `search_r1` (Search-R1's tags, `<search> q </search>`, results
+    in `<information>`; the default), `hermes` (Qwen2.5 / Qwen3's `<tool_call>` JSON, results in the ChatML tool
+    turn; SmolLM2 too) or `llama3_json` (Llama-3.1's JSON calls, results in an `ipython` turn); or a protocol
+    registered with `@register_protocol` in a module loaded with `--import`. The answer is `<answer> ... </answer>`
+    in each."""
+    tools: list[str] = field(default_factory=lambda: ["search"])
+    """The tools the agent may call: `search` (the retriever's top passages), `open` (a whole document by title,
+    bounded in tokens), or a tool registered with `@register_tool` in a module loaded with `--import`."""
+    tool_params: dict[str, Any] = field(default_factory=dict)
+    """Per tool, its budget (`max_calls` per rollout; default: only the turns bound it) and its own parameters,
+    checked against its signature, e.g. `{open: {max_calls: 2, max_tokens: 300}}`."""
 
     precision: Literal["fp32", "bf16", "int8"] | None = None
     """Numerics of the sampler, apart from the learner's (`trainer.precision`): null samples with the learner
@@ -108,6 +123,26 @@ class RolloutConfig:
                 "neither a known template nor one containing {question}",
                 f"use {', '.join(PROMPT_TEMPLATES)}, or a string with {{question}} in it",
             )
+        if self.protocol not in protocol_names():
+            fail(
+                f"{p}.protocol",
+                self.protocol,
+                "unknown tool-call protocol",
+                f"use one of {', '.join(protocol_names())} (one of your own: @register_protocol, loaded with --import)",
+            )
+        if not isinstance(self.tools, (list, tuple)) or not all(isinstance(t, str) for t in self.tools):
+            fail(f"{p}.tools", self.tools, "expected a list of tool names", "write e.g. [search, open]")
+        check_tool_config(self.tools, self.tool_params, p)
+        if self.protocol == "search_r1":
+            for name in self.tools:
+                spec = get_tool(name)
+                if len(spec.required) > 1:
+                    fail(
+                        f"{p}.tools",
+                        list(self.tools),
+                        f"tool {name!r} needs {len(spec.required)} arguments but a search_r1 tag carries one text",
+                        "use rollout.protocol=hermes (JSON arguments), or drop the tool",
+                    )
         if self.backend not in BACKENDS:
             fail(f"{p}.backend", self.backend, "unknown backend", f"use one of {', '.join(BACKENDS)}")
         if self.precision is not None and self.precision not in SAMPLER_PRECISIONS:
@@ -122,12 +157,16 @@ class RolloutConfig:
         """A copy with ``changes`` (validated)."""
         return dataclasses.replace(self, **changes)
 
+    def tool_protocol(self) -> ToolProtocol:
+        """The protocol bound to the tools (``rollout.protocol``, ``rollout.tools``)."""
+        return make_protocol(self.protocol, self.tools)
+
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(
             max_new_tokens=self.max_tokens_per_turn,
             temperature=self.temperature,
             top_p=self.top_p,
             greedy=self.greedy,
-            stop_strings=STOP_STRINGS,
+            stop_strings=self.tool_protocol().stop_strings,
             eos_after=(ANSWER_STOP,) if self.eos_after_answer else (),
         )

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 from stratarl.retrieval.base import Passage
 
@@ -29,15 +29,29 @@ INFORMATION_PREFIX = "\n\n<information>"
 INFORMATION_SUFFIX = "</information>\n\n"
 TRUNCATION_MARKER = " ...[truncated]"
 
-ActionKind = Literal["search", "answer", "invalid"]
+ActionKind = str
+"""``answer``, ``invalid`` (no complete action), ``malformed`` (a tool call that cannot run), or the name of the tool
+called (``search``, ``open``, a user's tool): stratarl.rollout.protocols parses it, stratarl.rollout.tools names
+the tools."""
+NOT_CALLS = frozenset({"answer", "invalid", "malformed"})
 
 
 @dataclass(frozen=True)
 class Action:
-    """What a turn asked for: a search query, a final answer, or nothing valid."""
+    """What a turn asked for: a tool call (``kind`` is the tool's name, ``content`` its main argument as text,
+    ``arguments`` all of them), a final answer, a malformed call (``content``: the tool it named, if any; ``error``
+    says what is wrong, ``error_kind`` is ``bad_json``, ``unknown_tool`` or ``bad_arguments``) or nothing valid."""
 
     kind: ActionKind
     content: str = ""
+    arguments: dict[str, Any] | None = field(default=None, compare=False)
+    error: str = ""
+    error_kind: str = ""
+
+    @property
+    def is_call(self) -> bool:
+        """A well-formed call of a tool (to be run)."""
+        return self.kind not in NOT_CALLS
 
 
 def parse_action(turn_text: str) -> Action:
@@ -50,7 +64,8 @@ def parse_action(turn_text: str) -> Action:
     match = ACTION_RE.search(turn_text)
     if match is None:
         return Action("invalid")
-    return Action(match.group(1), match.group(2).strip())  # type: ignore[arg-type]  # ACTION_RE: search or answer
+    content = match.group(2).strip()
+    return Action(match.group(1), content, {"query": content} if match.group(1) == "search" else None)
 
 
 def find_stop(text: str, stop_strings: Sequence[str] = STOP_STRINGS) -> tuple[int, str] | None:

@@ -43,14 +43,15 @@ PROMPT_TEMPLATES = {
 }
 
 
-def resolve_template(template: str) -> str:
-    """A template by name (``search_r1``, ``short``, ``phantomwiki``, ``closed_book``) or a literal template
-    containing ``{question}``."""
-    if template in PROMPT_TEMPLATES:
-        return PROMPT_TEMPLATES[template]
+def resolve_template(template: str, templates: dict[str, str] | None = None) -> str:
+    """A template by name (``search_r1``, ``short``, ``phantomwiki``, ``closed_book``: from ``templates``, a
+    protocol's own wording, default Search-R1's tags) or a literal template containing ``{question}``."""
+    templates = PROMPT_TEMPLATES if templates is None else templates
+    if template in templates:
+        return templates[template]
     if "{question}" not in template:
         raise ValueError(
-            f"prompt template {template!r} is neither a known name ({', '.join(PROMPT_TEMPLATES)}) "
+            f"prompt template {template!r} is neither a known name ({', '.join(templates)}) "
             "nor a template containing {question}"
         )
     return template

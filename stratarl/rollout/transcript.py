@@ -60,6 +60,16 @@ def transcript(rollout: Rollout, tokenizer, *, reward: float | None = None, gold
         "golds": list(golds) if golds is not None else None,
         "reward": reward,
         "end_reason": rollout.end_reason,
+        "calls": [
+            {
+                "tool": c.tool,
+                "arguments": c.arguments,
+                "status": c.status,
+                "detail": c.detail,
+                "passage_ids": list(c.passage_ids),
+            }
+            for c in rollout.calls
+        ],
         "num_searches": rollout.num_searches,
         "invalid_actions": rollout.invalid_actions,
         "tool_errors": rollout.tool_errors,
@@ -77,8 +87,31 @@ def transcript_text(rollout: Rollout, tokenizer, *, reward: float | None = None)
         f"end={rollout.end_reason} searches={rollout.num_searches} answer={rollout.answer!r}"
         + (f" reward={reward}" if reward is not None else "")
     ]
+    header += [
+        f"call {c.tool}({c.arguments}) -> {c.status}" + (f": {c.detail}" if c.detail else "") for c in rollout.calls
+    ]
     prompt = tokenizer.decode(rollout.prompt_ids, skip_special_tokens=False)
     return "\n".join([*header, "--- prompt ---", prompt, "--- response ---", render_mask(rollout, tokenizer)])
+
+
+def tool_metrics(rollouts: Sequence[Rollout], tools: Sequence[str] = ("search",)) -> dict[str, float]:
+    """Per tool of ``tools`` (and any other called): ``tools/<t>/calls_mean`` (calls that ran, per rollout),
+    ``tools/<t>/errors`` and ``tools/<t>/over_budget`` (totals); ``rollout/malformed_calls`` (total) and per kind
+    (``rollout/malformed_calls/bad_json``, ``unknown_tool``, ``bad_arguments``)."""
+    n = max(1, len(rollouts))
+    calls = [c for r in rollouts for c in r.calls]
+    names = list(dict.fromkeys([*tools, *(c.tool for c in calls if c.status != "malformed")]))
+    m: dict[str, float] = {}
+    for name in names:
+        mine = [c for c in calls if c.tool == name]
+        m[f"tools/{name}/calls_mean"] = sum(c.status in ("ok", "error") for c in mine) / n
+        m[f"tools/{name}/errors"] = float(sum(c.status == "error" for c in mine))
+        m[f"tools/{name}/over_budget"] = float(sum(c.status == "over_budget" for c in mine))
+    malformed = [c for c in calls if c.status == "malformed"]
+    m["rollout/malformed_calls"] = float(len(malformed))
+    for kind in ("bad_json", "unknown_tool", "bad_arguments"):
+        m[f"rollout/malformed_calls/{kind}"] = float(sum(c.error_kind == kind for c in malformed))
+    return m
 
 
 def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:

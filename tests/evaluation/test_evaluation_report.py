@@ -54,3 +54,19 @@ def test_report_needs_run_dirs(tmp_path):
         build_report([tmp_path])
     with pytest.raises(ValueError, match="at least one"):
         build_report([])
+
+
+def test_the_transcript_shows_every_tool_call():
+    from stratarl.evaluation.report import _turns_html
+
+    record = {
+        "turns": [{"text": "<open> Paris </open>", "observation": "obs"}],
+        "calls": [
+            {"tool": "open", "arguments": {"title": "Paris"}, "status": "ok", "detail": ""},
+            {"tool": "bad", "arguments": None, "status": "malformed", "detail": "unknown tool 'bad'"},
+        ],
+    }
+    page = _turns_html(record)
+    assert "open({&quot;title&quot;: &quot;Paris&quot;}): ok" in page
+    assert "bad(null): malformed (unknown tool &#x27;bad&#x27;)" in page
+    assert "Tool calls" not in _turns_html({"turns": record["turns"]})

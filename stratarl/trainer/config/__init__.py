@@ -36,6 +36,7 @@ from stratarl.config_errors import ConfigError, yaml_syntax_error
 from stratarl.config_errors import fail as _fail
 from stratarl.config_tree import apply_overrides, build, parse_override
 from stratarl.infra.precision import DevicePolicy, policy_of
+from stratarl.rollout.collect import named_tools
 from stratarl.rollout.config import RolloutConfig
 from stratarl.trainer.config.algo import ALGORITHMS, LOSS_AGGREGATIONS, SORL_ORDERS, AlgoConfig
 from stratarl.trainer.config.legacy import rewrite_legacy
@@ -158,6 +159,33 @@ class Config:
                 f"a step has only prompts_per_step x group_size = {self.trainer.prompts_per_step} x "
                 f"{self.rollout.group_size} = {rollouts} rollouts to cut into mini-batches",
                 f"use trainer.mini_batches <= {rollouts}, or raise trainer.prompts_per_step / rollout.group_size",
+            )
+        if self.model.name == "word-tiny" and (
+            self.rollout.protocol != "search_r1" or self.rollout.tools != ["search"]
+        ):
+            _fail(
+                "rollout.protocol" if self.rollout.protocol != "search_r1" else "rollout.tools",
+                self.rollout.protocol if self.rollout.protocol != "search_r1" else self.rollout.tools,
+                "model.name=word-tiny's vocabulary holds the words of the search_r1 protocol with its search tool only",
+                "use a subword tokenizer's model (tiny-random, smollm2-135m-instruct), or rollout.protocol=search_r1 "
+                "with rollout.tools=[search]",
+            )
+        if self.sft.enabled and self.rollout.protocol != "search_r1":
+            _fail(
+                "sft.enabled",
+                True,
+                f"the warm start's demonstrations are written in the search_r1 protocol, not in rollout.protocol="
+                f"{self.rollout.protocol}",
+                "set sft.enabled=false and start from a model that calls tools in that format (model.init_from)",
+            )
+        counted = named_tools(self.algo.stratum_key) or []
+        missing = [t for t in counted if t not in self.rollout.tools]
+        if missing:
+            _fail(
+                "algo.stratum_key",
+                self.algo.stratum_key,
+                f"counts calls of {', '.join(missing)}, which rollout.tools ({', '.join(self.rollout.tools)}) lacks",
+                "name tools of rollout.tools, or add the tool there",
             )
         spec = resolve_algorithm(self.algo)  # an algorithm that does not resolve fails here, naming the field
         if self.rollout.group_size < 2 and advantage_info(spec.advantage).group_relative:

@@ -26,7 +26,7 @@ from stratarl.algos.presets import PRESETS
 from stratarl.algos.sorl import DeltaRule
 from stratarl.config_errors import fail as _fail
 from stratarl.config_tree import check_choices
-from stratarl.rollout.collect import STRATUM_KEYS
+from stratarl.rollout.collect import STRATUM_KEYS, is_stratum_key
 
 ALGORITHMS = tuple(PRESETS)  # the presets' names (stratarl.algos.presets)
 SorlOrder = Literal["before_clip", "after_clip"]
@@ -65,11 +65,13 @@ class AlgoConfig:
     alpha: float = STRATIFIED_ALPHA
     """Stratified GRPO blend: alpha * SAN + (1 - alpha) * GN (0 = GRPO, 1 = pure SAN; paper: 0.6)."""
     stratum_key: str = "num_searches"
-    """How rollouts are stratified: `num_searches` (paper: the retriever calls run), `observation_blocks` (the
+    """How rollouts are stratified: `num_searches` (paper: the retriever calls run: the `search` tool's calls),
+    `tool_calls` (the calls of every tool of `rollout.tools` that ran), `tool_calls[open,search]` (those of the tools
+    named), `observation_blocks` (the
     observation blocks between policy turns, from the response mask alone: the veRL plugin's definition, which
     also counts invalid-action feedback and misses a trailing observation), `answered`, `random` (control: the num_searches strata's sizes kept inside each group, rollouts assigned to them by a seeded random permutation), or `module:function` taking a Rollout and returning a hashable key."""
     stratum_cap: int | None = None
-    """With num_searches / observation_blocks: counts >= cap share one stratum (None: no cap)."""
+    """With num_searches / tool_calls / observation_blocks: counts >= cap share one stratum (None: no cap)."""
     epsilon: float = 1e-6
     """Advantage normaliser epsilon (the GRPO baseline's)."""
     clip_low: float = 0.2
@@ -132,14 +134,15 @@ class AlgoConfig:
             check_alpha(self.alpha)
         except ValueError:
             _fail(f"{p}.alpha", self.alpha, "the blend weight must lie in [0, 1]", f"use {STRATIFIED_ALPHA} (paper)")
-        if self.stratum_key not in STRATUM_KEYS and ":" not in self.stratum_key:
+        if not is_stratum_key(self.stratum_key):
             close = difflib.get_close_matches(self.stratum_key, STRATUM_KEYS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             _fail(
                 f"{p}.stratum_key",
                 self.stratum_key,
                 "unknown stratum key",
-                f"{hint}use num_searches, observation_blocks, answered, random, or `package.module:function`",
+                f"{hint}use num_searches, observation_blocks, answered, random, tool_calls, tool_calls[open,search], "
+                "or `package.module:function`",
             )
         if self.stratum_cap is not None and self.stratum_cap < 1:
             _fail(f"{p}.stratum_cap", self.stratum_cap, "must be >= 1 or null", "use null for no cap")
