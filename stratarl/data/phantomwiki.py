@@ -37,6 +37,9 @@ from typing import Any
 
 from stratarl.data.examples import DatasetFormatError, Example
 from stratarl.data.formats import register_dataset_format
+from stratarl.data.search_r1 import load_examples, write_search_r1_parquet
+from stratarl.publish import staged_dir
+from stratarl.retrieval.corpus import load_corpus
 from stratarl.rewards.phantomwiki import DATA_SOURCE
 from stratarl.rollout.prompt import PHANTOMWIKI_TEMPLATE, build_prompt
 
@@ -279,8 +282,6 @@ def universe_counts(examples: Sequence[Example], corpus: Sequence[dict]) -> dict
 def write_universe(raw_dir: str | Path, out_dir: str | Path, spec: UniverseSpec, *, seconds: float | None = None):
     """Write a generated universe in the Search-R1 layout: ``corpus.jsonl``, ``questions.parquet`` (split
     ``test``), ``universe.json``. Returns the counts."""
-    from stratarl.data.search_r1 import write_search_r1_parquet
-
     out_dir = Path(out_dir)
     name = f"phantomwiki-{spec.seed}"
     corpus, examples = read_universe(raw_dir, universe=name)
@@ -307,8 +308,6 @@ def build_universe(
 ) -> dict[str, Any]:
     """Generate one universe and publish it at ``out_dir`` in the Search-R1 layout (atomically: a failed run
     leaves ``out_dir`` as it was). ``keep_raw`` keeps the generator's own files under ``out_dir/raw``."""
-    from stratarl.publish import staged_dir
-
     with staged_dir(out_dir) as staged:
         raw = staged / "raw"
         raw.mkdir(parents=True)
@@ -348,9 +347,6 @@ def combine_universes(train_dirs: Sequence[Path], test_dirs: Sequence[Path], out
     renumbered), ``train.parquet`` (the questions of ``train_dirs``), ``test.parquet`` (those of ``test_dirs``, if
     any) and ``universes.json``. A universe on both sides, or a person's name in two universes (retrieval could not tell
     them apart), is refused."""
-    from stratarl.data.search_r1 import load_examples, write_search_r1_parquet
-    from stratarl.retrieval.corpus import load_corpus
-
     train_dirs, test_dirs = [Path(d) for d in train_dirs], [Path(d) for d in test_dirs]
     both = {d.resolve() for d in train_dirs} & {d.resolve() for d in test_dirs}
     if both:
