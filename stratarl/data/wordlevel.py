@@ -225,12 +225,18 @@ def build_word_tokenizer(
     )
 
 
+WORD_LEVEL_TEMPLATES = ("search_r1", "short")
+"""The prompt templates whose words are in every word-level vocabulary."""
+
+
 def protocol_texts() -> list[str]:
     """Everything the Search-R1 protocol itself writes: the prompt template, the
     observation framing, the invalid-action message, the truncation and tool-error text."""
     sample = [Passage(id="0", contents='"Title"\ntext'), Passage(id="1", contents='"Title"\ntext')]
     return [
-        *(template.replace("{question}", "") for template in PROMPT_TEMPLATES.values()),
+        # The two templates the vocabulary was built with from the start: a template added later (phantomwiki,
+        # closed_book) must not change the vocabulary, and so the lab's tokens, of every existing word-level run.
+        *(PROMPT_TEMPLATES[name].replace("{question}", "") for name in WORD_LEVEL_TEMPLATES),
         information_observation(sample),
         INVALID_ACTION_OBSERVATION,
         TRUNCATION_MARKER,

@@ -297,3 +297,14 @@ def test_word_model_forward_backward_and_generation(tokenizer, kb, tmp_path):
 def test_word_model_rejects_indivisible_heads(tokenizer):
     with pytest.raises(ValueError, match="divisible by num_heads"):
         build_word_model(tokenizer, hidden_size=30, num_heads=4)
+
+
+def test_templates_added_later_leave_the_vocabulary_alone():
+    """The phantomwiki and closed_book templates came after the lab's vocabulary: its words stay out of it, so
+    the lab's tokens (and the demo) are what they were."""
+    from stratarl.data.wordlevel import WORD_LEVEL_TEMPLATES, protocol_texts
+    from stratarl.rollout.prompt import MULTI_ANSWER_NOTE, PROMPT_TEMPLATES
+
+    assert set(PROMPT_TEMPLATES) > set(WORD_LEVEL_TEMPLATES) == {"search_r1", "short"}
+    assert not any("separated by commas" in text for text in protocol_texts())
+    assert "separated by commas" in MULTI_ANSWER_NOTE
