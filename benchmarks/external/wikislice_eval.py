@@ -1,0 +1,138 @@
+"""A model on the real-Wikipedia slice, greedy, with and without search: EM and F1 with 95% CIs per source.
+
+    stratarl data wikislice --out runs/wikislice
+    python benchmarks/external/wikislice_eval.py --slice runs/wikislice --out docs/results/wikislice_smollm2.json
+    python benchmarks/external/wikislice_eval.py --slice runs/wikislice --target RUN_DIR --label "after RL" \\
+        --out runs/wikislice/after_rl.json        # a trained run: its latest checkpoint
+
+Two settings, each one `stratarl eval` subprocess (its command is printed and stored in the JSON):
+
+- ``search``: Search-R1's prompt (test.parquet), BM25 over the slice's 10,033 lead sections, the target's own
+  rollout budgets (configs/smollm2.yaml: 2 search turns + 1 answer turn, 40 tokens a turn, top-2 passages);
+- ``closed_book``: Search-R1's no-search prompt (test_closed_book.parquet) and ``rollout.max_turns=0``: one turn,
+  and a search there ends the rollout unanswered.
+
+The target is ``stratarl eval``'s TARGET (a YAML config: its model untrained; a run directory: its latest
+checkpoint). The overrides point its data at the slice and switch off what an eval does not use (the warm
+start's settings). The result JSON holds, per setting and source, EM and F1 (mean, 95% Student-t CI over the
+questions, cut to [0, 1]), searches, answer rate, wall time and every question's EM / F1 (for paired comparisons
+of two models), and the slice's counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from stratarl.evaluation.greedy import source_intervals
+from stratarl.publish import write_atomic
+
+SETTINGS = {
+    "search": ("test.parquet", []),
+    "closed_book": ("test_closed_book.parquet", ["rollout.max_turns=0"]),
+}
+
+
+def eval_command(target: str, slice_dir: Path, setting: str, threads: int) -> list[str]:
+    """The `stratarl eval` command line of one setting."""
+    data, extra = SETTINGS[setting]
+    overrides = [
+        "data.source=files",
+        f"data.train_files=[{slice_dir / 'test.parquet'}]",  # required by data.source=files; eval trains nothing
+        f"data.corpus={slice_dir / 'corpus.jsonl'}",
+        "data.max_eval_examples=null",
+        "sft.enabled=false",
+        "sft.source=task",
+        "sft.probe_every=0",
+        f"trainer.num_threads={threads}",
+        "logging.progress=false",
+        "eval.num_transcripts=1000",
+        *extra,
+    ]
+    return [sys.executable, "-m", "stratarl.cli", "eval", target, *overrides, "--data", str(slice_dir / data)]
+
+
+def run_setting(target: str, slice_dir: Path, setting: str, work: Path, threads: int) -> dict:
+    command = [*eval_command(target, slice_dir, setting, threads), "--out", str(work), "--tag", setting]
+    print("$ " + " ".join(command), flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(command, check=False, text=True, capture_output=True, env=os.environ.copy())
+    wall = time.perf_counter() - start
+    print(done.stdout, end="", flush=True)
+    if done.returncode != 0:
+        sys.exit(f"error: {setting}: stratarl eval failed ({done.stderr.strip().splitlines()[-1:]})")
+    result = json.loads((work / "eval" / f"{setting}.json").read_text())
+    intervals = source_intervals(result)
+    return {
+        "command": " ".join(command[2:]).replace("stratarl.cli", "stratarl", 1),
+        "wall_s": round(wall, 1),
+        "eval_s": round(result["seconds"], 1),
+        "model": result.get("model"),
+        "per_source": {
+            source: {**intervals[source], **{k: m[k] for k in ("searches_mean", "answer_rate", "count")}}
+            for source, m in result["per_source"].items()
+        },
+        "per_question": {r["example_id"]: [r["em"], r["f1"]] for r in result["per_question"]},
+    }
+
+
+def _cell(interval: dict) -> str:
+    if interval["low"] is None:
+        return f"{interval['mean']:.3f}"
+    return f"{interval['mean']:.3f} [{interval['low']:.3f}, {interval['high']:.3f}]"
+
+
+def table(summary: dict) -> str:
+    """The markdown rows of a summary: one per setting and source."""
+    lines = [
+        "| model | setting | source | n | EM [95% CI] | F1 [95% CI] | searches | answered | wall |",
+        "|---|---|---|---:|---|---|---:|---:|---:|",
+    ]
+    for setting, block in summary["settings"].items():
+        for source, m in block["per_source"].items():
+            lines.append(
+                f"| {summary['label']} | {setting} | {source} | {m['count']} | {_cell(m['em'])} | {_cell(m['f1'])} "
+                f"| {m['searches_mean']:.2f} | {m['answer_rate']:.2f} | {block['wall_s']:.0f} s |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--slice", required=True, type=Path, help="folder written by `stratarl data wikislice`")
+    parser.add_argument("--target", default="configs/smollm2.yaml", help="stratarl eval's TARGET (config or run)")
+    parser.add_argument(
+        "--label", default="SmolLM2-135M-Instruct (shipped, no RL)", help="the model's name in the table"
+    )
+    parser.add_argument("--out", required=True, type=Path, help="summary JSON (the evals go to <out stem>_evals/)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
+    parser.add_argument("--settings", default="search,closed_book", help="comma-separated: search, closed_book")
+    args = parser.parse_args()
+    settings = args.settings.split(",")
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        sys.exit(f"error: --settings {args.settings}: unknown {unknown}; use {', '.join(SETTINGS)}")
+    if not (args.slice / "stats.json").is_file():
+        sys.exit(f"error: --slice {args.slice}: no stats.json. Fix: stratarl data wikislice --out {args.slice}")
+    work = args.out.parent / f"{args.out.stem}_evals"
+    stats = json.loads((args.slice / "stats.json").read_text())
+    summary = {
+        "label": args.label,
+        "target": args.target,
+        "threads": args.threads,
+        "cpu_count": os.cpu_count(),
+        "slice": {k: stats[k] for k in ("corpus", "fanoutqa", "freshqa", "test_questions", "packages")},
+        "settings": {s: run_setting(args.target, args.slice, s, work, args.threads) for s in settings},
+    }
+    write_atomic(args.out, json.dumps(summary, indent=1) + "\n")
+    print(table(summary))
+    print(f"summary: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
