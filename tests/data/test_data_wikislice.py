@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from stratarl.data.examples import Example
 from stratarl.data.pip_cache import PackageInstallError, PinnedPackage, copy_files, install_data_files
 from stratarl.data.search_r1 import load_example_files, load_examples
 from stratarl.data.wikislice import (
@@ -20,6 +21,7 @@ from stratarl.data.wikislice import (
     SUMMARIES,
     WikiSliceError,
     answer_in_text,
+    evidence_recall,
     fanout_examples,
     freshqa_examples,
     package_versions,
@@ -30,6 +32,7 @@ from stratarl.data.wikislice import (
     wikipedia_titles,
     write_slice,
 )
+from stratarl.retrieval.base import Passage
 from stratarl.retrieval.bm25 import BM25Retriever
 from stratarl.retrieval.corpus import load_corpus
 from stratarl.rewards.qa import normalize_answer
@@ -302,9 +305,11 @@ def test_package_versions_refuses_other_versions(packages):
 
 
 def test_cli_builds_the_slice_from_a_packages_folder(packages, tmp_path, stratarl_cli):
-    done = stratarl_cli("data", "wikislice", "--out", tmp_path / "out", "--packages", packages)
+    done = stratarl_cli("data", "wikislice", "--out", tmp_path / "out", "--packages", packages, "--check-retrieval")
     assert done.returncode == 0, done.stderr
     assert "4 lead sections, 5 questions" in done.stdout and "unique 3" in done.stdout
+    recall = json.loads((tmp_path / "out" / "stats.json").read_text())["bm25_evidence_recall"]
+    assert {group: row["hops"] for group, row in recall.items()} == {"all": 5, "fanoutqa": 3, "freshqa": 2}
     assert len(load_examples(tmp_path / "out" / "test.parquet")) == 5
     missing = stratarl_cli("data", "wikislice", "--out", tmp_path / "out", "--packages", tmp_path / "nowhere")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no such folder" in missing.stderr
@@ -354,3 +359,29 @@ def test_the_real_packages_install_and_give_a_sane_slice(tmp_path):
     assert len(examples) == stats["test_questions"] and len({e.id for e in examples}) == len(examples)
     kept = sorted((tmp_path / "cache" / "pip-data").iterdir())
     assert len(kept) == 1 and not list(kept[0].rglob("*.py"))  # the data files only, no code
+
+
+class _RankedRetriever:
+    """A retriever whose ranking per query is given: query -> passage ids, best first."""
+
+    def __init__(self, rankings: dict[str, list[str]]) -> None:
+        self.rankings = rankings
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        return [[Passage(id=i, contents="") for i in self.rankings[q][:k]] for q in queries]
+
+
+def test_evidence_recall_hand_derived():
+    titles = ["Paris", "K2", "Jeff Bezos"]  # passage ids "0", "1", "2"
+    examples = [
+        Example("a", "qa", ("x",), "fanoutqa", {"evidence_title": "Paris"}),  # rank 0
+        Example("b", "qb", ("x",), "fanoutqa", {"evidence_title": "K2"}),  # rank 2
+        Example("c", "qc", ("x",), "freshqa", {"evidence_title": "Jeff Bezos"}),  # absent from the top 3
+    ]
+    retriever = _RankedRetriever({"qa": ["0", "1", "2"], "qb": ["0", "2", "1"], "qc": ["0", "1"]})
+    table = evidence_recall(examples, titles, retriever)
+    assert table == {
+        "all": {"hops": 3, "top1": 1 / 3, "top2": 1 / 3, "top3": 2 / 3},
+        "fanoutqa": {"hops": 2, "top1": 0.5, "top2": 0.5, "top3": 1.0},
+        "freshqa": {"hops": 1, "top1": 0.0, "top2": 0.0, "top3": 0.0},
+    }
