@@ -4,6 +4,8 @@
     python benchmarks/external/wikislice_eval.py --slice runs/wikislice --out docs/results/wikislice_smollm2.json
     python benchmarks/external/wikislice_eval.py --slice runs/wikislice --target RUN_DIR --label "after RL" \\
         --out runs/wikislice/after_rl.json        # a trained run: its latest checkpoint
+    python benchmarks/external/wikislice_eval.py --slice runs/wikislice --set model.init_from=FOLDER/model \\
+        --label "warm start" --out runs/wikislice/warm_start.json   # a saved model folder
 
 Two settings, each one `stratarl eval` subprocess (its command is printed and stored in the JSON; its eval JSON
 and transcripts go to ``<slice>/evals/<out stem>/eval/``):
@@ -39,7 +41,7 @@ SETTINGS = {
 }
 
 
-def eval_command(target: str, slice_dir: Path, setting: str, threads: int) -> list[str]:
+def eval_command(target: str, slice_dir: Path, setting: str, threads: int, more: list[str]) -> list[str]:
     """The `stratarl eval` command line of one setting."""
     data, extra = SETTINGS[setting]
     overrides = [
@@ -54,12 +56,13 @@ def eval_command(target: str, slice_dir: Path, setting: str, threads: int) -> li
         "logging.progress=false",
         "eval.num_transcripts=1000",
         *extra,
+        *more,
     ]
     return [sys.executable, "-m", "stratarl.cli", "eval", target, *overrides, "--data", str(slice_dir / data)]
 
 
-def run_setting(target: str, slice_dir: Path, setting: str, work: Path, threads: int) -> dict:
-    command = [*eval_command(target, slice_dir, setting, threads), "--out", str(work), "--tag", setting]
+def run_setting(target: str, slice_dir: Path, setting: str, work: Path, threads: int, more: list[str]) -> dict:
+    command = [*eval_command(target, slice_dir, setting, threads, more), "--out", str(work), "--tag", setting]
     print("$ " + " ".join(command), flush=True)
     start = time.perf_counter()
     done = subprocess.run(command, check=False, text=True, capture_output=True, env=os.environ.copy())
@@ -114,6 +117,13 @@ def main() -> None:
         "--out", required=True, type=Path, help="summary JSON (the evals go to <slice>/evals/<out stem>/)"
     )
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more override for both evals, e.g. model.init_from=WARM_START/model (repeatable)",
+    )
     parser.add_argument("--settings", default="search,closed_book", help="comma-separated: search, closed_book")
     args = parser.parse_args()
     settings = args.settings.split(",")
@@ -130,7 +140,8 @@ def main() -> None:
         "threads": args.threads,
         "cpu_count": os.cpu_count(),
         "slice": {k: stats[k] for k in ("corpus", "fanoutqa", "freshqa", "test_questions", "packages")},
-        "settings": {s: run_setting(args.target, args.slice, s, work, args.threads) for s in settings},
+        "overrides": args.set,
+        "settings": {s: run_setting(args.target, args.slice, s, work, args.threads, args.set) for s in settings},
     }
     write_atomic(args.out, json.dumps(summary, indent=1) + "\n")
     print(table(summary))

@@ -1,0 +1,32 @@
+"""The real-Wikipedia eval script: each setting's `stratarl eval` command and the table of a summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "external" / "wikislice_eval.py"
+
+
+@pytest.fixture(scope="module")
+def script(load_script):
+    return load_script(SCRIPT, "wikislice_eval")
+
+
+def test_closed_book_gets_the_no_search_rows_and_no_search_turn(script):
+    search = script.eval_command("configs/smollm2.yaml", Path("s"), "search", 1, ["model.init_from=m"])
+    closed = script.eval_command("configs/smollm2.yaml", Path("s"), "closed_book", 1, [])
+    assert search[search.index("--data") + 1] == str(Path("s") / "test.parquet")
+    assert closed[closed.index("--data") + 1] == str(Path("s") / "test_closed_book.parquet")
+    assert "rollout.max_turns=0" in closed and not any(a.startswith("rollout.max_turns") for a in search)
+    assert f"data.corpus={Path('s') / 'corpus.jsonl'}" in search and "trainer.num_threads=1" in search
+    assert search[-3] == "model.init_from=m"  # a --set override reaches the eval, before --data
+
+
+def test_table_has_one_row_per_setting_and_source(script):
+    interval = {"mean": 0.25, "low": 0.0, "high": 0.61}
+    block = {"searches_mean": 1.0, "answer_rate": 0.5, "count": 4, "em": interval, "f1": {"mean": 0.5, "low": None}}
+    summary = {"label": "m", "settings": {"search": {"wall_s": 12.0, "per_source": {"fanoutqa": block}}}}
+    lines = script.table(summary).splitlines()
+    assert lines[2] == "| m | search | fanoutqa | 4 | 0.250 [0.000, 0.610] | 0.500 | 1.00 | 0.50 | 12 s |"
