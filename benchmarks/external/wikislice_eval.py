@@ -18,8 +18,9 @@ and transcripts go to ``<slice>/evals/<out stem>/eval/``):
 The target is ``stratarl eval``'s TARGET (a YAML config: its model untrained; a run directory: its latest
 checkpoint). The overrides point its data at the slice and switch off what an eval does not use (the warm
 start's settings). The result JSON holds, per setting and source, EM and F1 (mean, 95% Student-t CI over the
-questions, cut to [0, 1]), searches, answer rate, wall time and every question's EM / F1 (for paired comparisons
-of two models), and the slice's counts.
+questions, cut to [0, 1]), searches, answer rate, ``gold_in_response`` (a diagnostic: a gold answer anywhere in
+the policy's text, tags or not), wall time and every question's EM / F1 (for paired comparisons of two models),
+and the slice's counts.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from stratarl.evaluation.greedy import source_intervals
 from stratarl.publish import write_atomic
+from stratarl.rewards.qa import sub_exact_match
 
 SETTINGS = {
     "search": ("test.parquet", []),
@@ -72,17 +74,40 @@ def run_setting(target: str, slice_dir: Path, setting: str, work: Path, threads:
         sys.exit(f"error: {setting}: stratarl eval failed ({done.stderr.strip().splitlines()[-1:]})")
     result = json.loads((work / "eval" / f"{setting}.json").read_text())
     intervals = source_intervals(result)
+    lenient = gold_in_response(work / "eval" / f"{setting}_transcripts.jsonl")
     return {
         "command": " ".join(command[2:]).replace("stratarl.cli", "stratarl", 1),
         "wall_s": round(wall, 1),
         "eval_s": round(result["seconds"], 1),
         "model": result.get("model"),
         "per_source": {
-            source: {**intervals[source], **{k: m[k] for k in ("searches_mean", "answer_rate", "count")}}
+            source: {
+                **intervals[source],
+                **{k: m[k] for k in ("searches_mean", "answer_rate", "count")},
+                "gold_in_response": _share(lenient, source),
+            }
             for source, m in result["per_source"].items()
         },
         "per_question": {r["example_id"]: [r["em"], r["f1"]] for r in result["per_question"]},
     }
+
+
+def gold_in_response(transcripts: Path) -> dict[str, list[float]]:
+    """A diagnostic beside EM, not a score: per data_source, for each question whether a normalised gold answer
+    occurs anywhere in the policy's own text (every turn, tags or not; SubEM of the whole response), so a model
+    that answers in prose without ``<answer>`` tags is seen to know (or not) the answer."""
+    out: dict[str, list[float]] = {}
+    for line in transcripts.read_text().splitlines():
+        record = json.loads(line)
+        text = " ".join(turn["text"] for turn in record["turns"])
+        source = record["example_id"].split("-", 1)[0]  # the slice's ids: fanoutqa-..., freshqa-...
+        out.setdefault(source, []).append(sub_exact_match(text, record["golds"]))
+    return out
+
+
+def _share(per_source: dict[str, list[float]], source: str) -> float | None:
+    values = [v for values in per_source.values() for v in values] if source == "all" else per_source.get(source)
+    return sum(values) / len(values) if values else None
 
 
 def _cell(interval: dict) -> str:
@@ -91,17 +116,22 @@ def _cell(interval: dict) -> str:
     return f"{interval['mean']:.3f} [{interval['low']:.3f}, {interval['high']:.3f}]"
 
 
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def table(summary: dict) -> str:
     """The markdown rows of a summary: one per setting and source."""
     lines = [
-        "| model | setting | source | n | EM [95% CI] | F1 [95% CI] | searches | answered | wall |",
-        "|---|---|---|---:|---|---|---:|---:|---:|",
+        "| model | setting | source | n | EM [95% CI] | F1 [95% CI] | searches | answered | gold in text | wall |",
+        "|---|---|---|---:|---|---|---:|---:|---:|---:|",
     ]
     for setting, block in summary["settings"].items():
         for source, m in block["per_source"].items():
             lines.append(
                 f"| {summary['label']} | {setting} | {source} | {m['count']} | {_cell(m['em'])} | {_cell(m['f1'])} "
-                f"| {m['searches_mean']:.2f} | {m['answer_rate']:.2f} | {block['wall_s']:.0f} s |"
+                f"| {m['searches_mean']:.2f} | {m['answer_rate']:.2f} | {_rate(m.get('gold_in_response'))} "
+                f"| {block['wall_s']:.0f} s |"
             )
     return "\n".join(lines)
 

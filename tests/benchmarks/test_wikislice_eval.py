@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -29,4 +30,17 @@ def test_table_has_one_row_per_setting_and_source(script):
     block = {"searches_mean": 1.0, "answer_rate": 0.5, "count": 4, "em": interval, "f1": {"mean": 0.5, "low": None}}
     summary = {"label": "m", "settings": {"search": {"wall_s": 12.0, "per_source": {"fanoutqa": block}}}}
     lines = script.table(summary).splitlines()
-    assert lines[2] == "| m | search | fanoutqa | 4 | 0.250 [0.000, 0.610] | 0.500 | 1.00 | 0.50 | 12 s |"
+    assert lines[2] == "| m | search | fanoutqa | 4 | 0.250 [0.000, 0.610] | 0.500 | 1.00 | 0.50 | - | 12 s |"
+
+
+def test_gold_in_response_reads_every_turn_without_tags(script, tmp_path):
+    records = [
+        {"example_id": "fanoutqa-1", "golds": ["Asia"], "turns": [{"text": "I think"}, {"text": "it is Asia."}]},
+        {"example_id": "fanoutqa-2", "golds": ["Cupertino, California"], "turns": [{"text": "Apple Inc."}]},
+        {"example_id": "freshqa-3", "golds": ["1941"], "turns": [{"text": "<answer> 1941 </answer>"}]},
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    found = script.gold_in_response(path)
+    assert found == {"fanoutqa": [1.0, 0.0], "freshqa": [1.0]}
+    assert script._share(found, "all") == pytest.approx(2 / 3) and script._share(found, "nq") is None
