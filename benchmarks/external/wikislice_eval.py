@@ -18,8 +18,8 @@ and transcripts go to ``<slice>/evals/<out stem>/eval/``):
 The target is ``stratarl eval``'s TARGET (a YAML config: its model untrained; a run directory: its latest
 checkpoint). The overrides point its data at the slice and switch off what an eval does not use (the warm
 start's settings). The result JSON holds, per setting and source, EM and F1 (mean, 95% Student-t CI over the
-questions, cut to [0, 1]), searches, answer rate, ``gold_in_response`` (a diagnostic: a gold answer anywhere in
-the policy's text, tags or not), wall time and every question's EM / F1 (for paired comparisons of two models),
+questions, cut to [0, 1]), searches, ``evidence_shown`` (a search showed the evidence page), answer rate,
+``gold_in_response`` (a diagnostic: a gold answer anywhere in the policy's text, tags or not), wall time and every question's EM / F1 (for paired comparisons of two models),
 and the slice's counts.
 """
 
@@ -33,7 +33,9 @@ import sys
 import time
 from pathlib import Path
 
+from stratarl.data.search_r1 import load_examples
 from stratarl.evaluation.greedy import source_intervals
+from stratarl.evaluation.stats import paired_gain
 from stratarl.publish import write_atomic
 from stratarl.rewards.qa import sub_exact_match
 
@@ -75,6 +77,8 @@ def run_setting(target: str, slice_dir: Path, setting: str, work: Path, threads:
     result = json.loads((work / "eval" / f"{setting}.json").read_text())
     intervals = source_intervals(result)
     lenient = gold_in_response(work / "eval" / f"{setting}_transcripts.jsonl")
+    titles = {e.id: e.metadata["evidence_title"] for e in load_examples(slice_dir / "test.parquet")}
+    shown = evidence_shown(work / "eval" / f"{setting}_transcripts.jsonl", titles)
     return {
         "command": " ".join(command[2:]).replace("stratarl.cli", "stratarl", 1),
         "wall_s": round(wall, 1),
@@ -85,11 +89,25 @@ def run_setting(target: str, slice_dir: Path, setting: str, work: Path, threads:
                 **intervals[source],
                 **{k: m[k] for k in ("searches_mean", "answer_rate", "count")},
                 "gold_in_response": _share(lenient, source),
+                "evidence_shown": _share(shown, source),
             }
             for source, m in result["per_source"].items()
         },
         "per_question": {r["example_id"]: [r["em"], r["f1"]] for r in result["per_question"]},
     }
+
+
+def evidence_shown(transcripts: Path, evidence: dict[str, str]) -> dict[str, list[float]]:
+    """Per data_source, for each question whether a search showed the policy its evidence page (``evidence``:
+    example id -> title; a passage's title is the first line of its contents)."""
+    out: dict[str, list[float]] = {}
+    for line in transcripts.read_text().splitlines():
+        record = json.loads(line)
+        titles = {p["contents"].split("\n", 1)[0].strip('"') for s in record["searches"] for p in s["passages"]}
+        out.setdefault(record["example_id"].split("-", 1)[0], []).append(
+            float(evidence[record["example_id"]] in titles)
+        )
+    return out
 
 
 def gold_in_response(transcripts: Path) -> dict[str, list[float]]:
@@ -122,30 +140,54 @@ def _rate(value: float | None) -> str:
 
 def table(summary: dict) -> str:
     """The markdown rows of a summary: one per setting and source."""
-    lines = [
-        "| model | setting | source | n | EM [95% CI] | F1 [95% CI] | searches | answered | gold in text | wall |",
-        "|---|---|---|---:|---|---|---:|---:|---:|---:|",
-    ]
+    header = "| model | setting | source | n | EM [95% CI] | F1 [95% CI] | searches | evidence shown | answered "
+    lines = [header + "| gold in text | wall |", "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|"]
     for setting, block in summary["settings"].items():
         for source, m in block["per_source"].items():
             lines.append(
                 f"| {summary['label']} | {setting} | {source} | {m['count']} | {_cell(m['em'])} | {_cell(m['f1'])} "
-                f"| {m['searches_mean']:.2f} | {m['answer_rate']:.2f} | {_rate(m.get('gold_in_response'))} "
+                f"| {m['searches_mean']:.2f} | {_rate(m.get('evidence_shown'))} | {m['answer_rate']:.2f} "
+                f"| {_rate(m.get('gold_in_response'))} "
                 f"| {block['wall_s']:.0f} s |"
             )
     return "\n".join(lines)
 
 
+def search_gain(summary: dict) -> str:
+    """Markdown rows: with search minus closed-book, per source, EM and F1 paired over the same questions (mean,
+    95% t-interval of the per-question differences; ``stats.paired_gain``). Empty without both settings."""
+    settings = summary["settings"]
+    if not {"search", "closed_book"} <= set(settings):
+        return ""
+    lines = ["| model | source | n | EM: search - closed-book [95% CI] | F1: search - closed-book [95% CI] |"]
+    lines.append("|---|---|---:|---|---|")
+    for source in settings["search"]["per_source"]:
+        cells = []
+        for position in (0, 1):  # per_question holds [em, f1]
+            after, before = (
+                {
+                    i: v[position]
+                    for i, v in settings[s]["per_question"].items()
+                    if source in ("all", i.split("-", 1)[0])
+                }
+                for s in ("search", "closed_book")
+            )
+            gain = paired_gain(after, before)
+            interval = "" if gain["low"] is None else f" [{gain['low']:+.3f}, {gain['high']:+.3f}]"  # n = 1: none
+            cells.append(f"{gain['mean']:+.3f}{interval}")
+        lines.append(f"| {summary['label']} | {source} | {len(gain['ids'])} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--slice", required=True, type=Path, help="folder written by `stratarl data wikislice`")
+    parser.add_argument("--slice", type=Path, help="folder written by `stratarl data wikislice`")
+    parser.add_argument("--show", type=Path, metavar="JSON", help="print the tables of a saved summary; run nothing")
     parser.add_argument("--target", default="configs/smollm2.yaml", help="stratarl eval's TARGET (config or run)")
     parser.add_argument(
         "--label", default="SmolLM2-135M-Instruct (shipped, no RL)", help="the model's name in the table"
     )
-    parser.add_argument(
-        "--out", required=True, type=Path, help="summary JSON (the evals go to <slice>/evals/<out stem>/)"
-    )
+    parser.add_argument("--out", type=Path, help="summary JSON (the evals go to <slice>/evals/<out stem>/)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
     parser.add_argument(
         "--set",
@@ -156,6 +198,12 @@ def main() -> None:
     )
     parser.add_argument("--settings", default="search,closed_book", help="comma-separated: search, closed_book")
     args = parser.parse_args()
+    if args.show is not None:
+        summary = json.loads(args.show.read_text())
+        print(table(summary) + "\n\n" + search_gain(summary))
+        return
+    if args.slice is None or args.out is None:
+        sys.exit("error: --slice and --out are needed (or --show JSON to print a saved summary)")
     settings = args.settings.split(",")
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
@@ -174,7 +222,7 @@ def main() -> None:
         "settings": {s: run_setting(args.target, args.slice, s, work, args.threads, args.set) for s in settings},
     }
     write_atomic(args.out, json.dumps(summary, indent=1) + "\n")
-    print(table(summary))
+    print(table(summary) + "\n\n" + search_gain(summary))
     print(f"summary: {args.out}")
 
 
