@@ -300,12 +300,25 @@ def build_slice(files_dir: Path) -> tuple[dict[str, str], list[Example], dict[st
                 f"{files_dir}: no {relative}. Fix: install {' '.join(p.requirement for p in PACKAGES)}"
             )
     leads = read_leads(files_dir / SUMMARIES)
+    kept: dict[str, Filtered] = {}
     try:
         fanout_questions = json.loads((files_dir / FANOUT_DEV).read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise WikiSliceError(f"{files_dir / FANOUT_DEV}: not valid JSON ({error.msg})") from None
-    fanout = fanout_examples(fanout_questions, leads)
-    fresh = freshqa_examples(read_freshqa(files_dir / FRESHQA_CSV), leads)
+    if not isinstance(fanout_questions, list):
+        raise WikiSliceError(f"{files_dir / FANOUT_DEV}: expected a JSON list of questions")
+    for relative, select, rows in (
+        (FANOUT_DEV, fanout_examples, fanout_questions),
+        (FRESHQA_CSV, freshqa_examples, read_freshqa(files_dir / FRESHQA_CSV)),
+    ):
+        try:
+            kept[relative] = select(rows, leads)
+        except (KeyError, TypeError, AttributeError) as error:  # a field missing or of another type
+            raise WikiSliceError(
+                f"{files_dir / relative}: not the layout of the pinned release ({type(error).__name__}: {error}). "
+                "Fix: delete the cache folder so that the next run reinstalls it"
+            ) from None
+    fanout, fresh = kept[FANOUT_DEV], kept[FRESHQA_CSV]
     words = [len(text.split()) for text in leads.values()]
     stats = {
         "filter": FILTER,

@@ -385,3 +385,13 @@ def test_evidence_recall_hand_derived():
         "fanoutqa": {"hops": 2, "top1": 0.5, "top2": 0.5, "top3": 1.0},
         "freshqa": {"hops": 1, "top1": 0.0, "top2": 0.0, "top3": 0.0},
     }
+
+
+def test_a_source_file_of_another_layout_is_one_line_naming_it(packages, tmp_path):
+    no_question = {"answer": "Paris", "evidence": {"title": "Paris"}}  # kept by every stage, but no "question"
+    (packages / FANOUT_DEV).write_text(json.dumps([{"id": "q1", "decomposition": [no_question]}]))
+    with pytest.raises(WikiSliceError, match=r"fanout-final-dev.json: not the layout of the pinned release \(KeyError"):
+        write_slice(packages, tmp_path / "out")
+    (packages / FANOUT_DEV).write_text(json.dumps({"questions": []}))
+    with pytest.raises(WikiSliceError, match="expected a JSON list of questions"):
+        write_slice(packages, tmp_path / "out")
