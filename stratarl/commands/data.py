@@ -228,6 +228,7 @@ def _phantomwiki(args: argparse.Namespace) -> int:
         f"run data: {summary['articles']} articles; train {summary['train']['questions']} questions{test} -> "
         f"{out}/corpus.jsonl, {files}"
     )
+    return 0
 
 
 def _wikislice(args: argparse.Namespace) -> int:

@@ -112,13 +112,13 @@ def test_unknown_and_duplicate_formats_are_one_line_errors_that_list_the_registe
     with pytest.raises(ValueError) as unknown:
         examples_from_rows(TRIVIA_ROWS, origin="f", format="trivai")
     message = str(unknown.value)
-    assert message.startswith("unknown dataset format 'trivai'; registered: medmcqa, medqa, search_r1, trivia")
+    assert message.startswith("unknown dataset format 'trivai'; registered: medmcqa, medqa, phantomwiki, search_r1, trivia")
     assert "\n" not in message
     with pytest.raises(ValueError) as duplicate:
         register_dataset_format("medqa")(lambda row: None)
     message = str(duplicate.value)
     assert message.startswith("dataset format 'medqa' is already registered (by medqa_example)")
-    assert "registered: medmcqa, medqa, search_r1, trivia" in message and "\n" not in message
+    assert "registered: medmcqa, medqa, phantomwiki, search_r1, trivia" in message and "\n" not in message
     assert get_dataset_format("medqa").read is medqa_example  # the refused one replaced nothing
     load_extension(str(users_format))  # the same file again (e.g. --import twice): loaded once, no error
 
@@ -147,7 +147,7 @@ def test_data_inspect_and_convert_read_a_users_format_with_import(tmp_path, triv
     unknown = stratarl_cli("data", "inspect", trivia_file, "--format", "trivia")
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
     assert unknown.stderr.strip() == (
-        "error: unknown dataset format 'trivia'; registered: medmcqa, medqa, search_r1 "
+        "error: unknown dataset format 'trivia'; registered: medmcqa, medqa, phantomwiki, search_r1 "
         "(a format of your own: register_dataset_format in a module loaded with --import)"
     )
     chosen = stratarl_cli(
