@@ -1,10 +1,25 @@
 """Answer normalisation and rewards (pure functions, standard library only).
 
-A reward is any callable ``(response_text: str, golds: Sequence[str]) -> float``.
+Two kinds of reward:
+
+- an answer score, ``(response_text: str, golds: Sequence[str]) -> float`` (em, subem, f1, multiple_choice:
+  ``REWARDS`` / ``get_reward``; also what ``algo.reward: package.module:function`` names);
+- a registered reward (``register_reward``, ``build_reward``), a function of the rollout's ``Trajectory`` that
+  returns its total, raw outcome and components: what ``algo.reward`` / ``algo.reward_params`` name
+  (stratarl.rewards.registry; the built-in ones in stratarl.rewards.builtin and stratarl.rewards.judge).
 """
 
 from collections.abc import Sequence
 
+from stratarl.rewards import judge as _judge  # noqa: F401  registers the judge reward
+from stratarl.rewards.builtin import (
+    ANSWER_SCORERS,
+    MULTIPLE_CHOICE_SOURCES,
+    SOURCE_REWARDS,
+    reward_for_source,
+    shaped,
+    text_reward,
+)
 from stratarl.rewards.formats import (
     RewardFn,
     extract_choice_letter,
@@ -23,24 +38,23 @@ from stratarl.rewards.qa import (
     sub_exact_match,
     subem_reward,
 )
+from stratarl.rewards.registry import (
+    BoundReward,
+    RewardFault,
+    RewardParamError,
+    RewardResult,
+    Trajectory,
+    as_result,
+    at_least,
+    build_reward,
+    check_reward_params,
+    in_range,
+    register_reward,
+    reward_names,
+)
 
-REWARDS: dict[str, RewardFn] = {
-    "em": em_reward,
-    "subem": subem_reward,
-    "f1": f1_reward,
-    "multiple_choice": multiple_choice_reward,
-}
-
-
-# Rewards chosen by an example's data_source, as Search-R1's _select_rm_score_fn chooses its scorer by
-# data_source: multiple-choice sources are scored by letter or option text whatever the run's reward is.
-MULTIPLE_CHOICE_SOURCES = ("medqa", "medmcqa", "synthetic_mc")
-SOURCE_REWARDS: dict[str, RewardFn] = dict.fromkeys(MULTIPLE_CHOICE_SOURCES, multiple_choice_reward)
-
-
-def reward_for_source(data_source: str, default: RewardFn) -> RewardFn:
-    """The reward of ``data_source`` (``SOURCE_REWARDS``), else ``default`` (the run's ``algo.reward``)."""
-    return SOURCE_REWARDS.get(data_source, default)
+REWARDS: dict[str, RewardFn] = dict(ANSWER_SCORERS)
+"""The answer scores by name (what ``get_reward`` returns)."""
 
 
 def answer_match(data_source: str, prediction: str, golds: str | Sequence[str]) -> float:
@@ -62,8 +76,17 @@ __all__ = [
     "MULTIPLE_CHOICE_SOURCES",
     "REWARDS",
     "SOURCE_REWARDS",
+    "BoundReward",
+    "RewardFault",
     "RewardFn",
+    "RewardParamError",
+    "RewardResult",
+    "Trajectory",
     "answer_match",
+    "as_result",
+    "at_least",
+    "build_reward",
+    "check_reward_params",
     "em_reward",
     "exact_match",
     "extract_answer",
@@ -71,12 +94,17 @@ __all__ = [
     "f1_reward",
     "f1_score",
     "get_reward",
+    "in_range",
     "is_valid_format",
     "make_format_reward",
     "multiple_choice_match",
     "multiple_choice_reward",
     "normalize_answer",
+    "register_reward",
     "reward_for_source",
+    "reward_names",
+    "shaped",
     "sub_exact_match",
     "subem_reward",
+    "text_reward",
 ]

@@ -186,8 +186,21 @@ def build_task_retriever(cfg: Config, task: TaskData) -> Retriever:
     return build_retriever(spec)
 
 
+def scoring_of(cfg: Config) -> Scoring:
+    """The run's reward (``algo.reward`` with ``algo.reward_params``), overlong rule and strata, resolved once."""
+    algo = cfg.algo
+    return Scoring.from_names(
+        algo.reward,
+        algo.stratum_key,
+        algo.stratum_cap,
+        reward_params=algo.reward_params,
+        overlong=algo.overlong,
+        overlong_reward=algo.overlong_reward,
+    )
+
+
 def eval_settings(cfg: Config, scoring: Scoring | None = None) -> EvalSettings:
     """How ``cfg``'s held-out evaluations run: its rollout section, reward and strata (``scoring``, or resolved
     from ``algo.reward`` / ``algo.stratum_key``), device and precision, and ``eval.batch_size``."""
-    scoring = scoring or Scoring.from_names(cfg.algo.reward, cfg.algo.stratum_key, cfg.algo.stratum_cap)
+    scoring = scoring or scoring_of(cfg)
     return EvalSettings(rollout=cfg.rollout, scoring=scoring, policy=cfg.device_policy, batch_size=cfg.eval.batch_size)
