@@ -85,6 +85,7 @@ RewardFn = Callable[..., "RewardResult | float"]
 BoundReward = Callable[[Trajectory], RewardResult]
 """A reward with its parameters bound (:func:`build_reward`): what the trainer calls."""
 _TYPES = (float, int, str, bool)
+_TYPE_WORDS = {float: "a number", int: "an integer", str: "a string", bool: "true or false"}
 
 
 def at_least(low: float) -> Check:
@@ -159,7 +160,8 @@ def _check_type(key: str, value: Any, expected: type | None) -> None:
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         ok = True
     if not ok:
-        raise RewardParamError(key, value, f"must be a {expected.__name__}", f"write a {expected.__name__} value")
+        words = _TYPE_WORDS[expected]
+        raise RewardParamError(key, value, f"must be {words}", f"write {words}")
 
 
 def check_reward_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -171,6 +171,7 @@ def _rl_step(run: RunState) -> dict[str, float]:
         return {
             **batch_metrics(collected),
             **faults,
+            "update/no_signal": float(not faults["update/skipped"]),
             **lag,
             **run.timer.pop(),
             "time/step": time.perf_counter() - step_start,
@@ -212,8 +213,8 @@ def _rl_step(run: RunState) -> dict[str, float]:
 
 def _trainable(run: RunState, collected: CollectedBatch, faults: dict[str, float]) -> bool:
     """Whether the step takes an optimizer step: not when faults skip it (the rewards are a broken retriever's or
-    judge's), when dynamic sampling kept fewer rollouts than trainer.mini_batches needs, or when every rollout
-    is overlong and masked out of the loss (nothing would be trained on)."""
+    judge's: ``update/skipped``), nor when there is nothing to train on (``update/no_signal``): dynamic sampling
+    kept fewer rollouts than trainer.mini_batches needs, or every rollout is overlong and masked out of the loss."""
     if faults["update/skipped"] or len(collected.rollouts) < run.settings.update.mini_batches:
         return False
     return not (run.settings.step.mask_overlong and all(collected.overlong))
@@ -235,7 +236,7 @@ def _collect_informative(run: RunState, capture: int | None) -> tuple[CollectedB
     are made; kept groups beyond ``prompts_per_step`` are left out. Every prompt comes from the run's sampler, so
     a resumed run draws the same ones. A collection whose faults skip the update skips the step."""
     settings = run.settings.step
-    target, kept = settings.prompts_per_step, []
+    target, kept, totals = settings.prompts_per_step, [], []
     seen = dropped = drawn = attempts = num_kept = 0
     faults: dict[str, float] = {}
     while attempts < settings.dynamic_sampling_attempts and num_kept < target:
@@ -245,12 +246,15 @@ def _collect_informative(run: RunState, capture: int | None) -> tuple[CollectedB
         if faults["update/skipped"]:
             return collected, {**faults, **dynsample_metrics(attempts, seen, dropped, num_kept, target, drawn)}
         groups = informative_groups(collected)
+        totals.extend(collected.rewards)
         seen += len(set(collected.group_ids))
         dropped += len(set(collected.group_ids)) - len(groups)
         take = groups[: target - num_kept]
         kept.append(keep_groups(collected, take, first_id=num_kept))
         num_kept += len(take)
-    return concat_batches(kept), {**faults, **dynsample_metrics(attempts, seen, dropped, num_kept, target, drawn)}
+    metrics = dynsample_metrics(attempts, seen, dropped, num_kept, target, drawn)
+    metrics["dynsample/reward_mean_sampled"] = sum(totals) / max(1, len(totals))  # reward/mean: the kept groups'
+    return concat_batches(kept), {**faults, **metrics}
 
 
 def _collect_once(run: RunState, capture: int | None, num_prompts: int) -> tuple[CollectedBatch, dict[str, float]]:
