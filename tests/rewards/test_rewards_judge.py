@@ -27,7 +27,7 @@ class Stub:
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802  the http.server API
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 stub.requests.append({"path": self.path, **body})
                 stub.headers.append(dict(self.headers))

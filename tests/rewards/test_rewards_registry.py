@@ -144,7 +144,11 @@ def test_params_are_completed_with_defaults_and_ints_read_as_floats():
 @pytest.mark.parametrize(
     ("overrides", "field", "words"),
     [
-        (["algo.reward_params={format_score: 1.5}", "algo.reward=em_format"], "algo.reward_params.format_score", "[0, 1)"),
+        (
+            ["algo.reward_params={format_score: 1.5}", "algo.reward=em_format"],
+            "algo.reward_params.format_score",
+            "[0, 1)",
+        ),
         (["algo.reward=em_fromat"], "algo.reward", "did you mean 'em_format'"),
         (["algo.reward=judge"], "algo.reward_params.url", "needs it"),
         (["algo.reward=pkg.mod:fn", "algo.reward_params={tool_call_cost: 0.1}"], "algo.reward_params", "no parameters"),
