@@ -185,9 +185,17 @@ def check_reward_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
         if key in entry.checks:
             predicate, rule = entry.checks[key]
             if not predicate(value):
-                raise RewardParamError(key, value, rule, f"pick a value that {rule.replace('must ', '', 1)}")
+                raise RewardParamError(key, value, rule, f"use a value that {_as_statement(rule)}")
         out[key] = float(value) if _type_of(entry.fn, key) is float else value
     return out
+
+
+def _as_statement(rule: str) -> str:
+    """``must be >= 0`` -> ``is >= 0``, ``must lie in [0, 1)`` -> ``lies in [0, 1)`` (for the fix of an error)."""
+    for must, verb in (("must be ", "is "), ("must lie ", "lies "), ("must name ", "names ")):
+        if rule.startswith(must):
+            return verb + rule[len(must) :]
+    return "meets the rule: " + rule
 
 
 def as_result(value: RewardResult | float, name: str) -> RewardResult:
