@@ -7,6 +7,7 @@ model, data and retriever for the same config.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -31,6 +32,7 @@ from stratarl.models import (
 from stratarl.retrieval.base import Retriever
 from stratarl.retrieval.corpus import load_corpus
 from stratarl.retrieval.factory import build_retriever
+from stratarl.rewards import build_reward
 from stratarl.rollout.collect import Scoring
 from stratarl.trainer.config import Config, ModelConfig
 from stratarl.trainer.synthetic import load_synthetic_task
@@ -200,7 +202,9 @@ def scoring_of(cfg: Config) -> Scoring:
 
 
 def eval_settings(cfg: Config, scoring: Scoring | None = None) -> EvalSettings:
-    """How ``cfg``'s held-out evaluations run: its rollout section, reward and strata (``scoring``, or resolved
-    from ``algo.reward`` / ``algo.stratum_key``), device and precision, and ``eval.batch_size``."""
-    scoring = scoring or scoring_of(cfg)
+    """How ``cfg``'s held-out evaluations run: its rollout section, strata (``scoring``, or resolved from
+    ``algo.stratum_key``), device and precision, and ``eval.batch_size``. An eval scores EM / SubEM / F1 itself
+    (stratarl.evaluation.greedy.score_rollout) and never reads the reward, so its scoring's reward is plain EM:
+    a judge reward is never asked about held-out questions."""
+    scoring = dataclasses.replace(scoring or scoring_of(cfg), reward=build_reward("em"))
     return EvalSettings(rollout=cfg.rollout, scoring=scoring, policy=cfg.device_policy, batch_size=cfg.eval.batch_size)

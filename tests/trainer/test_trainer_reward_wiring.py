@@ -180,3 +180,18 @@ def test_a_reward_fault_is_never_trained_on(run, spy, own_rewards):
     assert spy["batch"] is None and metrics["update/skipped"] == 1.0
     assert metrics["retrieval/faulty_rollout_frac"] == 1.0 and metrics["reward/faulty_rollouts"] == 16.0
     assert "ConnectionRefusedError" in run.reward_fault
+
+
+def test_an_eval_never_asks_the_judge():
+    # The eval scores EM / SubEM / F1 itself; its scoring's reward is EM, so no request reaches the (absent) judge.
+    from stratarl.trainer.setup import eval_settings, scoring_of
+
+    cfg = load_config(
+        None, ["algo.reward=judge", "algo.reward_params.url=http://127.0.0.1:9", "algo.stratum_key=answered"]
+    )
+    answered = Trajectory(response_text="<answer>Ada</answer>", answer="Ada", golds=("Ada",))
+    with pytest.raises(RewardFault):
+        scoring_of(cfg).reward(answered)  # the run's own reward does ask, and nothing listens there
+    settings = eval_settings(cfg)
+    assert settings.scoring.reward(answered).total == 1.0
+    assert settings.scoring.stratum is not None and settings.scoring.overlong == "keep"
