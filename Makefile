@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.stamp
 VENV_VERL ?= .venv-verl
 PY_VERL   := $(VENV_VERL)/bin/python
 
-.PHONY: demo lint test test-fast test-verl bench bench-synth bench-trl evidence tables clean-venv
+.PHONY: demo lint test test-fast test-verl phantomwiki bench bench-synth bench-trl evidence tables clean-venv
 
 $(STAMP): pyproject.toml requirements/ci.txt requirements/no-deps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,24 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-test: lint $(STAMP) $(VENV_VERL)/.stamp
+# PhantomWiki's generator (docs/benchmarks.md) needs Python >= 3.12 and SWI-Prolog: its own environment, built
+# with the first Python >= 3.12 found (PATH, then pyenv's versions; PYTHON312=... to choose), and Debian's
+# swi-prolog-nox when `swipl` is missing (apt-get: root, as CI runs).
+VENV_PHANTOM ?= .venv-phantom
+PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3 python3.13 $$HOME/.pyenv/versions/3.13*/bin/python3; do \
+	$$p -c 'import sys; assert sys.version_info >= (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
+$(VENV_PHANTOM)/.stamp: requirements/phantomwiki.txt
+	@test -n "$(PYTHON312)" || { echo "PhantomWiki needs Python >= 3.12: none found on PATH or in pyenv. Fix: install one and run make PYTHON312=/path/to/python3.12 phantomwiki"; exit 2; }
+	@command -v swipl >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends swi-prolog-nox; } || { echo "PhantomWiki needs SWI-Prolog. Fix: apt-get install swi-prolog-nox (as root)"; exit 2; }
+	test -x $(VENV_PHANTOM)/bin/python || $(PYTHON312) -m venv $(VENV_PHANTOM)
+	$(VENV_PHANTOM)/bin/python -m pip install -q --upgrade pip
+	$(VENV_PHANTOM)/bin/python -m pip install -q --no-deps -r requirements/phantomwiki.txt
+	$(VENV_PHANTOM)/bin/phantom-wiki-generate --help >/dev/null
+	touch $(VENV_PHANTOM)/.stamp
+
+phantomwiki: $(VENV_PHANTOM)/.stamp
+
+test: lint $(STAMP) $(VENV_VERL)/.stamp $(VENV_PHANTOM)/.stamp
 	$(PY) -m pytest -n 2 --dist loadgroup -q
 	$(PY_VERL) -m pytest tests/verl -q -p no:cacheprovider
 
@@ -78,4 +95,4 @@ tables: $(STAMP)
 	$(PY) benchmarks/evidence/tables.py
 
 clean-venv:
-	rm -rf $(VENV) $(VENV_VERL) $(VENV_TRL)
+	rm -rf $(VENV) $(VENV_VERL) $(VENV_TRL) $(VENV_PHANTOM)

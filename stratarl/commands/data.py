@@ -1,4 +1,4 @@
-"""`stratarl data synth | convert | inspect`: build, convert and look at question files."""
+"""`stratarl data synth | phantomwiki | convert | inspect`: build, convert and look at question files."""
 
 from __future__ import annotations
 
@@ -75,6 +75,31 @@ def register(subparsers) -> None:
     convert.add_argument("--format", default=None, metavar="NAME", help=_FORMAT_HELP)
     convert.set_defaults(func=_convert)
 
+    phantom = commands.add_parser(
+        "phantomwiki",
+        help="generate PhantomWiki universes (the published generator) in the Search-R1 layout",
+        description="Run PhantomWiki's generator (phantom-wiki 1.0.3, MIT; Gong et al., ICML 2025) once per seed "
+        "and write each universe as OUT/u<seed>/: corpus.jsonl, questions.parquet (every correct answer a gold; "
+        "difficulty and template type in metadata), universe.json. Needs `make phantomwiki` (docs/benchmarks.md).",
+    )
+    phantom.add_argument("--out", required=True, help="output folder (one sub-folder per universe)")
+    phantom.add_argument("--seeds", required=True, help="universe seeds: 7, 1,4,9 or 101-108")
+    phantom.add_argument(
+        "--test-seeds",
+        default=None,
+        help="held-out universes: also generated, their questions in OUT/test.parquet (OUT/corpus.jsonl holds every "
+        "universe's articles, OUT/train.parquet the --seeds universes' questions)",
+    )
+    phantom.add_argument("--max-tree-size", type=int, default=50, help="people per family tree (default 50)")
+    phantom.add_argument("--num-trees", type=int, default=2, help="family trees per universe (default 2)")
+    phantom.add_argument(
+        "--questions-per-type", type=int, default=5, help="questions of each template type (default 5)"
+    )
+    phantom.add_argument("--question-depth", type=int, default=None, help="the generator's --question-depth")
+    phantom.add_argument("--easy-mode", action="store_true", help="the generator's --easy-mode")
+    phantom.add_argument("--no-raw", action="store_true", help="drop the generator's own files (OUT/u<seed>/raw)")
+    phantom.set_defaults(func=_phantomwiki)
+
     inspect = commands.add_parser("inspect", help="counts per data_source / split / question type and a few rows")
     inspect.add_argument("file", help="a question file or a corpus .jsonl")
     inspect.add_argument("--rows", type=int, default=3, help="rows to print (default 3)")
@@ -123,6 +148,64 @@ def _synth(args: argparse.Namespace) -> int:
     )
     for name, path in paths.items():
         print(f"  {name:7s} {path}")
+    return 0
+
+
+def _phantomwiki(args: argparse.Namespace) -> int:
+    from stratarl.data.phantomwiki import (
+        PhantomWikiError,
+        UniverseSpec,
+        build_universe,
+        combine_universes,
+        parse_seeds,
+    )
+
+    try:
+        train_seeds = parse_seeds(args.seeds)
+        test_seeds = parse_seeds(args.test_seeds) if args.test_seeds else []
+        shared = sorted(set(train_seeds) & set(test_seeds))
+        if shared:
+            raise ValueError(f"seed {shared[0]} is in both --seeds and --test-seeds: a test universe must be unseen")
+        seeds = train_seeds + test_seeds
+        specs = [
+            UniverseSpec(
+                seed=seed,
+                max_tree_size=args.max_tree_size,
+                num_trees=args.num_trees,
+                questions_per_type=args.questions_per_type,
+                question_depth=args.question_depth,
+                easy_mode=args.easy_mode,
+            )
+            for seed in seeds
+        ]
+    except ValueError as error:
+        return print_error(f"{error} (see `stratarl data phantomwiki --help`)")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        return print_error(f"--out {args.out} is a file, not a folder. Fix: pass a folder path")
+    for spec in specs:
+        try:
+            done = build_universe(spec, out / f"u{spec.seed}", keep_raw=not args.no_raw)
+        except PhantomWikiError as error:
+            return print_error(str(error))
+        per_difficulty = ", ".join(f"d{d}: {n}" for d, n in done["per_difficulty"].items())
+        print(
+            f"{done['universe']}: {done['articles']} articles, {done['questions']} questions ({per_difficulty}) "
+            f"in {done['seconds']:.1f}s -> {done['path']}",
+            flush=True,
+        )
+    try:
+        summary = combine_universes(
+            [out / f"u{seed}" for seed in train_seeds], [out / f"u{seed}" for seed in test_seeds], out
+        )
+    except PhantomWikiError as error:
+        return print_error(str(error))
+    test = f", test {summary['test']['questions']} questions" if test_seeds else ""
+    files = "train.parquet, test.parquet" if test_seeds else "train.parquet"
+    print(
+        f"run data: {summary['articles']} articles; train {summary['train']['questions']} questions{test} -> "
+        f"{out}/corpus.jsonl, {files}"
+    )
     return 0
 
 

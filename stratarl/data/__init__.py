@@ -1,4 +1,4 @@
-"""Datasets (registered formats: Search-R1, MedQA, MedMCQA, yours), the synthetic knowledge base, model loading.
+"""Datasets (registered formats: Search-R1, MedQA, MedMCQA, PhantomWiki, yours), the synthetic knowledge base, model loading.
 
 Model loading lives in ``stratarl.models`` (imports torch); it is not re-exported here.
 """
@@ -6,6 +6,7 @@ Model loading lives in ``stratarl.models`` (imports torch); it is not re-exporte
 from stratarl.data.examples import Example
 from stratarl.data.formats import dataset_format_names, register_dataset_format
 from stratarl.data.multiple_choice import medmcqa_example, medqa_example  # registers the medqa and medmcqa formats
+from stratarl.data.phantomwiki import phantomwiki_example  # registers the phantomwiki format
 from stratarl.data.search_r1 import (
     DatasetFormatError,
     extract_question,
@@ -29,6 +30,7 @@ __all__ = [
     "load_examples",
     "medmcqa_example",
     "medqa_example",
+    "phantomwiki_example",
     "register_dataset_format",
     "search_r1_example",
     "write_examples",

@@ -25,7 +25,7 @@ from stratarl.infra.progress import progress
 from stratarl.infra.threads import step_threads
 from stratarl.retrieval.base import Retriever
 from stratarl.retrieval.timed import TimedRetriever
-from stratarl.rewards import SOURCE_REWARDS, answer_match, f1_score, sub_exact_match
+from stratarl.rewards import answer_scores
 from stratarl.rollout.backends import make_generator
 from stratarl.rollout.collect import Question, Scoring, collect, scored_transcript
 from stratarl.rollout.config import RolloutConfig
@@ -46,16 +46,11 @@ class EvalSettings:
 
 
 def score_rollout(rollout, example: Question) -> dict[str, float]:
-    """EM / SubEM / F1 of one rollout's final answer (0 when it never answered). For a multiple-choice
-    source all three are the multiple-choice match (the letter or the option text)."""
+    """EM / SubEM / F1 of one rollout's final answer (0 when it never answered), as its data source defines them
+    (``stratarl.rewards.answer_scores``: multiple choice by letter or option text, PhantomWiki by answer sets)."""
     answer = rollout.answer if rollout.answered else None
-    golds = example.golden_answers
-    em = float(answer is not None and answer_match(example.data_source, answer, golds))
-    multiple_choice = example.data_source in SOURCE_REWARDS
     return {
-        "em": em,
-        "subem": em if multiple_choice else float(answer is not None and sub_exact_match(answer, golds)),
-        "f1": em if multiple_choice else (float(f1_score(answer, golds)) if answer is not None else 0.0),
+        **answer_scores(example.data_source, answer, example.golden_answers),
         "searches": float(rollout.num_searches),
         "answered": float(rollout.answered),
     }

@@ -7,19 +7,15 @@ Two kinds of reward:
 - a registered reward (``register_reward``, ``build_reward``), a function of the rollout's ``Trajectory`` that
   returns its total, raw outcome and components: what ``algo.reward`` / ``algo.reward_params`` name
   (stratarl.rewards.registry; the built-in ones in stratarl.rewards.builtin and stratarl.rewards.judge).
+
+Some data sources score answers their own way whatever the run's reward is (multiple choice by letter;
+PhantomWiki by answer sets, :mod:`stratarl.rewards.phantomwiki`): ``reward_for_source`` and ``answer_scores``
+(stratarl.rewards.sources) pick that scoring by ``data_source``, as Search-R1's ``_select_rm_score_fn`` picks
+its scorer.
 """
 
-from collections.abc import Sequence
-
 from stratarl.rewards import judge as _judge  # noqa: F401  registers the judge reward
-from stratarl.rewards.builtin import (
-    ANSWER_SCORERS,
-    MULTIPLE_CHOICE_SOURCES,
-    SOURCE_REWARDS,
-    reward_for_source,
-    shaped,
-    text_reward,
-)
+from stratarl.rewards.builtin import ANSWER_SCORERS, shaped, text_reward
 from stratarl.rewards.formats import (
     RewardFn,
     extract_choice_letter,
@@ -52,16 +48,17 @@ from stratarl.rewards.registry import (
     register_reward,
     reward_names,
 )
+from stratarl.rewards.sources import (
+    MULTIPLE_CHOICE_SOURCES,
+    SET_SCORED_SOURCES,
+    SOURCE_REWARDS,
+    answer_match,
+    answer_scores,
+    reward_for_source,
+)
 
 REWARDS: dict[str, RewardFn] = dict(ANSWER_SCORERS)
 """The answer scores by name (what ``get_reward`` returns)."""
-
-
-def answer_match(data_source: str, prediction: str, golds: str | Sequence[str]) -> float:
-    """1.0 if an extracted answer is right: the multiple-choice match for multiple-choice sources, else EM."""
-    if data_source in SOURCE_REWARDS:
-        return multiple_choice_match(prediction, golds)
-    return exact_match(prediction, golds)
 
 
 def get_reward(name: str) -> RewardFn:
@@ -75,6 +72,7 @@ def get_reward(name: str) -> RewardFn:
 __all__ = [
     "MULTIPLE_CHOICE_SOURCES",
     "REWARDS",
+    "SET_SCORED_SOURCES",
     "SOURCE_REWARDS",
     "BoundReward",
     "RewardFault",
@@ -83,6 +81,7 @@ __all__ = [
     "RewardResult",
     "Trajectory",
     "answer_match",
+    "answer_scores",
     "as_result",
     "at_least",
     "build_reward",

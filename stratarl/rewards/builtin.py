@@ -4,8 +4,9 @@
     total = answer score [gated by the format]  -  invalid_action_penalty x invalid actions
                                                 -  tool_call_cost x tool calls
 
-The answer score is the one the name says, except for a multiple-choice data source (medqa, medmcqa,
-synthetic_mc), which is always scored by letter or option text, as Search-R1 picks its scorer by data_source.
+The answer score is the one the name says, except for a data source that scores answers its own way
+(stratarl.rewards.sources.reward_for_source): a multiple-choice source (medqa, medmcqa, synthetic_mc) by letter or
+option text, PhantomWiki by answer sets, as Search-R1 picks its scorer by data_source.
 The format gate is ``make_format_reward`` (our reading of Search-R1's ``qa_em_format``): a valid tag sequence
 earns ``format_score`` even with a wrong answer, an invalid one loses it from a right answer. With both shaping
 terms at 0 (their defaults) each reward is exactly its answer score, the reward of earlier releases.
@@ -29,20 +30,12 @@ from stratarl.rewards.registry import (
     in_range,
     register_reward,
 )
+from stratarl.rewards.sources import reward_for_source
 
 TextReward = Callable[[str, Sequence[str]], float]
 
-MULTIPLE_CHOICE_SOURCES = ("medqa", "medmcqa", "synthetic_mc")
-SOURCE_REWARDS: dict[str, TextReward] = dict.fromkeys(MULTIPLE_CHOICE_SOURCES, multiple_choice_reward)
-"""Rewards chosen by an example's data_source, as Search-R1's ``_select_rm_score_fn`` chooses its scorer."""
-
 SHAPING_CHECKS = {"invalid_action_penalty": at_least(0.0), "tool_call_cost": at_least(0.0)}
 FORMAT_CHECKS = {**SHAPING_CHECKS, "format_score": in_range(0.0, 1.0, high_open=True)}
-
-
-def reward_for_source(data_source: str, default: TextReward) -> TextReward:
-    """The reward of ``data_source`` (``SOURCE_REWARDS``), else ``default``."""
-    return SOURCE_REWARDS.get(data_source, default)
 
 
 def shaped(

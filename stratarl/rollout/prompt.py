@@ -21,11 +21,31 @@ SHORT_TEMPLATE = (
     "Answer the question. Search with <search> query </search> as often as you need; the results come "
     "between <information> and </information>. Answer with <answer> name </answer>. Question: {question}\n"
 )
-PROMPT_TEMPLATES = {"search_r1": SEARCH_R1_TEMPLATE, "short": SHORT_TEMPLATE}
+# PhantomWiki (docs/benchmarks.md): Search-R1's template plus how to give several answers, since a PhantomWiki
+# question lists every correct answer and is scored on the set (stratarl.rewards.phantomwiki).
+MULTI_ANSWER_NOTE = (
+    "If there are several correct answers, give them all inside one answer, separated by commas, "
+    "e.g. <answer> Eli Smock, Gene Smock </answer>. "
+)
+PHANTOMWIKI_TEMPLATE = SEARCH_R1_TEMPLATE.replace("Question: {question}", MULTI_ANSWER_NOTE + "Question: {question}")
+# The closed-book baseline: the same answer format, no search engine (run with rollout.max_turns 0).
+CLOSED_BOOK_TEMPLATE = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first. Then provide the "
+    "answer inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    + MULTI_ANSWER_NOTE
+    + "Question: {question}\n"
+)
+PROMPT_TEMPLATES = {
+    "search_r1": SEARCH_R1_TEMPLATE,
+    "short": SHORT_TEMPLATE,
+    "phantomwiki": PHANTOMWIKI_TEMPLATE,
+    "closed_book": CLOSED_BOOK_TEMPLATE,
+}
 
 
 def resolve_template(template: str) -> str:
-    """A template by name (``search_r1``, ``short``) or a literal template containing ``{question}``."""
+    """A template by name (``search_r1``, ``short``, ``phantomwiki``, ``closed_book``) or a literal template
+    containing ``{question}``."""
     if template in PROMPT_TEMPLATES:
         return PROMPT_TEMPLATES[template]
     if "{question}" not in template:

@@ -21,6 +21,7 @@ from stratarl.rewards import (
     make_format_reward,
     multiple_choice_reward,
     register_reward,
+    reward_for_source,
     reward_names,
 )
 from stratarl.rewards import registry as reward_registry
@@ -46,10 +47,11 @@ def _traj(text: str, golds=("Paris",), **kwargs) -> Trajectory:
 
 
 @pytest.mark.parametrize("name", ["em", "subem", "f1", "multiple_choice"])
-@pytest.mark.parametrize("source", ["nq", "synthetic", "medqa"])
+@pytest.mark.parametrize("source", ["nq", "synthetic", "medqa", "phantomwiki"])
 def test_defaults_are_the_answer_scores_bit_for_bit(name, source):
     # The reward of earlier releases: reward_for_source(source, REWARDS[name])(text, golds).
-    old = multiple_choice_reward if source == "medqa" else REWARDS[name]
+    old = reward_for_source(source, REWARDS[name])
+    assert (old is multiple_choice_reward) == (source == "medqa" or name == "multiple_choice")
     reward = build_reward(name)
     for text in TEXTS:
         for golds in GOLDS:
