@@ -227,22 +227,25 @@ def _collect(run: RunState, capture: int | None) -> tuple[CollectedBatch, dict[s
     run.reward_fault = ""
     if settings.dynamic_sampling:
         return _collect_informative(run, capture)
-    return _collect_once(run, capture, settings.prompts_per_step)
+    return _collect_once(run, capture, settings.prompts_per_step, run.settings.update.mini_batches)
 
 
 def _collect_informative(run: RunState, capture: int | None) -> tuple[CollectedBatch, dict[str, float]]:
     """Dynamic sampling: collect, drop the groups whose raw outcome is constant (stratarl.trainer.dynamic), and
     collect more prompts until ``prompts_per_step`` groups are kept or ``dynamic_sampling_attempts`` collections
     are made; kept groups beyond ``prompts_per_step`` are left out. Every prompt comes from the run's sampler, so
-    a resumed run draws the same ones. A collection whose faults skip the update skips the step."""
+    a resumed run draws the same ones. A collection where more than retrieval.max_failed_fraction of the rollouts
+    are faulty skips the step; ``retrieval/faulty_rollout_frac`` is the share over every collection."""
     settings = run.settings.step
     target, kept, totals = settings.prompts_per_step, [], []
     seen = dropped = drawn = attempts = num_kept = 0
-    faults: dict[str, float] = {}
+    faulty = 0.0
     while attempts < settings.dynamic_sampling_attempts and num_kept < target:
         size = refill_size(target - num_kept, num_kept, seen, target)
         attempts, drawn = attempts + 1, drawn + size
-        collected, faults = _collect_once(run, capture, size)
+        # mini_batches 0: a small refill is never too small; _trainable checks the kept batch's size.
+        collected, faults = _collect_once(run, capture, size, mini_batches=0)
+        faulty += faults["retrieval/faulty_rollout_frac"] * size
         if faults["update/skipped"]:
             return collected, {**faults, **dynsample_metrics(attempts, seen, dropped, num_kept, target, drawn)}
         groups = informative_groups(collected)
@@ -254,11 +257,14 @@ def _collect_informative(run: RunState, capture: int | None) -> tuple[CollectedB
         num_kept += len(take)
     metrics = dynsample_metrics(attempts, seen, dropped, num_kept, target, drawn)
     metrics["dynsample/reward_mean_sampled"] = sum(totals) / max(1, len(totals))  # reward/mean: the kept groups'
-    return concat_batches(kept), {**faults, **metrics}
+    return concat_batches(kept), {"retrieval/faulty_rollout_frac": faulty / drawn, "update/skipped": 0.0, **metrics}
 
 
-def _collect_once(run: RunState, capture: int | None, num_prompts: int) -> tuple[CollectedBatch, dict[str, float]]:
-    """``num_prompts`` prompts' rollouts without the faulty ones, and the fault metrics."""
+def _collect_once(
+    run: RunState, capture: int | None, num_prompts: int, mini_batches: int
+) -> tuple[CollectedBatch, dict[str, float]]:
+    """``num_prompts`` prompts' rollouts without the faulty ones, and the fault metrics (too few clean rollouts
+    for ``mini_batches`` skip the update too)."""
     settings = run.settings.step
     examples = [run.task.train[i] for i in run.sampler.next(num_prompts)]
     collected = run.parts.collect(
@@ -276,7 +282,7 @@ def _collect_once(run: RunState, capture: int | None, num_prompts: int) -> tuple
     run.timer.add("retrieval", collected.retrieval_s)
     faulty = faulty_rollouts(collected.rollouts, collected.reward_faults)
     run.reward_fault = next((fault for fault in collected.reward_faults if fault), run.reward_fault)  # for the stop
-    faults = fault_metrics(faulty, settings.max_failed_fraction, run.settings.update.mini_batches)
+    faults = fault_metrics(faulty, settings.max_failed_fraction, mini_batches)
     if any(faulty) and not faults["update/skipped"]:
         collected = without_rollouts(collected, faulty)
     return collected, faults

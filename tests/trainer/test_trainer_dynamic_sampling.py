@@ -38,7 +38,7 @@ def fake_collect(generator, retriever, tokenizer, examples, rollout, scoring, *,
         group_ids += [g] * group_size
         flat += [example] * group_size
     n = len(flat)
-    rollouts = [SimpleNamespace(tool_errors=0, response_mask=[1]) for _ in range(n)]
+    rollouts = [SimpleNamespace(tool_errors=int(getattr(e, "faulty", False)), response_mask=[1]) for e in flat]
     return CollectedBatch(
         rollouts, flat, group_ids, totals, outcomes, [0] * n, 1.0, 0.5,
         outcomes=outcomes, components=[{"answer": o} for o in outcomes], reward_faults=[""] * n, overlong=[False] * n,
@@ -149,3 +149,36 @@ def test_keep_groups_and_concat_renumber_and_stay_aligned():
     both = concat_batches([kept, keep_groups(batch, [1], first_id=7)])
     assert both.group_ids == [6, 6, 5, 5, 7, 7] and len(both.outcomes) == len(both.rollouts) == 6
     assert both.generation_s == 2.0 and both.retrieval_s == 1.0
+
+
+class ScriptedSampler:
+    """Hands out the given index lists in order (a stand-in for the data sampler)."""
+
+    def __init__(self, *draws: list[int]) -> None:
+        self.draws = list(draws)
+
+    def next(self, k: int) -> list[int]:
+        draw = self.draws.pop(0)
+        assert len(draw) == k, (draw, k)
+        return draw
+
+
+def test_faults_over_the_refills_are_one_share_and_a_small_refill_is_never_too_small():
+    # Attempt 1 draws [0, 1]; prompt 1's rollouts failed (2 of 4: share 0.5, not above 0.5): prompt 0 is kept.
+    # Attempt 2 draws refill_size(1, 1, 1, 2) = 1 prompt, [3]: kept. Faulty share (0.5 x 2 + 0 x 1) / 3 = 1/3.
+    run = _run(prompts=2, attempts=3)
+    run.settings.update.mini_batches = 4  # more than the refill's 2 rollouts: no skip for that
+    run.task.train = [SimpleNamespace(index=i, id=str(i), faulty=i == 1) for i in range(6)]
+    run.sampler = ScriptedSampler([0, 1], [3])
+    collected, metrics = _collect(run, None)
+    assert [e.index for e in collected.examples[::G]] == [0, 3]
+    assert metrics["update/skipped"] == 0.0 and metrics["retrieval/faulty_rollout_frac"] == pytest.approx(1 / 3)
+
+
+def test_a_collection_with_too_many_faults_skips_the_step():
+    run = _run(prompts=2, attempts=3)
+    run.task.train = [SimpleNamespace(index=i, id=str(i), faulty=i in (0, 1)) for i in range(6)]
+    run.sampler = ScriptedSampler([0, 1])
+    _, metrics = _collect(run, None)
+    assert metrics["update/skipped"] == 1.0 and metrics["retrieval/faulty_rollout_frac"] == 1.0
+    assert metrics["dynsample/attempts"] == 1.0
