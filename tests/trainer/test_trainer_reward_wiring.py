@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,34 @@ def test_an_eval_never_asks_the_judge():
     settings = eval_settings(cfg)
     assert settings.scoring.reward(answered).total == 1.0
     assert settings.scoring.stratum is not None and settings.scoring.overlong == "keep"
+
+
+USER_REWARD = """
+from stratarl.rewards import RewardResult, Trajectory, at_least, register_reward
+
+@register_reward("parity_and_length", checks={"per_char": at_least(0.0)})
+def parity_and_length(trajectory: Trajectory, *, per_char: float = 0.0) -> RewardResult:
+    parity = float(len(trajectory.response_text) % 2 == 0)
+    length = -per_char * len(trajectory.response_text)
+    return RewardResult(total=parity + length, outcome=parity, components={"parity": parity, "length": length})
+"""
+
+
+@pytest.mark.slow
+def test_a_users_reward_trains_from_the_command_line_with_import(tmp_path, stratarl_cli):
+    plugin = tmp_path / "my_reward.py"
+    plugin.write_text(USER_REWARD)
+    run_dir = tmp_path / "run"
+    common = [f"data.synthetic.cache_dir={tmp_path / 'kb'}", "trainer.steps=1", "logging.tensorboard=false"]
+    out = stratarl_cli(
+        "train", TINY, "--import", plugin, "algo.reward=parity_and_length", "algo.reward_params.per_char=0.001",
+        *common, "--run-dir", run_dir,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    (row,) = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "reward/mean" in r]
+    assert row["reward/parity_mean"] + row["reward/length_mean"] == pytest.approx(row["reward/mean"])
+    assert row["reward/length_mean"] < 0 and row["reward/outcome_mean"] == row["reward/parity_mean"]
+    bad = stratarl_cli(
+        "train", TINY, "--import", plugin, "algo.reward=parity_and_length", "algo.reward_params.per_char=-1"
+    )
+    assert bad.returncode == 2 and "`algo.reward_params.per_char` = -1" in bad.stderr and "Traceback" not in bad.stderr
