@@ -158,4 +158,6 @@ def format_step_line(step: int, total: int, m: dict[str, Any]) -> str:
         f"gnorm {g('optim/grad_norm', '{:.2f}')} | {g('time/step', '{:.1f}')}s | "
         f"{g('perf/update_tokens_per_s', '{:.0f}')} tok/s"
         + (" | no update (retrieval faults)" if m.get("update/skipped") else "")
+        + (" | no update (nothing to train on)" if m.get("update/no_signal") else "")
+        + (f" | kept {g('dynsample/kept_groups', '{:.0f}')} groups" if "dynsample/kept_groups" in m else "")
     )

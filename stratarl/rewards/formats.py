@@ -58,6 +58,10 @@ def make_format_reward(base: RewardFn = em_reward, format_score: float = 0.2) ->
 
     correct and valid -> base; correct and invalid -> base - format_score;
     wrong and valid -> format_score; wrong and invalid -> 0.
+
+    A partial score s in (0, 1) (token F1) is blended the same way, so that a partly right answer never earns
+    less than a wrong one in the same format: valid -> format_score + (1 - format_score) s, invalid ->
+    (1 - format_score) s. At s = 0 and s = 1 this is the table above.
     """
     if not 0.0 <= format_score <= 1.0:
         raise ValueError(f"format_score must be in [0, 1], got {format_score}")
@@ -65,9 +69,11 @@ def make_format_reward(base: RewardFn = em_reward, format_score: float = 0.2) ->
     def reward(response_text: str, golds: Sequence[str]) -> float:
         score = base(response_text, golds)
         valid = is_valid_format(response_text)
-        if score > 0:
-            return score if valid else score - format_score
-        return format_score if valid else 0.0
+        if score <= 0 or score >= 1:  # Search-R1's table, exactly
+            if score > 0:
+                return score if valid else score - format_score
+            return format_score if valid else 0.0
+        return format_score + (1.0 - format_score) * score if valid else (1.0 - format_score) * score
 
     return reward
 

@@ -3,92 +3,51 @@
 ``collect`` runs G rollouts for each question with the real engine and a ``TimedRetriever`` (so generation
 and retrieval time are reported apart), rewards each final answer and gives each rollout its stratum.
 Groups get fresh ids per question occurrence in the batch, never the dataset's index (docs/compatibility.md).
-``Scoring`` is the reward and the stratum key, resolved once per run from their names.
+``Scoring`` (stratarl.rollout.scoring) is the reward, the overlong rule and the stratum key. Each rollout keeps
+its reward's total, its raw outcome (the answer score before shaping) and its components; a reward that cannot
+score a rollout (``RewardFault``: an unreachable judge) marks it faulty instead (``reward_faults``).
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from stratarl.algos.gigpo import anchor_state
-from stratarl.algos.turns import search_counts
-from stratarl.infra.callables import resolve_callable
 from stratarl.retrieval.timed import TimedRetriever
-from stratarl.rewards import answer_match, get_reward, reward_for_source
+from stratarl.rewards import answer_match
 from stratarl.rollout.config import RolloutConfig
 from stratarl.rollout.engine import Rollout, RolloutEngine
 from stratarl.rollout.generation import Generator
 from stratarl.rollout.prompt import build_prompt, encode_messages, resolve_template
 from stratarl.rollout.protocols import ToolProtocol, make_protocol
+from stratarl.rollout.scoring import (
+    OVERLONG_RULES,
+    STRATUM_KEYS,
+    TOOL_CALLS_RE,
+    OverlongRule,
+    Question,
+    Scoring,
+    is_overlong,
+    is_stratum_key,
+    named_tools,
+    reward_function,
+    score_rollout,
+    stratum_function,
+    trajectory_of,
+)
 from stratarl.rollout.transcript import rollout_metrics, tool_metrics, transcript
-
-STRATUM_KEYS = ("num_searches", "observation_blocks", "answered", "random", "tool_calls")
-"""Built-in stratum keys (``algo.stratum_key``); ``random`` is the control the trainer draws from num_searches.
-``tool_calls`` counts the calls of every tool; ``tool_calls[open,search]`` those of the tools named."""
-TOOL_CALLS_RE = re.compile(r"tool_calls\[\s*(\w+(?:\s*,\s*\w+)*)\s*\]")
-
-
-def is_stratum_key(key: str) -> bool:
-    """A built-in stratum key, ``tool_calls[name, ...]``, or ``module:function``."""
-    return key in STRATUM_KEYS or TOOL_CALLS_RE.fullmatch(key) is not None or ":" in key
-
-
-def named_tools(key: str) -> list[str] | None:
-    """The tools a ``tool_calls[...]`` stratum key counts (None: not such a key)."""
-    match = TOOL_CALLS_RE.fullmatch(key)
-    return [name.strip() for name in match.group(1).split(",")] if match else None
-
-
-class Question(Protocol):
-    """What a rollout needs of a question (``stratarl.data.examples.Example`` is one); read-only."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def question(self) -> str: ...
-
-    @property
-    def golden_answers(self) -> tuple[str, ...]: ...
-
-    @property
-    def data_source(self) -> str: ...
-
-    @property
-    def metadata(self) -> Mapping[str, Any]: ...
-
-    @property
-    def prompt(self) -> Sequence[Mapping[str, str]] | None: ...
-
-
-@dataclass(frozen=True)
-class Scoring:
-    """How collected rollouts are scored and stratified: ``reward(response_text, golds)`` (a data source with a
-    reward of its own keeps it, ``stratarl.rewards.reward_for_source``) and ``stratum(rollout) -> int``."""
-
-    reward: Callable[[str, Sequence[str]], float]
-    stratum: Callable[[Rollout], int]
-
-    @classmethod
-    def from_names(
-        cls, reward: str = "em", stratum_key: str = "num_searches", stratum_cap: int | None = None
-    ) -> Scoring:
-        """Resolve ``algo.reward`` and ``algo.stratum_key`` once. ``random`` collects the num_searches strata: the
-        trainer permutes them inside each group afterwards (the control arm)."""
-        key = "num_searches" if stratum_key == "random" else stratum_key
-        return cls(reward_function(reward), stratum_function(key, stratum_cap))
 
 
 @dataclass(frozen=True)
 class CollectedBatch:
-    """Rollouts of one step with their question, group id, reward, EM and stratum (all aligned)."""
+    """Rollouts of one step with their question, group id, reward, EM and stratum (all aligned), and per rollout
+    its raw outcome (the answer score before shaping), its reward's components, its reward fault ("" for none)
+    and whether it ran out of budget without an answer (``overlong``)."""
 
     rollouts: list[Rollout]
     examples: list[Question]
@@ -100,47 +59,10 @@ class CollectedBatch:
     retrieval_s: float
     tools: tuple[str, ...] = ("search",)
     """The run's tools (``rollout.tools``): each gets its ``tools/<name>/*`` metrics, called or not."""
-
-
-def stratum_function(key: str, stratum_cap: int | None) -> Callable[[Rollout], int]:
-    """Rollout -> integer stratum: number of searches (capped), tool calls (capped: every tool's, or the named
-    tools' with ``tool_calls[open]``), observation blocks (capped), answered, or a user function.
-
-    ``num_searches`` counts the calls of the ``search`` tool the engine ran (as Search-R1's retriever calls);
-    ``tool_calls`` counts calls that ran (not malformed or over-budget ones). ``observation_blocks`` is the definition the
-    veRL plugin must use, having only the response mask: the observation blocks between two policy turns
-    (``stratarl.algos.search_counts``), which also counts invalid-action feedback and misses an observation
-    after the last turn."""
-    if key == "num_searches":
-        return lambda r: min(r.num_searches, stratum_cap) if stratum_cap is not None else r.num_searches
-    if key == "observation_blocks":
-
-        def blocks(r) -> int:
-            count = int(search_counts(torch.tensor([r.response_mask], dtype=torch.long))[0]) if r.response_mask else 0
-            return min(count, stratum_cap) if stratum_cap is not None else count
-
-        return blocks
-    if key == "answered":
-        return lambda r: int(r.answered)
-    if key == "tool_calls" or named_tools(key) is not None:
-        tools = named_tools(key)  # None: every tool
-
-        def calls(r) -> int:
-            count = r.calls_of(tools)
-            return min(count, stratum_cap) if stratum_cap is not None else count
-
-        return calls
-    fn = resolve_callable(key, "algo.stratum_key", num_args=1)
-    seen: dict = {}
-    # Any hashable key becomes a stable small integer id.
-    return lambda r: seen.setdefault(fn(r), len(seen))
-
-
-def reward_function(name: str):
-    """A built-in reward by name (em, subem, f1) or ``package.module:function`` (response_text, golds) -> float."""
-    if ":" not in name:
-        return get_reward(name)
-    return resolve_callable(name, "algo.reward", num_args=2)
+    outcomes: list[float] = field(default_factory=list)
+    components: list[dict[str, float]] = field(default_factory=list)
+    reward_faults: list[str] = field(default_factory=list)
+    overlong: list[bool] = field(default_factory=list)
 
 
 def encode_prompts(
@@ -208,15 +130,45 @@ def collect(
     rollouts = engine.run(flat_prompts, capture_layer=capture_layer)
     total = time.perf_counter() - start
     retrieval_s = retriever.pop_seconds()
-    rewards, em = [], []
-    for r, e in zip(rollouts, flat_examples):
-        prediction = r.answer if r.answered else None
-        rewards.append(float(reward_for_source(e.data_source, scoring.reward)(r.response_text, e.golden_answers)))
-        em.append(float(prediction is not None and answer_match(e.data_source, prediction, e.golden_answers)))
-    strata = [int(scoring.stratum(r)) for r in rollouts]
+    scored = [score_rollout(scoring, r, e) for r, e in zip(rollouts, flat_examples)]
+    em = [
+        float(r.answered and r.answer is not None and answer_match(e.data_source, r.answer, e.golden_answers))
+        for r, e in zip(rollouts, flat_examples)
+    ]
     return CollectedBatch(
-        rollouts, flat_examples, group_ids, rewards, em, strata, total - retrieval_s, retrieval_s, tuple(rollout.tools)
+        rollouts,
+        flat_examples,
+        group_ids,
+        [float(result.total) for result, _ in scored],
+        em,
+        [int(scoring.stratum(r)) for r in rollouts],
+        total - retrieval_s,
+        retrieval_s,
+        tuple(rollout.tools),
+        outcomes=[float(result.outcome) for result, _ in scored],
+        components=[dict(result.components) for result, _ in scored],
+        reward_faults=[fault for _, fault in scored],
+        overlong=[is_overlong(r) for r in rollouts],
     )
+
+
+__all__ = [
+    "OVERLONG_RULES",
+    "STRATUM_KEYS",
+    "TOOL_CALLS_RE",
+    "CollectedBatch",
+    "OverlongRule",
+    "Question",
+    "Scoring",
+    "collect",
+    "is_overlong",
+    "is_stratum_key",
+    "named_tools",
+    "reward_function",
+    "score_rollout",
+    "stratum_function",
+    "trajectory_of",
+]
 
 
 def _distribution(values: list[int], prefix: str, max_key: int = 4) -> dict[str, float]:
@@ -260,7 +212,44 @@ def batch_metrics(batch: CollectedBatch) -> dict[str, float]:
     for g, reward in zip(batch.group_ids, batch.rewards):
         groups.setdefault(g, set()).add(reward)
     m["reward/flat_group_frac"] = sum(len(v) == 1 for v in groups.values()) / max(1, len(groups))
+    m.update(reward_metrics(batch))
     return m
+
+
+def reward_metrics(batch: CollectedBatch) -> dict[str, float]:
+    """``reward/outcome_mean`` (the raw outcome), ``reward/<component>_mean`` for every component a reward
+    returned (0 for a rollout without it, so the built-in rewards' component means add up to reward/mean),
+    ``reward/flat_outcome_group_frac`` (groups whose raw outcome is constant: what dynamic sampling drops),
+    ``rollout/truncated_share`` (rollouts out of budget without an answer: what algo.overlong acts on) and
+    ``reward/faulty_rollouts`` (rollouts the reward could not score)."""
+    n = max(1, len(batch.rollouts))
+    m: dict[str, float] = {}
+    if batch.outcomes:
+        m["reward/outcome_mean"] = sum(batch.outcomes) / n
+        m["reward/flat_outcome_group_frac"] = constant_outcome_share(batch.group_ids, batch.outcomes)
+    names = sorted({name for components in batch.components for name in components})
+    for name in names:
+        m[f"reward/{name}_mean"] = sum(c.get(name, 0.0) for c in batch.components) / n
+    if batch.overlong:
+        m["rollout/truncated_share"] = sum(batch.overlong) / n
+    if batch.reward_faults:
+        m["reward/faulty_rollouts"] = float(sum(bool(f) for f in batch.reward_faults))
+    return m
+
+
+def constant_outcome_groups(group_ids: Sequence[int], outcomes: Sequence[float]) -> set[int]:
+    """The groups whose raw outcomes are all equal (a group of one included): they give a group-relative
+    advantage no signal."""
+    seen: dict[int, set[float]] = {}
+    for g, outcome in zip(group_ids, outcomes):
+        seen.setdefault(g, set()).add(outcome)
+    return {g for g, values in seen.items() if len(values) == 1}
+
+
+def constant_outcome_share(group_ids: Sequence[int], outcomes: Sequence[float]) -> float:
+    """The share of groups whose raw outcome is constant (0 for an empty batch)."""
+    groups = set(group_ids)
+    return len(constant_outcome_groups(group_ids, outcomes)) / len(groups) if groups else 0.0
 
 
 def advantage_metrics(advantages: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
@@ -313,18 +302,23 @@ def step_states(rollout: Rollout, tokenizer) -> tuple[str, ...]:
     return tuple(states)
 
 
-def faulty_rollouts(rollouts: Sequence) -> list[bool]:
+def faulty_rollouts(rollouts: Sequence, reward_faults: Sequence[str] = ()) -> list[bool]:
     """Per rollout: did a search of it fail in the retriever (``tool_errors``: refused, timed out, HTTP
-    error, a malformed reply)? Its reward then reflects the fault, not the policy. A rollout that
-    asked nothing is never faulty."""
-    return [getattr(r, "tool_errors", 0) > 0 for r in rollouts]
+    error, a malformed reply), or could its reward not score it (``reward_faults``: a judge that failed)?
+    Its reward then reflects the fault, not the policy. A rollout that asked nothing is never faulty."""
+    faults = list(reward_faults) or [""] * len(rollouts)
+    return [getattr(r, "tool_errors", 0) > 0 or bool(f) for r, f in zip(rollouts, faults)]
 
 
 def without_rollouts(batch: CollectedBatch, drop: Sequence[bool]) -> CollectedBatch:
     """``batch`` without the rollouts where ``drop`` is true (a new batch; group ids, rewards and strata
     stay aligned, so the advantage's group baselines see only the kept rollouts)."""
-    keep = [i for i, d in enumerate(drop) if not d]
-    pick = lambda values: [values[i] for i in keep]  # noqa: E731
+    return select_rollouts(batch, [i for i, d in enumerate(drop) if not d])
+
+
+def select_rollouts(batch: CollectedBatch, keep: Sequence[int]) -> CollectedBatch:
+    """``batch`` restricted to the rollouts ``keep`` (indices, in that order; a new batch, every list aligned)."""
+    pick = lambda values: [values[i] for i in keep] if values else []  # noqa: E731
     return CollectedBatch(
         pick(batch.rollouts),
         pick(batch.examples),
@@ -335,4 +329,8 @@ def without_rollouts(batch: CollectedBatch, drop: Sequence[bool]) -> CollectedBa
         batch.generation_s,
         batch.retrieval_s,
         batch.tools,
+        outcomes=pick(batch.outcomes),
+        components=pick(batch.components),
+        reward_faults=pick(batch.reward_faults),
+        overlong=pick(batch.overlong),
     )

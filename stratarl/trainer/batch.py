@@ -127,6 +127,21 @@ class TrainBatch(ScoredBatch):
     returns: torch.Tensor
 
 
+def without_loss(batch: TrainBatch, rows: Sequence[bool]) -> TrainBatch:
+    """``batch`` with the rows where ``rows`` is true out of the loss: their response mask and advantages zeroed
+    (every loss term, KL and entropy included, reads the mask; a token-sum aggregation still counts the row in B,
+    stratarl.algos.losses.aggregate_loss). The advantages were computed before, so the group baselines count them."""
+    drop = torch.tensor([bool(r) for r in rows], dtype=torch.bool, device=batch.response_mask.device)
+    if drop.numel() != batch.size:
+        raise ValueError(f"{drop.numel()} row flags for a batch of {batch.size} rows")
+    if not bool(drop.any()):
+        return batch
+    keep = (~drop).to(batch.response_mask.dtype)[:, None]
+    return dataclasses.replace(
+        batch, response_mask=batch.response_mask * keep, advantages=batch.advantages * keep.to(batch.advantages.dtype)
+    )
+
+
 def collate_sequences(
     prompts: Sequence[Sequence[int]],
     responses: Sequence[Sequence[int]],

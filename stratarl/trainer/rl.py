@@ -142,7 +142,7 @@ def _run_steps(run: RunState, step: Callable[[RunState], dict[str, float]], inte
             bar.set_postfix(reward=f"{state.last['reward/mean']:.3f}", em=f"{state.last['reward/em']:.3f}")
             bar.update(1)
         _print_line(bar, format_step_line(run.step, cfg.trainer.steps, state.last))
-        state.stopped = watch.check(run.step, run.retriever, skipped)
+        state.stopped = watch.check(run.step, run.retriever, skipped, run.reward_fault if skipped else "")
         state.code = RETRIEVAL_STOP_CODE if state.stopped else 0
         if state.stopped is None and (bad := nonfinite_step(run.step, metrics)) is not None:
             state.stopped, state.code = bad, NONFINITE_STOP_CODE

@@ -34,7 +34,7 @@ from stratarl.trainer.config.resolve import bound_advantage
 from stratarl.trainer.forward import PolicyForward
 from stratarl.trainer.learner import Learner, build_learner
 from stratarl.trainer.settings import RunSettings, UpdateSettings
-from stratarl.trainer.setup import build_task_retriever, load_policy, load_task
+from stratarl.trainer.setup import build_task_retriever, load_policy, load_task, scoring_of
 from stratarl.trainer.task import TaskData
 from stratarl.trainer.update import update_policy
 
@@ -134,6 +134,8 @@ class RunState:
     timer: PhaseTimer = field(default_factory=PhaseTimer)
     step: int = 0
     prompt_cache: dict = field(default_factory=dict)
+    reward_fault: str = ""
+    """The last message of a reward that could not score a rollout (a judge's fault), for the stop message."""
     behaviour: BehaviourPolicy | None = None
     """The sampler copy and weight snapshots of a run with an off-policy source (trainer.policy_lag,
     rollout.precision); None: the learner samples (``generator`` runs on ``model``)."""
@@ -149,7 +151,7 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None, parts
     parts = DEFAULT_PARTS if parts is None else parts
     # A config-named reward or stratum function that cannot load, or bf16 asked of a GPU without it, fails here,
     # before any work.
-    scoring = Scoring.from_names(cfg.algo.reward, cfg.algo.stratum_key, cfg.algo.stratum_cap)
+    scoring = scoring_of(cfg)
     settings = RunSettings.from_config(cfg)
     torch.manual_seed(cfg.trainer.seed)
     task = load_task(cfg)

@@ -6,7 +6,8 @@ Nothing downstream reads the config tree: a test builds the settings it needs (`
 and no copy of a config can lose a resolved value, because none is stored in it.
 
     RunSettings     algorithm, policy; the step's and the update's settings
-    StepSettings    rollouts per step, the strata, the frozen prefix's source, fault budget, transcripts
+    StepSettings    rollouts per step, the strata, the frozen prefix's source, fault budget, transcripts, dynamic
+                    sampling, the overlong mask
     UpdateSettings  the loss terms' coefficients, micro-batching, epochs x mini-batches, clipping
 """
 
@@ -118,6 +119,12 @@ class StepSettings:
     """Rollouts written to transcripts/ per step (``logging.num_transcripts``)."""
     device: str
     """Where the batch's tensors live (``trainer.device``)."""
+    dynamic_sampling: bool = False
+    """Drop prompt groups whose raw outcome is constant and refill the batch (``trainer.dynamic_sampling``)."""
+    dynamic_sampling_attempts: int = 1
+    """Most collections per step with dynamic sampling (``trainer.dynamic_sampling_attempts``)."""
+    mask_overlong: bool = False
+    """Overlong rollouts weigh 0 in the loss (``algo.overlong: mask``)."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> StepSettings:
@@ -130,6 +137,9 @@ class StepSettings:
             max_failed_fraction=cfg.retrieval.max_failed_fraction,
             num_transcripts=cfg.logging.num_transcripts,
             device=cfg.trainer.device,
+            dynamic_sampling=cfg.trainer.dynamic_sampling,
+            dynamic_sampling_attempts=cfg.trainer.dynamic_sampling_attempts,
+            mask_overlong=cfg.algo.overlong == "mask",
         )
 
 

@@ -7,6 +7,7 @@ model, data and retriever for the same config.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -31,6 +32,7 @@ from stratarl.models import (
 from stratarl.retrieval.base import Retriever
 from stratarl.retrieval.corpus import load_corpus
 from stratarl.retrieval.factory import build_retriever
+from stratarl.rewards import build_reward
 from stratarl.rollout.collect import Scoring
 from stratarl.trainer.config import Config, ModelConfig
 from stratarl.trainer.synthetic import load_synthetic_task
@@ -186,8 +188,23 @@ def build_task_retriever(cfg: Config, task: TaskData) -> Retriever:
     return build_retriever(spec)
 
 
+def scoring_of(cfg: Config) -> Scoring:
+    """The run's reward (``algo.reward`` with ``algo.reward_params``), overlong rule and strata, resolved once."""
+    algo = cfg.algo
+    return Scoring.from_names(
+        algo.reward,
+        algo.stratum_key,
+        algo.stratum_cap,
+        reward_params=algo.reward_params,
+        overlong=algo.overlong,
+        overlong_reward=algo.overlong_reward,
+    )
+
+
 def eval_settings(cfg: Config, scoring: Scoring | None = None) -> EvalSettings:
-    """How ``cfg``'s held-out evaluations run: its rollout section, reward and strata (``scoring``, or resolved
-    from ``algo.reward`` / ``algo.stratum_key``), device and precision, and ``eval.batch_size``."""
-    scoring = scoring or Scoring.from_names(cfg.algo.reward, cfg.algo.stratum_key, cfg.algo.stratum_cap)
+    """How ``cfg``'s held-out evaluations run: its rollout section, strata (``scoring``, or resolved from
+    ``algo.stratum_key``), device and precision, and ``eval.batch_size``. An eval scores EM / SubEM / F1 itself
+    (stratarl.evaluation.greedy.score_rollout) and never reads the reward, so its scoring's reward is plain EM:
+    a judge reward is never asked about held-out questions."""
+    scoring = dataclasses.replace(scoring or scoring_of(cfg), reward=build_reward("em"))
     return EvalSettings(rollout=cfg.rollout, scoring=scoring, policy=cfg.device_policy, batch_size=cfg.eval.batch_size)

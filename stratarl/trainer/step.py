@@ -4,6 +4,8 @@ prompts     P questions from the seeded sampler
 behaviour   the sampler's weights: the learner's own, or with an off-policy source (trainer.policy_lag,
             rollout.precision) a copy loaded with version s - lag in the sampler's numerics (BehaviourPolicy)
 collected   G rollouts per prompt, rewarded and stratified        (RunParts.collect: stratarl.rollout.collect)
+            [trainer.dynamic_sampling: groups whose raw outcome is constant dropped, more prompts collected
+            to refill the batch, within trainer.dynamic_sampling_attempts collections (stratarl.trainer.dynamic)]
 strata      the strata the advantage uses (the observed ones, or the random-strata control's)
 tokens      the rollouts collated                                 (TokenBatch)
 forward     the policy's forward for this batch: the frozen       (stratarl.trainer.forward.batch_forward)
@@ -11,6 +13,7 @@ forward     the policy's forward for this batch: the frozen       (stratarl.trai
 scored      behaviour / reference log-probs, critic values        (ScoredBatch; stratarl.trainer.update.score_batch)
 train       + the algorithm's advantages and returns              (TrainBatch; with each turn's anchor state
                                                                   for an estimator that needs it: GiGPO)
+            [algo.overlong: mask: overlong rollouts' loss mask and advantages zeroed]
 update      K epochs x M mini-batches of optimizer steps: the     (RunParts.update: stratarl.trainer.update)
             loss (micro_batch_terms), then the optimizer step
 metrics     rollout, advantage (and the estimator's own), update, stratum, fault and timing metrics; transcripts
@@ -44,7 +47,8 @@ from stratarl.rollout.collect import (
     step_states,
     without_rollouts,
 )
-from stratarl.trainer.batch import ScoredBatch, TrainBatch, collate_rollouts, scatter_response_values
+from stratarl.trainer.batch import ScoredBatch, TrainBatch, collate_rollouts, scatter_response_values, without_loss
+from stratarl.trainer.dynamic import concat_batches, dynsample_metrics, informative_groups, keep_groups, refill_size
 from stratarl.trainer.forward import PolicyForward, batch_forward, capture_layer
 from stratarl.trainer.run import BoundAdvantage, RunState
 from stratarl.trainer.settings import StepSettings
@@ -137,9 +141,9 @@ def em_by_type(examples: list, em: list[float], prefix: str = "reward/em_by_type
 
 def fault_metrics(faulty: list[bool], max_failed_fraction: float, mini_batches: int) -> dict[str, float]:
     """``retrieval/faulty_rollout_frac``: the share of the step's rollouts kept out of the update because a
-    search of theirs failed in the retriever; ``update/skipped`` 1.0 when the step takes no optimizer
-    step: that share passes ``max_failed_fraction`` (retrieval.max_failed_fraction), or fewer clean
-    rollouts remain than trainer.mini_batches needs."""
+    search of theirs failed in the retriever or their reward could not be computed (a judge's fault);
+    ``update/skipped`` 1.0 when the step takes no optimizer step: that share passes ``max_failed_fraction``
+    (retrieval.max_failed_fraction), or fewer clean rollouts remain than trainer.mini_batches needs."""
     share = sum(faulty) / max(1, len(faulty))
     clean = len(faulty) - sum(faulty)
     skipped = share > max_failed_fraction or (clean < mini_batches and clean < len(faulty))
@@ -163,10 +167,11 @@ def _rl_step(run: RunState) -> dict[str, float]:
     collected, faults = _collect(run, capture)
     for rollout in collected.rollouts:
         rollout.policy_version = version
-    if faults["update/skipped"]:  # no optimizer step: the rewards are the broken retriever's
+    if not _trainable(run, collected, faults):  # no optimizer step
         return {
             **batch_metrics(collected),
             **faults,
+            "update/no_signal": float(not faults["update/skipped"]),
             **lag,
             **run.timer.pop(),
             "time/step": time.perf_counter() - step_start,
@@ -176,6 +181,9 @@ def _rl_step(run: RunState) -> dict[str, float]:
     states = rollout_step_states(run.settings.algorithm, collected, run.tokenizer)
     inputs = advantage_inputs(scored, collected.rewards, collected.group_ids, strata, states)
     batch = compute_advantages(run.advantage, scored, inputs)
+    if run.settings.step.mask_overlong:  # overlong rollouts out of the loss (algo.overlong: mask)
+        batch = without_loss(batch, collected.overlong)
+        faults = {**faults, "rollout/overlong_masked": float(sum(collected.overlong))}
     estimated = estimator_metrics(run.settings.algorithm, inputs)
     with run.timer("update"):
         update = run.parts.update(run.learner, batch, run.settings.update, run.shuffle_rng, forward=forward)
@@ -203,10 +211,62 @@ def _rl_step(run: RunState) -> dict[str, float]:
     return metrics
 
 
+def _trainable(run: RunState, collected: CollectedBatch, faults: dict[str, float]) -> bool:
+    """Whether the step takes an optimizer step: not when faults skip it (the rewards are a broken retriever's or
+    judge's: ``update/skipped``), nor when there is nothing to train on (``update/no_signal``): dynamic sampling
+    kept fewer rollouts than trainer.mini_batches needs, or every rollout is overlong and masked out of the loss."""
+    if faults["update/skipped"] or len(collected.rollouts) < run.settings.update.mini_batches:
+        return False
+    return not (run.settings.step.mask_overlong and all(collected.overlong))
+
+
 def _collect(run: RunState, capture: int | None) -> tuple[CollectedBatch, dict[str, float]]:
-    """The step's rollouts without the faulty ones, and the fault metrics (``update/skipped`` 1: no update)."""
+    """The step's rollouts without the faulty ones, and the fault metrics (``update/skipped`` 1: no update); with
+    dynamic sampling, only the groups whose raw outcome varies (``_collect_informative``)."""
     settings = run.settings.step
-    examples = [run.task.train[i] for i in run.sampler.next(settings.prompts_per_step)]
+    run.reward_fault = ""
+    if settings.dynamic_sampling:
+        return _collect_informative(run, capture)
+    return _collect_once(run, capture, settings.prompts_per_step, run.settings.update.mini_batches)
+
+
+def _collect_informative(run: RunState, capture: int | None) -> tuple[CollectedBatch, dict[str, float]]:
+    """Dynamic sampling: collect, drop the groups whose raw outcome is constant (stratarl.trainer.dynamic), and
+    collect more prompts until ``prompts_per_step`` groups are kept or ``dynamic_sampling_attempts`` collections
+    are made; kept groups beyond ``prompts_per_step`` are left out. Every prompt comes from the run's sampler, so
+    a resumed run draws the same ones. A collection where more than retrieval.max_failed_fraction of the rollouts
+    are faulty skips the step; ``retrieval/faulty_rollout_frac`` is the share over every collection."""
+    settings = run.settings.step
+    target, kept, totals = settings.prompts_per_step, [], []
+    seen = dropped = drawn = attempts = num_kept = 0
+    faulty = 0.0
+    while attempts < settings.dynamic_sampling_attempts and num_kept < target:
+        size = refill_size(target - num_kept, num_kept, seen, target)
+        attempts, drawn = attempts + 1, drawn + size
+        # mini_batches 0: a small refill is never too small; _trainable checks the kept batch's size.
+        collected, faults = _collect_once(run, capture, size, mini_batches=0)
+        faulty += faults["retrieval/faulty_rollout_frac"] * size
+        if faults["update/skipped"]:
+            return collected, {**faults, **dynsample_metrics(attempts, seen, dropped, num_kept, target, drawn)}
+        groups = informative_groups(collected)
+        totals.extend(collected.rewards)
+        seen += len(set(collected.group_ids))
+        dropped += len(set(collected.group_ids)) - len(groups)
+        take = groups[: target - num_kept]
+        kept.append(keep_groups(collected, take, first_id=num_kept))
+        num_kept += len(take)
+    metrics = dynsample_metrics(attempts, seen, dropped, num_kept, target, drawn)
+    metrics["dynsample/reward_mean_sampled"] = sum(totals) / max(1, len(totals))  # reward/mean: the kept groups'
+    return concat_batches(kept), {"retrieval/faulty_rollout_frac": faulty / drawn, "update/skipped": 0.0, **metrics}
+
+
+def _collect_once(
+    run: RunState, capture: int | None, num_prompts: int, mini_batches: int
+) -> tuple[CollectedBatch, dict[str, float]]:
+    """``num_prompts`` prompts' rollouts without the faulty ones, and the fault metrics (too few clean rollouts
+    for ``mini_batches`` skip the update too)."""
+    settings = run.settings.step
+    examples = [run.task.train[i] for i in run.sampler.next(num_prompts)]
     collected = run.parts.collect(
         run.generator,
         run.retriever,
@@ -220,8 +280,9 @@ def _collect(run: RunState, capture: int | None) -> tuple[CollectedBatch, dict[s
     )
     run.timer.add("generation", collected.generation_s)
     run.timer.add("retrieval", collected.retrieval_s)
-    faulty = faulty_rollouts(collected.rollouts)
-    faults = fault_metrics(faulty, settings.max_failed_fraction, run.settings.update.mini_batches)
+    faulty = faulty_rollouts(collected.rollouts, collected.reward_faults)
+    run.reward_fault = next((fault for fault in collected.reward_faults if fault), run.reward_fault)  # for the stop
+    faults = fault_metrics(faulty, settings.max_failed_fraction, mini_batches)
     if any(faulty) and not faults["update/skipped"]:
         collected = without_rollouts(collected, faulty)
     return collected, faults

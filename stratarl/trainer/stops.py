@@ -1,6 +1,6 @@
-"""When a run stops early: a signal (finish the step, checkpoint, exit 128 + the signal), a retriever that
-keeps failing (stop with a checkpoint and a message naming it) or a step whose loss or gradient is not finite
-(stop at once, keeping the checkpoints already written)."""
+"""When a run stops early: a signal (finish the step, checkpoint, exit 128 + the signal), a retriever or a
+reward (an LLM judge) that keeps failing (stop with a checkpoint and a message naming it), or a step whose loss or
+gradient is not finite (stop at once, keeping the checkpoints already written)."""
 
 from __future__ import annotations
 
@@ -70,12 +70,15 @@ class RetrievalWatch:
     failing_in_a_row: int = 0
     failing_seconds: float = 0.0
 
-    def check(self, step: int, retriever: TimedRetriever, skipped: bool = False) -> str | None:
-        """After step ``step``: a warning line on stderr if searches failed; the stop message, or None."""
+    def check(self, step: int, retriever: TimedRetriever, skipped: bool = False, reward_fault: str = "") -> str | None:
+        """After step ``step``: a warning line on stderr if searches failed; the stop message, or None.
+        ``reward_fault``: the step's last reward fault (a judge that failed), when its rollouts were kept out."""
         total, failed = retriever.step_queries, retriever.step_failed
         if not failed and not skipped:
             self.failing_in_a_row, self.failing_seconds = 0, 0.0
             return None
+        if skipped and not failed and reward_fault:  # the reward failed, not the retriever
+            return self._reward_failed(step, reward_fault)
         outcome = "; the step took no update" if skipped else ""
         print(
             f"warning: step {step}: {failed} of {total} searches failed in {retriever.step_seconds:.1f} s"
@@ -94,6 +97,24 @@ class RetrievalWatch:
                 f"{self.failing_in_a_row} consecutive steps ({self.failing_seconds:.1f} s spent in searches); "
                 f"retriever {retriever.where}; last error: {one_line(retriever.last_error, 500)}. Fix: check "
                 "the server (or retrieval.spec), then resume (retrieval.max_failed_steps=0 never stops)"
+            )
+        return None
+
+    def _reward_failed(self, step: int, reward_fault: str) -> str | None:
+        """A step that took no update because its reward could not score its rollouts: warn, count, stop."""
+        print(
+            f"warning: step {step}: the step took no update: the reward could not score more than "
+            f"{self.max_failed_fraction:.0%} of its rollouts ({one_line(reward_fault, 300)})",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.failing_in_a_row += 1
+        if self.max_failed_steps and self.failing_in_a_row >= self.max_failed_steps:
+            return (
+                f"reward failed: the reward could not score more than {self.max_failed_fraction:.0%} of the "
+                f"rollouts in {self.failing_in_a_row} consecutive steps; last fault: {one_line(reward_fault, 500)}. "
+                "Fix: check the judge's server (algo.reward_params.url), then resume "
+                "(retrieval.max_failed_steps=0 never stops)"
             )
         return None
 

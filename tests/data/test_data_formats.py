@@ -112,7 +112,9 @@ def test_unknown_and_duplicate_formats_are_one_line_errors_that_list_the_registe
     with pytest.raises(ValueError) as unknown:
         examples_from_rows(TRIVIA_ROWS, origin="f", format="trivai")
     message = str(unknown.value)
-    assert message.startswith("unknown dataset format 'trivai'; registered: medmcqa, medqa, phantomwiki, search_r1, trivia")
+    assert message.startswith(
+        "unknown dataset format 'trivai'; registered: medmcqa, medqa, phantomwiki, search_r1, trivia"
+    )
     assert "\n" not in message
     with pytest.raises(ValueError) as duplicate:
         register_dataset_format("medqa")(lambda row: None)

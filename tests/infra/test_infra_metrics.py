@@ -36,3 +36,9 @@ def test_phase_timer_accumulates_and_resets():
 def test_step_line_shows_key_numbers():
     line = format_step_line(3, 10, {"reward/mean": 0.25, "reward/em": 0.125, "rollout/search_calls_mean": 1.5})
     assert line.startswith("step 3/10") and "reward 0.250" in line and "em 0.125" in line and "searches 1.50" in line
+
+
+def test_step_line_says_when_dynamic_sampling_left_nothing_to_train_on():
+    line = format_step_line(3, 10, {"reward/mean": 0.0, "update/no_signal": 1.0, "dynsample/kept_groups": 0.0})
+    assert line.endswith("| no update (nothing to train on) | kept 0 groups")
+    assert "kept" not in format_step_line(3, 10, {"reward/mean": 0.0})

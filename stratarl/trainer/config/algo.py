@@ -24,9 +24,11 @@ from stratarl.algos.advantages import STRATIFIED_ALPHA, check_alpha
 from stratarl.algos.losses import AGG_MODES, AggMode, KlEstimator
 from stratarl.algos.presets import PRESETS
 from stratarl.algos.sorl import DeltaRule
+from stratarl.config_errors import close_match
 from stratarl.config_errors import fail as _fail
 from stratarl.config_tree import check_choices
-from stratarl.rollout.collect import STRATUM_KEYS, is_stratum_key
+from stratarl.rewards import RewardParamError, check_reward_params, reward_names
+from stratarl.rollout.collect import OVERLONG_RULES, STRATUM_KEYS, OverlongRule, is_stratum_key
 
 ALGORITHMS = tuple(PRESETS)  # the presets' names (stratarl.algos.presets)
 SorlOrder = Literal["before_clip", "after_clip"]
@@ -124,9 +126,22 @@ class AlgoConfig:
     behaviour_correction_params: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the correction (checked against its signature), e.g. `{cap: 2.0, level: turn}`."""
     reward: str = "em"
-    """Outcome reward: em (Search-R1), subem, f1, multiple_choice, or `package.module:function` taking
-    (response_text, golds). Multiple-choice data sources (medqa, medmcqa, synthetic_mc) always use
-    multiple_choice (the letter or the option text), as Search-R1 picks its scorer by data_source."""
+    """The reward, a registered name: em (Search-R1), subem, f1, multiple_choice; em_format, subem_format,
+    f1_format (gated by Search-R1's format check); judge (an LLM behind an OpenAI-compatible endpoint); one a
+    `--import`ed module registers (stratarl.rewards.register_reward); or `package.module:function` taking
+    (response_text, golds). Multiple-choice data sources (medqa, medmcqa, synthetic_mc) score the answer by
+    letter or option text whatever the answer score named, as Search-R1 picks its scorer by data_source."""
+    reward_params: dict[str, Any] = field(default_factory=dict)
+    """The reward's keyword arguments, typed and range-checked at load: `invalid_action_penalty` and
+    `tool_call_cost` (every built-in reward; >= 0, default 0: subtracted per invalid action / tool call),
+    `format_score` (the *_format rewards; [0, 1), default 0.2), `url`, `model`, `timeout_s`, `api_key_env` (judge);
+    README.md, Rewards."""
+    overlong: OverlongRule = "keep"
+    """Rollouts that ran out of budget without an answer (rollout.max_total_tokens, or the turn budget):
+    `keep` (trained like any other), `mask` (out of the loss: their tokens weigh 0; the group baselines still
+    count them), or `reward` (their reward becomes `overlong_reward`; their raw outcome is kept)."""
+    overlong_reward: float = 0.0
+    """The reward of an overlong rollout with `overlong: reward` (e.g. -0.5 for a soft penalty)."""
 
     def validate(self, p: str) -> None:
         check_choices(self, p)
@@ -155,13 +170,7 @@ class AlgoConfig:
             _fail(f"{p}.sorl_delta_ema", self.sorl_delta_ema, "must lie in [0, 1)", "use 0.9")
         if self.kl_coef < 0:
             _fail(f"{p}.kl_coef", self.kl_coef, "must be >= 0", "use 0.001, or 0 to disable the reference model")
-        if self.reward not in ("em", "subem", "f1", "multiple_choice") and ":" not in self.reward:
-            _fail(
-                f"{p}.reward",
-                self.reward,
-                "unknown reward",
-                "use em, subem, f1, multiple_choice or `package.module:function`",
-            )
+        self._check_reward(p)
         if self.epsilon < 0:
             _fail(f"{p}.epsilon", self.epsilon, "must be >= 0", "use 1e-6")
         if self.critic_lr <= 0:
@@ -179,3 +188,31 @@ class AlgoConfig:
             )
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             _fail(f"{p}.gamma/lam", (self.gamma, self.lam), "must lie in [0, 1]", "use 1.0 (Search-R1)")
+
+    def _check_reward(self, p: str) -> None:
+        """The reward resolves and its parameters are known, typed and in range (stratarl.rewards)."""
+        if ":" in self.reward:
+            if self.reward_params:
+                _fail(
+                    f"{p}.reward_params",
+                    self.reward_params,
+                    "a `package.module:function` reward takes (response_text, golds) and no parameters",
+                    "drop algo.reward_params, or register the reward with stratarl.rewards.register_reward",
+                )
+        elif self.reward not in reward_names():
+            _fail(
+                f"{p}.reward",
+                self.reward,
+                "unknown reward",
+                f"{close_match(self.reward, reward_names())}use one of {', '.join(reward_names())}, a reward a "
+                "`--import`ed module registers, or `package.module:function`",
+            )
+        else:
+            try:
+                check_reward_params(self.reward, self.reward_params)
+            except RewardParamError as error:
+                _fail(f"{p}.reward_params.{error.key}", error.value, error.why, error.fix)
+        if self.overlong not in OVERLONG_RULES:
+            _fail(f"{p}.overlong", self.overlong, "unknown rule", f"use one of {', '.join(OVERLONG_RULES)}")
+        if not math.isfinite(self.overlong_reward):
+            _fail(f"{p}.overlong_reward", self.overlong_reward, "must be finite", "use e.g. 0.0 or -0.5")

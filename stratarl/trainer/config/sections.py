@@ -252,6 +252,13 @@ class TrainerConfig:
     policy_lag_mode: Literal["fixed", "uniform"] = "fixed"
     """`fixed`: every batch lags by k; `uniform`: each batch's lag is drawn from 0..k (bounded staleness, as
     AReaL's max_head_offpolicyness), seeded by trainer.seed and the step."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop the prompt groups whose raw outcome (the answer score before any shaping,
+    algo.reward) is the same for every rollout, and collect more prompts to refill the batch, at most
+    `dynamic_sampling_attempts` collections per step; when they run out, the step trains on the groups it kept
+    (`dynsample/short` 1; no update when it kept none). docs/training.md, Dynamic sampling."""
+    dynamic_sampling_attempts: int = 4
+    """Most collections of one step with dynamic sampling, the first included (>= 1)."""
     seed: int = 0
     """Seeds data order, rollout sampling and initialisation."""
     output_dir: str = "runs"
@@ -285,6 +292,7 @@ class TrainerConfig:
             "micro_batch_tokens",
             "logprob_chunk_tokens",
             "keep_last",
+            "dynamic_sampling_attempts",
         ):
             if getattr(self, key) < 1:
                 _fail(f"{p}.{key}", getattr(self, key), "must be at least 1", "use a positive integer")
