@@ -11,6 +11,7 @@ from stratarl.rewards import RewardFault, RewardResult
 from stratarl.rollout.collect import Scoring, is_overlong, score_rollout, trajectory_of
 from stratarl.rollout.engine import Rollout, Turn
 from stratarl.rollout.parsing import Action
+from stratarl.rollout.tools import ToolCall
 
 EXAMPLE = SimpleNamespace(question="Who?", golden_answers=("Ada",), data_source="nq", id="q1", metadata={})
 
@@ -30,8 +31,14 @@ def test_overlong_is_a_budget_spent_without_an_answer(end_reason, overlong):
 
 
 def test_the_trajectory_a_reward_sees():
-    rollout = _rollout("answer", answered=True, answer="Ada", num_searches=2, invalid_actions=1)
+    rollout = _rollout("answer", answered=True, answer="Ada", num_searches=1, invalid_actions=1)
     rollout.turns = [Turn(0, 1, Action("search", "q"), "stop"), Turn(1, 2, Action("answer", "Ada"), "stop")]
+    # every tool's calls that ran count (a search and an open); a malformed one does not
+    rollout.calls = [
+        ToolCall("search", {"query": "q"}, "ok"),
+        ToolCall("open", {"title": "Ada"}, "ok"),
+        ToolCall("open", None, "malformed", "bad JSON", error_kind="bad_json"),
+    ]
     view = trajectory_of(rollout, EXAMPLE)
     assert view.actions == (("search", "q"), ("answer", "Ada")) and view.answer == "Ada"
     assert (view.tool_calls, view.invalid_actions, view.truncated) == (2, 1, False)
