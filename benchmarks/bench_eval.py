@@ -41,7 +41,7 @@ def timed_decoder(seconds: dict[str, float]):
     copy, counted as ``select``) to ``seconds`` while the block runs."""
     from stratarl.rollout.fast_forward import FastDecoder
 
-    names = {"prefill": "prefill", "sequence_cache": "prefill", "decode": "decode", "select": "select"}
+    names = {"prefill": "prefill", "decode": "decode", "select": "select"}
     names["row_cache"] = "select"
     originals = {name: getattr(FastDecoder, name) for name in names}
 

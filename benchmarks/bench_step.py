@@ -29,7 +29,9 @@ below 1e-3 is the target).
 ``--policy-lag K`` compares instead a fresh step with a stale-weights one: the config as given with
 ``trainer.policy_lag=0`` (the baseline) and with ``trainer.policy_lag=K``, interleaved the same way, same seed
 and threads (the lag is min(K, step), so a short run's lag is the step index: the mechanism's cost, the
-sampler copy, its snapshots and the mismatch pass, is what it measures). The numerics checks are skipped.
+sampler copy and its snapshots, is what it measures), plus a third arm at lag K whose step measures the
+sampler/learner mismatch by a separate scoring pass, as the step did before it read the update's own forward
+(``lagK+pass``). The numerics checks are skipped.
 
 The CPU's bf16 matmul units (``cpu_bf16_matmul``) and a bf16 / fp32 GEMM rate ratio at the model's MLP
 shape are printed first: bf16 pays only where that ratio is well above 1.
@@ -73,8 +75,22 @@ def gemm_ratio(seconds: float = 1.0) -> dict:
 
 
 def lag_arms(lag: int) -> dict[str, list[str]]:
-    """The ``--policy-lag`` comparison: the config as given, fresh (the baseline) and with ``lag`` stale steps."""
-    return {"lag0": ["trainer.policy_lag=0"], f"lag{lag}": [f"trainer.policy_lag={lag}"]}
+    """The ``--policy-lag`` comparison: the config as given, fresh (the baseline), with ``lag`` stale steps, and
+    with ``lag`` stale steps measuring the sampler/learner mismatch by a scoring pass (``pass``: the step before
+    the update measured it on its own forward)."""
+    stale = [f"trainer.policy_lag={lag}"]
+    return {"lag0": ["trainer.policy_lag=0"], f"lag{lag}": stale, f"lag{lag}+pass": stale}
+
+
+def with_scoring_pass(run) -> None:
+    """Make ``run``'s step measure the mismatch by a separate scoring pass: an update without the
+    ``learner_logprobs`` keyword (stratarl.trainer.step._mismatch_in_update)."""
+    from stratarl.trainer.update import update_policy
+
+    def update(learner, batch, settings, generator, *, forward=None):
+        return update_policy(learner, batch, settings, generator, forward=forward)
+
+    run.parts = dataclasses.replace(run.parts, update=update)
 
 
 def build_arms(
@@ -154,7 +170,7 @@ def timed_steps(runs: dict, steps: int, keep: bool = True) -> tuple[dict, dict, 
     for step in range(steps):
         for arm, run in runs.items():
             restore = None
-            if arm == "bf16" and step == 0 and arm in ARMS:
+            if arm == "bf16" and step == 0:
                 restore = spy_first_log_ratio(first_ratios, run.learner)
             try:
                 metrics = rl_step(run)
@@ -371,24 +387,30 @@ def lag_main(args: argparse.Namespace) -> int:
     arms = lag_arms(args.policy_lag)
     with tempfile.TemporaryDirectory() as tmp:
         runs, init = build_arms(args.config, args.overrides, Path(tmp), not args.no_warm_start, arms)
+        with_scoring_pass(runs[f"lag{args.policy_lag}+pass"])
         print(f"policy: {init or 'the base model (no cached warm start)'}; {torch.get_num_threads()} threads")
         rows, _, _ = timed_steps(runs, max(2, args.steps), keep=False)
     summary: dict = {"threads": torch.get_num_threads(), "policy": init, "arms": {}}
     print(f"\nmedians over steps 2..{len(rows['lag0'])}:")
-    print(f"{'arm':6s} " + " ".join(f"{p:>13s}" for p in PHASES) + f" {'tokens':>8s} {'lag':>5s}")
+    print(f"{'arm':10s} " + " ".join(f"{p:>13s}" for p in PHASES) + f" {'tokens':>8s} {'lag':>5s}")
     for arm, r in rows.items():
         counted = r[1:]
         phases = {p: median(counted, f"time/{p}") for p in PHASES}
         tokens = median(counted, "rollout/response_length_mean")
         lag = median(counted, "offpolicy/lag")
         summary["arms"][arm] = {**phases, "response_length_mean": tokens, "lag": lag}
-        print(f"{arm:6s} " + " ".join(f"{phases[p]:12.2f}s" for p in PHASES) + f" {tokens:8.1f} {lag:5.1f}")
-    fresh, stale = (summary["arms"][arm] for arm in arms)
-    summary["stale_over_fresh"] = stale["step"] / fresh["step"] if fresh["step"] else 0.0
-    print(
-        f"step: lag 0 {fresh['step']:.3f}s, lag {args.policy_lag} {stale['step']:.3f}s -> "
-        f"{summary['stale_over_fresh']:.3f}x the fresh step (target <= 1.10)"
-    )
+        print(f"{arm:10s} " + " ".join(f"{phases[p]:12.2f}s" for p in PHASES) + f" {tokens:8.1f} {lag:5.1f}")
+    fresh = summary["arms"]["lag0"]
+    for arm in list(arms)[1:]:
+        # Each stale step against the fresh step run just before it: the pair shares the machine's load.
+        pairs = [b["time/step"] / a["time/step"] for a, b in zip(rows["lag0"][1:], rows[arm][1:], strict=True)]
+        ratio = summary["arms"][arm]["step"] / fresh["step"] if fresh["step"] else 0.0
+        summary["arms"][arm].update(over_fresh=ratio, pair_ratio_median=statistics.median(pairs))
+        print(
+            f"step: lag 0 {fresh['step']:.3f}s, {arm} {summary['arms'][arm]['step']:.3f}s -> {ratio:.3f}x the "
+            f"fresh step; median of the {len(pairs)} step pairs' ratios {statistics.median(pairs):.3f}x "
+            "(target <= 1.10)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return 0

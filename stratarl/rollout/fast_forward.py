@@ -321,22 +321,6 @@ class FastDecoder:
         columns = columns[:num_tokens]
         return self.k_cache[:, row].index_select(2, columns), self.v_cache[:, row].index_select(2, columns)
 
-    def sequence_cache(self, tokens: list[int], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys and values of one token sequence, each ``[layers, kv_heads, len(tokens), head_dim]`` as
-        ``row_cache`` returns them: a prefix many rows of a later ``prefill`` share (a prompt template).
-        ``rows``: the batch that prefill will decode, so the weights keep the packing chosen for it. The
-        decoder's cache is replaced (the next ``prefill`` allocates its own)."""
-        if not tokens:
-            raise ValueError("sequence_cache needs at least one token")
-        self.refresh(rows=rows)
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.inner.embed_tokens.weight.device)
-        capture, self.capture_layer = self.capture_layer, None
-        try:
-            self._prefill_rows(ids, torch.ones_like(ids), len(tokens), None, 0)
-        finally:
-            self.capture_layer = capture
-        return self.k_cache[:, 0].clone(), self.v_cache[:, 0].clone()
-
     def row_hidden(self, row: int, num_tokens: int) -> torch.Tensor:
         """Row ``row``'s captured states [num_tokens, H] (``capture_layer``) of its first ``num_tokens``
         cached tokens, in the order of ``row_cache``; the columns of a prefix given to ``prefill`` are 0."""

@@ -11,7 +11,7 @@ import torch
 
 from stratarl.evaluation import greedy
 from stratarl.models import output_head
-from stratarl.rollout.fast_forward import FastDecoder
+from stratarl.rollout import prefix_cache
 from stratarl.rollout.prefix_cache import common_prefix_length
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -43,13 +43,13 @@ def _setup(tmp_path, config: str, extra: list[str]):
 
 def _shared_prefix_calls(monkeypatch) -> list[int]:
     calls: list[int] = []
-    real = FastDecoder.sequence_cache
+    real = prefix_cache.sequence_cache
 
-    def spy(self, tokens, rows):
+    def spy(decoder, tokens, rows):
         calls.append(len(tokens))
-        return real(self, tokens, rows)
+        return real(decoder, tokens, rows)
 
-    monkeypatch.setattr(FastDecoder, "sequence_cache", spy)
+    monkeypatch.setattr(prefix_cache, "sequence_cache", spy)
     return calls
 
 
