@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -147,9 +148,11 @@ def main() -> int:
         for a, b in zip(results["reference"]["transcripts"], results["default"]["transcripts"], strict=True)
     ]
     summary["identical_transcripts"] = sum(same)
+    summary["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
     print(
         f"speedup: {summary['speedup']:.2f}x (reference {ref['total']:.1f}s, default {new['total']:.1f}s; "
-        f"target >= 3x); identical transcripts {sum(same)} of {len(same)}"
+        f"target >= 3x); identical transcripts {sum(same)} of {len(same)}; peak memory of the process "
+        f"{summary['peak_rss_gb']:.1f} GiB"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
