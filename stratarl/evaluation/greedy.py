@@ -33,6 +33,8 @@ from stratarl.rollout.config import RolloutConfig
 METRIC_COLUMNS = ("em", "subem", "f1", "searches_mean", "answer_rate", "count")
 SHARED_BATCH_FACTOR = 4
 """The default path's batch, in ``eval.batch_size`` units (see ``evaluate``)."""
+PREFILL_CHUNK_ROWS = 8
+"""The default path's prefill runs this many rows at a time (``FastDecoder.prefill_chunk_rows``)."""
 
 
 @dataclass(frozen=True)
@@ -106,11 +108,11 @@ def evaluate(
     """Greedy rollouts (one per question), scored; see ``_evaluate``. A small policy runs on one thread
     (``stratarl.infra.threads.step_threads``).
 
-    The questions run ``settings.batch_size`` at a time (``reference``: this path as it was first written,
-    kept as the oracle of tests and benchmarks/bench_eval.py, one generator call per question per turn) or,
-    by default, in batches of ``settings.batch_size * SHARED_BATCH_FACTOR`` whose prompts share the
-    template's common prefix, computed once per turn-0 call (``KVCacheGenerator(share_prompts=True)``). The
-    tokens are the reference's up to float rounding: in fp32 identical (tests/evaluation/test_greedy_fast.py);
+    With ``reference`` the questions run ``settings.batch_size`` at a time, every prompt prefilled in full (the
+    path as first written, kept as the oracle of tests and benchmarks/bench_eval.py); by default in batches of
+    ``default_batch_size(settings)`` whose prompts' common prefix (the template) is computed once per turn-0
+    call (``KVCacheGenerator(share_prompts=True)``) and whose prefills run ``PREFILL_CHUNK_ROWS`` rows at a
+    time. The tokens are the reference's up to float rounding: in fp32 identical (tests/evaluation/test_greedy_fast.py);
     in bf16 a near-tie may flip, as it does between two batch sizes of the reference (docs/training.md)."""
     with step_threads(model):
         return _evaluate(
@@ -146,7 +148,13 @@ def _evaluate(
     ``transcripts`` are those of the first ``num_transcripts`` questions, each with its ``example_id``."""
     timed = retriever if isinstance(retriever, TimedRetriever) else TimedRetriever(retriever)
     generator = make_generator(
-        model, tokenizer, settings.rollout.backend, seed=0, policy=settings.policy, share_prompts=not reference
+        model,
+        tokenizer,
+        settings.rollout.backend,
+        seed=0,
+        policy=settings.policy,
+        share_prompts=not reference,
+        prefill_chunk_rows=None if reference else PREFILL_CHUNK_ROWS,
     )
     start = time.perf_counter()
     scores, sources, types, per_question = [], [], [], []

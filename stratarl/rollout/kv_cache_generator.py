@@ -151,6 +151,7 @@ class KVCacheGenerator(Generator):
     ``share_prompts`` (fast path, without a capture layer): the rows of a call that reuse no stored prefix
     and start with the same tokens (a prompt template) have that common prefix computed once, at batch 1,
     and read as a stored prefix (``shared_prompt_prefix``): only each row's own tail is prefilled.
+    ``prefill_chunk_rows`` (fast path): prefill that many rows at a time (``FastDecoder.prefill_chunk_rows``).
     """
 
     def __init__(
@@ -164,6 +165,7 @@ class KVCacheGenerator(Generator):
         prefix_cache_bytes: int = 2 * 2**30,
         dtype: torch.dtype = torch.float32,
         share_prompts: bool = False,
+        prefill_chunk_rows: int | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -177,6 +179,8 @@ class KVCacheGenerator(Generator):
         self.supports_capture = self.fast_decoder is not None  # generate(..., capture_layer=k)
         self.prefix_cache_bytes = prefix_cache_bytes
         self.share_prompts = share_prompts and self.fast_decoder is not None
+        if self.fast_decoder is not None:
+            self.fast_decoder.prefill_chunk_rows = prefill_chunk_rows
         self._prefix_store: dict = {}  # cache key -> PrefixEntry: each row's KV after the last call
         self.last_reused_tokens = 0  # prompt tokens the last call took from the prefix cache
         self.device = next(model.parameters()).device

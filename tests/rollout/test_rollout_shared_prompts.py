@@ -41,3 +41,21 @@ def test_a_kept_prefix_is_preferred_and_a_short_common_prefix_is_not_shared(vari
     # Kept: each row's prompt and its generated tokens but the last (never fed back).
     assert generator.last_reused_tokens == sum(len(p) + len(g.token_ids) - 1 for p, g in zip(prompts, first))
     assert prefix_cache.common_prefix_length([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]]) < prefix_cache.SHARED_PREFIX_MIN_TOKENS
+
+
+def test_prefill_in_row_chunks_is_the_whole_batchs_prefill(varied_model, smollm2_tokenizer):
+    from stratarl.rollout.fast_forward import FastDecoder
+    from stratarl.rollout.generator import left_pad
+
+    prompts = _prompts(smollm2_tokenizer) + [[5, 6, 7]]
+    ids, attention = left_pad(prompts, smollm2_tokenizer.pad_token_id, "cpu")
+    out = {}
+    for chunk in (None, 2):  # 5 rows: chunks of 2, 2 and 1
+        decoder = FastDecoder(varied_model)
+        decoder.prefill_chunk_rows, decoder.capture_layer = chunk, 1
+        with torch.inference_mode():
+            logits = decoder.prefill(ids, attention, ids.shape[1] + 3)
+            logits = torch.stack([logits, decoder.decode(logits.argmax(-1))])
+        out[chunk] = (logits, decoder.k_cache.clone(), decoder.v_cache.clone(), decoder.h_cache.clone())
+    for whole, chunked in zip(out[None], out[2], strict=True):
+        torch.testing.assert_close(chunked, whole)
