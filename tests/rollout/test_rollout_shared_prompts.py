@@ -47,7 +47,7 @@ def test_prefill_in_row_chunks_is_the_whole_batchs_prefill(varied_model, smollm2
     from stratarl.rollout.fast_forward import FastDecoder
     from stratarl.rollout.generator import left_pad
 
-    prompts = _prompts(smollm2_tokenizer) + [[5, 6, 7]]
+    prompts = [*_prompts(smollm2_tokenizer), [5, 6, 7]]
     ids, attention = left_pad(prompts, smollm2_tokenizer.pad_token_id, "cpu")
     out = {}
     for chunk in (None, 2):  # 5 rows: chunks of 2, 2 and 1
