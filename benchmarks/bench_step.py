@@ -26,6 +26,13 @@ the largest |log-prob| difference of bf16 scoring from fp32 scoring, the fp32 an
 log-probs against their own trainer's, and the first bf16 optimizer step's largest |log ratio| (on-policy:
 below 1e-3 is the target).
 
+``--policy-lag K`` compares instead a fresh step with a stale-weights one: the config as given with
+``trainer.policy_lag=0`` (the baseline) and with ``trainer.policy_lag=K``, interleaved the same way, same seed
+and threads (the lag is min(K, step), so a short run's lag is the step index: the mechanism's cost, the
+sampler copy and its snapshots, is what it measures), plus a third arm at lag K whose step measures the
+sampler/learner mismatch by a separate scoring pass, as the step did before it read the update's own forward
+(``lagK+pass``). The numerics checks are skipped.
+
 The CPU's bf16 matmul units (``cpu_bf16_matmul``) and a bf16 / fp32 GEMM rate ratio at the model's MLP
 shape are printed first: bf16 pays only where that ratio is well above 1.
 """
@@ -67,7 +74,28 @@ def gemm_ratio(seconds: float = 1.0) -> dict:
     return {"fp32_gflops": out["fp32"] / 1e9, "bf16_gflops": out["bf16"] / 1e9, "ratio": out["bf16"] / out["fp32"]}
 
 
-def build_arms(config: str, overrides: list[str], tmp: Path, warm_start: bool) -> tuple[dict, str | None]:
+def lag_arms(lag: int) -> dict[str, list[str]]:
+    """The ``--policy-lag`` comparison: the config as given, fresh (the baseline), with ``lag`` stale steps, and
+    with ``lag`` stale steps measuring the sampler/learner mismatch by a scoring pass (``pass``: the step before
+    the update measured it on its own forward)."""
+    stale = [f"trainer.policy_lag={lag}"]
+    return {"lag0": ["trainer.policy_lag=0"], f"lag{lag}": stale, f"lag{lag}+pass": stale}
+
+
+def with_scoring_pass(run) -> None:
+    """Make ``run``'s step measure the mismatch by a separate scoring pass: an update without the
+    ``learner_logprobs`` keyword (stratarl.trainer.step._mismatch_in_update)."""
+    from stratarl.trainer.update import update_policy
+
+    def update(learner, batch, settings, generator, *, forward=None):
+        return update_policy(learner, batch, settings, generator, forward=forward)
+
+    run.parts = dataclasses.replace(run.parts, update=update)
+
+
+def build_arms(
+    config: str, overrides: list[str], tmp: Path, warm_start: bool, arms: dict[str, list[str]] | None = None
+) -> tuple[dict, str | None]:
     from stratarl.trainer.config import load_config
     from stratarl.trainer.run import build_run
     from stratarl.trainer.warmstart.stages import warm_start_cache_dir
@@ -80,14 +108,15 @@ def build_arms(config: str, overrides: list[str], tmp: Path, warm_start: bool) -
         f"trainer.output_dir={tmp}",
         f"trainer.num_threads={torch.get_num_threads()}",
     ]
+    arms = ARMS if arms is None else arms
     init = None
-    for settings in ARMS.values():  # the fp32 warm start first (the baseline's), else the bf16 one
+    for settings in arms.values():  # the fp32 warm start first (the baseline's), else the bf16 one
         probe = load_config(config, base + overrides + settings)
         folder = warm_start_cache_dir(probe) / "model"
         if warm_start and probe.sft.enabled and init is None and (folder / "config.json").is_file():
             init = str(folder)
     runs = {}
-    for arm, settings in ARMS.items():
+    for arm, settings in arms.items():
         cfg = load_config(config, base + overrides + settings)
         runs[arm] = build_run(cfg, tmp / arm, init_from=init)
     return runs, init
@@ -114,9 +143,10 @@ def spy_first_log_ratio(record: list, learner):
     return undo
 
 
-def timed_steps(runs: dict, steps: int) -> tuple[dict, dict, list]:
+def timed_steps(runs: dict, steps: int, keep: bool = True) -> tuple[dict, dict, list]:
     """Interleaved RL steps of every arm; (per-arm list of per-step metrics, each arm's last batch with its
-    weights and prefix, the bf16 arm's first-step log ratios)."""
+    weights and prefix, the bf16 arm's first-step log ratios). ``keep`` False: no batch is kept (the copies
+    would count in the update's time)."""
     from stratarl.trainer.step import rl_step
 
     rows: dict[str, list[dict]] = {arm: [] for arm in runs}
@@ -135,7 +165,7 @@ def timed_steps(runs: dict, steps: int) -> tuple[dict, dict, list]:
 
         return update
 
-    for arm, run in runs.items():  # the run's update, wrapped to keep each step's batch
+    for arm, run in runs.items() if keep else ():  # the run's update, wrapped to keep each step's batch
         run.parts = dataclasses.replace(run.parts, update=keeping(arm, run.parts.update))
     for step in range(steps):
         for arm, run in runs.items():
@@ -246,9 +276,14 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     parser.add_argument("--no-warm-start", action="store_true", help="start from the base model")
     parser.add_argument("--json", help="also write the numbers here")
+    parser.add_argument(
+        "--policy-lag", type=int, default=0, help="compare trainer.policy_lag=0 with this lag instead of fp32 / bf16"
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides for both arms")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
+    if args.policy_lag:
+        return lag_main(args)
     from stratarl.infra.precision import cpu_bf16_matmul
     from stratarl.infra.threads import set_threads
 
@@ -339,6 +374,43 @@ def main() -> int:
     }
     summary["prefix_from_rollouts_share"] = shares
     print("steps whose prefix came from the rollouts: " + ", ".join(f"{arm} {v:.0%}" for arm, v in shares.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def lag_main(args: argparse.Namespace) -> int:
+    """``--policy-lag K``: the fresh step against the stale-weights step, per phase, and their ratio."""
+    from stratarl.infra.threads import set_threads
+
+    set_threads(args.threads)
+    arms = lag_arms(args.policy_lag)
+    with tempfile.TemporaryDirectory() as tmp:
+        runs, init = build_arms(args.config, args.overrides, Path(tmp), not args.no_warm_start, arms)
+        with_scoring_pass(runs[f"lag{args.policy_lag}+pass"])
+        print(f"policy: {init or 'the base model (no cached warm start)'}; {torch.get_num_threads()} threads")
+        rows, _, _ = timed_steps(runs, max(2, args.steps), keep=False)
+    summary: dict = {"threads": torch.get_num_threads(), "policy": init, "arms": {}}
+    print(f"\nmedians over steps 2..{len(rows['lag0'])}:")
+    print(f"{'arm':10s} " + " ".join(f"{p:>13s}" for p in PHASES) + f" {'tokens':>8s} {'lag':>5s}")
+    for arm, r in rows.items():
+        counted = r[1:]
+        phases = {p: median(counted, f"time/{p}") for p in PHASES}
+        tokens = median(counted, "rollout/response_length_mean")
+        lag = median(counted, "offpolicy/lag")
+        summary["arms"][arm] = {**phases, "response_length_mean": tokens, "lag": lag}
+        print(f"{arm:10s} " + " ".join(f"{phases[p]:12.2f}s" for p in PHASES) + f" {tokens:8.1f} {lag:5.1f}")
+    fresh = summary["arms"]["lag0"]
+    for arm in list(arms)[1:]:
+        # Each stale step against the fresh step run just before it: the pair shares the machine's load.
+        pairs = [b["time/step"] / a["time/step"] for a, b in zip(rows["lag0"][1:], rows[arm][1:], strict=True)]
+        ratio = summary["arms"][arm]["step"] / fresh["step"] if fresh["step"] else 0.0
+        summary["arms"][arm].update(over_fresh=ratio, pair_ratio_median=statistics.median(pairs))
+        print(
+            f"step: lag 0 {fresh['step']:.3f}s, {arm} {summary['arms'][arm]['step']:.3f}s -> {ratio:.3f}x the "
+            f"fresh step; median of the {len(pairs)} step pairs' ratios {statistics.median(pairs):.3f}x "
+            "(target <= 1.10)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return 0

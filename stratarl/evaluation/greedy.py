@@ -32,6 +32,10 @@ from stratarl.rollout.collect import Question, Scoring, collect, scored_transcri
 from stratarl.rollout.config import RolloutConfig
 
 METRIC_COLUMNS = ("em", "subem", "f1", "searches_mean", "answer_rate", "count")
+SHARED_BATCH_FACTOR = 4
+"""The default path's batch, in ``eval.batch_size`` units (see ``evaluate``)."""
+PREFILL_CHUNK_ROWS = 8
+"""The default path's prefill runs this many rows at a time (``FastDecoder.prefill_chunk_rows``)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,11 @@ class EvalSettings:
     scoring: Scoring
     policy: DevicePolicy
     batch_size: int = 32
+
+
+def default_batch_size(settings: EvalSettings) -> int:
+    """The questions the default path runs per batch: ``SHARED_BATCH_FACTOR`` x ``eval.batch_size``."""
+    return settings.batch_size * SHARED_BATCH_FACTOR
 
 
 def score_rollout(rollout, example: Question) -> dict[str, float]:
@@ -90,9 +99,17 @@ def evaluate(
     num_transcripts: int = 4,
     progress: bool = False,
     desc: str = "eval",
+    reference: bool = False,
 ) -> dict:
     """Greedy rollouts (one per question), scored; see ``_evaluate``. A small policy runs on one thread
-    (``stratarl.infra.threads.step_threads``)."""
+    (``stratarl.infra.threads.step_threads``).
+
+    With ``reference`` the questions run ``settings.batch_size`` at a time, every prompt prefilled in full (the
+    path as first written, kept as the oracle of tests and benchmarks/bench_eval.py); by default in batches of
+    ``default_batch_size(settings)`` whose prompts' common prefix (the template) is computed once per turn-0
+    call (``KVCacheGenerator(share_prompts=True)``) and whose prefills run ``PREFILL_CHUNK_ROWS`` rows at a
+    time. The tokens are the reference's up to float rounding: in fp32 identical (tests/evaluation/test_greedy_fast.py);
+    in bf16 a near-tie may flip, as it does between two batch sizes of the reference (docs/training.md)."""
     with step_threads(model):
         return _evaluate(
             model,
@@ -103,6 +120,7 @@ def evaluate(
             num_transcripts=num_transcripts,
             progress=progress,
             desc=desc,
+            reference=reference,
         )
 
 
@@ -116,6 +134,7 @@ def _evaluate(
     num_transcripts: int,
     progress: bool,
     desc: str,
+    reference: bool = False,
 ) -> dict:
     """Greedy rollouts (one per question) -> {"per_source", "per_type", "per_question", "transcripts", "seconds",
     "num_examples"}.
@@ -124,13 +143,22 @@ def _evaluate(
     ``per_question`` has one record per question in ``examples`` order (see :func:`question_record`).
     ``transcripts`` are those of the first ``num_transcripts`` questions, each with its ``example_id``."""
     timed = retriever if isinstance(retriever, TimedRetriever) else TimedRetriever(retriever)
-    generator = make_generator(model, tokenizer, settings.rollout.backend, seed=0, policy=settings.policy)
+    generator = make_generator(
+        model,
+        tokenizer,
+        settings.rollout.backend,
+        seed=0,
+        policy=settings.policy,
+        share_prompts=not reference,
+        prefill_chunk_rows=None if reference else PREFILL_CHUNK_ROWS,
+    )
     start = time.perf_counter()
     scores, sources, types, per_question = [], [], [], []
     transcripts: list[dict[str, Any]] = []
     bar = _progress(len(examples), desc) if progress else None
-    for i in range(0, len(examples), settings.batch_size):
-        chunk = list(examples[i : i + settings.batch_size])
+    batch_size = settings.batch_size if reference else default_batch_size(settings)
+    for i in range(0, len(examples), batch_size):
+        chunk = list(examples[i : i + batch_size])
         batch = collect(
             generator, timed, tokenizer, chunk, settings.rollout, settings.scoring, group_size=1, greedy=True
         )

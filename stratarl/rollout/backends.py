@@ -31,16 +31,32 @@ class AutocastGenerator(Generator):
             return self.inner.generate(prompts, params, max_new_tokens, **capabilities)
 
 
-def make_generator(model, tokenizer, backend: str, seed: int, policy: DevicePolicy) -> Generator:
+def make_generator(
+    model,
+    tokenizer,
+    backend: str,
+    seed: int,
+    policy: DevicePolicy,
+    *,
+    share_prompts: bool = False,
+    prefill_chunk_rows: int | None = None,
+) -> Generator:
     """The ``rollout.backend`` generator for ``model`` under ``policy`` (the run's device and precision): on
     CUDA `kv_cache` is the generic KV-cache loop (``DevicePolicy.fast_decode``); on a CPU the fast decoder in
     the policy's compute dtype (bf16 weight copies with bf16). A generic loop in bf16 runs every ``generate``
-    under autocast."""
+    under autocast. ``share_prompts``: the fast decoder computes the prompts' common prefix once per call
+    and ``prefill_chunk_rows`` its prefill's rows at a time (``KVCacheGenerator``; greedy evaluation uses both)."""
     if backend == "hf":
         generator: Generator = HFGenerator(model, tokenizer, seed=seed)
     else:
         generator = KVCacheGenerator(
-            model, tokenizer, seed=seed, fast=policy.fast_decode(backend), dtype=policy.compute_dtype
+            model,
+            tokenizer,
+            seed=seed,
+            fast=policy.fast_decode(backend),
+            dtype=policy.compute_dtype,
+            share_prompts=share_prompts,
+            prefill_chunk_rows=prefill_chunk_rows,
         )
         if generator.fast_decoder is not None:
             return generator  # the fast decoder sets its own dtypes

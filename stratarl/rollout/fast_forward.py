@@ -135,6 +135,9 @@ class FastDecoder:
         # (``stratarl.trainer.prefix.captured_prefix``). None: nothing is kept.
         self.capture_layer: int | None = None
         self.h_cache: torch.Tensor | None = None
+        # ``prefill_chunk_rows`` n: prefill runs n rows at a time through every layer (their activations stay in
+        # the CPU's caches: 1.25x faster at 8 rows of 160 tokens than 64 at once for SmolLM2 in bf16); None: all.
+        self.prefill_chunk_rows: int | None = None
 
     # -- weights ---------------------------------------------------------------------------
     def _weights_version(self) -> tuple | None:
@@ -286,25 +289,36 @@ class FastDecoder:
             if capture is not None
             else None
         )
+        step = self.prefill_chunk_rows or batch
         with _own_dtypes():
-            for index, layer in enumerate(self._layers):
-                if h_cache is not None and index == capture:  # the new tokens' states; a prefix's columns stay 0
-                    h_cache[:, prefix_width : prefix_width + length] = hidden
-                hidden = self._layer_prefill(index, layer, hidden, cos, sin, mask, prefix_width, index == last)
-            return self._logits(hidden[:, -1])
+            logits = []
+            for start_row in range(0, batch, step):  # rows are independent: a chunk runs every layer in turn
+                rows = slice(start_row, start_row + step)
+                chunk = hidden[rows]
+                for index, layer in enumerate(self._layers):
+                    if h_cache is not None and index == capture:  # the new tokens' states; a prefix's stay 0
+                        h_cache[rows, prefix_width : prefix_width + length] = chunk
+                    chunk = self._layer_prefill(
+                        index, layer, chunk, cos[rows], sin[rows], mask[rows], prefix_width, index == last, rows
+                    )
+                logits.append(self._logits(chunk[:, -1]))
+            return logits[0] if len(logits) == 1 else torch.cat(logits)
 
-    def _layer_prefill(self, index, layer: LayerWeights, hidden, cos, sin, mask, prefix_width: int, last_only: bool):
+    def _layer_prefill(
+        self, index, layer: LayerWeights, hidden, cos, sin, mask, prefix_width: int, last_only: bool, rows: slice
+    ):
         """One layer over all prompt positions, writing their K/V to the cache. ``last_only``
         (the last layer): only the last position's output is needed (the logits read nothing
         else), so attention, o_proj and the MLP run for it alone; every position's K/V is
-        still computed and cached. Rows are independent, so the numbers are the same."""
+        still computed and cached. Rows are independent, so the numbers are the same. ``rows``: the cache rows
+        of ``hidden``'s batch."""
         batch, length, _ = hidden.shape
         q, k, v = self._qkv(layer, hidden, cos, sin)  # [B, heads, L, D], in the cache's dtype
         end = prefix_width + length
-        self.k_cache[index, :, :, prefix_width:end] = k
-        self.v_cache[index, :, :, prefix_width:end] = v
+        self.k_cache[index, rows, :, prefix_width:end] = k
+        self.v_cache[index, rows, :, prefix_width:end] = v
         if prefix_width:
-            k, v = self.k_cache[index, :, :, :end], self.v_cache[index, :, :, :end]
+            k, v = self.k_cache[index, rows, :, :end], self.v_cache[index, rows, :, :end]
         if last_only:
             q, mask, hidden = q[:, :, -1:], mask[:, :, -1:], hidden[:, -1:]
             length = 1

@@ -10,7 +10,7 @@ import torch
 
 from stratarl.rollout.fast_forward import FastDecoder, fast_decode_unsupported_reason
 from stratarl.rollout.generator import FinishReason, Generation, Generator, SamplingParams, left_pad, row_limits
-from stratarl.rollout.prefix_cache import PrefixEntry, RowCollector, reusable_prefixes
+from stratarl.rollout.prefix_cache import PrefixEntry, RowCollector, reusable_prefixes, shared_prompt_prefix
 from stratarl.rollout.sampling import sample_tokens
 from stratarl.rollout.stopping import StopMatcher, finish_of, special_token_ids, stop_candidates
 
@@ -147,6 +147,11 @@ class KVCacheGenerator(Generator):
     states entering decoder layer k of every token read (``Generation.frozen_states``); the prefix
     cache keeps them with the K/V so a multi-turn rollout's states cover its whole history. With
     layers 0..k-1 frozen these are the trainer's frozen prefix, which it then need not recompute.
+
+    ``share_prompts`` (fast path, without a capture layer): the rows of a call that reuse no stored prefix
+    and start with the same tokens (a prompt template) have that common prefix computed once, at batch 1,
+    and read as a stored prefix (``shared_prompt_prefix``): only each row's own tail is prefilled.
+    ``prefill_chunk_rows`` (fast path): prefill that many rows at a time (``FastDecoder.prefill_chunk_rows``).
     """
 
     def __init__(
@@ -159,6 +164,8 @@ class KVCacheGenerator(Generator):
         fast: bool | None = None,
         prefix_cache_bytes: int = 2 * 2**30,
         dtype: torch.dtype = torch.float32,
+        share_prompts: bool = False,
+        prefill_chunk_rows: int | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -171,6 +178,9 @@ class KVCacheGenerator(Generator):
         self.supports_cache_keys = self.fast_decoder is not None
         self.supports_capture = self.fast_decoder is not None  # generate(..., capture_layer=k)
         self.prefix_cache_bytes = prefix_cache_bytes
+        self.share_prompts = share_prompts and self.fast_decoder is not None
+        if self.fast_decoder is not None:
+            self.fast_decoder.prefill_chunk_rows = prefill_chunk_rows
         self._prefix_store: dict = {}  # cache key -> PrefixEntry: each row's KV after the last call
         self.last_reused_tokens = 0  # prompt tokens the last call took from the prefix cache
         self.device = next(model.parameters()).device
@@ -238,6 +248,8 @@ class KVCacheGenerator(Generator):
         )
         if capture_layer is not None:  # a reused prefix must bring its captured states along
             entries = [e if e is not None and e.states is not None else None for e in entries]
+        elif self.share_prompts:
+            entries = shared_prompt_prefix(decoder, prompts, entries)
         decoder.capture_layer = capture_layer
         suffixes = [list(p[len(e.tokens) :]) if e is not None else list(p) for p, e in zip(prompts, entries)]
         ids, attention = left_pad(suffixes, self.pad_id, self.device)

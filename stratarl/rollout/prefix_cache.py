@@ -49,6 +49,49 @@ def reusable_prefixes(
     return found
 
 
+SHARED_PREFIX_MIN_TOKENS = 8
+"""The shortest common prompt prefix worth computing once for several rows (``shared_prompt_prefix``)."""
+
+
+def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """The number of leading tokens every prompt has in common, at most the shortest prompt's length − 1 (a row
+    keeps at least one token of its own, whose logits start its generation)."""
+    if not prompts:
+        return 0
+    first, limit = prompts[0], min(len(p) for p in prompts) - 1
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
+
+
+def sequence_cache(decoder: FastDecoder, tokens: list[int], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values of one token sequence, each ``[layers, kv_heads, len(tokens), head_dim]`` as
+    ``FastDecoder.row_cache`` returns them: a prefix that many rows of a later prefill share. ``rows``: the batch
+    that prefill will decode; the weights are fused for it first, so this batch-1 prefill keeps their packing
+    (``FastDecoder.refresh`` rebuilds only stale weights). The decoder's cache is replaced."""
+    decoder.refresh(rows=rows)
+    ids = torch.tensor([list(tokens)], dtype=torch.long, device=decoder.inner.embed_tokens.weight.device)
+    decoder.prefill(ids, torch.ones_like(ids), len(tokens))
+    return decoder.row_cache(0, len(tokens))
+
+
+def shared_prompt_prefix(
+    decoder: FastDecoder, prompts: Sequence[Sequence[int]], entries: list[PrefixEntry | None]
+) -> list[PrefixEntry | None]:
+    """``entries`` with every row that reuses nothing given the prompts' common prefix as its stored prefix,
+    computed once at batch 1 (``sequence_cache``), when at least two such rows share
+    ``SHARED_PREFIX_MIN_TOKENS`` tokens. The entry has no version, so it is never kept for a later call."""
+    fresh = [i for i, e in enumerate(entries) if e is None]
+    n = common_prefix_length([prompts[i] for i in fresh]) if len(fresh) > 1 else 0
+    if n < SHARED_PREFIX_MIN_TOKENS:
+        return entries
+    tokens = list(prompts[fresh[0]][:n])
+    keys, values = sequence_cache(decoder, tokens, rows=len(prompts))
+    shared = PrefixEntry(None, tokens, keys, values, None)
+    return [shared if e is None else e for e in entries]
+
+
 class RowCollector:
     """What one ``generate`` call keeps of its rows as they leave the batch: each row's KV under its cache
     key (``store``, the next call's prefix cache) while the store stays within ``max_bytes``, and with a

@@ -87,6 +87,9 @@ class Update(Protocol):
         forward: PolicyForward | None = None,
     ) -> dict[str, float]: ...
 
+    # An update may also take ``learner_logprobs`` (``update_policy``'s): the step then reads the learner's
+    # log-probs of a one-optimizer-step update from its own forward (stratarl.trainer.step._mismatch_in_update).
+
 
 class BoundAdvantage(Protocol):
     """The algorithm's advantage estimator with its parameters bound: (advantages, returns) [B, T]."""

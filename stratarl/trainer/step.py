@@ -23,6 +23,8 @@ A step reads ``run.settings`` (stratarl.trainer.settings: plain values resolved 
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import time
 
 import torch
@@ -177,7 +179,8 @@ def _rl_step(run: RunState) -> dict[str, float]:
             "time/step": time.perf_counter() - step_start,
         }
     strata = advantage_strata(run.settings.step, collected.strata, collected.group_ids, run.step)
-    scored, forward = _score(run, collected, capture)
+    in_update = _mismatch_in_update(run)
+    scored, forward = _score(run, collected, capture, measure_learner=run.behaviour is not None and not in_update)
     states = rollout_step_states(run.settings.algorithm, collected, run.tokenizer)
     inputs = advantage_inputs(scored, collected.rewards, collected.group_ids, strata, states)
     batch = compute_advantages(run.advantage, scored, inputs)
@@ -185,8 +188,12 @@ def _rl_step(run: RunState) -> dict[str, float]:
         batch = without_loss(batch, collected.overlong)
         faults = {**faults, "rollout/overlong_masked": float(sum(collected.overlong))}
     estimated = estimator_metrics(run.settings.algorithm, inputs)
+    recorded = torch.zeros(batch.response_mask.shape, device=batch.response_mask.device) if in_update else None
     with run.timer("update"):
-        update = run.parts.update(run.learner, batch, run.settings.update, run.shuffle_rng, forward=forward)
+        extra = {"learner_logprobs": recorded} if recorded is not None else {}
+        update = run.parts.update(run.learner, batch, run.settings.update, run.shuffle_rng, forward=forward, **extra)
+    if recorded is not None:
+        scored = dataclasses.replace(scored, learner_logprobs=recorded)
 
     metrics = {
         **batch_metrics(collected),
@@ -305,8 +312,24 @@ def _capture(run: RunState) -> int | None:
     return capture_layer(run.learner.model) if run.settings.step.prefix_from_rollouts and same_numerics else None
 
 
-def _score(run: RunState, collected: CollectedBatch, capture: int | None) -> tuple[ScoredBatch, PolicyForward]:
-    """The scored stage of the step's rollouts, and the policy's forward the update shares with it."""
+def _mismatch_in_update(run: RunState) -> bool:
+    """Whether the sampler/learner mismatch of a run with an off-policy source is measured on the log-probs of the
+    update's own forward (``update_policy(..., learner_logprobs=...)``): when the update takes one optimizer step
+    per batch, its forward runs the learner's weights before they change, so a separate scoring pass would
+    compute the same numbers again (a stale-weights step then costs what a fresh one does)."""
+    update = run.settings.update
+    return (
+        run.behaviour is not None
+        and update.epochs * update.mini_batches == 1
+        and "learner_logprobs" in inspect.signature(run.parts.update).parameters
+    )
+
+
+def _score(
+    run: RunState, collected: CollectedBatch, capture: int | None, *, measure_learner: bool
+) -> tuple[ScoredBatch, PolicyForward]:
+    """The scored stage of the step's rollouts, and the policy's forward the update shares with it
+    (``measure_learner``: ``score_batch``'s)."""
     tokens = collate_rollouts(collected.rollouts, run.tokenizer.pad_token_id).to(run.settings.step.device)
     sampling = scatter_response_values([r.sampling_logprobs for r in collected.rollouts], tokens.response_lengths)
     with run.timer("frozen_prefix"):  # the frozen layers, once for the scoring pass and every optimizer step
@@ -322,7 +345,7 @@ def _score(run: RunState, collected: CollectedBatch, capture: int | None) -> tup
             sampling,
             forward,
             shortcut=True,
-            measure_learner=run.behaviour is not None,
+            measure_learner=measure_learner,
         )
     return scored, forward
 

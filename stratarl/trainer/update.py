@@ -218,13 +218,18 @@ def micro_batch_plan(
 
 
 def accumulate_gradients(
-    learner: Learner, mini: TrainBatch, settings: UpdateSettings, forward: PolicyForward = REFERENCE
+    learner: Learner,
+    mini: TrainBatch,
+    settings: UpdateSettings,
+    forward: PolicyForward = REFERENCE,
+    record: tuple[torch.Tensor, list[int]] | None = None,
 ) -> dict[str, float]:
     """Backward over token-budgeted micro-batches of ``mini``; ``.grad`` ends up holding the gradient
     of the mini-batch loss (and SORL's C buffers its clipping-bias gradient). Returns averaged metrics.
 
     ``forward``: the policy's forward for ``mini``'s rows (a ``PrefixForward`` keeps prompt groups together in a
-    micro-batch: the same gradient, fewer prompt passes)."""
+    micro-batch: the same gradient, fewer prompt passes). ``record`` (target [B, T], the batch row of each of
+    ``mini``'s rows): each micro-batch's log-probs, detached, are written to the target's rows."""
     sums: dict[str, float] = defaultdict(float)
     policy_tokens = 0
     for local, mb, weight in micro_batch_plan(mini, settings, forward):
@@ -238,6 +243,10 @@ def accumulate_gradients(
                 return_hidden=learner.value_head is not None,
             )
             loss, clip_bias, metrics = micro_batch_terms(learner, mb, settings, out)
+        if record is not None:
+            target, batch_rows = record
+            logprobs = out["logprobs"].detach()
+            target[[batch_rows[i] for i in local], : logprobs.shape[1]] = logprobs.to(target.dtype)
         if learner.normalizer is not None:
             nothing_clipped = float(metrics["loss/clip_frac"]) == 0.0
             weighted_bias = None if clip_bias is None else clip_bias * weight
@@ -259,15 +268,19 @@ def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 
 def optimizer_step(
-    learner: Learner, mini: TrainBatch, settings: UpdateSettings, forward: PolicyForward = REFERENCE
+    learner: Learner,
+    mini: TrainBatch,
+    settings: UpdateSettings,
+    forward: PolicyForward = REFERENCE,
+    record: tuple[torch.Tensor, list[int]] | None = None,
 ) -> dict[str, float]:
     """One optimizer step on a mini-batch: accumulate, SORL-normalise and clip (in ``algo.sorl_order``), step.
 
     ``optim/grad_norm`` is the norm clipping saw: after the SORL factor with `before_clip`, before it with
     `after_clip`. ``sorl/effective_scale`` is ||gradient the optimizer got|| / ||policy gradient before SORL
     and clipping||: ``sorl/scale`` when clipping did not act, the clip factor when `before_clip` clipping
-    undid SORL's factor (it does unless ||C|| > max(delta, ||grad||))."""
-    return apply_gradients(learner, settings, accumulate_gradients(learner, mini, settings, forward))
+    undid SORL's factor (it does unless ||C|| > max(delta, ||grad||)). ``record``: see ``accumulate_gradients``."""
+    return apply_gradients(learner, settings, accumulate_gradients(learner, mini, settings, forward, record))
 
 
 def apply_gradients(learner: Learner, settings: UpdateSettings, sums: dict[str, float]) -> dict[str, float]:
@@ -310,13 +323,24 @@ def update_policy(
     *,
     impl: str = "fast",
     forward: PolicyForward | None = None,
+    learner_logprobs: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """K epochs x M mini-batches of optimizer steps; returns metrics averaged over the steps.
 
     ``forward``: this batch's ``batch_forward``, when the caller chose it already (for the scoring pass);
     otherwise it is chosen here by ``impl``: `fast` runs the frozen layers once for the whole batch (when the
     model allows it, else as `reference`); `reference` runs every layer in every micro-batch. Both give the same
-    gradients up to float rounding."""
+    gradients up to float rounding.
+
+    ``learner_logprobs`` [B, T] (an update of one optimizer step only): filled with the learner's log-probs of the
+    batch's response tokens, detached, from that step's own forward, before the optimizer changes the weights:
+    what a scoring pass would compute (the same weights on the same tokens), without the pass. A run with an
+    off-policy source measures the sampler/learner mismatch with them (stratarl.trainer.step)."""
+    if learner_logprobs is not None and settings.epochs * settings.mini_batches != 1:
+        raise ValueError(
+            f"learner_logprobs needs an update of one optimizer step, not epochs x mini_batches = "
+            f"{settings.epochs} x {settings.mini_batches}: score the batch with measure_learner instead"
+        )
     if not isinstance(batch, TrainBatch):
         raise TypeError(
             f"update_policy got an unscored {type(batch).__name__}: score it first "
@@ -330,7 +354,14 @@ def update_policy(
         for _ in range(settings.epochs):
             minis = mini_batch_rows(batch.size, settings.mini_batches, generator)
             per_step.extend(
-                optimizer_step(learner, batch.select(rows), settings, forward.select(rows)) for rows in minis
+                optimizer_step(
+                    learner,
+                    batch.select(rows),
+                    settings,
+                    forward.select(rows),
+                    None if learner_logprobs is None else (learner_logprobs, list(rows)),
+                )
+                for rows in minis
             )
     finally:
         learner.model.eval()
