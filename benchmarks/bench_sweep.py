@@ -4,7 +4,6 @@ processes at a time), in one benchmark run on this machine.
 
     python benchmarks/bench_sweep.py                                   # 4 worlds x 2 arms, 300 steps (issue 44)
     python benchmarks/bench_sweep.py --steps 5 --worlds 2001-2002 --set eval.before_after=false   # a smoke test
-    python benchmarks/bench_sweep.py --modes solo alone                # without the stacked populations
 
 Every run is configs/lab.yaml from the lab's cached warm start (``model.init_from``; the warm start never sees a
 task world, so every world runs from it), on world ``data.synthetic.seed = W`` with ``trainer.seed`` = the world's
@@ -16,13 +15,12 @@ index, for each arm. The knowledge bases are generated before any timing. Printe
    lengths: a group's prompt once, every response token once per pass, the LM head on policy tokens; evals
    excluded) over wall x cores x the one-thread matmul peak measured here; and the executed share, from the
    executed / useful ratio of ``--count-steps`` steps counted by ``torch.utils.flop_counter``'s formulas in
-   process (solo: the step; population: every member's step and the batched calls);
+   process (solo: the step; population: every member's step);
 3. a verdict against the 2.5x target;
-4. same results: each population mode's held-out greedy EM after training against the solo run of the same world,
+4. same results: the populations' held-out greedy EM after training against the solo run of the same world,
    arm and seed, paired over the sweep's runs (mean difference with its 95% t-interval, the largest |difference|,
    and how many runs' metrics.jsonl are bit-identical to the solo run's outside ``time/`` and ``perf/``). The
-   stated tolerance: the alone mode must be bit-identical; the stacked mode's interval must lie within
-   +-EM_TOLERANCE (rounding differences flip sampled tokens, so its trajectories drift; docs/lab.md).
+   stated tolerance: every member must be bit-identical to its solo run.
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import bench_lab  # noqa: E402  (benchmarks/bench_lab.py: the matmul peak, the FLOP model and counter formulas)
 
 TARGET_RATIO = 2.5
-EM_TOLERANCE = 0.03  # the stacked mode's paired held-out EM difference to solo must lie inside +-0.03 (95% CI)
-MODES = ("solo", "alone", "stacked")
+MODES = ("solo", "alone")
 STRATARL = [sys.executable, "-m", "stratarl.cli"]
 
 
@@ -111,7 +108,7 @@ def run_solo(args, runs: list[dict], out: Path) -> float:
     return time.perf_counter() - started
 
 
-def run_populations(args, runs: list[dict], out: Path, stack: bool) -> float:
+def run_populations(args, runs: list[dict], out: Path) -> float:
     """The same runs as populations of ``--population`` members, ``--jobs`` processes at a time."""
     size = args.population or -(-len(runs) // args.jobs)
     groups = [runs[i : i + size] for i in range(0, len(runs), size)]
@@ -122,7 +119,6 @@ def run_populations(args, runs: list[dict], out: Path, stack: bool) -> float:
         spec.write_text(
             json.dumps(
                 {
-                    "stack": stack,
                     "runs": [
                         {
                             "name": r["name"],
@@ -221,8 +217,8 @@ class FlopCounter:
         return Mode()
 
 
-def executed_per_useful(args, runs: list[dict], out: Path, fm, stack: bool | None) -> float:
-    """Executed / useful FLOPs of ``--count-steps`` steps, in this process: a solo run (``stack`` None) or a
+def executed_per_useful(args, runs: list[dict], out: Path, fm, population: bool) -> float:
+    """Executed / useful FLOPs of ``--count-steps`` steps, in this process: a solo run or (``population``) a
     population of the first ``--population`` runs (no evals: training steps only)."""
     from stratarl.trainer.config import load_config
     from stratarl.trainer.population import Member, run_population
@@ -231,7 +227,7 @@ def executed_per_useful(args, runs: list[dict], out: Path, fm, stack: bool | Non
 
     counter = FlopCounter()
     size = args.population or -(-len(runs) // args.jobs)
-    chosen = runs[:1] if stack is None else runs[:size]
+    chosen = runs[:size] if population else runs[:1]
     extra = [
         f"trainer.steps={args.count_steps}",
         "eval.before_after=false",
@@ -244,16 +240,14 @@ def executed_per_useful(args, runs: list[dict], out: Path, fm, stack: bool | Non
         with counter.mode():
             return rl_step(run)
 
-    if stack is None:
+    if not population:
         train(members[0].cfg, members[0].run_dir, step=counted)
     else:
 
         def pipeline(cfg, run_dir, *, resume, start_over, parts):
             return train(cfg, run_dir, resume=resume, start_over=start_over, parts=parts, step=counted)
 
-        report = run_population(
-            members, pipeline=pipeline, stack=stack, logs=True, instrument=lambda kind: counter.mode()
-        )
+        report = run_population(members, pipeline=pipeline, logs=True)
         if not all(r.ok for r in report.members):
             raise RuntimeError(f"the counted population failed: {[r.error for r in report.members]}")
     useful, _ = useful_flops([m.run_dir for m in members], fm)
@@ -297,8 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=list(MODES),
         choices=MODES,
-        help="solo: one process per run; alone: populations whose calls run alone (the default of "
-        "`stratarl population`); stacked: populations with stacked calls (--stack)",
+        help="solo: one process per run; alone: populations (`stratarl population`)",
     )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
     parser.add_argument("--count-steps", type=int, default=2, help="steps counted for the executed FLOPs (0: none)")
@@ -321,14 +314,12 @@ def main(argv: list[str] | None = None) -> int:
         if mode == "solo":
             wall = run_solo(args, runs, folder)
         else:
-            wall = run_populations(args, runs, folder, mode == "stacked")
+            wall = run_populations(args, runs, folder)
         useful, steps = useful_flops([folder / r["name"] for r in runs], fm)
         ratio = float("nan")
         if args.count_steps:
             with open(out / f"count-{mode}.log", "w") as log, contextlib.redirect_stdout(log):
-                ratio = executed_per_useful(
-                    args, runs, out / f"count-{mode}", fm, None if mode == "solo" else mode == "stacked"
-                )
+                ratio = executed_per_useful(args, runs, out / f"count-{mode}", fm, mode != "solo")
         share = useful / (wall * args.jobs * peak)
         results[mode] = {
             "wall_s": wall,
@@ -379,8 +370,7 @@ def same_results(out: Path, runs: list[dict], mode: str) -> dict:
         with contextlib.suppress(OSError, ValueError):
             identical += _training_rows(solo) == _training_rows(member)
     ci = mean_ci(diffs)
-    within = ci.low is not None and ci.low >= -EM_TOLERANCE and ci.high <= EM_TOLERANCE
-    ok = identical == len(runs) if mode == "alone" else (len(diffs) == len(runs) and within)
+    ok = identical == len(runs)
     return {
         "n": len(diffs),
         "mean": ci.mean,
@@ -401,7 +391,6 @@ def report(args, results: dict, runs: int) -> None:
         size = args.population or -(-runs // args.jobs)
         label = {
             "solo": f"solo (--jobs {args.jobs})",
-            "stacked": f"populations of {size}, stacked",
             "alone": f"populations of {size}, calls alone",
         }[mode]
         vs = f"{r['runs_per_core_hour'] / base:.2f}x" if base else "-"
@@ -429,11 +418,7 @@ def report(args, results: dict, runs: int) -> None:
         if same["n"] == 0:
             print(f"SAME RESULTS {mode}: no held-out EM to compare (eval.before_after=false?)")
             continue
-        rule = (
-            "bit-identical metrics to solo"
-            if mode == "alone"
-            else f"95% CI of the paired EM difference within +-{EM_TOLERANCE}"
-        )
+        rule = "bit-identical metrics to solo"
         interval = "" if same["low"] is None else f" [{same['low']:+.4f}, {same['high']:+.4f}]"
         print(
             f"SAME RESULTS {'PASS' if same['ok'] else 'FAIL'} {mode}: held-out EM member - solo, paired over "

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "stratarl"
 
 # Names that need veRL (not installed in the main environment, see docs/verl.md) are not imported when veRL is
 # missing; the test still checks that their module file exists and defines the name.
-NEEDS_VERL = ("stratarl.integrations.verl.", "stratarl.integrations.verl_cpu.")
+NEEDS_VERL = ("stratarl.integrations.verl.",)
 
 
 def _installed(distribution: str) -> bool:

@@ -78,9 +78,6 @@ def _run_group(
     todo = [(i, c) for i, c in enumerate(claimed) if c is not None]
     try:
         if todo:
-            for _, claim in todo:  # the summary's train_seconds is the population's wall time shared by its members
-                arm = Path(claim[2]["run_dir"]) / "arm.json"
-                arm.write_text(json.dumps({**json.loads(arm.read_text()), "population": len(todo)}) + "\n")
             folder = out / "populations"
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"population-{os.getpid()}-{index}.json"

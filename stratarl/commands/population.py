@@ -9,7 +9,7 @@ from pathlib import Path
 from stratarl.commands import guard
 from stratarl.commands.train import add_retriever_check_flag
 
-SPEC_HELP = """a JSON or YAML file: {"runs": [RUN, ...], "stack": false, "threads": 1} or a list of RUNs, where RUN is
+SPEC_HELP = """a JSON or YAML file: {"runs": [RUN, ...]} or a list of RUNs, where RUN is
 {"run_dir": DIR, "config": YAML, "overrides": [...]} (as `stratarl train YAML OVERRIDES --run-dir DIR`) or
 {"run_dir": DIR, "resume": true, "overrides": [...]} (as `stratarl train --resume DIR OVERRIDES`), optionally with
 "name", "start_over" and "allow_lag_change" (as --start-over and --allow-lag-change); unknown keys are refused.
@@ -19,32 +19,21 @@ The exit code is 0 when every run is done, else the first unfinished run's (1 fo
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "population",
-        help="train several runs in one process, their generation and updates "
-        "computed together (a sweep as populations; docs/lab.md)",
+        help="train several runs in one process, one after another (a sweep as populations; docs/lab.md)",
         description="Train several runs as one population: each run is what `stratarl train` "
-        "would train, in its own run directory, laid out as a solo run's "
+        "would train, bit for bit, in its own run directory, laid out as a solo run's "
         "(train.log gets its output); a run that fails is reported and the "
         "others go on. Each run ends done, stopped (with its reason and exit code) or dropped; the exit code "
         "is 0 only when every run is done.",
     )
     p.add_argument("spec", help=SPEC_HELP)
-    p.add_argument(
-        "--stack",
-        action="store_true",
-        help="run the members' generate / update calls as one stacked "
-        "computation (equal to the solo runs up to float rounding; on the lab's shapes slower than the "
-        "default, which runs each call alone and equals the solo run bit for bit)",
-    )
-    p.add_argument(
-        "--threads", type=int, default=None, help="intra-op threads of the batched calls (default: the spec's, else 1)"
-    )
-    p.add_argument("--summary", help="write the population's result (members, errors, seconds, batches) here as JSON")
+    p.add_argument("--summary", help="write the population's result (members, errors, seconds) here as JSON")
     p.add_argument("--no-logs", action="store_true", help="print the members' output here instead of their train.log")
     add_retriever_check_flag(p)
     p.set_defaults(func=run_population_command)
 
 
-SPEC_KEYS = ("runs", "stack", "threads")
+SPEC_KEYS = ("runs",)
 RUN_KEYS = ("run_dir", "config", "overrides", "resume", "name", "start_over", "allow_lag_change")
 
 
@@ -98,11 +87,6 @@ def load_spec(path: str | Path) -> dict:
     if not isinstance(spec.get("runs"), list) or not spec["runs"]:
         raise ConfigError(f"{path}: no runs. Fix: give a list of runs, each with run_dir and config (or resume: true)")
     _check_keys(path, "spec", spec, SPEC_KEYS)
-    if "stack" in spec:
-        _check_bool(path, "spec.stack", spec["stack"])
-    threads = spec.get("threads", 1)
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        _spec_error(path, "spec.threads", threads, "not an integer >= 1", "give a thread count such as 1 or 4")
     for index, run in enumerate(spec["runs"]):
         check_run_entry(path, index, run)
     return spec
@@ -238,14 +222,8 @@ def run_population_command(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec)
         members = members_of(spec, args.spec)
         check_members(members, args)
-        stack = bool(spec.get("stack", False)) or args.stack
-        threads = args.threads or int(spec.get("threads", 1))
-        print(
-            f"population of {len(members)} runs ({'stacked' if stack else 'each call alone'}, {threads} "
-            f"thread(s) for the batched calls)",
-            flush=True,
-        )
-        report = run_population(members, pipeline=run_pipeline, stack=stack, threads=threads, logs=not args.no_logs)
+        print(f"population of {len(members)} runs, one after another", flush=True)
+        report = run_population(members, pipeline=run_pipeline, logs=not args.no_logs)
         for result in report.members:
             print(f"  {member_line(result)}", flush=True)
         counts = {s: sum(r.status == s for r in report.members) for s in ("done", "stopped", "dropped")}
@@ -256,20 +234,17 @@ def run_population_command(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.summary:
-            write_summary(Path(args.summary), report, stack, threads, code)
+            write_summary(Path(args.summary), report, code)
         return code
 
     return guard(body)
 
 
-def write_summary(path: Path, report, stack: bool, threads: int, code: int) -> None:
+def write_summary(path: Path, report, code: int) -> None:
     """The population's result as JSON: each member's status (done / stopped / dropped), exit code and reason."""
     out = {
         "seconds": report.seconds,
-        "stack": stack,
-        "threads": threads,
         "exit_code": code,
-        "batches": report.batches,
         "members": [
             {
                 "name": r.name,

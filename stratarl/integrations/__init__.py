@@ -7,6 +7,7 @@
   used by ``stratarl verl convert-data``).
 - :mod:`stratarl.integrations.search_tool`: the ``/retrieve`` client behind ``recipes/verl/search_tool.py``
   (no veRL import, no plugin: serves plain veRL runs too).
-- :mod:`stratarl.integrations.verl_cpu`: a CPU platform and ``hf`` rollout server for running veRL's trainer
-  on a CPU (tests and smoke runs; no plugin).
+
+The veRL test harness (CPU smoke runs of veRL's trainer, a CPU platform for veRL) is not part of the package:
+tests/verl/harness.
 """

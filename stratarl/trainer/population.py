@@ -1,61 +1,45 @@
-"""Populations: K training runs in one process, each through the solo run's own code, their heavy calls batched.
+"""Populations: K training runs in one process, one after another, each through the solo run's own code.
 
 A sweep (arms x seeds x worlds) is many independent runs of one architecture. ``run_population`` trains them in
-one process: each member runs ``stratarl train``'s own pipeline (``train_member``: stratarl.trainer.rl.train;
-the command line passes the warm-start pipeline of `stratarl train`) in a thread of its own, one member at a
-time (stratarl.infra.lockstep), so it builds its own run exactly as a solo run does: its config, run directory
-(config.yaml, metrics.jsonl, transcripts/, checkpoints/, eval/, summary.json, laid out as a solo run's), task and
-world, retriever, model, optimizer, data sampler, generator RNG and logger. Nothing is shared between members
-but the process.
+one process, in member order: each member runs ``stratarl train``'s own pipeline (``train_member``:
+stratarl.trainer.rl.train; the command line passes the warm-start pipeline of `stratarl train`), so it builds its
+own run exactly as a solo run does: its config, run directory (config.yaml, metrics.jsonl, transcripts/,
+checkpoints/, eval/, summary.json, laid out as a solo run's), task and world, retriever, model, optimizer, data
+sampler, generator RNG and logger. Nothing is shared between members but the process, so a member's numbers are
+its solo run's bit for bit (the same code on the same inputs). What a population saves is what is per run: one
+interpreter start and one import of torch (docs/lab.md, "Sweeps as populations").
 
-Two of the run's collaborators (``RunParts``, the seam a run offers for them) meet the other members' instead of
-computing at once:
-
-    generate   a member's generator (``PopulationGenerator``) hands its ``generate`` call to the population;
-               the calls of every member that waits in one run together (stratarl.rollout.population_generate:
-               each member's rows sampled with its own RNG and stop rules, the forward passes stacked)
-    update     a member's ``update_policy`` call runs with the other members' (stratarl.trainer.population_update:
-               each member's optimizer steps as alone, the forward / backward passes stacked)
-
-With ``stack=False`` (the default) each call runs alone, on its member's objects, in the member's thread count: a
-member's numbers are then its solo run's bit for bit (the same code on the same inputs). With ``stack=True`` the
-calls run as one stacked computation and equal the solo run's up to float rounding (other kernels), so sampled
-tokens can differ after some steps. On the lab's shapes (32 rollouts of ~200 tokens, a 64-wide policy) stacking
-saves nothing: the ops are already large (compute-bound matmuls, attention at head size 16, elementwise passes
-over 10^4-token activations), per-op overhead is a small share, and the stacked update recomputes each row's
-prompt (the solo update shares it), so it is slower (docs/lab.md, "Sweeps as populations").
-
-A member that fails (its warm start refused, an exception in a step, weights that became non-finite) is
-dropped and reported (``MemberResult.error``), and the others go on; a member whose run stopped early (retrieval
-failures, a non-finite step: a non-zero exit code in its summary) is reported as stopped (``MemberResult.status``). Resume is per member (``Member.resume``: its newest
-checkpoint, as `stratarl train --resume`).
+A member that fails (its warm start refused, an exception in a step, an update that left non-finite weights) is
+dropped and reported (``MemberResult.error``), and the next one starts; a member whose run stopped early
+(retrieval failures, a non-finite step: a non-zero exit code in its summary) is reported as stopped
+(``MemberResult.status``). A signal stops the member that runs as it stops a solo run (it finishes the step and
+checkpoints), and the members after it do not start (``NOT_STARTED``). Resume is per member (``Member.resume``:
+its newest checkpoint, as `stratarl train --resume`).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
+import traceback
+from collections.abc import Sequence
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Protocol
 
 import torch
 
-from stratarl.infra.lockstep import Lockstep
 from stratarl.rollout.backends import make_generator
 from stratarl.rollout.collect import collect
-from stratarl.rollout.generation import Generation, Generator, SamplingParams
-from stratarl.rollout.population_generate import GenerateCall, generate_together
 from stratarl.trainer.batch import TrainBatch
 from stratarl.trainer.config import Config
 from stratarl.trainer.forward import PolicyForward
 from stratarl.trainer.learner import Learner
-from stratarl.trainer.population_update import UpdateCall, update_together
 from stratarl.trainer.rl import train
 from stratarl.trainer.run import RunParts
 from stratarl.trainer.settings import UpdateSettings
+from stratarl.trainer.update import update_policy
 
 
 @dataclass
@@ -114,160 +98,40 @@ class MemberResult:
 
 @dataclass
 class PopulationReport:
-    """A population's members' results, its wall time and what it batched (kind -> [members per call])."""
+    """A population's members' results and its wall time."""
 
     members: list[MemberResult]
     seconds: float
-    batches: dict[str, list[int]] = field(default_factory=dict)
 
 
-class PopulationGenerator(Generator):
-    """A member's generator: its own (``inner``: RNG, prefix cache, stop rules), whose ``generate`` calls run
-    together with the other members' (``Lockstep.call("generate", ...)``). Checkpoints save ``rng``, which is
-    the inner generator's."""
-
-    def __init__(self, inner: Generator, lockstep: Lockstep) -> None:
-        self.inner = inner
-        self.lockstep = lockstep
-        self.rng = inner.rng
-        self.supports_cache_keys = inner.supports_cache_keys
-        self.supports_capture = inner.supports_capture
-
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        max_new_tokens: Sequence[int] | None = None,
-        cache_keys: Sequence | None = None,
-        capture_layer: int | None = None,
-    ) -> list[Generation]:
-        call = GenerateCall(self.inner, prompts, params, max_new_tokens, cache_keys)
-        return self.lockstep.call("generate", _Pending(call, capture_layer, torch.get_num_threads()))
-
-
-_Call = TypeVar("_Call", GenerateCall, UpdateCall)
-
-
-@dataclass
-class _Pending(Generic[_Call]):
-    """A call with what running it alone needs: the capture layer (never stacked) and the caller's thread count."""
-
-    call: _Call
-    capture_layer: int | None
-    threads: int
-
-
-@contextmanager
-def _threads(n: int):
-    """Run a handler's call in ``n`` intra-op threads (what the member's own step would have used)."""
-    before = torch.get_num_threads()
-    if before != n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
-
-
-def _generate_alone(pending: _Pending[GenerateCall]):
-    call = pending.call
-    extra: dict[str, Any] = {} if call.cache_keys is None else {"cache_keys": call.cache_keys}
-    if pending.capture_layer is not None:
-        extra["capture_layer"] = pending.capture_layer
-    try:
-        with _threads(pending.threads):
-            return call.generator.generate(call.prompts, call.params, call.max_new_tokens, **extra)
-    except Exception as error:  # noqa: BLE001 - this member's failure only
-        return error
-
-
-def _update_alone(pending: _Pending[UpdateCall]):
-    call = pending.call
-    try:
-        with _threads(pending.threads):
-            return call.alone()
-    except Exception as error:  # noqa: BLE001 - this member's failure only
-        return error
-
-
-def _finite(call: UpdateCall, result):
-    """``result``, or a ``FloatingPointError`` when the update left a non-finite weight (the member is dropped)."""
-    if isinstance(result, BaseException):
-        return result
-    modules = [call.learner.model] + ([call.learner.value_head] if call.learner.value_head is not None else [])
+def _finite(learner: Learner) -> None:
+    """Raise ``FloatingPointError`` when an update left a non-finite weight (the member is then dropped)."""
+    modules = [learner.model] + ([learner.value_head] if learner.value_head is not None else [])
     for module in modules:
         for name, param in module.named_parameters():
             if not bool(torch.isfinite(param).all()):
-                return FloatingPointError(
+                raise FloatingPointError(
                     f"the update left non-finite weights ({name}); the member is dropped "
                     "(its run directory keeps its last checkpoint)"
                 )
-    return result
 
 
-class _Handlers:
-    """The population's two batched calls. ``stack``: stacked computation (else each call alone, as solo);
-    ``instrument(kind)``: a context each call runs in (a benchmark's FLOP counter), or None."""
-
-    def __init__(self, stack: bool, threads: int, instrument: Callable[[str], AbstractContextManager] | None) -> None:
-        self.stack = stack
-        self.threads = threads
-        self.instrument = instrument
-
-    def __call__(self, kind: str):
-        run = getattr(self, kind)
-
-        def handler(batch):
-            with self.instrument(kind) if self.instrument is not None else nullcontext():
-                return run(batch)
-
-        return handler
-
-    def generate(self, batch: list[tuple[int, _Pending[GenerateCall]]]) -> list:
-        pending = [p for _, p in batch]
-        if not self.stack:
-            return [_generate_alone(p) for p in pending]
-        results: list = [None] * len(pending)
-        stackable = [i for i, p in enumerate(pending) if p.capture_layer is None]
-        for i, p in enumerate(pending):
-            if p.capture_layer is not None:
-                results[i] = _generate_alone(p)
-        with _threads(self.threads):
-            for i, out in zip(stackable, generate_together([pending[i].call for i in stackable])):
-                results[i] = out
-        return results
-
-    def update(self, batch: list[tuple[int, _Pending[UpdateCall]]]) -> list:
-        pending = [p for _, p in batch]
-        with torch.enable_grad():
-            if self.stack:
-                with _threads(self.threads):
-                    results = update_together([p.call for p in pending])
-            else:
-                results = [_update_alone(p) for p in pending]
-        return [_finite(p.call, r) for p, r in zip(pending, results)]
+def member_update(
+    learner: Learner,
+    batch: TrainBatch,
+    settings: UpdateSettings,
+    generator: torch.Generator,
+    *,
+    forward: PolicyForward | None = None,
+) -> dict[str, float]:
+    """The solo run's ``update_policy``, then a check that the weights stayed finite (``_finite``)."""
+    metrics = update_policy(learner, batch, settings, generator, forward=forward)
+    _finite(learner)
+    return metrics
 
 
-def population_parts(lockstep: Lockstep) -> RunParts:
-    """The collaborators of a population member's run: its own generator wrapped to meet the others', the solo
-    collection, and an update that runs with the others'."""
-
-    def member_generator(model, tokenizer, backend: str, *, seed: int, policy) -> Generator:
-        return PopulationGenerator(make_generator(model, tokenizer, backend, seed=seed, policy=policy), lockstep)
-
-    def member_update(
-        learner: Learner,
-        batch: TrainBatch,
-        settings: UpdateSettings,
-        generator: torch.Generator,
-        *,
-        forward: PolicyForward | None = None,
-    ) -> dict[str, float]:
-        call = UpdateCall(learner, batch, settings, generator, forward)
-        return lockstep.call("update", _Pending(call, None, torch.get_num_threads()))
-
-    return RunParts(make_generator=member_generator, collect=collect, update=member_update)
+MEMBER_PARTS = RunParts(make_generator=make_generator, collect=collect, update=member_update)
+"""The collaborators of a member's run: the solo run's, its update followed by the finiteness check."""
 
 
 def train_member(
@@ -283,20 +147,15 @@ def train_member(
     return train(cfg, run_dir, resume=resume, start_over=start_over, parts=parts, allow_lag_change=allow_lag_change)
 
 
-class _MemberLogs:
-    """Each member's output (stdout and stderr) appended to its run directory's ``train.log`` while it runs."""
-
-    def __init__(self, members: Sequence[Member], stack: ExitStack) -> None:
-        self.stdout, self.stderr = sys.stdout, sys.stderr
-        self.files = []
-        for member in members:
-            member.run_dir.mkdir(parents=True, exist_ok=True)
-            log = open(member.run_dir / "train.log", "a", buffering=1)  # noqa: SIM115  the ExitStack closes it
-            self.files.append(stack.enter_context(log))
-
-    def __call__(self, index: int | None) -> None:
-        target = (self.stdout, self.stderr) if index is None else (self.files[index], self.files[index])
-        sys.stdout, sys.stderr = target
+@contextmanager
+def _member_log(run_dir: Path, logs: bool):
+    """The member's output (stdout and stderr) appended to its run directory's ``train.log`` while it runs."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    if not logs:
+        yield
+        return
+    with open(Path(run_dir) / "train.log", "a", buffering=1) as log, redirect_stdout(log), redirect_stderr(log):
+        yield
 
 
 class MemberPipeline(Protocol):
@@ -308,56 +167,42 @@ class MemberPipeline(Protocol):
     ) -> dict: ...
 
 
+NOT_STARTED = "not started: a signal stopped the population before this member"
+
+
 def run_population(
-    members: Sequence[Member],
-    *,
-    pipeline: MemberPipeline = train_member,
-    stack: bool = False,
-    threads: int = 1,
-    logs: bool = True,
-    instrument: Callable[[str], AbstractContextManager] | None = None,
+    members: Sequence[Member], *, pipeline: MemberPipeline = train_member, logs: bool = True
 ) -> PopulationReport:
-    """Train ``members`` in this process (module docstring); returns each one's result. ``pipeline(cfg, run_dir,
-    resume=, start_over=, parts=)`` runs one member (default ``train_member``); ``stack``: batched computation
-    (False: each call alone, bit for bit the solo run); ``threads``: intra-op threads of the stacked calls;
-    ``logs``: each member's output goes to its run directory's train.log; ``instrument(kind)``: a context every
-    batched call of ``kind`` (generate, update) runs in (benchmarks/bench_sweep.py counts FLOPs with it)."""
+    """Train ``members`` in this process, one after another (module docstring); returns each one's result.
+    ``pipeline(cfg, run_dir, resume=, start_over=, parts=)`` runs one member (default ``train_member``);
+    ``logs``: each member's output goes to its run directory's train.log."""
     names = [m.name for m in members]
     if len(set(names)) != len(names) or len({Path(m.run_dir).resolve() for m in members}) != len(members):
         raise ValueError(f"population members need distinct names and run directories, got {names}")
-    handlers = _Handlers(stack, threads, instrument)
     started = time.perf_counter()
-    with ExitStack() as files:
-        on_turn = _MemberLogs(members, files) if logs else None
-        lockstep = Lockstep(
-            {"generate": handlers("generate"), "update": handlers("update")},
-            priority=("generate", "update"),
-            on_turn=on_turn,
-        )
-        parts = population_parts(lockstep)
-        bodies = [
-            lambda m=m: pipeline(
-                m.cfg,
-                Path(m.run_dir),
-                resume=m.resume,
-                start_over=m.start_over,
-                parts=parts,
-                **({"allow_lag_change": True} if m.allow_lag_change else {}),
-            )
-            for m in members
-        ]
-        outcomes = lockstep.run(bodies)
-    results = []
-    for member, outcome in zip(members, outcomes):
-        error = None if outcome.error is None else f"{type(outcome.error).__name__}: {outcome.error}"
-        results.append(MemberResult(member.name, Path(member.run_dir), outcome.value, error, outcome.trace))
-        if error is not None:
+    results: list[MemberResult] = []
+    for member in members:
+        if any((r.summary or {}).get("interrupted") for r in results):
+            results.append(MemberResult(member.name, Path(member.run_dir), error=NOT_STARTED))
+            continue
+        extra = {"allow_lag_change": True} if member.allow_lag_change else {}
+        try:
+            with _member_log(member.run_dir, logs):
+                summary = pipeline(
+                    member.cfg,
+                    Path(member.run_dir),
+                    resume=member.resume,
+                    start_over=member.start_over,
+                    parts=MEMBER_PARTS,
+                    **extra,
+                )
+            results.append(MemberResult(member.name, Path(member.run_dir), summary))
+        except (Exception, SystemExit) as failure:  # noqa: BLE001 - a member's failure is its own
+            error = f"{type(failure).__name__}: {failure}"
+            results.append(MemberResult(member.name, Path(member.run_dir), None, error, traceback.format_exc()))
             print(
                 f"population: member {member.name} failed and was dropped ({error}); run directory {member.run_dir}",
                 file=sys.stderr,
                 flush=True,
             )
-    batches: dict[str, list[int]] = {}
-    for kind, size in lockstep.batches:
-        batches.setdefault(kind, []).append(size)
-    return PopulationReport(results, time.perf_counter() - started, batches)
+    return PopulationReport(results, time.perf_counter() - started)

@@ -148,8 +148,7 @@ def micro_batch_terms(
     learner: Learner, mb: TrainBatch, settings: UpdateSettings, out: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
     """(loss, clip-bias objective, metrics) of a micro-batch from its forward ``out``: ``logprobs`` and
-    ``entropy`` [B, T] (and ``hidden`` [B, T, H] with a critic), whichever forward computed them (a
-    population's update computes several learners' forwards at once: stratarl.trainer.population_update)."""
+    ``entropy`` [B, T] (and ``hidden`` [B, T, H] with a critic), whichever forward computed them."""
     logprobs, mask, agg, length = out["logprobs"], mb.response_mask, settings.loss_agg, settings.norm_length
     # The on-policy step: the behaviour log-probs are this very forward, detached (on_policy_shortcut).
     old_logprobs = logprobs.detach() if mb.on_policy else mb.old_logprobs

@@ -17,7 +17,7 @@ TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 
 def _args(spec: Path, **extra) -> argparse.Namespace:
-    defaults = {"stack": False, "threads": None, "summary": None, "no_logs": True, "no_retriever_check": False}
+    defaults = {"summary": None, "no_logs": True, "no_retriever_check": False}
     return argparse.Namespace(spec=str(spec), **{**defaults, **extra})
 
 
@@ -107,12 +107,12 @@ def test_members_get_the_retriever_probe_of_stratarl_train(tmp_path, monkeypatch
     [
         ({"runs": [{"run_dir": "a", "config": "c.yaml", "overides": ["x=1"]}]}, ["run 0 (a).overides", "'overrides'"]),
         (
-            {"runs": [{"run_dir": "a", "config": "c.yaml"}], "stak": True},
-            ["spec.stak", "did you mean 'stack'"],
+            {"runz": [{"run_dir": "a", "config": "c.yaml"}], "runs": [{"run_dir": "a", "config": "c.yaml"}]},
+            ["spec.runz", "did you mean 'runs'"],
         ),
         (
-            [{"name": "m1", "run_dir": "a", "config": "c.yaml", "stak": True}],
-            ["run 0 (m1).stak", "did you mean 'stack', a key of the spec itself"],
+            [{"name": "m1", "run_dir": "a", "config": "c.yaml", "runz": True}],
+            ["run 0 (m1).runz", "did you mean 'runs', a key of the spec itself"],
         ),
         (7, ["the file = 7", "not a mapping or a list"]),
         ([7], ["run 0 = 7", "not a mapping"]),
@@ -121,7 +121,9 @@ def test_members_get_the_retriever_probe_of_stratarl_train(tmp_path, monkeypatch
         ([{"name": "m", "run_dir": "a"}], ["run 0 (m)", "neither config nor resume"]),
         ([{"name": "m", "config": "c.yaml"}], ["run 0 (m)", "no run_dir"]),
         ([{"name": "m", "run_dir": "a", "config": "c.yaml", "start_over": True}], ["run 0 (m).start_over"]),
-        ({"runs": [{"run_dir": "a", "config": "c.yaml"}], "threads": 0}, ["spec.threads", "integer >= 1"]),
+        # the stacked mode (and its threads) is gone: a spec that still asks for it is refused, not ignored
+        ({"runs": [{"run_dir": "a", "config": "c.yaml"}], "stack": True}, ["spec.stack", "unknown key"]),
+        ({"runs": [{"run_dir": "a", "config": "c.yaml"}], "threads": 2}, ["spec.threads", "unknown key"]),
     ],
 )
 def test_a_bad_spec_is_one_line_naming_the_member_and_the_key(tmp_path, runs, words):
@@ -160,3 +162,26 @@ def test_the_command_line_refuses_a_bare_number_in_one_line(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.startswith("error: population spec") and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_members_run_one_after_another_and_a_signal_stops_the_ones_after(tmp_path):
+    """Members run in spec order, each to its end before the next starts; a member that a signal stopped (its
+    summary says ``interrupted``, exit code 130) is the last to run: the ones after it are reported, not started."""
+    from stratarl.trainer.population import NOT_STARTED, Member, run_population
+
+    order = []
+
+    def pipeline(cfg, run_dir, *, resume, start_over, parts, **_):
+        order.append(run_dir.name)
+        if run_dir.name == "b":
+            return {"steps": 1, "exit_code": 130, "interrupted": True, "stop_reason": "stopped by a signal"}
+        return {"steps": 2, "exit_code": 0}
+
+    members = [Member(name, None, tmp_path / name) for name in ("a", "b", "c")]  # type: ignore[arg-type]
+    report = run_population(members, pipeline=pipeline, logs=False)
+    assert order == ["a", "b"]
+    assert [r.status for r in report.members] == ["done", "stopped", "dropped"]
+    assert report.members[2].error == NOT_STARTED
+    from stratarl.commands.population import population_exit_code
+
+    assert population_exit_code(report.members) == 130

@@ -52,18 +52,23 @@ def retriever(monkeypatch):
 @pytest.fixture(scope="session")
 def smoke_multiturn():
     """``run(workdir, *args, timeout=1200) -> (stdout, main_ppo.log text)``: one run of
-    ``python -m stratarl.integrations.verl.smoke_multiturn --workdir DIR *args`` that must succeed (its output's
+    ``python -m harness.smoke_multiturn --workdir DIR *args`` that must succeed (its output's
     tail is the failure message); the test skips when no Python can run `stratarl serve`."""
-    from stratarl.integrations.verl import smoke_multiturn as mt  # imports veRL: only in .venv-verl
+    from harness import smoke_multiturn as mt  # imports veRL: only in .venv-verl
 
     def run(workdir: Path, *args: str, timeout: float = 1200) -> tuple[str, str]:
         try:
             mt.serve_python()
         except RuntimeError as error:
             pytest.skip(str(error))
-        command = [sys.executable, "-m", "stratarl.integrations.verl.smoke_multiturn", "--workdir", str(workdir)]
+        command = [sys.executable, "-m", "harness.smoke_multiturn", "--workdir", str(workdir)]
         result = subprocess.run(
-            [*command, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ}
+            [*command, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": mt.smoke.pythonpath()},
         )
         log = (workdir / "main_ppo.log").read_text() if (workdir / "main_ppo.log").exists() else ""
         assert result.returncode == 0, (result.stdout + result.stderr + log)[-6000:]

@@ -3,7 +3,7 @@
 Two training steps of veRL's default v1 trainer (trainer.use_v1=true: PPOTrainerSync over TransferQueue)
 in Ray local mode (hf rollout server, FSDP2 actor on gloo, stratified_grpo advantages, the sorl loss in
 SORLTrainingWorker), the plugins loaded only through VERL_USE_EXTERNAL_MODULES
-(stratarl.integrations.verl.smoke). The legacy RayPPOTrainer runs in test_verl_main_ppo_multiturn.py.
+(harness.smoke). The legacy RayPPOTrainer runs in test_verl_main_ppo_multiturn.py.
 About two minutes on 2 cores.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -21,10 +22,10 @@ import pytest
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
 import torch
+from harness.smoke import SORL_DELTA, STRATIFIED_EPS, pythonpath
+from harness.smoke_multiturn import step_metrics
 
 from stratarl.algos import stratified_advantages
-from stratarl.integrations.verl.smoke import SORL_DELTA, STRATIFIED_EPS
-from stratarl.integrations.verl.smoke_multiturn import step_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,11 +47,12 @@ def expected_extremes(rollouts: Path, *, alpha: float, eps: float) -> tuple[floa
 @pytest.mark.slow
 def test_main_ppo_runs_two_steps_on_cpu_with_stratified_grpo_and_sorl(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "stratarl.integrations.verl.smoke", "--workdir", str(tmp_path), "--steps", "2"],
+        [sys.executable, "-m", "harness.smoke", "--workdir", str(tmp_path), "--steps", "2"],
         capture_output=True,
         text=True,
         timeout=900,
         cwd=REPO,
+        env={**os.environ, "PYTHONPATH": pythonpath()},  # the harness lives in tests/verl
     )
     log = (tmp_path / "main_ppo.log").read_text() if (tmp_path / "main_ppo.log").exists() else ""
     assert result.returncode == 0, (result.stderr + log)[-6000:]

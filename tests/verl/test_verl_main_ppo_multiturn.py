@@ -1,6 +1,6 @@
 """veRL's own trainer on real multi-turn search, on a CPU, with stratified_grpo and sorl, on both trainers.
 
-`python -m stratarl.integrations.verl.smoke_multiturn --trainer v1|legacy`: veRL's tool_agent loop and
+`python -m harness.smoke_multiturn --trainer v1|legacy`: veRL's tool_agent loop and
 hermes parser, the hf rollout server, the recipe's search tool against a real `stratarl serve` (BM25) on
 loopback, a tiny policy that searches or answers with equal odds, groups of 6, two steps with
 `algorithm.adv_estimator=stratified_grpo` and `policy_loss.loss_mode=sorl` in one run (both plugins see
@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-from stratarl.integrations.verl import smoke_multiturn as mt
+from harness import smoke_multiturn as mt
 
 REPO = Path(__file__).resolve().parents[2]
 

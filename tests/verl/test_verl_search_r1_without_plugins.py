@@ -3,13 +3,14 @@
 veRL removed its own search tool and retriever (verl#6126, #6302); the recipe's tool and `stratarl serve`
 serve any veRL run. This runs `main_ppo` on veRL's default v1 trainer with `algorithm.adv_estimator=grpo`,
 the `vanilla` loss and veRL's own Search-R1 exact-match reward (data_source `searchR1_nq`), the tool_agent
-loop with the hermes parser, and only stratarl's CPU harness loaded (`stratarl.integrations.verl_cpu`: a CPU
+loop with the hermes parser, and only stratarl's CPU harness loaded (`harness.verl_cpu`: a CPU
 platform and an hf rollout server, which GPUs replace with vLLM). docs/verl.md, "Search-R1 on veRL
 without the plugins".
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +19,14 @@ import pytest
 
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-from stratarl.integrations.verl import smoke_multiturn as mt
+from harness import smoke_multiturn as mt
 
 REPO = Path(__file__).resolve().parents[2]
 
 # In a fresh interpreter, as veRL's workers load them: the CPU harness, then the tool from its file.
 PROBE = f"""
 import os, sys
-os.environ["VERL_USE_EXTERNAL_MODULES"] = "stratarl.integrations.verl_cpu"
+os.environ["VERL_USE_EXTERNAL_MODULES"] = "harness.verl_cpu"
 os.environ["VERL_PLATFORM"] = "stratarl_cpu"
 from verl.tools.function_tool import load_function_tools_from_path
 from verl.trainer.ppo import core_algos
@@ -40,7 +41,10 @@ print("WORKER", ActorRolloutRefWorker.actor_worker_cls.__name__)
 
 
 def test_the_recipe_tool_and_the_cpu_harness_load_no_plugin():
-    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300, cwd=REPO)
+    env = {**os.environ, "PYTHONPATH": mt.smoke.pythonpath()}  # the harness lives in tests/verl
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300, cwd=REPO, env=env
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.split(" ", 1)[0].isupper())
     assert out["TOOLS"] == "['search']"

@@ -2,7 +2,7 @@
 
 The tiny policy of the other smokes emits a fixed seven-token call under a template that ignores the tool
 schema. Here the tokenizer is SmolLM2's (49152 tokens, from stratarl's bundled GGUF, cached under
-~/.cache/stratarl/models) with `stratarl.integrations.verl.smollm2.TOOL_CHAT_TEMPLATE` (Qwen2.5's tool
+~/.cache/stratarl/models) with `harness.smollm2.TOOL_CHAT_TEMPLATE` (Qwen2.5's tool
 format on SmolLM2's ChatML tokens), and in the slow test the policy is SmolLM2-135M-Instruct itself,
 warm-started to call the search tool (only its output layer moves; module doc). veRL's hermes parser reads
 the JSON calls out of the model's own tokens, the recipe's search tool runs them against `stratarl serve`,
@@ -20,10 +20,10 @@ import pytest
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
 import torch
+from harness import smoke_multiturn as mt
+from harness import smollm2
 
 from stratarl.algos import search_counts
-from stratarl.integrations.verl import smoke_multiturn as mt
-from stratarl.integrations.verl import smollm2
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = mt.user_prompt(mt.QUESTIONS[0], "smollm2")

@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
 import torch
+from harness.agent_model import QUERY, build_agent_tokenizer, tool_call_text
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
@@ -25,7 +26,6 @@ from verl.tools.function_tool import load_function_tools_from_path
 from verl.workers.rollout.replica import TokenOutput
 
 from stratarl.algos import search_counts
-from stratarl.integrations.verl.agent_model import QUERY, build_agent_tokenizer, tool_call_text
 from stratarl.integrations.verl_data import VERL_USER_TEMPLATE
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "verl"

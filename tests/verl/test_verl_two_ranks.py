@@ -1,6 +1,6 @@
 """SORL's exact normalisation with two FSDP2 data-parallel ranks (gloo, CPU), against one rank on the same batch.
 
-`python -m stratarl.integrations.verl.dp_check`: veRL's own actor worker (ActorRolloutRefWorker, FSDP2
+`python -m harness.dp_check`: veRL's own actor worker (ActorRolloutRefWorker, FSDP2
 engine, ppo_loss, its mini-batch loop) with SORLTrainingWorker installed by the plugins, in one process and
 in two gloo processes, each rank handed veRL's chunk_tensordict chunk of the same 12-rollout multi-turn
 batch (advantages from veRL's compute_advantage with stratified_grpo over the whole batch). ‖C‖ must be the
@@ -12,6 +12,7 @@ too: tests/verl/test_verl_main_ppo_multiturn.py.)
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test-verl runs these in .venv-verl)")
 
-from stratarl.integrations.verl import dp_check, smoke
+from harness import dp_check, smoke
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,11 +30,12 @@ REPO = Path(__file__).resolve().parents[2]
 def result(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("verl-two-ranks")
     run = subprocess.run(
-        [sys.executable, "-m", "stratarl.integrations.verl.dp_check", "--workdir", str(workdir)],
+        [sys.executable, "-m", "harness.dp_check", "--workdir", str(workdir)],
         capture_output=True,
         text=True,
         timeout=900,
         cwd=REPO,
+        env={**os.environ, "PYTHONPATH": smoke.pythonpath()},  # the harness lives in tests/verl
     )
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
     loaded = json.loads((workdir / "result.json").read_text())

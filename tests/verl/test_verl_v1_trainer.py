@@ -21,6 +21,7 @@ pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs veRL (make test
 
 import numpy as np
 import torch
+from harness import smoke
 from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo import core_algos
@@ -29,7 +30,7 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
 import stratarl.integrations.verl  # noqa: F401  (registers the estimator)
 from stratarl.algos import stratified_advantages
-from stratarl.integrations.verl import compat, smoke
+from stratarl.integrations.verl import compat
 from stratarl.integrations.verl.advantage import multi_output_sessions
 
 REPO = Path(__file__).resolve().parents[2]

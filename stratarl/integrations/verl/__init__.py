@@ -8,10 +8,9 @@
 
 Load it in every Ray worker with ``VERL_USE_EXTERNAL_MODULES=stratarl.integrations.verl``
 (veRL imports the listed modules at ``import verl``). See docs/verl.md and recipes/verl/.
-For CPU smoke runs of veRL's trainer add :mod:`stratarl.integrations.verl.cpu` (the CPU harness
-:mod:`stratarl.integrations.verl_cpu`: a CPU platform and an ``hf`` rollout server;
-:mod:`stratarl.integrations.verl.smoke` runs one). The veRL versions the plugins are tested with, and the
-hooks they rely on: :mod:`stratarl.integrations.verl.compat`.
+CPU smoke runs of veRL's trainer with the plugins live beside the tests (tests/verl/harness). The veRL
+versions the plugins are tested with, and the hooks they rely on: :mod:`stratarl.integrations.verl.compat`;
+a recipe composed and validated without starting a worker: :mod:`stratarl.integrations.verl.dry_run`.
 """
 
 from __future__ import annotations

@@ -229,7 +229,7 @@ class SORLTrainingWorker(TrainingWorker):
     def __init__(self, config):
         if get_device_name() == "cpu":
             # veRL's default backend string "cpu:gloo,<device>:<backend>" is invalid when the device
-            # itself is the CPU (stratarl.integrations.verl_cpu); gloo alone serves both.
+            # itself is the CPU (the CPU test harness, tests/verl/harness/verl_cpu); gloo alone serves both.
             initialize_global_process_group_ray(timeout_second=None, backend="gloo")
         super().__init__(config)
 
@@ -258,7 +258,8 @@ def install_actor_worker() -> bool:
     current = ActorRolloutRefWorker.actor_worker_cls
     if current is SORLTrainingWorker:
         return True
-    # stratarl.integrations.verl_cpu's CPU worker (gloo init only) may go first; SORL's worker does the same.
+    # The CPU test harness's worker (tests/verl/harness/verl_cpu: gloo init only) may go first; SORL's does the
+    # same.
     if current is not TrainingWorker and not getattr(current, "stratarl_cpu_only", False):
         return False
     ActorRolloutRefWorker.actor_worker_cls = SORLTrainingWorker

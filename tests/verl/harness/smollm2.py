@@ -37,7 +37,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stratarl.integrations.verl.smoke import pythonpath
+from harness.smoke import pythonpath
 
 REPO = Path(__file__).resolve().parents[3]
 

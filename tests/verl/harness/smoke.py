@@ -1,6 +1,6 @@
 """Run veRL's own trainer (``verl.trainer.main_ppo``) with stratarl's plugins on a CPU, end to end.
 
-    python -m stratarl.integrations.verl.smoke --workdir /tmp/verl-smoke [--steps 2] [hydra overrides…]
+    PYTHONPATH=tests/verl python -m harness.smoke --workdir /tmp/verl-smoke [--steps 2] [hydra overrides…]
 
 Builds everything offline in ``--workdir``: a word-level tokenizer with a chat template, a one-layer
 Llama whose weights are set by hand to a bigram model (after ``assistant`` it writes
@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 from stratarl.integrations.verl import compat
+from stratarl.integrations.verl import reward as plugin_reward
 
 # Two wordings of one question, so both groups of a batch prefer the same answer: the first
 # mini-batch's update then moves the second one's turns past the clip bound (SORL's C ≠ 0).
@@ -64,9 +65,9 @@ WORDS = [
 STRATIFIED_EPS = 1.0
 # δ below the ‖C‖ of an off-policy mini-batch, so SORL's scale 1/max(‖C‖, δ) acts (≠ 1).
 SORL_DELTA = 0.01
-PLUGINS = "stratarl.integrations.verl,stratarl.integrations.verl.cpu"
+PLUGINS = "stratarl.integrations.verl,harness.verl_cpu"
 # The CPU harness alone (platform, FSDP engines for cpu, hf rollout): plain veRL on a CPU, no plugin.
-CPU_HARNESS = "stratarl.integrations.verl_cpu"
+CPU_HARNESS = "harness.verl_cpu"
 # veRL's two trainers: v1 (the default since veRL 0.9.0) and the legacy RayPPOTrainer (deprecated).
 TRAINERS = ("v1", "legacy")
 CHAT_TEMPLATE = (
@@ -199,7 +200,7 @@ def main_ppo_overrides(
 
     ``n_ranks``: training processes (FSDP2 data-parallel ranks over gloo), one logical GPU each.
     """
-    reward = Path(__file__).with_name("reward.py")  # stratarl's compute_score, loaded by veRL from its path
+    reward = Path(plugin_reward.__file__)  # stratarl's compute_score, loaded by veRL from its path
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     return [
         *trainer_overrides(trainer),
@@ -274,10 +275,12 @@ def with_overrides(base: list[str], extra: list[str]) -> list[str]:
 
 
 def pythonpath() -> str:
-    """The folder stratarl is imported from, ahead of any PYTHONPATH already set (Ray workers need both)."""
-    here = str(Path(__file__).resolve().parents[3])
+    """The folders stratarl and this harness are imported from (the checkout, and tests/verl for ``harness``),
+    ahead of any PYTHONPATH already set (Ray workers need all of them)."""
+    repo = Path(__file__).resolve().parents[3]
+    here = f"{repo}{os.pathsep}{repo / 'tests' / 'verl'}"
     current = os.environ.get("PYTHONPATH", "")
-    return here if not current else f"{here}:{current}"
+    return here if not current else f"{here}{os.pathsep}{current}"
 
 
 def run(
@@ -315,7 +318,7 @@ def print_steps(workdir: Path, code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Single-turn smoke; the multi-turn one is `python -m stratarl.integrations.verl.smoke_multiturn`."""
+    """Single-turn smoke; the multi-turn one is `PYTHONPATH=tests/verl python -m harness.smoke_multiturn`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, required=True, help="folder for model, data, log and rollouts")
     parser.add_argument("--steps", type=int, default=2, help="training steps (default 2)")

@@ -1,12 +1,12 @@
 """veRL's trainer on real multi-turn search, on a CPU: ``tool_agent`` loop, hf server, ``stratarl serve``.
 
-    python -m stratarl.integrations.verl.smoke_multiturn --workdir /tmp/verl-mt [--trainer v1|legacy]
+    PYTHONPATH=tests/verl python -m harness.smoke_multiturn --workdir /tmp/verl-mt [--trainer v1|legacy]
         [--ranks 1|2] [--steps 2] [--loss-mode sorl|turn_ppo|vanilla] [overrides…]
 
-What :mod:`stratarl.integrations.verl.smoke` runs, but multi-turn: veRL's ``tool_agent`` loop with
+What :mod:`harness.smoke` runs, but multi-turn: veRL's ``tool_agent`` loop with
 the ``hermes`` parser, the recipe's search tool (``recipes/verl/search_tool.py``) against a real
 ``stratarl serve`` (BM25 over :data:`CORPUS`, on 127.0.0.1, a free port), and a policy that calls it
-some of the time (:mod:`stratarl.integrations.verl.agent_model`: after each ``assistant`` it searches
+some of the time (:mod:`harness.agent_model`: after each ``assistant`` it searches
 or answers with equal odds, so a group of 6 usually holds several search counts). Groups of 6,
 ``algorithm.adv_estimator=stratified_grpo`` and ``policy_loss.loss_mode=sorl`` (``--loss-mode`` to
 change), at most 4 assistant turns, responses of at most :data:`RESPONSE_LENGTH` tokens (enough for
@@ -35,10 +35,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from harness import smoke, smollm2
+from harness.agent_model import build_agent_model
 from stratarl.algos import STRATIFIED_ALPHA, grpo_advantages, stratified_advantages
-from stratarl.integrations.verl import compat, smoke, smollm2
+from stratarl.integrations.verl import compat
 from stratarl.integrations.verl.advantage import STRATA_DUMP_ENV
-from stratarl.integrations.verl.agent_model import build_agent_model
 from stratarl.integrations.verl.reward import REWARD_DUMP_ENV
 from stratarl.integrations.verl.worker import SORL_DUMP_ENV
 from stratarl.integrations.verl_data import VERL_USER_TEMPLATE
@@ -130,7 +131,7 @@ def free_port() -> int:
 
 
 def health(url: str, timeout_s: float = 5.0) -> dict:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310  our own server's http:// URL
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
         return json.loads(response.read())
 
 
@@ -157,7 +158,7 @@ def start_server(corpus: Path, log: Path, *, timeout_s: float = 120.0) -> tuple[
         ],
         cwd=REPO,
         env=env,
-        stdout=open(log, "w"),  # noqa: SIM115  the server process writes it for its whole life
+        stdout=open(log, "w"),
         stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
@@ -193,7 +194,7 @@ PLUGIN_KEYS = (
 
 def without_plugins(overrides: list[str]) -> list[str]:
     """The same run on plain veRL: its own ``grpo`` and ``vanilla`` loss, its own Search-R1 EM reward
-    (data_source ``searchR1_nq``), and only the CPU harness (:mod:`stratarl.integrations.verl_cpu`) loaded;
+    (data_source ``searchR1_nq``), and only the CPU harness (:mod:`harness.verl_cpu`) loaded;
     the search tool is still ``recipes/verl/search_tool.py`` against ``stratarl serve``."""
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     kept = [item for item in overrides if not any(key in item.split("=", 1)[0] for key in PLUGIN_KEYS)]
@@ -542,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=MODELS,
         default="tiny",
         help="tiny: the word-level bigram policy; smollm2: SmolLM2-135M-Instruct, warm-started to "
-        "call the tool (one step, 2 prompts × 4; stratarl.integrations.verl.smollm2)",
+        "call the tool (one step, 2 prompts × 4; harness.smollm2)",
     )
     parser.add_argument(
         "--without-plugins",

@@ -1,8 +1,8 @@
 """A CPU "platform" for veRL 0.9.1, so its trainer can be smoke-tested on a machine without GPUs.
 
-Test harness only, and no stratarl plugin: importing it registers no estimator or loss, so it also
-runs plain veRL (its own GRPO) on a CPU. :mod:`stratarl.integrations.verl.cpu` is the same module
-loaded together with the plugins.
+Test harness only (tests/verl/harness, outside the installed package), and no stratarl plugin: importing it
+registers no estimator or loss, so it also runs plain veRL (its own GRPO) on a CPU. Ray workers import it by
+name, so ``tests/verl`` must be on their PYTHONPATH (``harness.smoke.pythonpath``).
 
 veRL picks its hardware backend from a registry (``verl.plugin.platform.PlatformRegistry``: nvidia,
 huawei, amd) and falls back to ``nvidia`` when none is present, after which every worker asks for
@@ -12,7 +12,7 @@ because veRL's resource pools count ``GPU``/``NPU`` resources only. It selects i
 ``VERL_PLATFORM=stratarl_cpu``; load it with the plugins:
 
     VERL_PLATFORM=stratarl_cpu \\
-    VERL_USE_EXTERNAL_MODULES=stratarl.integrations.verl,stratarl.integrations.verl_cpu \\
+    VERL_USE_EXTERNAL_MODULES=stratarl.integrations.verl,harness.verl_cpu \\
     python -m verl.trainer.main_ppo ... +ray_kwargs.ray_init.num_gpus=1
 
 (without ``stratarl.integrations.verl`` for plain veRL).
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
-from stratarl.integrations.verl_cpu import hf_rollout
+from harness.verl_cpu import hf_rollout
 
 PLATFORM_NAME = "stratarl_cpu"
 

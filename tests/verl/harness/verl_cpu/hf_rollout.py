@@ -15,7 +15,7 @@ adds a small one with the same contract, for CPU smoke runs of the real trainer:
   response, as vLLM's does (veRL's v1 trainer needs it for its staleness bookkeeping).
 
 Registered with veRL's rollout registries under ``hf`` (unless veRL already has an ``hf``) by
-:mod:`stratarl.integrations.verl_cpu`. One request at a time, no KV-cache management, no batching:
+:mod:`harness.verl_cpu`. One request at a time, no KV-cache management, no batching:
 for tests and smoke runs, not for training speed.
 """
 

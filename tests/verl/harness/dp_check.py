@@ -1,12 +1,12 @@
 """SORL's step on one and on two FSDP2 data-parallel ranks (gloo, CPU), on the same global batch.
 
-    python -m stratarl.integrations.verl.dp_check --workdir /tmp/verl-dp [--ranks 2]
+    PYTHONPATH=tests/verl python -m harness.dp_check --workdir /tmp/verl-dp [--ranks 2]
 
 veRL's own actor worker (``ActorRolloutRefWorker``, role ``actor``: FSDP2 engine, ``ppo_loss``, its
 mini-batch loop) with stratarl's ``SORLTrainingWorker`` installed as the plugins install it, started in
 plain processes with a gloo process group, as Ray starts them (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``); the config is veRL's ``ppo_trainer`` with the multi-turn smoke's overrides
-(:func:`stratarl.integrations.verl.smoke_multiturn.main_ppo_overrides`), the optimizer set to SGD without
+(:func:`harness.smoke_multiturn.main_ppo_overrides`), the optimizer set to SGD without
 weight decay so that a parameter update is the gradient times the learning rate and two runs can be compared
 element by element (Adam's first step is ±lr wherever a gradient is not exactly 0, which turns float noise
 into full-size differences).
@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import smoke, smoke_multiturn
+from harness.agent_model import TOOL_CALL, build_agent_model
 from stratarl.algos import STRATIFIED_ALPHA, stratified_advantages
-from stratarl.integrations.verl import smoke, smoke_multiturn
-from stratarl.integrations.verl.agent_model import TOOL_CALL, build_agent_model
 
 GROUP_SIZE = 6
 PROMPT_LENGTH = 16
@@ -280,7 +280,7 @@ def launch(workdir: Path, world: int, timeout_s: float = 600) -> list[dict]:
         command = [
             sys.executable,
             "-m",
-            "stratarl.integrations.verl.dp_check",
+            "harness.dp_check",
             "--workdir",
             str(workdir),
             "--worker-rank",

@@ -1,6 +1,6 @@
 """A tiny policy that calls veRL's search tool in hermes format, built offline and deterministically.
 
-For CPU runs of veRL's multi-turn ``tool_agent`` loop (:mod:`stratarl.integrations.verl.smoke_multiturn`)
+For CPU runs of veRL's multi-turn ``tool_agent`` loop (:mod:`harness.smoke_multiturn`)
 and the in-process replay test of its response mask. The tokenizer is word-level (whitespace split,
 decoded by joining tokens with one space), so a tool call is a fixed run of tokens that decodes to
 
@@ -8,7 +8,7 @@ decoded by joining tokens with one space), so a tool call is a fixed run of toke
 
 which veRL's ``hermes`` parser reads as ``search(query_list=["France"])`` (its regex takes the text
 between the tags and ``json.loads`` it; the spaces are JSON whitespace). The model is
-:func:`stratarl.integrations.verl.smoke.build_model`'s one-layer Llama set to a bigram table with
+:func:`harness.smoke.build_model`'s one-layer Llama set to a bigram table with
 :data:`AGENT_RULES`: after ``assistant`` it calls the tool or answers with equal odds, so a
 rollout makes k = 0, 1, 2, … searches with probability about 2^-(k+1) (until the turn limit), and
 the answer is Paris or Rome with equal odds. Tool responses are mostly unknown words (``[UNK]``);
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stratarl.integrations.verl import smoke
+from harness import smoke
 
 QUERY = "France"
 # One token each (whitespace split); joined with spaces they are the JSON of one hermes tool call.
