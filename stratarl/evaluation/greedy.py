@@ -124,6 +124,20 @@ def evaluate(
         )
 
 
+def _eval_generator(model, tokenizer, settings: EvalSettings, reference: bool):
+    """The eval's greedy generator: the prompts' common prefix computed once and prefill in row chunks, or (with
+    ``reference``) the path as first written."""
+    return make_generator(
+        model,
+        tokenizer,
+        settings.rollout.backend,
+        seed=0,
+        policy=settings.policy,
+        share_prompts=not reference,
+        prefill_chunk_rows=None if reference else PREFILL_CHUNK_ROWS,
+    )
+
+
 def _evaluate(
     model,
     tokenizer,
@@ -143,15 +157,7 @@ def _evaluate(
     ``per_question`` has one record per question in ``examples`` order (see :func:`question_record`).
     ``transcripts`` are those of the first ``num_transcripts`` questions, each with its ``example_id``."""
     timed = retriever if isinstance(retriever, TimedRetriever) else TimedRetriever(retriever)
-    generator = make_generator(
-        model,
-        tokenizer,
-        settings.rollout.backend,
-        seed=0,
-        policy=settings.policy,
-        share_prompts=not reference,
-        prefill_chunk_rows=None if reference else PREFILL_CHUNK_ROWS,
-    )
+    generator = _eval_generator(model, tokenizer, settings, reference)
     start = time.perf_counter()
     scores, sources, types, per_question = [], [], [], []
     transcripts: list[dict[str, Any]] = []
