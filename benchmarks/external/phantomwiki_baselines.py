@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from stratarl.data.phantomwiki import parse_seeds
@@ -79,8 +80,10 @@ def setting_files(universe: Path, work: Path, rag_k: int) -> dict[str, Path]:
     }
 
 
-def eval_command(target: str, universe: Path, data: Path, setting: str, threads: int, out: Path) -> list[str]:
-    """`stratarl eval` of one setting on one universe (its own corpus)."""
+def eval_command(
+    target: str, universe: Path, data: Path, setting: str, threads: int, out: Path, extra: Sequence[str] = ()
+) -> list[str]:
+    """`stratarl eval` of one setting on one universe (its own corpus); ``extra``: the user's overrides."""
     overrides = [
         "data.source=files",
         f"data.train_files=[{data}]",  # data.source=files needs a training file; eval trains nothing
@@ -92,6 +95,7 @@ def eval_command(target: str, universe: Path, data: Path, setting: str, threads:
         f"trainer.num_threads={threads}",
         "logging.progress=false",
         "eval.num_transcripts=1000",
+        *extra,
         *(["rollout.max_turns=0"] if setting in ("closed_book", "rag") else []),
     ]
     return [sys.executable, "-m", "stratarl.cli", "eval", target, *overrides, "--data", str(data), "--out", str(out)]
@@ -125,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         "--settings", default=",".join(SETTINGS), help="comma-separated subset of " + ",".join(SETTINGS)
     )
     parser.add_argument("--rag-k", type=int, default=4)
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override for every eval, e.g. model.init_from=runs/phantomwiki_ws/sft/model (repeatable)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", required=True, help="result JSON")
     args = parser.parse_args(argv)
@@ -134,7 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--settings: unknown {unknown}; valid: {list(SETTINGS)}")
     data, out = Path(args.data), Path(args.out)
     work = out.with_suffix("")
-    result: dict = {"target": args.target, "label": args.label, "universes": [], "settings": {}, "commands": []}
+    result: dict = {
+        "target": args.target,
+        "label": args.label,
+        "overrides": args.set,
+        "universes": [],
+        "settings": {},
+        "commands": [],
+    }
     records: dict[str, list[dict]] = defaultdict(list)
     seconds: dict[str, float] = defaultdict(float)
     for seed in parse_seeds(args.universes):
@@ -145,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         files = setting_files(universe, work / f"u{seed}", args.rag_k)
         for setting in settings:
             run_out = work / f"u{seed}" / setting
-            command = eval_command(args.target, universe, files[setting], setting, args.threads, run_out)
+            command = eval_command(args.target, universe, files[setting], setting, args.threads, run_out, args.set)
             print("$", " ".join(command), flush=True)
             start = time.perf_counter()
             done = subprocess.run(command, capture_output=True, text=True)
