@@ -123,8 +123,9 @@ METRICS = {
         lambda r: _binned(r, "advantage/negative_mass_share"),
     ),
     "critic_ev": (
-        "the critic's explained variance of the returns, mean over steps 51-150",
-        lambda r: _mean(_bins(r, "critic/explained_variance")[5:]),
+        "the critic's explained variance of the returns, mean over steps 51-150 (bins below -100 left out: a "
+        "step with flat returns, logged as ~-1e13 before stratarl ignored such steps)",
+        lambda r: _mean([v for v in _bins(r, "critic/explained_variance")[5:] if v is not None and v > -100]),
     ),
     "critic_v_last": (
         "the critic's mean value V(s) on policy tokens, steps 101-150",

@@ -149,13 +149,20 @@ def negative_mass_share(advantages: Tensor, response_mask: Tensor) -> float:
     return 0.0 if total == 0.0 else float(values.clamp(max=0.0).abs().sum()) / total
 
 
+FLAT_RETURNS_VAR = 1e-8
+"""Below this variance the returns count as flat (float rounding of A + V), and the explained variance is
+undefined. Binary outcome rewards that vary at all have a variance over tokens of at least ~1e-3."""
+
+
 def explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor) -> float:
     """How much of the returns' variance the critic explains, over policy tokens:
 
         EV = 1 − Var(R − V) / Var(R)        (population variances; nan when Var(R) = 0)
 
     Source: the PPO2 baselines / veRL ``critic/vf_explained_var`` diagnostic. 1: V predicts R exactly;
-    0: V is no better than the constant mean of R; < 0: worse than that constant (e.g. V ≈ 0 while R ≈ 0.5).
+    0: V is no better than the constant mean of R; < 0: worse than that constant. Undefined (nan) when the
+    returns do not vary: Var(R) <= ``FLAT_RETURNS_VAR`` (returns = A + V carry float rounding, so a batch whose
+    rewards are all equal has Var(R) ~ 1e-15, not 0, and the ratio would read -1e13).
     """
     check_2d("response_mask", response_mask)
     check_2d("values", values, tuple(response_mask.shape))
@@ -165,7 +172,7 @@ def explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor) -
     if r.numel() == 0:
         return float("nan")
     var_r = float(r.var(unbiased=False))
-    return float("nan") if var_r == 0.0 else 1.0 - float((r - v).var(unbiased=False)) / var_r
+    return float("nan") if var_r <= FLAT_RETURNS_VAR else 1.0 - float((r - v).var(unbiased=False)) / var_r
 
 
 def stratum_cells(group_ids: Tensor, strata_ids: Tensor) -> tuple[Tensor, int]:

@@ -103,6 +103,9 @@ def test_explained_variance_hand_derived():
     values = torch.tensor([[0.0, 0.0, 5.0], [1.0, 1.0, 0.0]])
     assert explained_variance(values, returns, mask) == pytest.approx(1 - 0.96 / 0.24)
     assert math.isnan(explained_variance(torch.zeros(2, 3), torch.ones(2, 3), mask))  # returns do not vary
+    # Returns that are flat up to float rounding (A + V in float32) are flat: no -1e13 readings.
+    rounded = torch.tensor([[1e-9, 0.0, 0.0], [0.0, -1e-9, 0.0]])
+    assert math.isnan(explained_variance(torch.full((2, 3), 0.3), rounded, mask))
 
 
 def test_step_logs_the_diagnostics_of_the_advantages_it_trains_on():
