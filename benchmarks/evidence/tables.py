@@ -122,9 +122,9 @@ METRICS = {
         "share of the |advantage| mass on policy tokens with A < 0, mean over training",
         lambda r: _binned(r, "advantage/negative_mass_share"),
     ),
+    # Bins below -100 are left out: before stratarl skipped steps with flat returns, such a step logged ~-1e13.
     "critic_ev": (
-        "the critic's explained variance of the returns, mean over steps 51-150 (bins below -100 left out: a "
-        "step with flat returns, logged as ~-1e13 before stratarl ignored such steps)",
+        "the critic's explained variance of the returns, mean over steps 51-150 (bins below -100 left out)",
         lambda r: _mean([v for v in _bins(r, "critic/explained_variance")[5:] if v is not None and v > -100]),
     ),
     "critic_v_last": (
