@@ -93,6 +93,7 @@ evidence: $(STAMP)
 
 tables: $(STAMP)
 	$(PY) benchmarks/evidence/tables.py
+	$(PY) benchmarks/evidence/headline.py
 
 clean-venv:
 	rm -rf $(VENV) $(VENV_VERL) $(VENV_TRL) $(VENV_PHANTOM)

@@ -70,6 +70,9 @@ BINNED_KEYS = (
     "sorl/engaged",
     "sorl/delta",
     "sorl/effective_scale",
+    "advantage/negative_mass_share",
+    "critic/explained_variance",
+    "critic/vpred_mean",
 )
 # With the experiment's `summary_strata: true`: per search count k, binned (stratum_bins).
 STRATUM_METRIC = re.compile(r"stratum/(\d+)/(reward_mean|count)")

@@ -118,6 +118,19 @@ METRICS = {
     "approx_kl": ("KL(new || behaviour), mean over training", lambda r: _binned(r, "loss/approx_kl")),
     "c_norm": ("||C||, mean over training", lambda r: _binned(r, "sorl/c_norm")),
     "engaged": ("share of optimizer steps where ||C|| > delta", lambda r: _binned(r, "sorl/engaged")),
+    "neg_adv_mass": (
+        "share of the |advantage| mass on policy tokens with A < 0, mean over training",
+        lambda r: _binned(r, "advantage/negative_mass_share"),
+    ),
+    # Bins below -100 are left out: before stratarl skipped steps with flat returns, such a step logged ~-1e13.
+    "critic_ev": (
+        "the critic's explained variance of the returns, mean over steps 51-150 (bins below -100 left out)",
+        lambda r: _mean([v for v in _bins(r, "critic/explained_variance")[5:] if v is not None and v > -100]),
+    ),
+    "critic_v_last": (
+        "the critic's mean value V(s) on policy tokens, steps 101-150",
+        lambda r: _mean(_bins(r, "critic/vpred_mean")[10:]),
+    ),
     "effective_scale": (
         "what reached the optimizer over the raw policy gradient (SORL's factor after clipping)",
         lambda r: _binned(r, "sorl/effective_scale"),

@@ -1,4 +1,5 @@
-"""Advantage estimators: GRPO (GN), Stratified GRPO (SAN blend), GAE with observation tokens.
+"""Advantage estimators: GRPO (GN), Stratified GRPO (SAN blend), GAE with observation tokens, REINFORCE without
+a baseline; and two diagnostics of an update's advantages (the negative mass share, the critic's explained variance).
 
 Shapes: B rollouts, T response tokens. Group / stratum ids are integer tensors of
 arbitrary (not necessarily contiguous) values; segment statistics are computed in
@@ -107,6 +108,71 @@ def grpo_advantages(
         return values.clone()
     segment, n = dense_ids(group_ids)
     return segment_normalize(values, segment, n, eps=eps, std_ddof=std_ddof, scale_by_std=scale_by_std)
+
+
+def reinforce_advantages(rewards: Tensor) -> Tensor:
+    """REINFORCE without a baseline: the advantage is the outcome reward itself, ``A(τ_i) = R_i``.
+
+    Source: Williams 1992 (the likelihood-ratio gradient ``R · ∇ log π`` with baseline b = 0). With rewards
+    in [0, 1] no sampled token is ever pushed down: the ablation that separates "a baseline" from "negative
+    advantages" (benchmarks/evidence/lab_offpolicy_lag.yaml, P8).
+
+    Args:
+        rewards: [B] float (ints accepted), finite.
+    Returns:
+        [B] advantages, a copy of ``rewards`` (float32 for integer rewards).
+    """
+    check_1d("rewards", rewards)
+    return float_values("rewards", rewards).clone()
+
+
+def positive_part(advantages: Tensor) -> Tensor:
+    """``max(A, 0)``: the advantages with every negative entry set to 0 (no sampled token is pushed down).
+
+    Used by ``grpo_positive`` (GRPO's group-normalised advantage without its negative half).
+    """
+    return advantages.clamp(min=0.0)
+
+
+def negative_mass_share(advantages: Tensor, response_mask: Tensor) -> float:
+    """The share of the advantage mass on policy tokens that pushes tokens down:
+
+        Σ_{t: A_t < 0} |A_t|  /  Σ_t |A_t|           (policy tokens t; 0 when every A_t = 0)
+
+    0 for REINFORCE with rewards >= 0, or for any estimator with a baseline that never exceeds the reward
+    (e.g. a critic with V ≈ 0); 0.5 for a group-normalised advantage whose groups are balanced.
+    """
+    check_2d("response_mask", response_mask)
+    check_2d("advantages", advantages, tuple(response_mask.shape))
+    values = advantages[as_bool_mask("response_mask", response_mask)].double()
+    total = float(values.abs().sum())
+    return 0.0 if total == 0.0 else float(values.clamp(max=0.0).abs().sum()) / total
+
+
+FLAT_RETURNS_VAR = 1e-8
+"""Below this variance the returns count as flat (float rounding of A + V), and the explained variance is
+undefined. Binary outcome rewards that vary at all have a variance over tokens of at least ~1e-3."""
+
+
+def explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor) -> float:
+    """How much of the returns' variance the critic explains, over policy tokens:
+
+        EV = 1 − Var(R − V) / Var(R)        (population variances; nan when Var(R) = 0)
+
+    Source: the PPO2 baselines / veRL ``critic/vf_explained_var`` diagnostic. 1: V predicts R exactly;
+    0: V is no better than the constant mean of R; < 0: worse than that constant. Undefined (nan) when the
+    returns do not vary: Var(R) <= ``FLAT_RETURNS_VAR`` (returns = A + V carry float rounding, so a batch whose
+    rewards are all equal has Var(R) ~ 1e-15, not 0, and the ratio would read -1e13).
+    """
+    check_2d("response_mask", response_mask)
+    check_2d("values", values, tuple(response_mask.shape))
+    check_2d("returns", returns, tuple(response_mask.shape))
+    mask = as_bool_mask("response_mask", response_mask)
+    r, v = returns[mask].double(), values[mask].double()
+    if r.numel() == 0:
+        return float("nan")
+    var_r = float(r.var(unbiased=False))
+    return float("nan") if var_r <= FLAT_RETURNS_VAR else 1.0 - float((r - v).var(unbiased=False)) / var_r
 
 
 def stratum_cells(group_ids: Tensor, strata_ids: Tensor) -> tuple[Tensor, int]:

@@ -47,6 +47,8 @@ from stratarl.algos.advantages import (
     gae_advantages,
     grpo_advantages,
     outcome_to_token_rewards,
+    positive_part,
+    reinforce_advantages,
     stratified_advantages,
 )
 from stratarl.algos.corrections import CorrectionOutput, decoupled_weights, mis_weights, tis_weights
@@ -288,6 +290,22 @@ def _grpo(
 def _drgrpo(batch: AdvantageBatch, *, std_ddof: int = 1) -> tuple[Tensor, Tensor]:
     """Dr.GRPO mean-only advantage ``R − mean_g R`` (arXiv 2503.20783)."""
     return _outcome(batch, grpo_advantages(batch.rewards, batch.group_ids, std_ddof=std_ddof, scale_by_std=False))
+
+
+@register_advantage("grpo_positive", group_relative=True, params=_STD)
+def _grpo_positive(
+    batch: AdvantageBatch, *, eps: float = 1e-6, std_ddof: int = 1, scale_by_std: bool = True
+) -> tuple[Tensor, Tensor]:
+    """GRPO's advantage with its negative half set to 0, ``max(A_GN, 0)``: the rollouts above their group's
+    mean are pushed up as in GRPO, the others are not pushed down (an ablation, not a method)."""
+    adv = grpo_advantages(batch.rewards, batch.group_ids, eps=eps, std_ddof=std_ddof, scale_by_std=scale_by_std)
+    return _outcome(batch, positive_part(adv))
+
+
+@register_advantage("reinforce", params={})
+def _reinforce(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
+    """REINFORCE without a baseline, ``A = R`` broadcast over policy tokens; see :func:`reinforce_advantages`."""
+    return _outcome(batch, reinforce_advantages(batch.rewards))
 
 
 @register_advantage("stratified", group_relative=True, params={**_STD, "alpha": _UNIT})

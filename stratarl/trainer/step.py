@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from stratarl.algos.advantages import explained_variance, negative_mass_share
 from stratarl.algos.mismatch import mismatch_metrics
 from stratarl.algos.presets import AlgorithmSpec
 from stratarl.algos.registry import AdvantageBatch, advantage_info
@@ -98,6 +99,19 @@ def estimator_metrics(spec: AlgorithmSpec, inputs: AdvantageBatch) -> dict[str, 
     step-group sizes), with the estimator's parameters; {} when it declared none."""
     metrics = advantage_info(spec.advantage).metrics
     return {} if metrics is None else {k: float(v) for k, v in metrics(inputs, **spec.advantage_params).items()}
+
+
+def advantage_diagnostics(batch: TrainBatch) -> dict[str, float]:
+    """What the update's advantages push: ``advantage/negative_mass_share`` (the share of |A| mass on policy tokens
+    with A < 0; stratarl.algos.advantages.negative_mass_share) and, with a critic,
+    ``critic/explained_variance`` of the returns by the values the advantages used (omitted when the returns do
+    not vary)."""
+    out = {"advantage/negative_mass_share": negative_mass_share(batch.advantages, batch.response_mask)}
+    if batch.old_values is not None:
+        ev = explained_variance(batch.old_values, batch.returns, batch.response_mask)
+        if ev == ev:  # not nan
+            out["critic/explained_variance"] = ev
+    return out
 
 
 def advantage_strata(settings: StepSettings, observed: list[int], group_ids: list[int], step: int) -> list[int]:
@@ -198,6 +212,7 @@ def _rl_step(run: RunState) -> dict[str, float]:
     metrics = {
         **batch_metrics(collected),
         **advantage_metrics(batch.advantages, batch.response_mask),
+        **advantage_diagnostics(batch),
         **estimated,
         **update,
         **stratum_metrics(run.settings.step, collected, strata),

@@ -52,12 +52,26 @@ def test_every_algorithm_trains(algo, tmp_path, tiny_overrides):
         assert all("sorl/c_norm" in r and "sorl/scale" in r and "loss/clip_frac_turn" in r for r in rows)
     if algo in ("ppo", "so_ppo"):
         assert all(math.isfinite(r["loss/value"]) for r in rows)
+        assert all(math.isfinite(r["critic/vpred_mean"]) for r in rows)
+    assert all(0.0 <= r["advantage/negative_mass_share"] <= 1.0 for r in rows)
     final = load_file(str(tmp_path / algo / "checkpoints" / "step_000002" / "model.safetensors"))
     initial = _initial_params(cfg)
     changed = [k for k, v in final.items() if not torch.equal(v, initial[k])]
     assert changed, "no parameter changed in 2 steps"
     assert (tmp_path / algo / "transcripts" / "step_000002.jsonl").is_file()
     assert list((tmp_path / algo / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("advantage", ["reinforce", "grpo_positive"])
+def test_estimators_without_negative_advantages_train(advantage, tmp_path, tiny_overrides):
+    cfg = load_config(TINY, [*tiny_overrides, "algo.name=grpo", f"algo.advantage={advantage}"])
+    train(cfg, tmp_path / advantage)
+    rows = [json.loads(line) for line in (tmp_path / advantage / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:  # the update trained on these advantages: none is negative, so no mass pushes a token down
+        assert row["advantage/min"] >= 0.0 and row["advantage/negative_mass_share"] == 0.0
+    if advantage == "reinforce":  # A = R: the advantages' range is the rewards' range
+        assert any(r["advantage/max"] > 0.0 for r in rows) and all(r["reward/mean"] >= 0.0 for r in rows)
 
 
 def test_resume_is_exact(tmp_path, tiny_overrides):

@@ -44,8 +44,8 @@ class AlgoConfig:
     name: str = "stratified_grpo"
     """The preset: grpo, stratified_grpo, ppo, so_ppo, so_grpo, drgrpo, gspo or gigpo (stratarl.algos.presets.PRESETS)."""
     advantage: str | None = None
-    """Advantage estimator, a registered name (grpo, drgrpo, stratified, gae, or one a `--import`ed module
-    registers); null: the preset's."""
+    """Advantage estimator, a registered name (grpo, drgrpo, grpo_positive, reinforce, stratified, gae, gigpo,
+    or one a `--import`ed module registers); null: the preset's."""
     advantage_params: dict[str, Any] = field(default_factory=dict)
     """Other keyword arguments of the estimator (checked against its signature), e.g. `{std_ddof: 0}`; alpha,
     eps, gamma and lam are the shared knobs `alpha`, `epsilon`, `gamma`, `lam`."""

@@ -161,7 +161,7 @@ def test_unknown_parts_are_refused_with_the_registered_names():
         _spec("algo.advantage=rloo")
     msg = str(info.value)
     assert "`algo.advantage` = 'rloo': no advantage estimator of that name is registered" in msg
-    assert "use one of drgrpo, gae, gigpo, grpo, stratified" in msg and "--import" in msg
+    assert "use one of drgrpo, gae, gigpo, grpo, grpo_positive, reinforce, stratified" in msg and "--import" in msg
     with pytest.raises(ConfigError, match="did you mean 'ppo'"):
         _spec("algo.policy_loss=ppp")
     with pytest.raises(
