@@ -139,14 +139,28 @@ def _declare(kind: str, name: str, fn: Callable[..., Any], params: ParamSpecs) -
     _PARAMS[kind][name] = declared
 
 
+def _add_declared(registry: Registry[Any], kind: str, name: str, fn: Callable[..., Any], params: ParamSpecs) -> None:
+    """Declare ``fn``'s parameters, then register it; a bad declaration leaves the name free, and a name taken by
+    another part keeps that part's declaration."""
+    previous = _PARAMS[kind].get(name)
+    _declare(kind, name, fn, params)
+    try:
+        registry.add(name, fn)
+    except ValueError:
+        if previous is None:
+            _PARAMS[kind].pop(name, None)
+        else:
+            _PARAMS[kind][name] = previous
+        raise
+
+
 def _decorator(
     registry: Registry[Any], kind: str, name: str, params: ParamSpecs
 ) -> Callable[[Callable[..., Any]], Any]:
     registry.check_name(name)
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-        _declare(kind, name, fn, params)  # before adding: a bad declaration leaves the name free
-        registry.add(name, fn)
+        _add_declared(registry, kind, name, fn, params)
         return fn
 
     return decorator
@@ -173,8 +187,7 @@ def register_advantage(
     _ADVANTAGES.check_name(name)
 
     def decorator(fn: AdvantageFn) -> AdvantageFn:
-        _declare("advantage", name, fn, params)
-        _ADVANTAGES.add(name, fn)
+        _add_declared(_ADVANTAGES, "advantage", name, fn, params)
         _ADVANTAGE_INFO[name] = AdvantageInfo(
             needs_values=needs_values,
             group_relative=group_relative,

@@ -172,3 +172,26 @@ def test_the_command_line_refuses_a_non_numeric_parameter_in_one_line(tmp_path):
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "algo.advantage_params.similarity_threshold" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_refused_second_registration_keeps_the_registered_parts_declaration():
+    """Registering a taken name is refused, and the refused part's (empty) declaration must not replace the
+    registered part's: a bad value for it is still refused at load afterwards."""
+    from stratarl.algos import register_behaviour_correction, registry
+
+    def impostor(batch, *, eps: float = 1e-6, std_ddof: int = 1, scale_by_std: bool = True):
+        raise AssertionError("never called")
+
+    def correction(old_log_probs, behaviour_log_probs, response_mask, *, cap: float = 2.0, level: str = "token"):
+        raise AssertionError("never called")
+
+    for register, kind, name in (
+        (register_advantage, "advantage", "grpo"),
+        (register_behaviour_correction, "behaviour_correction", "tis"),
+    ):
+        before = dict(registry._PARAMS[kind][name])
+        with pytest.raises(ValueError, match="already registered"):
+            register(name)(impostor if kind == "advantage" else correction)
+        assert registry._PARAMS[kind][name] == before and before
+    with pytest.raises(ConfigError, match="algo.advantage_params.std_ddof"):
+        load_config(TINY, ["algo.name=grpo", "algo.advantage_params.std_ddof=-1"])
