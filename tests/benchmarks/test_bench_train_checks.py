@@ -31,8 +31,9 @@ def test_partial_credit_reward(bench):
     # A well-formed (think, then answer) wrong answer gets the format credit 0.2; no answer tag gets 0.
     assert bench.format_f1_reward("<think>a</think><answer>xyz</answer>", ["paris"]) == 0.2
     assert bench.format_f1_reward("no tags at all", ["paris"]) == 0.0
-    # 'paris france' vs 'paris': precision 1/2, recall 1 -> F1 2/3, minus 0.2 for the missing <think>.
-    assert bench.format_f1_reward("<answer>paris france</answer>", ["paris"]) == pytest.approx(2 / 3 - 0.2)
+    # 'paris france' vs 'paris': precision 1/2, recall 1 -> F1 2/3; without <think> the format is invalid, and a
+    # partial score is blended (make_format_reward): (1 - 0.2) * 2/3, never below a wrong answer's 0.
+    assert bench.format_f1_reward("<answer>paris france</answer>", ["paris"]) == pytest.approx((1 - 0.2) * 2 / 3)
 
 
 def test_search_credit(bench):

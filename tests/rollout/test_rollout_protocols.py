@@ -21,7 +21,7 @@ HERMES_SEARCH = (
     '<think>need it</think>\n<tool_call>\n{"name": "search", "arguments": {"query": "capital of France"}}\n</tool_call>'
 )
 LLAMA_SEARCH = '{"name": "search", "parameters": {"query": "capital of France"}}'
-SMOLLM2_VERL = Path(__file__).resolve().parents[2] / "stratarl" / "integrations" / "verl" / "smollm2.py"
+SMOLLM2_VERL = Path(__file__).resolve().parents[1] / "verl" / "harness" / "smollm2.py"
 
 
 def qwen25_tool_template() -> str:

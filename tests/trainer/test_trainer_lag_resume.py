@@ -19,14 +19,14 @@ SMALL = ["trainer.prompts_per_step=2", "rollout.group_size=2", "eval.before_afte
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, load_script):
     """A run of 3 steps at policy lag 2 with a checkpoint after each (keep_last 2: steps 2 and 3), trained once."""
-    from conftest import REWARD_MODULE
-
+    # tests/conftest.py by its path: "conftest" may name tests/verl's in this process
+    reward_module = load_script(Path(__file__).resolve().parents[1] / "conftest.py", "tests_conftest").REWARD_MODULE
     from stratarl.trainer.rl import train
 
     root = tmp_path_factory.mktemp("lagged")
-    (root / "stratarl_test_rewards.py").write_text(REWARD_MODULE)
+    (root / "stratarl_test_rewards.py").write_text(reward_module)
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(root))
         common = [
