@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from stratarl.rollout.collect import CollectedBatch, constant_outcome_groups, select_rollouts
 
@@ -27,37 +28,26 @@ def keep_groups(batch: CollectedBatch, groups: Sequence[int], first_id: int = 0)
     in the order of ``groups``."""
     new_id = {g: first_id + i for i, g in enumerate(groups)}
     kept = select_rollouts(batch, [i for i, g in enumerate(batch.group_ids) if g in new_id])
-    return CollectedBatch(
-        kept.rollouts,
-        kept.examples,
-        [new_id[g] for g in kept.group_ids],
-        kept.rewards,
-        kept.em,
-        kept.strata,
-        kept.generation_s,
-        kept.retrieval_s,
-        outcomes=kept.outcomes,
-        components=kept.components,
-        reward_faults=kept.reward_faults,
-        overlong=kept.overlong,
-    )
+    return replace(kept, group_ids=[new_id[g] for g in kept.group_ids])
 
 
 def concat_batches(batches: Sequence[CollectedBatch]) -> CollectedBatch:
-    """One batch of ``batches`` in order (their group ids must already be distinct; times add up)."""
+    """One batch of ``batches`` in order (their group ids must already be distinct; times add up; the run's tools
+    are the first batch's)."""
 
     def join(name: str) -> list:
         return [value for batch in batches for value in getattr(batch, name)]
 
-    return CollectedBatch(
-        join("rollouts"),
-        join("examples"),
-        join("group_ids"),
-        join("rewards"),
-        join("em"),
-        join("strata"),
-        sum(batch.generation_s for batch in batches),
-        sum(batch.retrieval_s for batch in batches),
+    return replace(
+        batches[0],
+        rollouts=join("rollouts"),
+        examples=join("examples"),
+        group_ids=join("group_ids"),
+        rewards=join("rewards"),
+        em=join("em"),
+        strata=join("strata"),
+        generation_s=sum(batch.generation_s for batch in batches),
+        retrieval_s=sum(batch.retrieval_s for batch in batches),
         outcomes=join("outcomes"),
         components=join("components"),
         reward_faults=join("reward_faults"),

@@ -5,6 +5,7 @@ numbers are hand-derived."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -149,6 +150,13 @@ def test_keep_groups_and_concat_renumber_and_stay_aligned():
     both = concat_batches([kept, keep_groups(batch, [1], first_id=7)])
     assert both.group_ids == [6, 6, 5, 5, 7, 7] and len(both.outcomes) == len(both.rollouts) == 6
     assert both.generation_s == 2.0 and both.retrieval_s == 1.0
+    # the run's tools survive the filter, so every tool keeps its tools/<name>/* metrics
+    with_open = replace(batch, tools=("search", "open"))
+    assert keep_groups(with_open, [0]).tools == ("search", "open")
+    assert concat_batches([keep_groups(with_open, [0]), keep_groups(with_open, [2], first_id=1)]).tools == (
+        "search",
+        "open",
+    )
 
 
 class ScriptedSampler:
