@@ -39,7 +39,8 @@ from stratarl.data.formats import register_dataset_format
 from stratarl.data.phantomwiki_solutions import relation_graph, solution_hops
 from stratarl.data.search_r1 import load_examples, write_search_r1_parquet
 from stratarl.publish import staged_dir
-from stratarl.retrieval.corpus import load_corpus
+from stratarl.retrieval.base import Passage
+from stratarl.retrieval.corpus import load_corpus, write_corpus
 from stratarl.rewards.phantomwiki import DATA_SOURCE
 from stratarl.rollout.prompt import PHANTOMWIKI_TEMPLATE, build_prompt
 
@@ -174,8 +175,8 @@ def _read_json_list(path: Path, what: str) -> list[dict]:
     return data
 
 
-def article_passage(row: dict, index: int, origin: str) -> dict[str, str]:
-    """One article as a corpus line ``{"id", "contents"}``: ``'"<title>"\\n<article body>'``.
+def article_passage(row: dict, index: int, origin: str) -> Passage:
+    """One article as a corpus passage, id ``index``, contents ``'"<title>"\\n<article body>'``.
 
     The Markdown heading ``# <title>`` is dropped (the title is the passage's first line) and blank lines are
     removed, so the text is the article's sentences, section headings included."""
@@ -188,7 +189,7 @@ def article_passage(row: dict, index: int, origin: str) -> dict[str, str]:
     lines = [line.strip() for line in article.splitlines() if line.strip()]
     if lines and lines[0].lstrip("#").strip() == title.strip() and lines[0].startswith("#"):
         lines = lines[1:]
-    return {"id": str(index), "contents": f'"{title.strip()}"\n' + "\n".join(lines)}
+    return Passage(str(index), f'"{title.strip()}"\n' + "\n".join(lines))
 
 
 def is_phantomwiki_row(row: Any) -> bool:
@@ -236,15 +237,15 @@ def phantomwiki_example(row: dict, *, row_index: int, origin: str, id_: str | No
     )
 
 
-def read_universe(raw_dir: str | Path, *, universe: str | None = None) -> tuple[list[dict[str, str]], list[Example]]:
-    """The generator's folder -> (corpus lines, questions as Examples). ``universe`` is recorded in each question's
+def read_universe(raw_dir: str | Path, *, universe: str | None = None) -> tuple[list[Passage], list[Example]]:
+    """The generator's folder -> (corpus passages, questions as Examples). ``universe`` is recorded in each question's
     metadata (the universes of one experiment must stay apart: warm start, RL and evaluation), and the questions
     get the stable ids ``<universe>-<row>`` (the generator's own ids are random UUIDs, new on every run)."""
     raw_dir = Path(raw_dir)
     articles = _read_json_list(raw_dir / "articles.json", "article")
     rows = _read_json_list(raw_dir / "questions.json", "question")
     corpus = [article_passage(row, i, str(raw_dir / "articles.json")) for i, row in enumerate(articles)]
-    passage_ids = {str(row["title"]).strip(): line["id"] for row, line in zip(articles, corpus)}
+    passage_ids = {passage.title: passage.id for passage in corpus}
     graph = relation_graph(articles)
     origin = str(raw_dir / "questions.json")
     examples = []
@@ -268,10 +269,9 @@ def read_universe(raw_dir: str | Path, *, universe: str | None = None) -> tuple[
     return corpus, examples
 
 
-def universe_counts(examples: Sequence[Example], corpus: Sequence[dict]) -> dict[str, Any]:
-    """Articles, questions, and questions per difficulty and per template type."""
+def universe_counts(examples: Sequence[Example]) -> dict[str, Any]:
+    """Questions, and questions per difficulty and per template type."""
     return {
-        "articles": len(corpus),
         "questions": len(examples),
         "per_difficulty": dict(sorted(Counter(str(e.metadata["difficulty"]) for e in examples).items())),
         "per_type": dict(sorted(Counter(str(e.metadata["template_type"]) for e in examples).items())),
@@ -285,12 +285,9 @@ def write_universe(raw_dir: str | Path, out_dir: str | Path, spec: UniverseSpec,
     out_dir = Path(out_dir)
     name = f"phantomwiki-{spec.seed}"
     corpus, examples = read_universe(raw_dir, universe=name)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "corpus.jsonl", "w", encoding="utf-8") as f:
-        for line in corpus:
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    write_corpus(corpus, out_dir / "corpus.jsonl")
     write_search_r1_parquet(examples, out_dir / "questions.parquet", split="test")
-    counts = universe_counts(examples, corpus)
+    counts = {"articles": len(corpus), **universe_counts(examples)}
     record = {
         "universe": name,
         "generator": {"package": GENERATOR_PACKAGE, "version": GENERATOR_VERSION, "arguments": spec.arguments()},
@@ -353,36 +350,35 @@ def combine_universes(train_dirs: Sequence[Path], test_dirs: Sequence[Path], out
         raise PhantomWikiError(
             f"universe {sorted(both)[0]} is both a training and a test universe. Fix: keep them apart"
         )
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    owner: dict[str, str] = {}
+    passages: list[Passage] = []
+    owner: dict[str, Path] = {}  # a person's name -> the universe it belongs to
     new_ids: dict[Path, dict[str, str]] = {}  # per universe: its passage id -> the run corpus's
-    records = []
-    with open(out_dir / "corpus.jsonl", "w", encoding="utf-8") as corpus:
-        for universe in [*train_dirs, *test_dirs]:
-            new_ids[universe] = {}
-            for passage in load_corpus(universe / "corpus.jsonl"):
-                if passage.title in owner:
-                    raise PhantomWikiError(
-                        f"{passage.title!r} is a person of both {owner[passage.title]} and {universe}. Fix: use other "
-                        "universe seeds (retrieval cannot tell two people of one name apart)"
-                    )
-                owner[passage.title] = str(universe)
-                new_ids[universe][passage.id] = str(len(owner) - 1)
-                line = {"id": str(len(owner) - 1), "contents": passage.contents}
-                corpus.write(json.dumps(line, ensure_ascii=False) + "\n")
-            records.append(json.loads((universe / "universe.json").read_text(encoding="utf-8")))
+    records: dict[Path, dict[str, Any]] = {}
+    for universe in [*train_dirs, *test_dirs]:
+        records[universe] = json.loads((universe / "universe.json").read_text(encoding="utf-8"))
+        new_ids[universe] = {}
+        for passage in load_corpus(universe / "corpus.jsonl"):
+            if passage.title in owner:
+                raise PhantomWikiError(
+                    f"{passage.title!r} is a person of both {owner[passage.title]} and {universe}. Fix: use other "
+                    "universe seeds (retrieval cannot tell two people of one name apart)"
+                )
+            owner[passage.title] = universe
+            new_ids[universe][passage.id] = str(len(passages))
+            passages.append(Passage(str(len(passages)), passage.contents))
+    out_dir = Path(out_dir)
+    write_corpus(passages, out_dir / "corpus.jsonl")
     counts = {}
     for split, dirs in (("train", train_dirs), ("test", test_dirs)):
         if not dirs:
             continue
         examples = [_renumbered(e, new_ids[d]) for d in dirs for e in load_examples(str(d / "questions.parquet"))]
         write_search_r1_parquet(examples, out_dir / f"{split}.parquet", split=split)
-        counts[split] = universe_counts(examples, [])
-        counts[split]["universes"] = [
-            f"phantomwiki-{json.loads((d / 'universe.json').read_text())['spec']['seed']}" for d in dirs
-        ]
-    summary = {"articles": len(owner), **counts, "universes": records, "attribution": ATTRIBUTION}
+        counts[split] = {
+            **universe_counts(examples),
+            "universes": [f"phantomwiki-{records[d]['spec']['seed']}" for d in dirs],
+        }
+    summary = {"articles": len(passages), **counts, "universes": list(records.values()), "attribution": ATTRIBUTION}
     (out_dir / "universes.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
 

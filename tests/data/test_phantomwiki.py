@@ -24,6 +24,7 @@ from stratarl.data.phantomwiki import (
     write_universe,
 )
 from stratarl.data.search_r1 import load_examples
+from stratarl.retrieval.base import Passage
 from stratarl.retrieval.bm25 import BM25Retriever
 from stratarl.retrieval.corpus import load_corpus
 
@@ -61,7 +62,7 @@ def test_articles_become_passages_with_the_title_first_and_no_heading():
     passage = article_passage(
         {"title": "Eli Smock", "article": "# Eli Smock\n\n## Family\nThe son of Eli Smock is Bo."}, 0, "x"
     )
-    assert passage == {"id": "0", "contents": '"Eli Smock"\n## Family\nThe son of Eli Smock is Bo.'}
+    assert passage == Passage("0", '"Eli Smock"\n## Family\nThe son of Eli Smock is Bo.')
 
 
 def test_universe_round_trips_through_the_search_r1_layout(tmp_path):
@@ -271,7 +272,7 @@ def test_a_run_trains_on_a_phantomwiki_universe_with_the_set_reward(tmp_path, st
 
 def _searches(question: str) -> list[tuple[str, str]] | None:
     corpus, examples = read_universe(FIXTURE, universe="phantomwiki-3")
-    titles = {line["id"]: line["contents"].split("\n", 1)[0].strip('"') for line in corpus}
+    titles = {passage.id: passage.title for passage in corpus}
     example = next(e for e in examples if e.question == question)
     hops = example.metadata.get("hops")
     assert example.metadata["searches_needed"] == (None if hops is None else len(hops))
