@@ -88,7 +88,10 @@ def solution_reads(row: dict, graph: dict[str, dict[str, list[str]]]) -> list[tu
     if terms is None:
         return None
     reads: dict[str, str] = {}
-    for binding in json.loads(row.get("solution_traces") or "[]"):
+    # The generator lists a question's solutions in an order that changes from run to run (set order); sorted,
+    # the same universe seed gives the same searches.
+    bindings = json.loads(row.get("solution_traces") or "[]")
+    for binding in sorted(bindings, key=lambda b: json.dumps(b, sort_keys=True)):
         for predicate, arguments in reversed(terms):
             values = [_value(argument, binding) for argument in arguments]
             if predicate in ATTRIBUTES:

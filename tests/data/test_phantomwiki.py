@@ -346,3 +346,25 @@ def test_a_warm_start_demonstration_replays_the_solution_and_names_every_answer(
     assert smollm2_tokenizer.decode(demo.response_ids).endswith(
         "<answer> Laurel Duquette, Wyatt Duquette, Zelma Duquette </answer><|im_end|>"
     )
+
+
+def test_the_searches_do_not_depend_on_the_order_the_generator_lists_solutions_in():
+    """The generator lists solutions in a different order on every run; the plan must be the same."""
+    import json as _json
+
+    from stratarl.data.phantomwiki_solutions import relation_graph, solution_reads
+
+    articles = _json.loads((FIXTURE / "articles.json").read_text())
+    row = next(
+        r
+        for r in _json.loads((FIXTURE / "questions.json").read_text())
+        if r["question"] == "What is the date of birth of the child of Ramiro Duquette?"
+    )
+    traces = _json.loads(row["solution_traces"])
+    assert len(traces) >= 2
+    graph = relation_graph(articles)
+    plans = {
+        tuple(solution_reads(dict(row, solution_traces=_json.dumps(order)), graph) or ())
+        for order in (traces, traces[::-1], traces[1:] + traces[:1])
+    }
+    assert len(plans) == 1
