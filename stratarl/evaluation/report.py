@@ -273,6 +273,13 @@ def headline_html(h: dict, out_dir: Path) -> str:
 
 # --------------------------------------------------------------------------- the page
 
+PAGE_STYLE = """<style>body{font-family:sans-serif;margin:2em;max-width:1400px} img{max-width:100%}
+table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}
+.verdict{font-size:1.15em} .missing{color:#a40} .note{color:#444;font-size:.9em}
+.pair{display:flex;gap:1em} .pair .col{flex:1;min-width:0}
+pre{white-space:pre-wrap;word-break:break-word;margin:.2em 0;padding:.3em;font-size:.85em}
+pre.model{background:#f2f2f2} pre.obs{background:#eaf2fb}</style>"""  # the report's pages (this one and evaluation.benchmark_report's)
+
 
 def build_report(
     run_dirs: list[str | Path], output: str | Path | None = None, *, title: str = "stratarl report"
@@ -323,12 +330,7 @@ def build_report(
         for d, r in zip(dirs, summary["runs"])
     )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1400px}} img{{max-width:100%}}
-table{{border-collapse:collapse;margin:.5em 0}} td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}
-.verdict{{font-size:1.15em}} .missing{{color:#a40}} .note{{color:#444;font-size:.9em}}
-.pair{{display:flex;gap:1em}} .pair .col{{flex:1;min-width:0}}
-pre{{white-space:pre-wrap;word-break:break-word;margin:.2em 0;padding:.3em;font-size:.85em}}
-pre.model{{background:#f2f2f2}} pre.obs{{background:#eaf2fb}}</style>
+{PAGE_STYLE}
 </head><body><h1>{html.escape(title)}</h1><ul>{run_list}</ul><p>{nav}</p>
 {learned}
 {_offpolicy_html(runs)}<h2 id="eval">eval</h2>{evals}{"".join(sections)}</body></html>"""
