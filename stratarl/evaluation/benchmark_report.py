@@ -27,6 +27,18 @@ from stratarl.evaluation.headline import format_ci, format_number
 from stratarl.evaluation.report import PAGE_STYLE, _table, _turns_html
 
 
+def _side_html(label: str, f1: float, record: dict | None) -> str:
+    if record is None:
+        return (
+            f"<h4>{html.escape(label)}: F1 {format_number(f1, 2)}</h4><p>(no transcript found in the eval run "
+            "folder: the --out of its eval command, or the folder beside its JSON)</p>"
+        )
+    return (
+        f"<h4>{html.escape(label)}: F1 {format_number(f1, 2)}, {record.get('num_searches', '?')} searches, answer "
+        f"{html.escape(repr(record.get('answer')))}</h4>{_turns_html(record)}"
+    )
+
+
 def _transcript_html(gain: Mapping) -> str:
     parts = []
     for which, title in (("gained", "The question gained most"), ("lost", "The question lost most")):
@@ -34,21 +46,21 @@ def _transcript_html(gain: Mapping) -> str:
         if shown is None:
             parts.append(f"<h4>{title}</h4><p>No question's F1 {'rose' if which == 'gained' else 'fell'}.</p>")
             continue
-        first = shown["before"] or shown["after"] or {}
+        first = shown["before"] or shown["after"]
         columns = "".join(
-            f'<div class="col"><h4>{side}: F1 {format_number(shown["f1_" + key], 2)}, '
-            f"{(record or {}).get('num_searches', '?')} searches, answer "
-            f"{html.escape(repr((record or {}).get('answer')))}</h4>"
-            + (_turns_html(record) if record else "<p>(no transcript found in the eval run folder)</p>")
-            + "</div>"
+            f'<div class="col">{_side_html(side, shown["f1_" + key], record)}</div>'
             for side, key, record in (
                 (gain["before"]["label"], "before", shown["before"]),
                 (gain["after"]["label"], "after", shown["after"]),
             )
         )
+        asked = (
+            f"<p>{html.escape(str(first.get('question', '')))} Gold: {html.escape(', '.join(first.get('golds') or []))}.</p>"
+            if first
+            else ""
+        )
         parts.append(
-            f"<h4>{title}: <code>{html.escape(shown['id'])}</code></h4><p>{html.escape(str(first.get('question', '')))} "
-            f'Gold: {html.escape(", ".join(first.get("golds") or []))}.</p><div class="pair">{columns}</div>'
+            f'<h4>{title}: <code>{html.escape(shown["id"])}</code></h4>{asked}<div class="pair">{columns}</div>'
         )
     return (
         '<p class="note">The largest F1 rise and the largest F1 fall (ties: the smallest question id). Model text in '
