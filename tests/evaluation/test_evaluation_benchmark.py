@@ -216,3 +216,17 @@ def test_one_result_file_compares_searching_with_closed_book(tmp_path):
     assert "Does searching help?" in page and gain["setting"] == "closed_book -> search"
     assert "warm start (closed_book -&gt; search): F1 +0.167" in page
     assert "<td>0.667 [0.10, 1.00]</td>" in page  # the setting's own F1, its CI cut to [0, 1]
+
+
+def test_the_committed_slice_result_gives_the_gain_its_script_printed():
+    """docs/results/wikislice_smollm2_warm40.json: wikislice_eval.py printed search - closed-book F1 +0.054
+    [-0.021, +0.129] and EM +0.031 on 98 questions (docs/benchmarks.md); the page pairs the same questions."""
+    from pathlib import Path
+
+    result = Path(__file__).resolve().parents[2] / "docs" / "results" / "wikislice_smollm2_warm40.json"
+    page, gain = benchmark_page(result)
+    assert gain["all"]["n"] == 98 and gain["group_by"] == "source"
+    assert gain["all"]["f1"]["gain"]["low"] == pytest.approx(-0.021, abs=5e-4)
+    assert gain["all"]["em"]["gain"]["mean"] == pytest.approx(0.031, abs=5e-4)
+    assert "(closed_book -&gt; search): F1 +0.054 [-0.02, +0.13] on 98 questions" in page
+    assert "<td>search</td><td>source all</td><td>98</td><td>0.082 [0.03, 0.14]</td><td>0.119 [0.06, 0.18]</td>" in page
