@@ -1,17 +1,19 @@
 """Demonstration trajectories for the warm-start stage, rendered from synthetic questions' hops.
 
 For an Example whose ``metadata["hops"]`` lists ``{"query", "passage_id", "answer"}``,
-the demonstration is the trajectory a competent agent would produce under the
-Search-R1 protocol, built from the real pieces:
+the demonstration is the trajectory a competent agent would produce in the run's
+protocol (``rollout.protocol``), built from the real pieces; under Search-R1's tags:
 
     <think> ... </think>\n<search> {hop 1 query} </search>      policy tokens   (mask 1)
     \n\n<information>Doc 1(Title: ...) ...</information>\n\n    real retriever  (mask 0)
     ... one search per hop ...
     <think> ... </think>\n<answer> {answer} </answer><eos>      policy tokens   (mask 1)
 
-Observations come from the run's retriever and are tokenized and capped by the
-rollout engine's own function; EOS follows ``</answer>`` as the engine appends it.
-So the demonstration has exactly the token layout of a rollout.
+Every piece comes from the part a rollout uses (stratarl.trainer.warmstart.render): the protocol writes the
+calls and the tool turns, the tools themselves produce the results, the rollout engine's own function tokenizes
+and caps them; EOS follows ``</answer>`` as the engine appends it. So the demonstration has exactly the token
+layout of a rollout (docs/training.md, "Warm start in another protocol"). With ``open`` among the tools, a
+correct demonstration may open a later hop's article by title (``hop_calls``).
 
 Some demonstrations are imperfect on purpose, so RL has something to improve:
 ``no_search_fraction`` answer at once without searching (a guess: the answer of

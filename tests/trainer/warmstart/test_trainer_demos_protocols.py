@@ -303,3 +303,45 @@ def test_the_warm_start_of_a_hermes_run_writes_hermes_demonstrations(smollm2_tok
     assert all(" ...[truncated]" in t for d, t in zip(demos, texts) if d.kind == "correct")  # open's 40 tokens
     reading = next(reading_batches(cfg, tok, batch_size=2, curriculum=0))
     assert all("<tool_response>" in tok.decode(d.prompt_ids + d.response_ids) for d in reading)
+
+
+def _qwen25_tool_template() -> str:
+    """Qwen2.5-Instruct's tool handling in SmolLM2's ChatML tokens, as the veRL smoke renders it (read from its
+    source: importing that package needs veRL)."""
+    import ast
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[2] / "verl" / "harness" / "smollm2.py"
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "TOOL_CHAT_TEMPLATE":
+            return ast.literal_eval(node.value)
+    raise AssertionError("TOOL_CHAT_TEMPLATE not found")
+
+
+def test_a_hermes_demonstration_is_the_conversation_qwen25s_template_renders(smollm2_tokenizer, retriever):
+    """Token for token, the whole demonstration (prompt, two calls, their tool turns, the answer) is Qwen2.5's
+    template applied to the same conversation (up to the newline the template writes after the last turn)."""
+    tok = smollm2_tokenizer
+    demo = _demo(tok, retriever, "hermes", ["search", "open"])
+    renderer = DemoRenderer.build(
+        tok, retriever, topk=TOPK, max_obs_tokens=MAX_OBS, protocol="hermes", tools=["search", "open"]
+    )
+    protocol = make_protocol("hermes", ["search", "open"])
+    user = protocol.messages([{"role": "user", "content": ""}])[1:]  # (the system turn comes with the template)
+    user[0]["content"] = tok.decode(demo.prompt_ids).split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
+    calls = [("search", {"query": "Who founded Bavir Institute?"}), ("open", {"title": "Doushil Revedi"})]
+    conversation = [{"role": "system", "content": "You are a helpful assistant."}, *user]
+    for name, arguments in calls:
+        thought = SEARCH_THOUGHT.removesuffix("\n")
+        call = {"name": name, "arguments": arguments}
+        conversation.append({"role": "assistant", "content": thought, "tool_calls": [call]})
+        conversation.append({"role": "tool", "content": renderer.run(name, next(iter(arguments.values()))).text})
+    conversation.append({"role": "assistant", "content": ANSWER_THOUGHT + "<answer> Likrix </answer>"})
+    text = tok.apply_chat_template(
+        conversation,
+        tools=[t.function_schema() for t in protocol.tools.values()],
+        chat_template=_qwen25_tool_template(),
+        tokenize=False,
+    )
+    assert text.endswith("<|im_end|>\n")
+    assert demo.prompt_ids + demo.response_ids == tok(text.removesuffix("\n"), add_special_tokens=False)["input_ids"]
