@@ -345,3 +345,34 @@ def test_a_hermes_demonstration_is_the_conversation_qwen25s_template_renders(smo
     )
     assert text.endswith("<|im_end|>\n")
     assert demo.prompt_ids + demo.response_ids == tok(text.removesuffix("\n"), add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.slow
+def test_a_hermes_warm_start_then_a_hermes_rl_step(tmp_path, tiny_overrides):
+    """End to end on configs/tiny.yaml: `stratarl sft` writes hermes demonstrations with both tools and saves a
+    model, and one RL step in hermes starts from it."""
+    from pathlib import Path
+
+    from stratarl.trainer.config import load_config
+    from stratarl.trainer.rl import train
+    from stratarl.trainer.warmstart.stages import warm_start
+
+    tiny = Path(__file__).resolve().parents[3] / "configs" / "tiny.yaml"
+    overrides = [
+        *tiny_overrides,
+        "rollout.protocol=hermes",
+        "rollout.tools=[search,open]",
+        "rollout.max_tokens_per_turn=24",
+        "sft.enabled=true",
+        "sft.open_fraction=1.0",
+        "sft.no_search_fraction=0.0",
+        "sft.wrong_hop_fraction=0.0",
+        "trainer.steps=1",
+    ]
+    cfg = load_config(tiny, overrides)
+    summary = warm_start(cfg, tmp_path / "sft", progress=False)
+    assert summary["num_demos"] > 0 and summary["steps"] >= 1
+    samples = [json.loads(line) for line in (tmp_path / "sft" / "demos_sample.jsonl").read_text().splitlines()]
+    assert samples and all("<tool_call>" in s["text"] and "<search>" not in s["text"] for s in samples)
+    cfg = load_config(tiny, [*overrides, f"model.init_from={summary['model']}"])
+    assert train(cfg, tmp_path / "rl")["steps"] == 1
