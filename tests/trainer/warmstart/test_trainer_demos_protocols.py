@@ -54,14 +54,20 @@ class TextScript(Generator):
     def generate(self, prompts, params: SamplingParams, max_new_tokens=None):
         (budget,) = max_new_tokens
         matcher = StopMatcher(self.tokenizer, params.stop_strings)
-        ids, out, stop = self.tokenizer(self.turns.pop(0), add_special_tokens=False)["input_ids"], [], None
+        text = self.turns.pop(0)
+        ids, out, stop = self.tokenizer(text.removesuffix(EOS), add_special_tokens=False)["input_ids"], [], None
         for token in ids[:budget]:
             out.append(token)
             if (stop := matcher.check(out)) is not None:
                 break
-        if stop in params.eos_after:
+        if stop in params.eos_after or text.endswith(EOS):
             out.append(self.tokenizer.eos_token_id)
-        return [Generation(out, [0.0] * len(out), "stop" if stop else "length", stop)]
+        reason = "eos" if text.endswith(EOS) else "stop" if stop else "length"
+        return [Generation(out, [0.0] * len(out), reason, stop)]
+
+
+EOS = "<EOS>"
+"""A turn text ending in EOS ends with the end-of-sequence token (a llama3_json call)."""
 
 
 def _demo(tokenizer, retriever, protocol: str, tools: Sequence[str], open_fraction: float = 1.0):
@@ -190,26 +196,48 @@ def test_llama3_json_with_a_chatml_tokenizer_fails_in_one_line(smollm2_tokenizer
     assert "\n" not in str(error.value)
 
 
-def test_llama3_json_marks_the_end_of_the_call_turn_as_the_policys(smollm2_tokenizer, retriever):
-    """A tokenizer whose EOS is the token that opens llama3_json's tool turn (Llama-3.1's <|eot_id|>): the
-    demonstration's tokens stay the rollout's, and that one token is the policy's (the engine drops the sampled
-    EOS and the tool turn writes it again)."""
-    tok = smollm2_tokenizer
+class EotTokenizer:
+    """SmolLM2's tokenizer with Llama-3.1's end of turn: ``<|eot_id|>`` is one token, its EOS (SmolLM2's EOS id)."""
 
-    class EotTokenizer:
-        """SmolLM2's tokenizer with <|eot_id|> as one token, its EOS (as in Llama-3.1's)."""
+    eos_token, chat_template = "<|eot_id|>", None
 
-        eos_token, eos_token_id, chat_template = "<|eot_id|>", tok.eos_token_id, None
+    def __init__(self, base):
+        self.base, self.eos_token_id = base, base.eos_token_id
 
-        def __call__(self, text, add_special_tokens=False):
-            parts = [tok(part, add_special_tokens=False)["input_ids"] for part in text.split(self.eos_token)]
-            ids = [i for n, part in enumerate(parts) for i in ([self.eos_token_id] if n else []) + list(part)]
-            return {"input_ids": ids}
+    def __call__(self, text, add_special_tokens=False):
+        parts = [self.base(part, add_special_tokens=False)["input_ids"] for part in text.split(self.eos_token)]
+        return {"input_ids": [i for n, part in enumerate(parts) for i in ([self.eos_token_id] if n else []) + part]}
 
-    renderer = DemoRenderer.build(EotTokenizer(), retriever, topk=TOPK, max_obs_tokens=MAX_OBS, protocol="llama3_json")
-    turn, observation = renderer.call("search", "Who founded Bavir Institute?")
-    assert tok.decode(turn.ids).endswith('{"name": "search", "parameters": {"query": "Who founded Bavir Institute?"}}')
-    assert observation.ids[0] == tok.eos_token_id and observation.mask == [1] + [0] * (len(observation.ids) - 1)
+    def decode(self, ids, skip_special_tokens=False, **kwargs):
+        parts, current = [], []
+        for i in [*ids, None]:
+            if i is None or i == self.eos_token_id:
+                parts.append(self.base.decode(current, skip_special_tokens=skip_special_tokens, **kwargs))
+                current = []
+            else:
+                current.append(i)
+        return ("" if skip_special_tokens else self.eos_token).join(parts)
+
+
+def test_a_llama3_json_demonstration_is_the_token_sequence_a_llama3_json_rollout_writes(smollm2_tokenizer, retriever):
+    """With a tokenizer whose EOS opens llama3_json's tool turn (Llama-3.1's <|eot_id|>), the demonstration's tokens
+    are the rollout's; the one difference is the mask of that token: the rollout samples it, the engine drops it
+    and the tool turn writes it again (mask 0), and the demonstration trains it (mask 1) so the model learns to
+    end its call."""
+    tok = EotTokenizer(smollm2_tokenizer)
+    demo = _demo(tok, retriever, "llama3_json", ["search", "open"])
+    turns = [
+        SEARCH_THOUGHT + '{"name": "search", "parameters": {"query": "Who founded Bavir Institute?"}}' + EOS,
+        SEARCH_THOUGHT + '{"name": "open", "parameters": {"title": "Doushil Revedi"}}' + EOS,
+        ANSWER_THOUGHT + "<answer> Likrix </answer>",
+    ]
+    rollout = _rollout(tok, retriever, "llama3_json", ["search", "open"], turns)
+    assert [c.tool for c in rollout.calls] == ["search", "open"] and rollout.answer == "Likrix"
+    assert (demo.prompt_ids, demo.response_ids) == (rollout.prompt_ids, rollout.response_ids)
+    differ = [i for i, (a, b) in enumerate(zip(demo.response_mask, rollout.response_mask)) if a != b]
+    assert len(differ) == 2 and all(demo.response_ids[i] == tok.eos_token_id for i in differ)
+    assert all(rollout.response_mask[i - 1] == 1 and demo.response_mask[i] == 1 for i in differ)  # after a call
+    assert "<|start_header_id|>ipython<|end_header_id|>" in tok.decode(demo.response_ids)
 
 
 def _digest(demos) -> str:
