@@ -199,7 +199,7 @@ def test_the_trainers_config_imports_no_loop_and_the_loop_only_the_warm_starts_t
     )
     assert not [(m, t) for m, t in crossing if _trainer_kind(m) == "config"]
     assert [(m, t) for m, t in crossing if _trainer_kind(t) == "warmstart"] == [
-        ("stratarl.trainer.setup", "stratarl.trainer.warmstart.demos")
+        ("stratarl.trainer.setup", "stratarl.trainer.warmstart.render")
     ]
 
 

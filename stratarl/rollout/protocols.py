@@ -50,6 +50,9 @@ class ToolProtocol:
     name: ClassVar[str] = ""
     templates: ClassVar[dict[str, str]] = PROMPT_TEMPLATES
     """Named user templates (``rollout.prompt_template``), worded for this protocol's format."""
+    call_ends_with_eos: ClassVar[bool] = False
+    """A call turn ends with the model's end-of-sequence token (no stop string ends it): the engine drops that
+    token and the tool turn writes the end of turn again (llama3_json)."""
 
     def __init__(self, tools: Sequence[ToolSpec]) -> None:
         self.tools = {t.name: t for t in tools}
@@ -62,6 +65,15 @@ class ToolProtocol:
     def parse(self, text: str) -> Action:
         """The action of one turn's text (its final EOS token decoded in, when it has one)."""
         raise NotImplementedError
+
+    def call_text(self, tool: str, arguments: dict[str, Any]) -> str:
+        """A call as the model writes it in this protocol (``parse`` reads it back as that call): what a
+        warm start's demonstrations show (stratarl.trainer.warmstart.render)."""
+        raise NotImplementedError
+
+    def answer_text(self, answer: str) -> str:
+        """The final answer as the model writes it: ``<answer> {answer} </answer>`` in every built-in protocol."""
+        return f"<answer> {answer} </answer>"
 
     def messages(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
         """The prompt's chat messages with the tools described as the model's template expects."""
@@ -145,6 +157,9 @@ class SearchR1Protocol(ToolProtocol):
         if kind == "answer":
             return Action("answer", content)
         return Action(kind, content, {self.tools[kind].main_argument: content})
+
+    def call_text(self, tool: str, arguments: dict[str, Any]) -> str:
+        return f"<{tool}> {arguments[self.tools[tool].main_argument]} </{tool}>"
 
     def messages(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
         if list(self.tools) == ["search"]:
@@ -255,6 +270,12 @@ class HermesProtocol(ToolProtocol):
             return Action("answer", match.group(1).strip())
         return _json_call(self, match.group(1), "arguments")
 
+    def call_text(self, tool: str, arguments: dict[str, Any]) -> str:
+        """Qwen2.5's template writes a call as ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``
+        (``arguments | tojson``: json.dumps with its default separators, key order kept)."""
+        call = json.dumps({"name": tool, "arguments": arguments}, ensure_ascii=False)
+        return f"<tool_call>\n{call}\n</tool_call>"
+
     def tools_block(self) -> str:
         """Qwen2.5's ``# Tools`` block (``tool | tojson``: json.dumps with its default separators, key order kept)."""
         schemas = "".join("\n" + json.dumps(t.function_schema(), ensure_ascii=False) for t in self.tools.values())
@@ -298,6 +319,7 @@ class Llama3JsonProtocol(ToolProtocol):
     end-of-turn token (no stop string); the result comes back in an ``ipython`` turn."""
 
     templates = JSON_TEMPLATES
+    call_ends_with_eos = True
     intro = (
         "Given the following functions, please respond with a JSON for a function call with its proper arguments "
         "that best answers the given prompt.\n\n"
@@ -320,6 +342,11 @@ class Llama3JsonProtocol(ToolProtocol):
         except json.JSONDecodeError as error:
             return Action("malformed", "", None, f"the call is not valid JSON ({error.msg})", "bad_json")
         return _json_call(self, json.dumps(call), "parameters")
+
+    def call_text(self, tool: str, arguments: dict[str, Any]) -> str:
+        """``{"name": ..., "parameters": {...}}``, as Llama-3.1's template writes a call (its end-of-turn token
+        follows: ``call_ends_with_eos``)."""
+        return json.dumps({"name": tool, "parameters": arguments}, ensure_ascii=False)
 
     def messages(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
         out = [dict(m) for m in messages]

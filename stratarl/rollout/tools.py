@@ -306,6 +306,12 @@ OPEN_SCHEMA = {
 }
 
 
+def search_text(hits: Sequence[Passage]) -> str:
+    """The text of one search's result, as the model reads it: ``Doc {i}(Title: {title}) {text}`` per hit,
+    stripped (stratarl.rollout.parsing.format_documents)."""
+    return format_documents(list(hits)).strip()
+
+
 @register_tool("search", schema=SEARCH_SCHEMA, batched=True)
 def search_tool(calls: list[dict[str, Any]], *, context: ToolContext) -> list[ToolOutput]:
     """Search-R1's search: one retriever call for the whole turn, ``topk`` passages per query, each shown as
@@ -316,7 +322,7 @@ def search_tool(calls: list[dict[str, Any]], *, context: ToolContext) -> list[To
         got = len(results) if isinstance(results, list) else type(results).__name__
         raise RuntimeError(f"retriever returned {got} result lists for {len(queries)} queries")
     # Every hit is kept: Search-R1 shows all the server returns (its SerpAPI server may return more than topk).
-    return [ToolOutput(format_documents(list(hits)).strip(), tuple(hits)) for hits in results]
+    return [ToolOutput(search_text(hits), tuple(hits)) for hits in results]
 
 
 @register_tool("open", schema=OPEN_SCHEMA, batched=True)

@@ -66,11 +66,14 @@ def refill_size(missing: int, kept: int, seen: int, limit: int) -> int:
 
 
 def dynsample_metrics(attempts: int, seen: int, dropped: int, kept: int, target: int, drawn: int) -> dict[str, float]:
-    """``dynsample/``: the collections the step made, the share of the groups it saw that were dropped, the groups
-    it kept, the prompts it drew, and ``short`` 1 when the attempts ran out before ``target`` groups were kept."""
+    """``dynsample/``: the collections the step made, the share of the groups it saw that were dropped (and both
+    counts, so a run's share is the sum of ``groups_dropped`` over the sum of ``groups_seen``), the groups it
+    kept, the prompts it drew, and ``short`` 1 when the attempts ran out before ``target`` groups were kept."""
     return {
         "dynsample/attempts": float(attempts),
         "dynsample/filtered_share": dropped / seen if seen else 0.0,
+        "dynsample/groups_seen": float(seen),
+        "dynsample/groups_dropped": float(dropped),
         "dynsample/kept_groups": float(kept),
         "dynsample/prompts_drawn": float(drawn),
         "dynsample/short": float(kept < target),

@@ -37,7 +37,7 @@ from stratarl.rollout.collect import Scoring
 from stratarl.trainer.config import Config, ModelConfig
 from stratarl.trainer.synthetic import load_synthetic_task
 from stratarl.trainer.task import TaskData
-from stratarl.trainer.warmstart.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
+from stratarl.trainer.warmstart.render import ANSWER_THOUGHT, SEARCH_THOUGHT
 
 TINY_MODEL = "tiny-random"
 WORD_MODEL = "word-tiny"

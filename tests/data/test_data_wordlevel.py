@@ -162,7 +162,7 @@ def test_lowercase_mode_round_trips_up_to_case(kb):
 
 
 def test_trainer_demonstration_phrases_are_covered(tokenizer):
-    from stratarl.trainer.warmstart.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
+    from stratarl.trainer.warmstart.render import ANSWER_THOUGHT, SEARCH_THOUGHT
 
     assert unknown_words(tokenizer, SEARCH_THOUGHT + ANSWER_THOUGHT) == []
 

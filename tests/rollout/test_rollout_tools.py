@@ -240,12 +240,17 @@ class TestConfig:
         with pytest.raises(ConfigError, match="rollout.tools.*word-tiny"):
             load_config(None, ["model.name=word-tiny", "rollout.tools=[search,open]"])
 
-    def test_the_warm_start_is_refused_with_another_protocol(self):
+    def test_the_warm_start_speaks_hermes_and_refuses_llama3_json_with_a_chatml_tokenizer(self):
         from stratarl.trainer.config import load_config
 
-        with pytest.raises(ConfigError, match="sft.enabled.*search_r1 protocol"):
-            load_config(None, ["sft.enabled=true", "rollout.protocol=hermes"])
-        load_config(None, ["sft.enabled=true", "rollout.tools=[search,open]"])  # its demos search; open is optional
+        # the demonstrations are written in the run's protocol (tests/trainer/warmstart/test_trainer_demos_protocols.py)
+        cfg = load_config(None, ["sft.enabled=true", "rollout.protocol=hermes", "rollout.tools=[search,open]"])
+        assert cfg.rollout.protocol == "hermes"
+        for model in ("smollm2-135m-instruct", "tiny-random"):
+            with pytest.raises(ConfigError, match="rollout.protocol.*llama3_json call turn") as error:
+                load_config(None, ["sft.enabled=true", "rollout.protocol=llama3_json", f"model.name={model}"])
+            assert "\n" not in str(error.value)
+        load_config(None, ["sft.enabled=false", "rollout.protocol=llama3_json"])  # RL alone is not refused
 
 
 CALC = '''

@@ -101,6 +101,7 @@ def test_the_filter_reads_the_raw_outcome_and_refills_from_the_sampler(prompts, 
     assert metrics["dynsample/kept_groups"] == len(kept)
     informative = sum(i % 3 == 0 for i in DataSampler(30, 0).next(drawn))
     assert metrics["dynsample/filtered_share"] == pytest.approx((seen - informative) / seen)
+    assert (metrics["dynsample/groups_seen"], metrics["dynsample/groups_dropped"]) == (seen, seen - informative)
     assert metrics["dynsample/short"] == float(len(kept) < prompts)
     # The sampler moved by exactly the prompts drawn: nothing else draws from it.
     assert run.sampler.epoch * 30 + run.sampler.position == drawn
@@ -115,6 +116,7 @@ def test_a_short_step_says_so_and_keeps_what_it_found():
     assert collected.rollouts == [] and metrics["dynsample/short"] == 1.0
     assert metrics["dynsample/attempts"] == 2.0 and metrics["dynsample/filtered_share"] == 1.0
     assert metrics["dynsample/prompts_drawn"] == 4.0  # 2, then 2 again (none kept yet: a full batch)
+    assert metrics["dynsample/groups_seen"] == metrics["dynsample/groups_dropped"] == 4.0
 
 
 def test_off_by_default_one_collection_of_every_group():

@@ -81,6 +81,9 @@ __all__ = [
     "save_config",
 ]
 
+# Models whose tokenizer is SmolLM2's (ChatML: its end-of-sequence token is <|im_end|>).
+CHATML_MODELS = ("smollm2-135m-instruct", "tiny-random")
+
 
 @dataclass
 class Config:
@@ -170,14 +173,8 @@ class Config:
                 "use a subword tokenizer's model (tiny-random, smollm2-135m-instruct), or rollout.protocol=search_r1 "
                 "with rollout.tools=[search]",
             )
-        if self.sft.enabled and self.rollout.protocol != "search_r1":
-            _fail(
-                "sft.enabled",
-                True,
-                f"the warm start's demonstrations are written in the search_r1 protocol, not in rollout.protocol="
-                f"{self.rollout.protocol}",
-                "set sft.enabled=false and start from a model that calls tools in that format (model.init_from)",
-            )
+        if self.sft.enabled:
+            self._check_warm_start_protocol()
         counted = named_tools(self.algo.stratum_key) or []
         missing = [t for t in counted if t not in self.rollout.tools]
         if missing:
@@ -195,6 +192,20 @@ class Config:
                 f"advantage estimator {spec.advantage!r} compares the rollouts of one prompt, so a group of one "
                 "rollout gets advantage 0 and the policy never moves",
                 "use rollout.group_size >= 2 (Search-R1: 5), or an estimator with a critic (algo.name=ppo)",
+            )
+
+    def _check_warm_start_protocol(self) -> None:
+        """The warm start writes its demonstrations in the run's protocol (stratarl.trainer.warmstart.render); a
+        protocol whose call turn ends with the model's EOS (llama3_json) needs that EOS to open the tool turn,
+        which the bundled ChatML tokenizers' does not."""
+        tokenizer = self.model.tokenizer or self.model.name
+        if self.rollout.tool_protocol().call_ends_with_eos and tokenizer in CHATML_MODELS:
+            _fail(
+                "rollout.protocol",
+                self.rollout.protocol,
+                f"the warm start cannot show the end of a {self.rollout.protocol} call turn with {tokenizer}'s "
+                "tokenizer (its end-of-sequence token is not the one that opens that protocol's tool turn)",
+                "use rollout.protocol=hermes (ChatML, as SmolLM2 speaks it), or sft.enabled=false",
             )
 
     def to_dict(self) -> dict:

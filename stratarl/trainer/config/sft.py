@@ -40,6 +40,10 @@ class SFTConfig:
     early_answer_fraction: float = 0.0
     """Fraction of multi-hop demonstrations that stop after their first search and answer what it found
     (the first hop's answer): a deliberately weak search policy that RL can improve by searching more."""
+    open_fraction: float = 0.5
+    """With `open` among rollout.tools: the share of a correct demonstration's later hops that open the previous
+    hop's answer by title (a name the last observation showed) instead of searching, so the demonstrations show
+    both tools (docs/training.md, "Warm start in another protocol")."""
     seed: int = 0
     """Seeds demonstration choice and order, and the initial weights of a from-scratch model."""
     source: Literal["task", "worlds"] = "task"
@@ -97,7 +101,7 @@ class SFTConfig:
                 _fail(f"{p}.{key}", getattr(self, key), "must be at least 1", "use a positive integer")
         if self.lr <= 0 or self.lr != self.lr or self.lr == float("inf"):
             _fail(f"{p}.lr", self.lr, "must be a positive finite number", "use 1e-4")
-        for key in ("no_search_fraction", "wrong_hop_fraction", "early_answer_fraction"):
+        for key in ("no_search_fraction", "wrong_hop_fraction", "early_answer_fraction", "open_fraction"):
             if not 0 <= getattr(self, key) <= 1:
                 _fail(f"{p}.{key}", getattr(self, key), "a fraction must lie in [0, 1]", "use e.g. 0.1")
         total = self.no_search_fraction + self.wrong_hop_fraction + self.early_answer_fraction

@@ -1,17 +1,19 @@
 """Demonstration trajectories for the warm-start stage, rendered from synthetic questions' hops.
 
 For an Example whose ``metadata["hops"]`` lists ``{"query", "passage_id", "answer"}``,
-the demonstration is the trajectory a competent agent would produce under the
-Search-R1 protocol, built from the real pieces:
+the demonstration is the trajectory a competent agent would produce in the run's
+protocol (``rollout.protocol``), built from the real pieces; under Search-R1's tags:
 
     <think> ... </think>\n<search> {hop 1 query} </search>      policy tokens   (mask 1)
     \n\n<information>Doc 1(Title: ...) ...</information>\n\n    real retriever  (mask 0)
     ... one search per hop ...
     <think> ... </think>\n<answer> {answer} </answer><eos>      policy tokens   (mask 1)
 
-Observations come from the run's retriever and are tokenized and capped by the
-rollout engine's own function; EOS follows ``</answer>`` as the engine appends it.
-So the demonstration has exactly the token layout of a rollout.
+Every piece comes from the part a rollout uses (stratarl.trainer.warmstart.render): the protocol writes the
+calls and the tool turns, the tools themselves produce the results, the rollout engine's own function tokenizes
+and caps them; EOS follows ``</answer>`` as the engine appends it. So the demonstration has exactly the token
+layout of a rollout (docs/training.md, "Warm start in another protocol"). With ``open`` among the tools, a
+correct demonstration may open a later hop's article by title (``hop_calls``).
 
 Some demonstrations are imperfect on purpose, so RL has something to improve:
 ``no_search_fraction`` answer at once without searching (a guess: the answer of
@@ -27,15 +29,14 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from stratarl.data.examples import Example
 from stratarl.retrieval.base import Passage
-from stratarl.rollout.engine import observation_ids
-from stratarl.rollout.parsing import information_observation
-from stratarl.rollout.prompt import encode_prompt
+from stratarl.rollout.tools import tool_budget
+from stratarl.trainer.warmstart.render import DemoRenderer, Piece
 
 
 @dataclass(frozen=True)
@@ -51,50 +52,58 @@ class Demonstration:
     meta: dict = field(default_factory=dict, compare=False)
 
 
-# The two thoughts differ from their first word on, so the search-or-answer decision is one
-# clear token for the model to learn (a shared prefix made greedy decoding pick the wrong one).
-SEARCH_THOUGHT = "<think> I need to search for this. </think>\n"
-ANSWER_THOUGHT = "<think> The information gives the answer. </think>\n"
-
-
-def _policy_ids(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
 def render_demonstration(
     example: Example,
-    tokenizer,
-    retriever,
+    renderer: DemoRenderer,
     *,
-    topk: int,
-    max_obs_tokens: int,
     prompt_ids: list[int],
-    searches: Sequence[str],
+    calls: Sequence[tuple[str, str]],
     answer: str,
     kind: str,
 ) -> Demonstration:
-    """One trajectory: a search turn per query in ``searches``, then the answer turn."""
+    """One trajectory: a call turn and its tool turn per ``(tool, argument)`` in ``calls``, then the answer turn,
+    each piece rendered by ``renderer`` (the run's protocol and tools: stratarl.trainer.warmstart.render)."""
     response, mask, retrieved = [], [], []
-    for query in searches:
-        turn = _policy_ids(tokenizer, f"{SEARCH_THOUGHT}<search> {query} </search>")
-        hits = retriever.search([query], topk)[0]
-        retrieved.append([p.id for p in hits])
-        obs, _ = observation_ids(tokenizer, information_observation(hits), max_obs_tokens)
-        response += turn + obs
-        mask += [1] * len(turn) + [0] * len(obs)
-    final = _policy_ids(tokenizer, f"{ANSWER_THOUGHT}<answer> {answer} </answer>")
-    if tokenizer.eos_token_id is not None:
-        final.append(tokenizer.eos_token_id)
+    for tool, argument in calls:
+        turn, observation = renderer.call(tool, argument)
+        retrieved.append([p.id for p in observation.passages])
+        response += turn.ids + observation.ids
+        mask += turn.mask + observation.mask
+    final = renderer.answer_turn(answer)
     response += final
     mask += [1] * len(final)
+    meta: dict[str, Any] = {
+        "retrieved": retrieved,
+        "searches": [argument for tool, argument in calls if tool == "search"],
+        "answer": answer,
+    }
+    if renderer.tools != ("search",):
+        meta["calls"] = [{"tool": tool, "argument": argument} for tool, argument in calls]
     return Demonstration(
         prompt_ids=list(prompt_ids),
         response_ids=response,
         response_mask=mask,
         kind=kind,
         example_id=example.id,
-        meta={"retrieved": retrieved, "searches": list(searches), "answer": answer},
+        meta=meta,
     )
+
+
+def hop_calls(
+    hops: Sequence[dict], tools: Sequence[str], rng: random.Random, open_fraction: float, open_budget: int | None
+) -> list[tuple[str, str]]:
+    """The calls of a demonstration that follows every hop: a search of each hop's query, except that with
+    ``open`` among ``tools`` a later hop opens the previous hop's answer by title (a name the last observation
+    showed) with probability ``open_fraction`` (drawn from ``rng``, within ``open_budget`` calls)."""
+    calls: list[tuple[str, str]] = []
+    for i, hop in enumerate(hops):
+        opens = sum(tool == "open" for tool, _ in calls)
+        may_open = "open" in tools and i > 0 and (open_budget is None or opens < open_budget)
+        if may_open and rng.random() < open_fraction:
+            calls.append(("open", str(hops[i - 1]["answer"])))
+        else:
+            calls.append(("search", hop["query"]))
+    return calls
 
 
 def _other(pool: Sequence[Example], example: Example, rng: random.Random) -> Example:
@@ -120,15 +129,22 @@ def render_demonstrations(
     prompt_template: str = "search_r1",
     guess_on: str = "any",
     wrong_hop_pool: str = "family",
+    protocol: str = "search_r1",
+    tools: Sequence[str] = ("search",),
+    tool_params: Mapping[str, Any] | None = None,
+    open_fraction: float = 0.5,
 ) -> list[Demonstration]:
-    """Up to ``num_demos`` demonstrations from examples that carry hops.
+    """Up to ``num_demos`` demonstrations from examples that carry hops, in the run's ``protocol`` with its
+    ``tools`` (``rollout.protocol``, ``rollout.tools``, ``rollout.tool_params``: stratarl.trainer.warmstart.render).
 
     ``guess_on="guessable"`` lets only questions of a guessable family (``metadata["guessable"]``) guess; another
     question's draw is mapped onto the non-guessing part of [0, 1), so it searches with the shares the other
     fractions give among the demonstrations that search. ``wrong_hop_pool="any"`` takes a wrong last hop from any
-    other question instead of one of the same family.
+    other question instead of one of the same family. With ``open`` among the tools, a correct demonstration's
+    later hop opens the previous hop's answer by title with probability ``open_fraction`` (``hop_calls``; drawn
+    from a generator of its own, so the other choices are the same as with search alone).
 
-    A "correct" demonstration is kept only if every hop's gold passage was retrieved
+    A "correct" demonstration is kept only if every hop's gold passage was retrieved (or opened)
     (otherwise the demo would teach answering what the passages do not say).
     """
     usable = [e for e in examples if e.metadata.get("hops")]
@@ -137,7 +153,18 @@ def render_demonstrations(
             "no training example has metadata['hops']: warm-start demonstrations need the synthetic "
             "task (data.source=synthetic) or files whose rows carry hops; set sft.enabled=false otherwise"
         )
-    rng = random.Random(seed)
+    renderer = DemoRenderer.build(
+        tokenizer,
+        retriever,
+        topk=topk,
+        max_obs_tokens=max_obs_tokens,
+        protocol=protocol,
+        tools=tools,
+        tool_params=tool_params,
+        prompt_template=prompt_template,
+    )
+    mix = DemoMix(no_search_fraction, wrong_hop_fraction, early_answer_fraction, guess_on, wrong_hop_pool)
+    rng, open_rng = random.Random(seed), random.Random(f"open-{seed}")
     order = list(range(len(usable)))
     rng.shuffle(order)
     # Imperfect demos borrow from another question of the same family when there is one, so a guess
@@ -146,63 +173,66 @@ def render_demonstrations(
     by_family: dict[str, list[Example]] = {}
     for e in usable:
         by_family.setdefault(e.metadata.get("family", ""), []).append(e)
+    open_budget = tool_budget(renderer.tool_params, "open")
     demos: list[Demonstration] = []
     for i in order:
         if len(demos) >= num_demos:
             break
         example = usable[i]
-        hops = example.metadata["hops"]
-        prompt_ids = encode_prompt(tokenizer, example.question, prompt_template, example.metadata.get("options"))
         peers = by_family[example.metadata.get("family", "")]
-        pool = peers if len(peers) > 1 else usable
-        other = _other(pool, example, rng)
-        draw = rng.random()
-        if guess_on == "guessable" and not example.metadata.get("guessable", False):
-            draw = no_search_fraction + draw * (1.0 - no_search_fraction)
-        common: dict[str, Any] = {"topk": topk, "max_obs_tokens": max_obs_tokens, "prompt_ids": prompt_ids}
-        if draw < no_search_fraction:
-            guess = other.golden_answers[0]
-            demos.append(
-                render_demonstration(
-                    example, tokenizer, retriever, searches=[], answer=guess, kind="no_search", **common
-                )
-            )
-        elif len(hops) > 1 and draw < no_search_fraction + wrong_hop_fraction:
-            source = other if wrong_hop_pool == "family" else _other(usable, example, rng)
-            wrong = source.metadata["hops"][-1]
-            queries = [h["query"] for h in hops[:-1]] + [wrong["query"]]
-            demos.append(
-                render_demonstration(
-                    example, tokenizer, retriever, searches=queries, answer=wrong["answer"], kind="wrong_hop", **common
-                )
-            )
-        elif len(hops) > 1 and draw < no_search_fraction + wrong_hop_fraction + early_answer_fraction:
-            demo = render_demonstration(
-                example,
-                tokenizer,
-                retriever,
-                searches=[hops[0]["query"]],
-                answer=hops[0]["answer"],
-                kind="early_answer",
-                **common,
-            )
-            if hops[0]["passage_id"] in demo.meta["retrieved"][0]:  # it answers what it read
-                demos.append(demo)
-        else:
-            demo = render_demonstration(
-                example,
-                tokenizer,
-                retriever,
-                searches=[h["query"] for h in hops],
-                # a question with several answers (PhantomWiki) names them all: its metadata says how
-                answer=example.metadata.get("demo_answer", example.golden_answers[0]),
-                kind="correct",
-                **common,
-            )
-            found = all(h["passage_id"] in ids for h, ids in zip(hops, demo.meta["retrieved"]))
-            if found:
-                demos.append(demo)
+        other = _other(peers if len(peers) > 1 else usable, example, rng)
+        kind, calls, answer = mix.plan(example, other, usable, rng)
+        if kind == "correct":
+            calls = hop_calls(example.metadata["hops"], renderer.tools, open_rng, open_fraction, open_budget)
+        demo = render_demonstration(
+            example, renderer, prompt_ids=renderer.prompt(example), calls=calls, answer=answer, kind=kind
+        )
+        if _reads_its_answer(demo, example.metadata["hops"]):
+            demos.append(demo)
     return demos
+
+
+@dataclass(frozen=True)
+class DemoMix:
+    """The shares of imperfect demonstrations (``sft.no_search_fraction`` and the others; see
+    ``render_demonstrations``)."""
+
+    no_search_fraction: float
+    wrong_hop_fraction: float
+    early_answer_fraction: float
+    guess_on: str = "any"
+    wrong_hop_pool: str = "family"
+
+    def plan(
+        self, example: Example, other: Example, usable: Sequence[Example], rng: random.Random
+    ) -> tuple[str, list[tuple[str, str]], str]:
+        """(kind, calls, answer) of ``example``'s demonstration; ``other`` lends a guess or a wrong last hop.
+        A correct demonstration's calls are searches of every hop (``hop_calls`` may make some opens)."""
+        hops = example.metadata["hops"]
+        draw = rng.random()
+        if self.guess_on == "guessable" and not example.metadata.get("guessable", False):
+            draw = self.no_search_fraction + draw * (1.0 - self.no_search_fraction)
+        if draw < self.no_search_fraction:
+            return "no_search", [], other.golden_answers[0]
+        if len(hops) > 1 and draw < self.no_search_fraction + self.wrong_hop_fraction:
+            source = other if self.wrong_hop_pool == "family" else _other(usable, example, rng)
+            wrong = source.metadata["hops"][-1]
+            return "wrong_hop", [("search", h["query"]) for h in [*hops[:-1], wrong]], wrong["answer"]
+        if len(hops) > 1 and draw < self.no_search_fraction + self.wrong_hop_fraction + self.early_answer_fraction:
+            return "early_answer", [("search", hops[0]["query"])], hops[0]["answer"]
+        # a question with several answers (PhantomWiki) names them all: its metadata says how
+        answer = example.metadata.get("demo_answer", example.golden_answers[0])
+        return "correct", [("search", h["query"]) for h in hops], answer
+
+
+def _reads_its_answer(demo: Demonstration, hops: Sequence[dict]) -> bool:
+    """Whether ``demo`` answers what it read: an early answer's first hop, every hop of a correct one, found
+    (imperfect guesses and wrong hops are kept as they are)."""
+    if demo.kind == "early_answer":
+        return hops[0]["passage_id"] in demo.meta["retrieved"][0]
+    if demo.kind == "correct":
+        return all(h["passage_id"] in ids for h, ids in zip(hops, demo.meta["retrieved"]))
+    return True
 
 
 def _answer_sentence(text: str, answer: str) -> str:
@@ -225,6 +255,8 @@ def render_reading_examples(
     sentence_probability: float = 0.0,
     agent_probability: float = 0.0,
     prompt_template: str = "search_r1",
+    protocol: str = "search_r1",
+    tools: Sequence[str] = ("search",),
 ) -> list[Demonstration]:
     """Copy pre-training ("reading") examples: an observation, then every question about its first passage.
 
@@ -247,7 +279,19 @@ def render_reading_examples(
 
     Copying learnt only after ``Question: q <answer>`` does not carry over to an answer turn whose question
     lies before the observation (docs/lab.md, "Why this recipe"); both layouts teach both.
+
+    The observation, the prompt and the turns are those of ``protocol`` with ``tools`` (the search tool's
+    result in that protocol's tool turn; stratarl.trainer.warmstart.render); the default is Search-R1's tags.
     """
+    renderer = DemoRenderer.build(
+        tokenizer,
+        retriever,
+        topk=topk,
+        max_obs_tokens=max_obs_tokens,
+        protocol=protocol,
+        tools=tools,
+        prompt_template=prompt_template,
+    )
     by_passage: dict[str, list[tuple[str, str, Example]]] = {}
     for example in examples:
         hops = (example.metadata or {}).get("hops") or []
@@ -265,38 +309,39 @@ def render_reading_examples(
         if context == "sentence":
             title, _, body = passages[pid].partition("\n")
             short = [Passage(pid, f"{title}\n{_answer_sentence(body, questions[0][1])}")]
-            obs, _ = observation_ids(tokenizer, information_observation(short), max_obs_tokens)
+            obs = renderer.search_observation(short)
             questions = questions[:1]
         elif pid in {p.id for p in found}:
-            obs, _ = observation_ids(tokenizer, information_observation(found), max_obs_tokens)
+            obs = renderer.search_observation(found)
         else:
             continue
         if agent_probability and rng.random() < agent_probability:
-            out.append(_agent_reading_example(tokenizer, questions[0], obs, pid, context, prompt_template))
+            out.append(_agent_reading_example(renderer, questions[0], obs, pid, context))
         else:
-            out.append(_reading_example(tokenizer, questions, obs, pid, context))
+            out.append(_reading_example(tokenizer, questions, obs.ids, pid, context))
     return out
 
 
 def _agent_reading_example(
-    tokenizer, reading: tuple[str, str, Example], obs: list[int], pid: str, context: str, prompt_template: str
+    renderer: DemoRenderer, reading: tuple[str, str, Example], obs: Piece, pid: str, context: str
 ) -> Demonstration:
     """A reading example in the agent's layout: the question in the prompt, a search of it, the observation, the
     answer turn (kind ``reading_agent``; the agent's tokens are the targets)."""
     question, answer, example = reading
-    prompt = encode_prompt(tokenizer, question, prompt_template, example.metadata.get("options"))
-    turn = _policy_ids(tokenizer, f"{SEARCH_THOUGHT}<search> {question} </search>")
-    final = _policy_ids(tokenizer, f"{ANSWER_THOUGHT}<answer> {answer} </answer>")
-    if tokenizer.eos_token_id is not None:
-        final.append(tokenizer.eos_token_id)
+    turn = renderer.call_turn("search", question)
+    final = renderer.answer_turn(answer)
     return Demonstration(
-        prompt_ids=list(prompt),
-        response_ids=turn + list(obs) + final,
-        response_mask=[1] * len(turn) + [0] * len(obs) + [1] * len(final),
+        prompt_ids=renderer.prompt(example),
+        response_ids=turn + obs.ids + final,
+        response_mask=[1] * len(turn) + obs.mask + [1] * len(final),
         kind="reading_agent",
         example_id=pid,
         meta={"questions": [question], "context": context},
     )
+
+
+def _policy_ids(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _reading_example(

@@ -57,7 +57,7 @@ def warm_start_key(cfg: Config) -> dict:
     sft = dataclasses.asdict(cfg.sft)
     defaults = {f.name: f.default for f in dataclasses.fields(cfg.sft)}
     # Options at their defaults leave the keys of warm starts built before the options existed unchanged.
-    for option in ("guess_on", "wrong_hop_pool"):
+    for option in ("guess_on", "wrong_hop_pool", "open_fraction"):
         if sft[option] == defaults[option]:
             del sft[option]
     key = {
@@ -72,6 +72,14 @@ def warm_start_key(cfg: Config) -> dict:
     }
     if cfg.device_policy.precision == "bf16":  # the precision the warm start's forward passes run in
         key["precision"] = "bf16"
+    # The demonstrations' protocol and tools (stratarl.trainer.warmstart.render); the defaults leave older keys as
+    # they were.
+    if cfg.rollout.protocol != "search_r1" or cfg.rollout.tools != ["search"] or cfg.rollout.tool_params:
+        key["protocol"] = {
+            "protocol": cfg.rollout.protocol,
+            "tools": list(cfg.rollout.tools),
+            "tool_params": cfg.rollout.tool_params,
+        }
     return key
 
 

@@ -82,6 +82,8 @@ def reading_batches(
             sentence_probability=max(0.0, 1.0 - produced / curriculum) if curriculum else 0.0,
             agent_probability=cfg.sft.reading_agent_fraction,
             prompt_template=cfg.rollout.prompt_template,
+            protocol=cfg.rollout.protocol,
+            tools=cfg.rollout.tools,
         )
 
     return _mixed_batches(render, batch_size=batch_size, mix_worlds=mix_worlds, rng=rng)
@@ -107,9 +109,14 @@ def world_demonstrations(cfg, tokenizer, index: int) -> list[Demonstration]:
 
 def demonstration_style(cfg) -> dict[str, Any]:
     """``render_demonstrations``'s keyword arguments that every demonstration source shares (``sft.source``:
-    ``task`` or ``worlds``): the prompt, the search depth, the observation cap and the imperfect-demo mix."""
+    ``task`` or ``worlds``): the prompt, the search depth, the observation cap, the imperfect-demo mix, and the
+    protocol and tools the demonstrations are written in (``rollout.protocol``, ``rollout.tools``)."""
     s = cfg.sft
     return {
+        "protocol": cfg.rollout.protocol,
+        "tools": cfg.rollout.tools,
+        "tool_params": cfg.rollout.tool_params,
+        "open_fraction": s.open_fraction,
         "topk": cfg.retrieval.topk,
         "max_obs_tokens": cfg.rollout.max_obs_tokens,
         "no_search_fraction": s.no_search_fraction,

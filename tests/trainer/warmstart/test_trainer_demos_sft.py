@@ -13,6 +13,7 @@ from stratarl.infra.schedules import sft_lr_factor
 from stratarl.retrieval.base import Passage
 from stratarl.retrieval.bm25 import BM25Retriever
 from stratarl.trainer.warmstart.demos import Demonstration, render_demonstration, render_demonstrations
+from stratarl.trainer.warmstart.render import DemoRenderer
 from stratarl.trainer.warmstart.sft import demo_shortfall, run_sft, sft_step
 
 PASSAGES = [
@@ -59,12 +60,9 @@ def test_demonstration_layout_matches_the_protocol(smollm2_tokenizer, retriever)
     tok = smollm2_tokenizer
     demo = render_demonstration(
         _example(),
-        tok,
-        retriever,
-        topk=2,
-        max_obs_tokens=200,
+        DemoRenderer.build(tok, retriever, topk=2, max_obs_tokens=200),
         prompt_ids=[1, 2, 3],
-        searches=[h["query"] for h in _example().metadata["hops"]],
+        calls=[("search", h["query"]) for h in _example().metadata["hops"]],
         answer="Likrix",
         kind="correct",
     )
@@ -289,6 +287,19 @@ def test_guess_on_is_validated_and_its_default_keeps_warm_start_keys():
     assert "guess_on" not in warm_start_key(cfg)["sft"] and "wrong_hop_pool" not in warm_start_key(cfg)["sft"]
     cfg.sft.guess_on = "guessable"
     assert warm_start_key(cfg)["sft"]["guess_on"] == "guessable"
+
+
+def test_the_warm_start_key_holds_the_protocol_and_tools_only_when_they_are_not_the_default():
+    """A hermes warm start never reuses a search_r1 one from the cache; the default keys stay as they were."""
+    from stratarl.trainer.config import load_config
+    from stratarl.trainer.warmstart.stages import warm_start_key
+
+    default = warm_start_key(load_config(None, []))
+    assert "protocol" not in default and "open_fraction" not in default["sft"]
+    hermes = warm_start_key(load_config(None, ["rollout.protocol=hermes", "rollout.tools=[search,open]"]))
+    assert hermes["protocol"] == {"protocol": "hermes", "tools": ["search", "open"], "tool_params": {}}
+    opens = warm_start_key(load_config(None, ["rollout.tools=[search,open]", "sft.open_fraction=0.25"]))
+    assert opens["protocol"]["tools"] == ["search", "open"] and opens["sft"]["open_fraction"] == 0.25
 
 
 def test_wrong_hop_pool_any_takes_the_wrong_last_hop_from_other_families(smollm2_tokenizer):

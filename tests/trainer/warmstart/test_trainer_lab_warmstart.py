@@ -192,7 +192,7 @@ def test_reading_curriculum_starts_with_one_sentence_and_ends_with_full_observat
 def test_reading_examples_in_the_agents_layout_are_single_hop_demonstrations():
     from stratarl.rollout.prompt import encode_prompt
     from stratarl.trainer.setup import load_policy, load_task
-    from stratarl.trainer.warmstart.demos import ANSWER_THOUGHT, SEARCH_THOUGHT
+    from stratarl.trainer.warmstart.render import ANSWER_THOUGHT, SEARCH_THOUGHT
     from stratarl.trainer.warmstart.worlds import reading_batches
 
     cfg = _cfg(sft={"reading_agent_fraction": 1.0}, rollout={"max_obs_tokens": 240})
