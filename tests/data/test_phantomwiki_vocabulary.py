@@ -168,3 +168,10 @@ def test_the_command_writes_the_word_list_and_a_new_universe_needs_no_other_word
     model_cfg = ModelConfig(name="word-tiny", word_vocabulary=str(tmp_path / VOCABULARY_FILE))
     _, tokenizer = load_policy(model_cfg, task=task)  # would raise ConfigError on a word outside the list
     assert len(tokenizer) > 10000
+
+
+def test_a_missing_word_list_stops_set_up_naming_the_config_field(tmp_path):
+    folder = _universe(tmp_path, "u3")
+    model_cfg = ModelConfig(name="word-tiny", word_vocabulary=str(tmp_path / "none.txt"))
+    with pytest.raises(ConfigError, match=r"^config field `model.word_vocabulary`: .*none\.txt: not a readable"):
+        load_policy(model_cfg, task=_task(folder))

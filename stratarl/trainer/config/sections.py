@@ -102,13 +102,6 @@ class ModelConfig:
             )
         if self.trainable_layers < 0:
             _fail(f"{p}.trainable_layers", self.trainable_layers, "must be >= 0", "use 0 to train all layers")
-        if self.word_vocabulary is not None and not Path(self.word_vocabulary).is_file():
-            _fail(
-                f"{p}.word_vocabulary",
-                self.word_vocabulary,
-                "no such file",
-                "run `stratarl data phantomwiki` (it writes vocabulary.txt beside the data) or unset it",
-            )
         if self.init_from is not None and not Path(self.init_from).exists():
             _fail(
                 f"{p}.init_from",
