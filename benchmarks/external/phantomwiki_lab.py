@@ -8,7 +8,7 @@ Reads each run's greedy evaluations (``RUN/eval/before.json``, ``RUN/eval/after.
 searches of the question's solution, None for counting questions). Per run, and pooled over the runs (each
 question's gain averaged over the training seeds, then a paired Student-t CI over the questions:
 stratarl.evaluation.stats.paired_gain), the gain in PhantomWiki's set F1 and EM, overall, per difficulty and per
-number of searches needed; also the searches the policy made before and after. Prints a markdown table.
+number of searches needed (1, 2, 3, 4+; "none": no plan, the counting questions); also the searches the policy made before and after. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -46,6 +46,14 @@ def _groups(ids: Sequence[str], key: Callable[[str], str]) -> dict[str, list[str
     return dict(sorted(out.items()))
 
 
+def searches_bucket(needed: int | None) -> str:
+    """The searches a question's solution needs, as a table row: 1, 2, 3, 4+, or none (no plan: counting
+    questions)."""
+    if not needed:
+        return "none"
+    return str(needed) if needed < 4 else "4+"
+
+
 def table(before: dict[str, dict], after: dict[str, dict], meta: dict[str, dict]) -> dict:
     """F1 / EM gains over all questions, per difficulty and per searches needed; searches made before / after."""
     ids = sorted(set(before) & set(after))
@@ -59,7 +67,7 @@ def table(before: dict[str, dict], after: dict[str, dict], meta: dict[str, dict]
             "searches_after": mean_ci([after[i]["searches"] for i in subset]).mean,
         }
 
-    needed = _groups(ids, lambda i: str(meta[i].get("searches_needed") if meta[i].get("searches_needed") else "count"))
+    needed = _groups(ids, lambda i: searches_bucket(meta[i].get("searches_needed")))
     return {
         "all": block(ids),
         "per_difficulty": {d: block(s) for d, s in _groups(ids, lambda i: str(meta[i]["difficulty"])).items()},
