@@ -80,7 +80,8 @@ def register(subparsers) -> None:
         help="generate PhantomWiki universes (the published generator) in the Search-R1 layout",
         description="Run PhantomWiki's generator (phantom-wiki 1.0.3, MIT; Gong et al., ICML 2025) once per seed "
         "and write each universe as OUT/u<seed>/: corpus.jsonl, questions.parquet (every correct answer a gold; "
-        "difficulty and template type in metadata), universe.json. Needs `make phantomwiki` (docs/benchmarks.md).",
+        "difficulty and template type in metadata), universe.json; and OUT/vocabulary.txt, every word the "
+        "generator can write (model.word_vocabulary: one word-level vocabulary for every universe). Needs `make phantomwiki` (docs/benchmarks.md).",
     )
     phantom.add_argument("--out", required=True, help="output folder (one sub-folder per universe)")
     phantom.add_argument("--seeds", required=True, help="universe seeds: 7, 1,4,9 or 101-108")
@@ -181,6 +182,7 @@ def _phantomwiki(args: argparse.Namespace) -> int:
         combine_universes,
         parse_seeds,
     )
+    from stratarl.data.phantomwiki_vocabulary import closed_words, generator_texts, write_vocabulary
 
     try:
         train_seeds = parse_seeds(args.seeds)
@@ -222,12 +224,18 @@ def _phantomwiki(args: argparse.Namespace) -> int:
         )
     except PhantomWikiError as error:
         return print_error(str(error))
+    try:
+        words = closed_words(generator_texts())
+    except PhantomWikiError as error:
+        return print_error(str(error))
+    vocabulary = write_vocabulary(out, words)
     test = f", test {summary['test']['questions']} questions" if test_seeds else ""
     files = "train.parquet, test.parquet" if test_seeds else "train.parquet"
     print(
         f"run data: {summary['articles']} articles; train {summary['train']['questions']} questions{test} -> "
         f"{out}/corpus.jsonl, {files}"
     )
+    print(f"closed vocabulary: {len(words)} words the generator can write -> {vocabulary} (model.word_vocabulary)")
     return 0
 
 

@@ -282,6 +282,27 @@ def word_tokenizer_for_task(
     )
 
 
+def closed_word_tokenizer(words: Sequence[str], *, extra_texts: Sequence[str] = ()):
+    """The word-level tokenizer of a closed vocabulary: ``protocol_texts``, every prompt template of
+    ``PROMPT_TEMPLATES``, ``extra_texts`` (e.g. a trainer's demonstration thoughts) and ``words`` ONLY (e.g.
+    PhantomWiki's generator words, :mod:`stratarl.data.phantomwiki_vocabulary`), never a run's own corpus or
+    questions: every run over data drawn from that closed vocabulary gets the same tokens, whatever its data."""
+    templates = [PROMPT_TEMPLATES[name].replace("{question}", "") for name in sorted(PROMPT_TEMPLATES)]
+    return build_word_tokenizer((*protocol_texts(), *templates, *extra_texts, *words))
+
+
+def unknown_in_texts(tokenizer, texts: Iterable[str], *, limit: int = 5) -> list[str]:
+    """Up to ``limit`` distinct words of ``texts`` that ``tokenizer`` maps to its unknown token, in the order
+    met (``unknown_words`` of each text; empty: ``tokenizer`` spells every text)."""
+    found: dict[str, None] = {}
+    for text in texts:
+        for word in unknown_words(tokenizer, text):
+            found.setdefault(word)
+            if len(found) >= limit:
+                return list(found)
+    return list(found)
+
+
 def word_tokenizer_for_kb(kb, **kwargs):
     """``word_tokenizer_for_task`` over a ``SyntheticKB``: its passages, train and test questions."""
     return word_tokenizer_for_task(kb.passages, [*kb.train, *kb.test], **kwargs)

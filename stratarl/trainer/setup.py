@@ -17,9 +17,10 @@ import torch
 from stratarl.cache import cache_root
 from stratarl.config_errors import ConfigError
 from stratarl.data.examples import Example
-from stratarl.data.search_r1 import load_example_files
+from stratarl.data.phantomwiki_vocabulary import read_vocabulary
+from stratarl.data.search_r1 import load_example_files, load_examples
 from stratarl.data.synth import SYNTH_VERSION
-from stratarl.data.wordlevel import word_tokenizer_for_task
+from stratarl.data.wordlevel import closed_word_tokenizer, task_texts, unknown_in_texts, word_tokenizer_for_task
 from stratarl.evaluation.greedy import EvalSettings
 from stratarl.models import (
     DEFAULT_MODEL,
@@ -67,7 +68,9 @@ def load_policy(
     """(model, tokenizer) for ``model_cfg``: ``init_from`` folder, `tiny-random`, `word-tiny`, or a bundled/hub model.
 
     `word-tiny` builds a word-level vocabulary from ``task``'s corpus and questions
-    (docs/wordlevel.md), so it needs ``task``.
+    (docs/wordlevel.md), so it needs ``task``; with ``model.word_vocabulary`` from that closed word list
+    instead, and then ``task``'s corpus and questions must hold no word outside the vocabulary
+    (``check_word_coverage``, whatever the model).
 
     With ``model.lora.enabled`` and ``trainable`` the model is wrapped by peft
     (only adapter weights train). The model is returned in eval mode (no dropout),
@@ -80,7 +83,10 @@ def load_policy(
         tokenizer = load_tokenizer(model_cfg.tokenizer or model_cfg.init_from)
         model = load_model(model_cfg.init_from)
     elif model_cfg.name in (TINY_MODEL, WORD_MODEL):
-        tokenizer = _word_tokenizer(task) if model_cfg.name == WORD_MODEL else load_tokenizer(tokenizer_name)
+        if model_cfg.name == WORD_MODEL:
+            tokenizer = _word_tokenizer(task, model_cfg.word_vocabulary)
+        else:
+            tokenizer = load_tokenizer(tokenizer_name)
         model = build_tiny_model(
             tokenizer,
             hidden_size=model_cfg.tiny_hidden_size,
@@ -95,6 +101,8 @@ def load_policy(
         model = load_model(model_cfg.name)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if model_cfg.word_vocabulary is not None and task is not None:
+        check_word_coverage(tokenizer, task, model_cfg.word_vocabulary)
     model.config.use_cache = False
     if model_cfg.gradient_checkpointing and trainable:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -105,7 +113,13 @@ def load_policy(
     return model.to(device).eval(), tokenizer
 
 
-def _word_tokenizer(task: TaskData | None):
+def _word_tokenizer(task: TaskData | None, vocabulary: str | None = None):
+    if vocabulary is not None:  # a closed vocabulary: the same for every run over its data, whatever the task
+        try:
+            words = read_vocabulary(vocabulary)
+        except ValueError as error:
+            raise ConfigError(f"config field `model.word_vocabulary`: {error}") from None
+        return closed_word_tokenizer(words, extra_texts=[SEARCH_THOUGHT, ANSWER_THOUGHT])
     if task is None or task.corpus_path is None:
         raise ValueError(
             f"model.name={WORD_MODEL} builds its vocabulary from the task's corpus and questions; "
@@ -116,6 +130,27 @@ def _word_tokenizer(task: TaskData | None):
         [*task.train, *task.test],
         extra_texts=[SEARCH_THOUGHT, ANSWER_THOUGHT, *task.vocabulary_texts],
     )
+
+
+def check_word_coverage(tokenizer, task: TaskData, vocabulary: str) -> None:
+    """Raise `ConfigError`, naming the file, when the task's corpus or questions hold a word ``tokenizer`` spells
+    as its unknown token (``model.word_vocabulary`` promises a vocabulary that covers the run's data)."""
+    fix = (
+        "Fix: generate the data and the word list with one `stratarl data phantomwiki` (same phantom-wiki "
+        "version), or unset model.word_vocabulary"
+    )
+    what = f"the word-level vocabulary (model.word_vocabulary={vocabulary})"
+    if task.corpus_path is not None:
+        missing = unknown_in_texts(tokenizer, (p.contents for p in task.passages or load_corpus(task.corpus_path)))
+        if missing:
+            raise ConfigError(f"{task.corpus_path}: words outside {what}: {', '.join(map(repr, missing))}. {fix}")
+    if not unknown_in_texts(tokenizer, task_texts([], [*task.train, *task.test]), limit=1):
+        return
+    for path in task.question_files or ["the task's questions"]:
+        examples = load_examples(path) if task.question_files else [*task.train, *task.test]
+        missing = unknown_in_texts(tokenizer, task_texts([], examples))
+        if missing:
+            raise ConfigError(f"{path}: words outside {what}: {', '.join(map(repr, missing))}. {fix}")
 
 
 # --------------------------------------------------------------------------- data
@@ -140,7 +175,12 @@ def load_task(cfg: Config) -> TaskData:
         # load_example_files keeps ids unique across files (prompts are cached by id).
         train = load_example_files(cfg.data.train_files)
         test = load_example_files(cfg.data.test_files)
-        data = TaskData(train, test, Path(cfg.data.corpus) if cfg.data.corpus else None)
+        data = TaskData(
+            train,
+            test,
+            Path(cfg.data.corpus) if cfg.data.corpus else None,
+            question_files=[*cfg.data.train_files, *cfg.data.test_files],
+        )
     if cfg.data.max_train_examples is not None:
         data.train = data.train[: cfg.data.max_train_examples]
     if not data.train:

@@ -19,3 +19,5 @@ class TaskData:
     passages: list[Passage] | None = None
     vocabulary_texts: list[str] = field(default_factory=list)
     """Extra texts a word-level vocabulary must cover (a synthetic task's shared name pool)."""
+    question_files: list[str] = field(default_factory=list)
+    """The files the questions were read from (train, then test; empty for a synthetic task)."""

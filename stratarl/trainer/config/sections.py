@@ -62,6 +62,13 @@ class ModelConfig:
     """A model folder (safetensors) to start from instead of `name`'s weights, e.g. an `stratarl sft` output (`<run>/sft/model`)."""
     tokenizer: str | None = None
     """Tokenizer to load; default: the same as `name` (SmolLM2's for `tiny-random`)."""
+    word_vocabulary: str | None = None
+    """A closed word list (one word a line), e.g. the `vocabulary.txt` that `stratarl data phantomwiki` writes
+    (every word PhantomWiki's generator can produce). `word-tiny` then builds its vocabulary from the protocol's
+    texts and this list only, never from the run's corpus and questions, so every universe and seed gets the same
+    vocabulary. Set-up checks that the run's corpus and questions hold no word outside the policy's vocabulary
+    (with `init_from` too: the loaded tokenizer is checked) and fails naming the file. Default: the vocabulary of
+    the task's own corpus and questions (docs/wordlevel.md)."""
     tiny_hidden_size: int = 64
     """`tiny-random` only: hidden size."""
     tiny_num_layers: int = 2

@@ -60,8 +60,11 @@ def warm_start_key(cfg: Config) -> dict:
     for option in ("guess_on", "wrong_hop_pool", "open_fraction"):
         if sft[option] == defaults[option]:
             del sft[option]
+    model = dataclasses.asdict(cfg.model)
+    if model["word_vocabulary"] is None:  # unset, the keys of warm starts built before the option stay unchanged
+        del model["word_vocabulary"]
     key = {
-        "model": dataclasses.asdict(cfg.model),
+        "model": model,
         "data": dataclasses.asdict(cfg.data),
         "retrieval": dataclasses.asdict(cfg.retrieval),
         "max_obs_tokens": cfg.rollout.max_obs_tokens,
