@@ -30,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from run import RESULTS, load_experiment  # noqa: E402  (the runner's own experiment loader)
+from planning import RESULTS, load_experiment  # noqa: E402  (the runner's own experiment loader)
 
 from stratarl.evaluation.stats import (  # noqa: E402
     Interval,
