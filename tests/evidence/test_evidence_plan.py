@@ -173,7 +173,9 @@ def test_an_admission_check_another_runner_holds_is_waited_for_and_its_record_ta
 
     monkeypatch.setattr(ev.running, "call", lambda *a, **k: pytest.fail("a second admission run started"))
     threading.Thread(target=other_runner_finishes).start()
-    assert ev.admission.admit(exp, spec, tmp_path) == ["share 0.4 outside [0.5, 1.0]"]  # the other's verdict, not a rerun
+    assert ev.admission.admit(exp, spec, tmp_path) == [
+        "share 0.4 outside [0.5, 1.0]"
+    ]  # the other's verdict, not a rerun
     assert not lock.exists()
     os.utime(record, (0, 0))  # the same refusal, now older than the next request: it is checked again
     monkeypatch.setattr(ev.running, "call", lambda *a, **k: 1)
@@ -251,7 +253,9 @@ def test_warm_start_record_matches_on_what_the_warm_start_reads(ev, tmp_path):
     (folder / "model" / "config.json").write_text("{}")
     record = tmp_path / "warmstart" / "threehop.json"
     base = Path(exp["base_path"]).name
-    record.write_text(json.dumps({"base": base, "overrides": overrides, "key": ev.running.warmstart_key(exp, overrides)}))
+    record.write_text(
+        json.dumps({"base": base, "overrides": overrides, "key": ev.running.warmstart_key(exp, overrides)})
+    )
 
     other_lr = [o for o in overrides if not o.startswith("optim.lr=")] + ["optim.lr=1e-4"]
     assert ev.running.run_warmstart(exp, "threehop", other_lr, tmp_path) is True  # reused, nothing trained

@@ -76,7 +76,9 @@ def test_a_member_the_population_reports_stopped_is_a_failed_run_even_when_its_s
     monkeypatch.setattr(populations.summaries, "finished", lambda run_dir, steps: bool(trained))
     monkeypatch.setattr(populations.summaries, "write_result", lambda *a: written.append(a))
     monkeypatch.setattr(populations.running, "try_lock", lambda lock: 99)
-    monkeypatch.setattr(populations.running, "write_arm", lambda d, spec, exp, resumed: (d / "arm.json").write_text("{}"))
+    monkeypatch.setattr(
+        populations.running, "write_arm", lambda d, spec, exp, resumed: (d / "arm.json").write_text("{}")
+    )
     monkeypatch.setattr(populations.running, "STRATARL", ["stratarl"])
 
     def fake_call(cmd, **kwargs):

@@ -110,7 +110,9 @@ def test_summary_records_the_provenance_of_the_first_start_and_the_stratum_bins(
     exp = {"name": "x", "summary_strata": True}
     started = run.write_arm(spec.run_dir, spec, exp, resumed=False)["started"]
     # Resumed at another commit with another base config: the summary keeps what the run started with.
-    monkeypatch.setattr(run.running, "provenance", lambda spec, env=None: {"commit": "later", "base_config_sha256": "other"})
+    monkeypatch.setattr(
+        run.running, "provenance", lambda spec, env=None: {"commit": "later", "base_config_sha256": "other"}
+    )
     info = run.write_arm(spec.run_dir, spec, exp, resumed=True)
     assert info["started"] == started and info["resumed_at"] == ["later"]
     summary = run.summarize_run(spec, exp, spec.config_hash())
