@@ -28,6 +28,11 @@ if TYPE_CHECKING:
     from stratarl.trainer.config import Config
 
 
+def _fields(settings: Any) -> dict[str, Any]:
+    """A settings value's fields by name, as keyword arguments (not copied, unlike ``dataclasses.asdict``)."""
+    return {f.name: getattr(settings, f.name) for f in fields(settings)}
+
+
 @dataclass(frozen=True)
 class WorldSettings:
     """How the warm start's fresh worlds are drawn (demonstration, reading, rehearsal and probe worlds)."""
@@ -59,7 +64,7 @@ class DemoStyle:
     prompt_template: str
 
     def kwargs(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return _fields(self)
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,7 @@ class LoopSettings:
     policy: DevicePolicy
 
     def kwargs(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return _fields(self)
 
 
 @dataclass(frozen=True)
