@@ -130,6 +130,19 @@ def _group_size(run_dir: Path) -> int:
     return int((cfg.get("rollout") or {}).get("group_size", 1))
 
 
+def binned_metrics(train: dict[int, dict], steps: list[int]) -> dict[str, list]:
+    """Per BINNED_KEYS metric the run logged: its mean over each BIN_STEPS-step bin (None in a bin without it)."""
+    binned = {}
+    for key in BINNED_KEYS:
+        bins = []
+        for start in range(0, len(steps), BIN_STEPS):
+            values = [float(train[s][key]) for s in steps[start : start + BIN_STEPS] if key in train[s]]
+            bins.append(_round(sum(values) / len(values)) if values else None)
+        if any(v is not None for v in bins):
+            binned[key] = bins
+    return binned
+
+
 def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
     """The committed summary of a finished run: identity, per-step headline curves, binned diagnostics,
     every held-out eval (before, step_N, after)."""
@@ -139,14 +152,7 @@ def summarize_run(spec: RunSpec, exp: dict, config_hash: str) -> dict:
     train = {int(row["step"]): row for row in train_rows(d)}  # a resumed step counts once, its last row
     steps = sorted(train)
     per_step = {k: [_round(train[s][k]) if k in train[s] else None for s in steps] for k in PER_STEP_KEYS}
-    binned = {}
-    for key in BINNED_KEYS:
-        bins = []
-        for start in range(0, len(steps), BIN_STEPS):
-            values = [float(train[s][key]) for s in steps[start : start + BIN_STEPS] if key in train[s]]
-            bins.append(_round(sum(values) / len(values)) if values else None)
-        if any(v is not None for v in bins):
-            binned[key] = bins
+    binned = binned_metrics(train, steps)
     first_step = {}
     if exp.get("summary_strata"):
         binned.update(stratum_bins(train, steps, _group_size(d)))
