@@ -266,3 +266,37 @@ def test_warm_start_record_matches_on_what_the_warm_start_reads(ev, tmp_path):
     assert ev.running.run_warmstart(exp, "threehop", overrides, tmp_path) is True
     with pytest.raises(SystemExit, match="trained with other settings"):
         ev.running.run_warmstart(exp, "threehop", other_lr, tmp_path)
+
+
+def test_every_committed_summary_has_the_config_hash_its_design_plans(ev):
+    """Each summary under results/ (pilots' too) names a run the experiment's YAML still plans, with the same
+    config hash: a change of the plan's overrides or their order would orphan them (they would be run again)."""
+    import pilot as pilots
+    import tables
+
+    checked = 0
+    for folder in sorted(d for d in ev.planning.RESULTS.iterdir() if d.is_dir() and d.name != "pilots"):
+        exp = ev.planning.load_experiment(folder.name.removesuffix("-pilot"))
+        seeds, arms, conditions, own_seeds = exp.get("seeds", 3), None, None, True
+        if folder.name.endswith("-pilot"):
+            section = pilots.validate(exp, tables.METRICS)
+            exp = pilots.pilot_experiment(exp, section)
+            seeds, arms, conditions, own_seeds = section["seeds"], section["arms"], section.get("conditions"), False
+        _, specs = ev.planning.plan(
+            exp,
+            Path("/out"),
+            seeds=seeds,
+            steps=exp.get("steps", 30),
+            reduced=False,
+            extra=[],
+            arms=arms,
+            conditions=conditions,
+            condition_seeds=own_seeds,
+        )
+        planned = {(s.condition, s.arm, s.seed): s.config_hash() for s in specs}
+        for path in sorted(folder.glob("*/*.json")):
+            summary = json.loads(path.read_text())
+            key = (summary["condition"], summary["arm"], summary["seed"])
+            assert planned.get(key) == summary["config_hash"], path
+            checked += 1
+    assert checked > 600  # every experiment's summaries, not a folder that moved
