@@ -7,6 +7,9 @@ probe        with sft.probe_every: greedy rollouts on a world never trained on d
              (stratarl.trainer.warmstart.probe); a warm start that never passes raises WarmStartFailed
 cache        with sft.cache: kept under $STRATARL_CACHE/warmstart/<name>-<hash of what it depends on>,
              published by rename (stratarl.publish)
+
+``warm_start`` resolves the config once into ``WarmStartSettings`` (stratarl.trainer.warmstart.settings); the
+stages read those, never the config (the cache key, ``warm_start_key``, is the config's own).
 """
 
 from __future__ import annotations
