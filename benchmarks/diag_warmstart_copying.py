@@ -33,6 +33,7 @@ import stratarl.trainer.warmstart.stages as warmstart
 from stratarl.trainer.config import load_config
 from stratarl.trainer.warmstart.demos import render_reading_examples
 from stratarl.trainer.warmstart.probe import PROBE_WORLD_OFFSET, WarmStartFailed, probe_questions, run_probe
+from stratarl.trainer.warmstart.settings import WarmStartSettings
 from stratarl.trainer.warmstart.worlds import _world, world_seed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,19 +41,19 @@ REPO = Path(__file__).resolve().parents[1]
 CHECK_WORLDS = 900_000
 
 
-def reading_accuracy(cfg, model, tokenizer, *, num_examples: int = 150) -> float:
+def reading_accuracy(settings: WarmStartSettings, model, tokenizer, *, num_examples: int = 150) -> float:
     """Share of questions of ``num_examples`` reading examples answered token for token (teacher-forced argmax)."""
     rng = random.Random(0)
     examples = []
     for i in range(2):
-        kb, retriever = _world(cfg, CHECK_WORLDS + i, hop_mix=(1.0, 0.0, 0.0))
+        kb, retriever = _world(settings.worlds, CHECK_WORLDS + i, hop_mix=(1.0, 0.0, 0.0))
         examples += render_reading_examples(
             kb.train,
             tokenizer,
             retriever,
             {p.id: p.contents for p in kb.passages},
-            topk=cfg.retrieval.topk,
-            max_obs_tokens=cfg.rollout.max_obs_tokens,
+            topk=settings.style.topk,
+            max_obs_tokens=settings.style.max_obs_tokens,
             rng=rng,
         )
     right = total = 0
@@ -83,15 +84,18 @@ def main(argv=None) -> int:
 
     reading_stage = warmstart._reading_stage
 
-    def measured_reading_stage(cfg_, model, tokenizer, *, progress):
-        summary = reading_stage(cfg_, model, tokenizer, progress=progress)
-        print(f"after the reading stage: reading accuracy {reading_accuracy(cfg_, model, tokenizer):.3f}", flush=True)
+    def measured_reading_stage(settings_, model, tokenizer, *, progress):
+        summary = reading_stage(settings_, model, tokenizer, progress=progress)
+        print(
+            f"after the reading stage: reading accuracy {reading_accuracy(settings_, model, tokenizer):.3f}", flush=True
+        )
         measured["model"], measured["tokenizer"] = model, tokenizer
         return summary
 
     measured: dict = {}
+    settings = WarmStartSettings.from_config(cfg)
     questions = probe_questions(
-        cfg, cfg.sft.probe_questions, seed=world_seed(cfg.data.synthetic.seed, PROBE_WORLD_OFFSET)
+        settings.worlds, settings.probe.questions, seed=world_seed(settings.worlds.task_seed, PROBE_WORLD_OFFSET)
     )
     run_sft = warmstart.run_sft
 
@@ -103,8 +107,8 @@ def main(argv=None) -> int:
         def on_step(step, total, metrics):
             inner(step, total, metrics)
             if step % args.every == 0 and step < total:  # from sft.steps on the library probes itself
-                result = run_probe(model, measured["tokenizer"], cfg, questions, step=step)
-                accuracy = reading_accuracy(cfg, model, measured["tokenizer"])
+                result = run_probe(model, measured["tokenizer"], settings.probe, questions, step=step)
+                accuracy = reading_accuracy(settings, model, measured["tokenizer"])
                 model.train()
                 print(f"{result.line()}; reading accuracy {accuracy:.3f}", flush=True)
 

@@ -43,7 +43,6 @@ FUNCTION_EXCEPTIONS = {
     "data/synth/world.py::build_world": "debt: every entity kind's draws in one body",
     "retrieval/dense.py::DenseRetriever.from_passages": "debt: encoder loading and index building in one body",
     "trainer/config/resolve.py::resolve_algorithm": "debt: one check per algorithm part",
-    "trainer/config/sft.py::SFTConfig.validate": "debt: one check per warm-start field",
     "trainer/logprobs.py::_shared_prompt_hidden": "debt: the two passes (prompts, then responses) in one body",
     "trainer/logprobs.py::response_logprobs": "16 docstring lines; the path choice and the chunked head",
     "trainer/warmstart/demos.py::render_demonstrations": "debt: one demonstration's turns rendered inline",

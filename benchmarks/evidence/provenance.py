@@ -1,6 +1,6 @@
 """Provenance of an evidence run: what its result depends on beyond its design hash, recorded when it starts.
 
-run.py stores it in the run's arm.json (``started``) and copies it into the committed summary
+running.py stores it in the run's arm.json (``started``) and copies it into the committed summary
 (``provenance``): commit and dirty flag, sha256 of the base config's contents, the warm start's digest,
 torch's version, threads, CPU model. Standard library only (no torch import: the version is read from the
 package metadata of the interpreter that trains).
@@ -18,6 +18,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RESULTS = HERE / "results"
+
+
+def child_env() -> dict:
+    """The environment every process the runner starts gets: this one's, with one intra-op thread (the runs
+    execute ``--jobs`` at a time, each on one thread); provenance records its thread settings."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    return env
 
 
 def commit() -> str | None:
@@ -95,7 +103,7 @@ def override(overrides: list[str], key: str) -> str | None:
 
 
 def provenance(spec, env: dict | None = None) -> dict:
-    """What the run ``spec`` (a run.RunSpec: ``base`` path, ``overrides``) depends on beyond its design hash:
+    """What the run ``spec`` (a planning.RunSpec: ``base`` path, ``overrides``) depends on beyond its design hash:
     the commit and whether the tree was dirty, the base config's contents (sha256, not its name), the warm
     start it loads (digest of the model files at model.init_from; None without one), torch's version, the
     threads it may use (``env``: the environment it runs in), the CPU model and Python's version."""

@@ -5,7 +5,7 @@
     python benchmarks/evidence/tables.py                         # every experiment with committed summaries
 
 Reads ``benchmarks/evidence/results/<experiment>/<condition>/<arm>-s<seed>.json`` (written by run.py when a
-run finishes; see summarize_run there) and the experiment's YAML (arms, conditions, baseline and the
+run finishes; see summaries.summarize_run) and the experiment's YAML (arms, conditions, baseline and the
 pre-registered ``metrics``). Per condition and arm: mean ± 95% Student-t CI over seeds of every metric;
 per arm vs the baseline: the paired difference over the seeds both have (mean ± 95% CI), whether the CI
 excludes 0, and the smallest difference the design detects with 80% power (``detectable_difference``).
@@ -30,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from run import RESULTS, load_experiment  # noqa: E402  (the runner's own experiment loader)
+from planning import RESULTS, load_experiment  # noqa: E402  (the runner's own experiment loader)
 
 from stratarl.evaluation.stats import (  # noqa: E402
     Interval,
@@ -76,7 +76,7 @@ def _bins(run: dict, key: str) -> list:
 
 def _success_given(run: dict, k: int, first: int, last: int) -> float | None:
     """Mean reward of the rollouts with k searches over the 10-step bins first..last (0-based, inclusive),
-    weighted by their count (run.py's summary_strata bins); None without any such rollout."""
+    weighted by their count (summaries.py: the summary_strata bins); None without any such rollout."""
     rewards, counts = _bins(run, f"stratum/{k}/reward_mean"), _bins(run, f"stratum/{k}/count_per_group")
     pairs = [(r, c) for r, c in list(zip(rewards, counts))[first : last + 1] if r is not None and c]
     total = sum(c for _, c in pairs)

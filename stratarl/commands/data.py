@@ -174,57 +174,52 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _phantomwiki_specs(args: argparse.Namespace):
+    """(train seeds, test seeds, one UniverseSpec per seed) of the command line; ValueError names what is wrong."""
+    from stratarl.data.phantomwiki import UniverseSpec, parse_seeds
+
+    train_seeds = parse_seeds(args.seeds)
+    test_seeds = parse_seeds(args.test_seeds) if args.test_seeds else []
+    shared = sorted(set(train_seeds) & set(test_seeds))
+    if shared:
+        raise ValueError(f"seed {shared[0]} is in both --seeds and --test-seeds: a test universe must be unseen")
+    specs = [
+        UniverseSpec(
+            seed=seed,
+            max_tree_size=args.max_tree_size,
+            num_trees=args.num_trees,
+            questions_per_type=args.questions_per_type,
+            question_depth=args.question_depth,
+            easy_mode=args.easy_mode,
+        )
+        for seed in train_seeds + test_seeds
+    ]
+    return train_seeds, test_seeds, specs
+
+
 def _phantomwiki(args: argparse.Namespace) -> int:
-    from stratarl.data.phantomwiki import (
-        PhantomWikiError,
-        UniverseSpec,
-        build_universe,
-        combine_universes,
-        parse_seeds,
-    )
+    from stratarl.data.phantomwiki import PhantomWikiError, build_universe, combine_universes
     from stratarl.data.phantomwiki_vocabulary import closed_words, generator_texts, write_vocabulary
 
     try:
-        train_seeds = parse_seeds(args.seeds)
-        test_seeds = parse_seeds(args.test_seeds) if args.test_seeds else []
-        shared = sorted(set(train_seeds) & set(test_seeds))
-        if shared:
-            raise ValueError(f"seed {shared[0]} is in both --seeds and --test-seeds: a test universe must be unseen")
-        seeds = train_seeds + test_seeds
-        specs = [
-            UniverseSpec(
-                seed=seed,
-                max_tree_size=args.max_tree_size,
-                num_trees=args.num_trees,
-                questions_per_type=args.questions_per_type,
-                question_depth=args.question_depth,
-                easy_mode=args.easy_mode,
-            )
-            for seed in seeds
-        ]
+        train_seeds, test_seeds, specs = _phantomwiki_specs(args)
     except ValueError as error:
         return print_error(f"{error} (see `stratarl data phantomwiki --help`)")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         return print_error(f"--out {args.out} is a file, not a folder. Fix: pass a folder path")
-    for spec in specs:
-        try:
-            done = build_universe(spec, out / f"u{spec.seed}", keep_raw=not args.no_raw)
-        except PhantomWikiError as error:
-            return print_error(str(error))
-        per_difficulty = ", ".join(f"d{d}: {n}" for d, n in done["per_difficulty"].items())
-        print(
-            f"{done['universe']}: {done['articles']} articles, {done['questions']} questions ({per_difficulty}) "
-            f"in {done['seconds']:.1f}s -> {done['path']}",
-            flush=True,
-        )
     try:
+        for spec in specs:
+            done = build_universe(spec, out / f"u{spec.seed}", keep_raw=not args.no_raw)
+            per_difficulty = ", ".join(f"d{d}: {n}" for d, n in done["per_difficulty"].items())
+            print(
+                f"{done['universe']}: {done['articles']} articles, {done['questions']} questions ({per_difficulty}) "
+                f"in {done['seconds']:.1f}s -> {done['path']}",
+                flush=True,
+            )
         summary = combine_universes(
             [out / f"u{seed}" for seed in train_seeds], [out / f"u{seed}" for seed in test_seeds], out
         )
-    except PhantomWikiError as error:
-        return print_error(str(error))
-    try:
         words = closed_words(generator_texts())
     except PhantomWikiError as error:
         return print_error(str(error))

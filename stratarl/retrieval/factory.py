@@ -18,13 +18,14 @@ the keyword parameters of their constructors (`spec_options`): ``BM25Retriever.f
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
 
 from stratarl.registry import Registry
 from stratarl.retrieval.base import Retriever
-from stratarl.retrieval.index_files import read_index_meta
+from stratarl.retrieval.index_files import INDEX_META_FILE, read_index_meta
 from stratarl.retrieval.remote import RemoteRetriever, normalize_retrieve_url
 
 RetrieverBuilder = Callable[..., Retriever]
@@ -124,6 +125,35 @@ def build_retriever(spec: dict | str) -> Retriever:
             f"retriever kind {kind!r} built a {type(retriever).__name__}, which has no "
             "search(queries, k) method; a builder returns a retriever"
         )
+    return retriever
+
+
+# Kinds a bare name of which (``bm25``, the default ``retrieval.spec``) means: index the task's own corpus.
+CORPUS_KINDS = ("bm25",)
+
+
+def corpus_kind(spec: dict | str) -> str | None:
+    """The kind when ``spec`` is the bare name of a kind in CORPUS_KINDS (``"bm25"``): the training run indexes its
+    task's corpus with it (:func:`build_corpus_retriever`); None for every other spec."""
+    return spec if isinstance(spec, str) and spec in CORPUS_KINDS else None
+
+
+def build_corpus_retriever(kind: str, corpus: str | Path) -> Retriever:
+    """A ``kind`` retriever over ``corpus``, its index cached beside it (``<corpus stem>.<kind>/``): loaded when a
+    complete index is there, else (none, stale or foreign) built from the corpus and saved, unless the folder is
+    read-only (then it stays in memory). Both go through :func:`build_retriever`."""
+    corpus = Path(corpus)
+    index_dir = corpus.parent / f"{corpus.stem}.{kind}"
+    if (index_dir / INDEX_META_FILE).is_file():
+        try:
+            return build_retriever({"kind": kind, "index": str(index_dir)})
+        except Exception:  # noqa: BLE001, S110  a stale or foreign index: rebuild below
+            pass
+    retriever = build_retriever({"kind": kind, "corpus": str(corpus)})
+    save = getattr(retriever, "save", None)  # every CORPUS_KINDS retriever has one
+    with contextlib.suppress(OSError):  # a read-only corpus folder: the index stays in memory only
+        if save is not None:
+            save(index_dir)
     return retriever
 
 

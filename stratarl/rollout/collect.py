@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -168,6 +168,8 @@ __all__ = [
     "score_rollout",
     "stratum_function",
     "trajectory_of",
+    "with_policy_version",
+    "without_frozen_states",
 ]
 
 
@@ -314,6 +316,22 @@ def without_rollouts(batch: CollectedBatch, drop: Sequence[bool]) -> CollectedBa
     """``batch`` without the rollouts where ``drop`` is true (a new batch; group ids, rewards and strata
     stay aligned, so the advantage's group baselines see only the kept rollouts)."""
     return select_rollouts(batch, [i for i, d in enumerate(drop) if not d])
+
+
+def with_policy_version(collected: CollectedBatch, version: int) -> CollectedBatch:
+    """``collected`` with every rollout stamped with the version of the weights that sampled it (the generator
+    does not know it); new rollouts in a new batch."""
+    rollouts = [replace(r, policy_version=version) for r in collected.rollouts]
+    return replace(collected, rollouts=rollouts)
+
+
+def without_frozen_states(collected: CollectedBatch) -> CollectedBatch:
+    """``collected`` with rollouts that no longer hold the hidden states the generator captured (new rollouts in a
+    new batch): once the prefix forward holds them, dropping the old batch frees their memory before the update."""
+    if all(r.frozen_states is None for r in collected.rollouts):
+        return collected
+    rollouts = [replace(r, frozen_states=None) for r in collected.rollouts]
+    return replace(collected, rollouts=rollouts)
 
 
 def select_rollouts(batch: CollectedBatch, keep: Sequence[int]) -> CollectedBatch:

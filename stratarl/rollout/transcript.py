@@ -132,7 +132,6 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
         "rollout/tool_errors": float(sum(r.tool_errors for r in rollouts)),
         "rollout/truncated_observations": float(sum(r.truncated_observations for r in rollouts)),
         "rollout/response_tokens_mean": mean(len(r.response_ids) for r in rollouts),
-        "rollout/policy_tokens_mean": mean(sum(r.response_mask) for r in rollouts),
     }
 
 

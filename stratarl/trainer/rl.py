@@ -11,7 +11,8 @@
 The algorithm is one value: ``algo.name`` picks a preset of stratarl.algos.presets (grpo,
 stratified_grpo, ppo, so_ppo, so_grpo, drgrpo, gspo, gigpo) and ``algo.advantage`` / ``policy_loss`` /
 ``ratio_level`` / ``normalizer`` / ``critic`` replace its parts. ``Config.validate`` resolves it once
-(``cfg.algorithm``); nothing here reads the preset's name.
+(``cfg.algorithm``); the loop reads the preset's name only as a label (summary.json's ``algo``), never to choose
+what a step does.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ model, data and retriever for the same config.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -32,7 +31,7 @@ from stratarl.models import (
 )
 from stratarl.retrieval.base import Retriever
 from stratarl.retrieval.corpus import load_corpus
-from stratarl.retrieval.factory import build_retriever
+from stratarl.retrieval.factory import build_corpus_retriever, build_retriever, corpus_kind
 from stratarl.rewards import build_reward
 from stratarl.rollout.collect import Scoring
 from stratarl.trainer.config import Config, ModelConfig
@@ -205,27 +204,18 @@ def limit_per_source(examples: list[Example], limit: int | None) -> list[Example
 
 
 def build_task_retriever(cfg: Config, task: TaskData) -> Retriever:
-    """The retriever for ``cfg.retrieval.spec``; `bm25` indexes the task's corpus (cached next to it)."""
+    """The retriever for ``cfg.retrieval.spec``; a bare corpus kind (`bm25`, the default) indexes the task's corpus
+    (cached next to it, retrieval.factory.build_corpus_retriever)."""
     spec = cfg.retrieval.spec
-    if spec == "bm25":
-        from stratarl.retrieval.bm25 import BM25Retriever  # bm25s is optional (gpu_check.py)
-
-        if task.corpus_path is None:
-            raise ValueError(
-                "retrieval.spec=bm25 needs a corpus: set data.corpus=PATH (Search-R1 corpus jsonl), "
-                "or point retrieval.spec at an index folder or a /retrieve URL"
-            )
-        index_dir = task.corpus_path.parent / f"{task.corpus_path.stem}.bm25"
-        if (index_dir / "stratarl_index.json").is_file():
-            try:
-                return BM25Retriever.load(index_dir)
-            except Exception:  # noqa: BLE001, S110  a stale or foreign index: rebuild below
-                pass
-        retriever = BM25Retriever.from_corpus(task.corpus_path)
-        with contextlib.suppress(OSError):  # a read-only corpus folder: the index stays in memory only
-            retriever.save(index_dir)
-        return retriever
-    return build_retriever(spec)
+    kind = corpus_kind(spec)
+    if kind is None:
+        return build_retriever(spec)
+    if task.corpus_path is None:
+        raise ValueError(
+            f"retrieval.spec={kind} needs a corpus: set data.corpus=PATH (Search-R1 corpus jsonl), "
+            "or point retrieval.spec at an index folder or a /retrieve URL"
+        )
+    return build_corpus_retriever(kind, task.corpus_path)
 
 
 def scoring_of(cfg: Config) -> Scoring:

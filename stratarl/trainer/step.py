@@ -48,9 +48,18 @@ from stratarl.rollout.collect import (
     faulty_rollouts,
     scored_transcript,
     step_states,
+    with_policy_version,
+    without_frozen_states,
     without_rollouts,
 )
-from stratarl.trainer.batch import ScoredBatch, TrainBatch, collate_rollouts, scatter_response_values, without_loss
+from stratarl.trainer.batch import (
+    ScoredBatch,
+    TokenBatch,
+    TrainBatch,
+    collate_rollouts,
+    scatter_response_values,
+    without_loss,
+)
 from stratarl.trainer.dynamic import concat_batches, dynsample_metrics, informative_groups, keep_groups, refill_size
 from stratarl.trainer.forward import PolicyForward, batch_forward, capture_layer
 from stratarl.trainer.run import BoundAdvantage, RunState
@@ -181,8 +190,7 @@ def _rl_step(run: RunState) -> dict[str, float]:
     version, lag = _prepare_behaviour(run)
     capture = _capture(run)
     collected, faults = _collect(run, capture)
-    for rollout in collected.rollouts:
-        rollout.policy_version = version
+    collected = with_policy_version(collected, version)
     if not _trainable(run, collected, faults):  # no optimizer step
         return {
             **batch_metrics(collected),
@@ -194,7 +202,8 @@ def _rl_step(run: RunState) -> dict[str, float]:
         }
     strata = advantage_strata(run.settings.step, collected.strata, collected.group_ids, run.step)
     in_update = _mismatch_in_update(run)
-    scored, forward = _score(run, collected, capture, measure_learner=run.behaviour is not None and not in_update)
+    tokens, forward, collected = _forward(run, collected, capture)  # the old batch's hidden states freed here
+    scored = _score(run, collected, tokens, forward, measure_learner=run.behaviour is not None and not in_update)
     states = rollout_step_states(run.settings.algorithm, collected, run.tokenizer)
     inputs = advantage_inputs(scored, collected.rewards, collected.group_ids, strata, states)
     batch = compute_advantages(run.advantage, scored, inputs)
@@ -340,20 +349,25 @@ def _mismatch_in_update(run: RunState) -> bool:
     )
 
 
-def _score(
-    run: RunState, collected: CollectedBatch, capture: int | None, *, measure_learner: bool
-) -> tuple[ScoredBatch, PolicyForward]:
-    """The scored stage of the step's rollouts, and the policy's forward the update shares with it
-    (``measure_learner``: ``score_batch``'s)."""
+def _forward(
+    run: RunState, collected: CollectedBatch, capture: int | None
+) -> tuple[TokenBatch, PolicyForward, CollectedBatch]:
+    """The step's rollouts collated, the policy's forward the scoring pass and the update share, and the batch
+    without the captured states that forward now holds."""
     tokens = collate_rollouts(collected.rollouts, run.tokenizer.pad_token_id).to(run.settings.step.device)
-    sampling = scatter_response_values([r.sampling_logprobs for r in collected.rollouts], tokens.response_lengths)
     with run.timer("frozen_prefix"):  # the frozen layers, once for the scoring pass and every optimizer step
         states = [r.frozen_states for r in collected.rollouts] if capture is not None else None
         forward = batch_forward(run.learner.model, tokens, run.settings.policy, states=states)
-    for rollout in collected.rollouts:
-        rollout.frozen_states = None  # the states' memory, now in the prefix
+    return tokens, forward, without_frozen_states(collected)
+
+
+def _score(
+    run: RunState, collected: CollectedBatch, tokens: TokenBatch, forward: PolicyForward, *, measure_learner: bool
+) -> ScoredBatch:
+    """The scored stage of the step's rollouts on the shared forward (``measure_learner``: ``score_batch``'s)."""
+    sampling = scatter_response_values([r.sampling_logprobs for r in collected.rollouts], tokens.response_lengths)
     with run.timer("logprobs"):
-        scored = score_batch(
+        return score_batch(
             run.learner,
             tokens,
             run.settings.update,
@@ -362,7 +376,6 @@ def _score(
             shortcut=True,
             measure_learner=measure_learner,
         )
-    return scored, forward
 
 
 def _mismatch(scored: ScoredBatch) -> dict[str, float]:

@@ -65,6 +65,11 @@ def test_config_errors_are_one_clear_line(tmp_path, reward_path):
     assert "did you mean `trainer.steps`" in out.stderr and "Traceback" not in out.stderr
     out = _stratarl("report", tmp_path, env=_env(reward_path))
     assert out.returncode == 1 and "no metrics.jsonl" in out.stderr and "Traceback" not in out.stderr
+    # sft.enabled=false (the default) keeps `train` from checking the warm start; `stratarl sft` checks it itself.
+    out = _stratarl("sft", TINY, "sft.probe_every=5", "--out", tmp_path / "sft", env=_env(reward_path))
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "sft.probe_every" in out.stderr and "the reading probe draws an unseen world" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "sft").exists()
 
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path, tiny_overrides, reward_path):

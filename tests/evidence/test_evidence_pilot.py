@@ -158,7 +158,7 @@ def test_the_committed_pilot_records_re_derive_from_the_committed_summaries():
     assert records
     for record in records:
         exp = runner.load_experiment(record.stem)
-        assert runner.pilot_gate(exp, runner.pilots.PILOTS, runner.RESULTS) is None, record.stem
+        assert runner.admission.pilot_gate(exp, runner.pilots.PILOTS, runner.RESULTS) is None, record.stem
 
 
 def test_validate_refuses_bad_sections_with_the_field_named(pilot):
@@ -333,11 +333,11 @@ def test_a_damaged_pilot_summary_refuses_the_sweep_in_one_line(tmp_path):
     shutil.copytree(runner.RESULTS / "lab_shortcut-pilot", results / "lab_shortcut-pilot")
     pilots.mkdir()
     shutil.copy(EVIDENCE / "pilots" / "lab_shortcut.json", pilots / "lab_shortcut.json")
-    assert runner.pilot_gate(exp, pilots, results) is None  # the copies agree
+    assert runner.admission.pilot_gate(exp, pilots, results) is None  # the copies agree
     summary = sorted((results / "lab_shortcut-pilot").glob("*/*.json"))[0]
     summary.write_text("{truncated")
-    why = runner.pilot_gate(exp, pilots, results)
+    why = runner.admission.pilot_gate(exp, pilots, results)
     assert "a pilot summary under" in why and "cannot be read" in why and "\n" not in why
     summary.unlink()  # a summary gone: its run lacks the metric, which the record does not say
-    why = runner.pilot_gate(exp, pilots, results)
+    why = runner.admission.pilot_gate(exp, pilots, results)
     assert "disagrees with the pilot summaries (check g16/" in why

@@ -59,8 +59,6 @@ def test_a_reduced_experiment_runs_as_one_population(tmp_path):
 def test_a_member_the_population_reports_stopped_is_a_failed_run_even_when_its_steps_all_ran(tmp_path, monkeypatch):
     """A run stopped by retrieval failures on its last step has summary.json with all its steps: the population's
     own summary (status stopped, exit code 3) makes it FAIL, not `done`, and its result is not written."""
-    import types
-
     sys.path.insert(0, str(RUNNER.parent))
     import population as populations
 
@@ -73,15 +71,15 @@ def test_a_member_the_population_reports_stopped_is_a_failed_run_even_when_its_s
         def config_hash(self):
             return "h"
 
-    runner = types.SimpleNamespace(
-        committed=lambda *a: False,
-        finished=lambda run_dir, steps: bool(trained),  # every step ran once the population did
-        _try_lock=lambda lock: 99,
-        write_arm=lambda d, spec, exp, resumed: (d / "arm.json").write_text("{}"),
-        write_result=lambda *a: written.append(a),
-        STRATARL=["stratarl"],
-        _env=dict,
+    monkeypatch.setattr(populations.summaries, "committed", lambda *a: False)
+    # every step ran once the population did
+    monkeypatch.setattr(populations.summaries, "finished", lambda run_dir, steps: bool(trained))
+    monkeypatch.setattr(populations.summaries, "write_result", lambda *a: written.append(a))
+    monkeypatch.setattr(populations.running, "try_lock", lambda lock: 99)
+    monkeypatch.setattr(
+        populations.running, "write_arm", lambda d, spec, exp, resumed: (d / "arm.json").write_text("{}")
     )
+    monkeypatch.setattr(populations.running, "STRATARL", ["stratarl"])
 
     def fake_call(cmd, **kwargs):
         trained.append(cmd)
@@ -92,5 +90,5 @@ def test_a_member_the_population_reports_stopped_is_a_failed_run_even_when_its_s
 
     monkeypatch.setattr(populations.subprocess, "call", fake_call)
     monkeypatch.setattr(populations.os, "close", lambda fd: None)
-    (status,) = populations._run_group(runner, [Spec()], {"base_path": "x.yaml"}, 2, tmp_path / "res", 0, tmp_path)
+    (status,) = populations._run_group([Spec()], {"base_path": "x.yaml"}, 2, tmp_path / "res", 0, tmp_path)
     assert trained and status.startswith("FAIL stopped (exit code 3: retriever down") and written == []

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -22,19 +22,26 @@ HERE = Path(__file__).resolve().parents[2] / "benchmarks" / "evidence"
 
 @pytest.fixture(scope="module")
 def ev(load_script):
+    """(the runner's parts these tests use, from the modules that own them; tables.py)."""
     sys.path.insert(0, str(HERE))
-    saved = sys.modules.pop("run", None)
     try:
-        spec = importlib.util.spec_from_file_location("run", HERE / "run.py")
-        run = importlib.util.module_from_spec(spec)
-        sys.modules["run"] = run  # the dataclass looks its module up; tables.py imports it as `run`
-        spec.loader.exec_module(run)
+        import planning
+        import provenance
+        import running
+        import summaries
+
         tables = load_script(HERE / "tables.py", "evidence_tables_prov")
+        run = SimpleNamespace(
+            RunSpec=planning.RunSpec,
+            load_experiment=planning.load_experiment,
+            plan=planning.plan,
+            provenance=provenance.provenance,
+            write_arm=running.write_arm,
+            summarize_run=summaries.summarize_run,
+            running=running,
+        )
         yield run, tables
     finally:
-        sys.modules.pop("run", None)
-        if saved is not None:
-            sys.modules["run"] = saved
         sys.path.remove(str(HERE))
 
 
@@ -103,7 +110,9 @@ def test_summary_records_the_provenance_of_the_first_start_and_the_stratum_bins(
     exp = {"name": "x", "summary_strata": True}
     started = run.write_arm(spec.run_dir, spec, exp, resumed=False)["started"]
     # Resumed at another commit with another base config: the summary keeps what the run started with.
-    monkeypatch.setattr(run, "provenance", lambda spec, env=None: {"commit": "later", "base_config_sha256": "other"})
+    monkeypatch.setattr(
+        run.running, "provenance", lambda spec, env=None: {"commit": "later", "base_config_sha256": "other"}
+    )
     info = run.write_arm(spec.run_dir, spec, exp, resumed=True)
     assert info["started"] == started and info["resumed_at"] == ["later"]
     summary = run.summarize_run(spec, exp, spec.config_hash())

@@ -33,7 +33,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 @pytest.fixture(scope="module")
 def tables(load_script):
-    sys.path.insert(0, str(TABLES.parent))  # tables.py imports the runner as `run`
+    sys.path.insert(0, str(TABLES.parent))  # tables.py imports the experiment loader (planning.py)
     try:
         yield load_script(TABLES, "evidence_tables_check")
     finally:

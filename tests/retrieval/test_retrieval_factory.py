@@ -57,3 +57,31 @@ def test_index_options_that_only_apply_to_building(tmp_path, bm25_retriever):
         build_retriever({"kind": "bm25", "index": str(index_dir), "stemmer": None})
     with pytest.raises(TypeError, match="dict or a string"):
         build_retriever(3)
+
+
+def test_the_default_spec_indexes_the_task_corpus_through_the_factory_once(tmp_path, small_corpus_path, monkeypatch):
+    """`retrieval.spec: bm25` (the default) builds the task's corpus index through build_retriever, saves it beside
+    the corpus, and the next run loads it instead of building again."""
+    import shutil
+
+    from stratarl.retrieval import factory
+    from stratarl.trainer.config import load_config
+    from stratarl.trainer.setup import build_task_retriever
+    from stratarl.trainer.task import TaskData
+
+    corpus = tmp_path / "corpus.jsonl"
+    shutil.copy(small_corpus_path, corpus)
+    assert factory.corpus_kind("bm25") == "bm25" and factory.corpus_kind({"kind": "bm25"}) is None
+    assert factory.corpus_kind(str(corpus)) is None
+    specs = []
+    real = factory.build_retriever
+    monkeypatch.setattr(factory, "build_retriever", lambda spec: specs.append(spec) or real(spec))
+    cfg = load_config(None, ["model.name=tiny-random"])
+    task = TaskData(train=[], test=[], corpus_path=corpus)
+    built = build_task_retriever(cfg, task)
+    assert specs == [{"kind": "bm25", "corpus": str(corpus)}] and (tmp_path / "corpus.bm25").is_dir()
+    loaded = build_task_retriever(cfg, task)
+    assert specs[1:] == [{"kind": "bm25", "index": str(tmp_path / "corpus.bm25")}]  # the cached index, not a rebuild
+    assert loaded.search(["capital of Germany"], 2) == built.search(["capital of Germany"], 2)
+    with pytest.raises(ValueError, match=r"retrieval.spec=bm25 needs a corpus: set data.corpus=PATH"):
+        build_task_retriever(cfg, TaskData(train=[], test=[], corpus_path=None))

@@ -292,3 +292,31 @@ def test_a_users_tool_from_the_command_line_is_checked_when_the_config_loads(tmp
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "`rollout.tool_params.calc.digitz` = 2: tool 'calc' has no such parameter" in out.stderr
     assert "use one of max_calls, digits" in out.stderr
+
+
+def test_the_policy_tokens_of_a_batch_are_logged_under_one_name(smollm2_tokenizer):
+    """rollout/response_length_mean is the mean of policy tokens (response_mask 1); response_tokens_mean counts
+    observation tokens too; no second key repeats the first."""
+    tok = smollm2_tokenizer
+    rollouts = [run(tok, ["<search> paris </search>", "<answer> Paris </answer>"]), run(tok, ["<answer> x </answer>"])]
+    m = metrics(rollouts, ("search",))
+    policy = [sum(r.response_mask) for r in rollouts]
+    assert m["rollout/response_length_mean"] == sum(policy) / 2
+    assert m["rollout/response_tokens_mean"] == sum(len(r.response_ids) for r in rollouts) / 2 > sum(policy) / 2
+    assert "rollout/policy_tokens_mean" not in m
+
+
+def test_stamping_and_dropping_states_return_new_rollouts(smollm2_tokenizer):
+    """with_policy_version / without_frozen_states (the step's two rollout changes) leave the batch they get as it
+    was: the step's stages are returned new, the rollouts too."""
+    from dataclasses import replace
+
+    from stratarl.rollout.collect import with_policy_version, without_frozen_states
+
+    rollout = replace(run(smollm2_tokenizer, ["<answer> x </answer>"]), frozen_states=([1, 2], "states"))
+    batch = CollectedBatch([rollout], [None], [0], [0.0], [0.0], [0], 0.0, 0.0)
+    stamped = with_policy_version(batch, 7)
+    assert stamped.rollouts[0].policy_version == 7 and rollout.policy_version == 0
+    freed = without_frozen_states(stamped)
+    assert freed.rollouts[0].frozen_states is None and stamped.rollouts[0].frozen_states == ([1, 2], "states")
+    assert freed.rollouts[0].policy_version == 7 and without_frozen_states(freed) is freed

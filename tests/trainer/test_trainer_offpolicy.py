@@ -32,9 +32,20 @@ def _build(tmp_path, tiny_overrides, *overrides, name="run"):
     return build_run(cfg, tmp_path / name)
 
 
-def _spy(run):
-    """Record every batch the update receives and every policy-loss call's keyword arguments."""
-    record = {"batches": [], "loss_kwargs": [], "collected": []}
+def _spy(run, monkeypatch=None):
+    """Record every batch the update receives and every policy-loss call's keyword arguments; with ``monkeypatch``
+    also each batch the step stamps with its weights version (``stamped``)."""
+    record = {"batches": [], "loss_kwargs": [], "collected": [], "stamped": []}
+    if monkeypatch is not None:
+        from stratarl.trainer import step as step_module
+
+        real_stamp = step_module.with_policy_version
+
+        def stamp(collected, version):
+            record["stamped"].append(real_stamp(collected, version))
+            return record["stamped"][-1]
+
+        monkeypatch.setattr(step_module, "with_policy_version", stamp)
     real_update, real_loss, real_collect = run.parts.update, run.learner.policy_loss, run.parts.collect
 
     def update(learner, batch, cfg, generator, **kwargs):
@@ -122,19 +133,21 @@ def test_lag_for_step_is_bounded_seeded_and_varied():
         lag_for_step(2, "sometimes", 0, 5)
 
 
-def test_behaviour_logprobs_are_a_fresh_forward_of_the_snapshot_and_not_the_learners(tmp_path, tiny_overrides):
+def test_behaviour_logprobs_are_a_fresh_forward_of_the_snapshot_and_not_the_learners(
+    tmp_path, tiny_overrides, monkeypatch
+):
     from stratarl.trainer.logprobs import response_logprobs
 
     run = _build(
         tmp_path, tiny_overrides, "trainer.policy_lag=2", "trainer.epochs=1", "trainer.mini_batches=1", "optim.lr=0.02"
     )
     initial = copy.deepcopy(run.model).eval()
-    record = _spy(run)
+    record = _spy(run, monkeypatch)
     metrics = _steps(run, 3)
     assert [m["offpolicy/lag"] for m in metrics] == [0.0, 1.0, 2.0]
     assert [m["offpolicy/policy_version"] for m in metrics] == [0.0, 0.0, 0.0]
     batch = record["batches"][2]  # step 2 sampled with version 0: the initial weights
-    assert all(r.policy_version == 0 for r in record["collected"][2].rollouts)
+    assert all(r.policy_version == 0 for r in record["stamped"][2].rollouts)
     with torch.no_grad():
         fresh = response_logprobs(
             initial, batch.input_ids, batch.attention_mask, batch.prompt_lengths, batch.response_mask
@@ -147,7 +160,7 @@ def test_behaviour_logprobs_are_a_fresh_forward_of_the_snapshot_and_not_the_lear
     assert metrics[2]["offpolicy/mismatch"] == pytest.approx(float(gap.mean()), rel=1e-4)
 
 
-def test_the_lag_bound_holds_on_every_batch(tmp_path, tiny_overrides):
+def test_the_lag_bound_holds_on_every_batch(tmp_path, tiny_overrides, monkeypatch):
     run = _build(
         tmp_path,
         tiny_overrides,
@@ -158,13 +171,14 @@ def test_the_lag_bound_holds_on_every_batch(tmp_path, tiny_overrides):
         "trainer.prompts_per_step=2",
         "rollout.group_size=2",
     )
-    record = _spy(run)
+    record = _spy(run, monkeypatch)
     metrics = _steps(run, 7)
     lags = [m["offpolicy/lag"] for m in metrics]
-    for step, (m, collected) in enumerate(zip(metrics, record["collected"])):
+    for step, (m, collected, stamped) in enumerate(zip(metrics, record["collected"], record["stamped"])):
         assert 0 <= m["offpolicy/lag"] <= min(2, step)
         assert m["offpolicy/policy_version"] == step - m["offpolicy/lag"]
-        assert {r.policy_version for r in collected.rollouts} == {step - int(m["offpolicy/lag"])}
+        assert {r.policy_version for r in stamped.rollouts} == {step - int(m["offpolicy/lag"])}
+        assert {r.policy_version for r in collected.rollouts} == {0}  # the collected batch itself is not changed
     assert len(set(lags[2:])) > 1  # uniform really draws
     assert len(run.behaviour.snapshots.weights) <= 3  # k + 1 versions at most
 

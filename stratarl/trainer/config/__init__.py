@@ -109,6 +109,15 @@ class Config:
             if hasattr(sub, "validate"):
                 sub.validate(f.name)
         self._check_across_sections()
+        if self.sft.enabled:  # a disabled warm start's settings taken together are not checked
+            self.check_warm_start()
+        self.rollout = self.rollout.replace(topk=self.retrieval.topk)  # retrieval.topk is the one place for it
+        return self
+
+    def check_warm_start(self) -> None:
+        """The sft section's settings taken together, and what they need of the other sections: at load when
+        ``sft.enabled``, else when a warm start is built all the same (``stratarl sft``: WarmStartSettings)."""
+        self.sft.validate_stage("sft")
         if self.sft.source == "worlds":
             if self.data.source != "synthetic":
                 _fail(
@@ -131,8 +140,6 @@ class Config:
                     "world invents words that the task's vocabulary does not know)",
                     "set e.g. data.synthetic.options.name_pool=2000",
                 )
-        self.rollout = self.rollout.replace(topk=self.retrieval.topk)  # retrieval.topk is the one place for it
-        return self
 
     @property
     def algorithm(self) -> AlgorithmSpec:

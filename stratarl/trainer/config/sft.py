@@ -114,13 +114,6 @@ class SFTConfig:
             )
         if self.steps < 0:
             _fail(f"{p}.steps", self.steps, "must be >= 0", "use e.g. 1000")
-        if self.source == "worlds" and self.steps < 1:
-            _fail(
-                f"{p}.steps",
-                self.steps,
-                "sft.source=worlds trains for `steps` optimizer steps",
-                "set e.g. sft.steps=1000",
-            )
         if self.reading_steps < 0 or self.reading_curriculum < 0 or self.reading_batch_size < 1:
             _fail(
                 f"{p}.reading_steps",
@@ -137,6 +130,31 @@ class SFTConfig:
             )
         if self.reading_mix < 0:
             _fail(f"{p}.reading_mix", self.reading_mix, "must be >= 0", "use 0 (off) or e.g. 8")
+        if self.observation_loss < 0:
+            _fail(
+                f"{p}.observation_loss", self.observation_loss, "must be >= 0", "use 0 (policy tokens only) or e.g. 0.5"
+            )
+        if self.probe_every < 0 or self.max_steps < 0 or self.probe_questions < 1:
+            _fail(
+                f"{p}.probe_every",
+                (self.probe_every, self.max_steps, self.probe_questions),
+                "probe_every and max_steps must be >= 0, probe_questions >= 1",
+                "use e.g. 20, 0, 40",
+            )
+        if not 0 <= self.probe_min_em <= 1:
+            _fail(f"{p}.probe_min_em", self.probe_min_em, "an EM threshold lies in [0, 1]", "use e.g. 0.6")
+
+    def validate_stage(self, p: str) -> None:
+        """The checks of settings taken together, which only a warm start that runs needs (``Config.validate``
+        calls it when ``sft.enabled``; ``stratarl sft`` through the warm start's settings always): an RL-only run
+        keeps whatever sft section its base config has."""
+        if self.source == "worlds" and self.steps < 1:
+            _fail(
+                f"{p}.steps",
+                self.steps,
+                "sft.source=worlds trains for `steps` optimizer steps",
+                "set e.g. sft.steps=1000",
+            )
         if self.reading_mix and self.source != "worlds":
             _fail(
                 f"{p}.reading_mix",
@@ -151,17 +169,6 @@ class SFTConfig:
                 "reading pre-training draws fresh worlds",
                 "set sft.source=worlds or sft.reading_steps=0",
             )
-        if self.observation_loss < 0:
-            _fail(
-                f"{p}.observation_loss", self.observation_loss, "must be >= 0", "use 0 (policy tokens only) or e.g. 0.5"
-            )
-        if self.probe_every < 0 or self.max_steps < 0 or self.probe_questions < 1:
-            _fail(
-                f"{p}.probe_every",
-                (self.probe_every, self.max_steps, self.probe_questions),
-                "probe_every and max_steps must be >= 0, probe_questions >= 1",
-                "use e.g. 20, 0, 40",
-            )
         if self.probe_every and self.source != "worlds":
             _fail(
                 f"{p}.probe_every",
@@ -169,7 +176,5 @@ class SFTConfig:
                 "the reading probe draws an unseen world",
                 "set sft.source=worlds or sft.probe_every=0",
             )
-        if not 0 <= self.probe_min_em <= 1:
-            _fail(f"{p}.probe_min_em", self.probe_min_em, "an EM threshold lies in [0, 1]", "use e.g. 0.6")
         if self.max_steps and self.max_steps < self.steps:
             _fail(f"{p}.max_steps", self.max_steps, f"is below sft.steps={self.steps}", "use 0 (3 x steps) or raise it")

@@ -31,8 +31,7 @@ from stratarl.infra.threads import step_threads
 from stratarl.retrieval.timed import TimedRetriever
 from stratarl.rollout.backends import make_generator
 from stratarl.rollout.collect import collect
-from stratarl.trainer.config import Config
-from stratarl.trainer.setup import eval_settings
+from stratarl.trainer.warmstart.settings import ProbeSettings, WorldSettings
 
 # Demonstration worlds count up from WORLD_SEED_STRIDE * (s + 1); reading worlds start half a stride
 # further; probe worlds a quarter of a stride further: the three ranges never meet.
@@ -76,16 +75,10 @@ class ProbeResult:
         )
 
 
-def probe_questions(cfg: Config, num_questions: int, *, seed: int):
+def probe_questions(worlds: WorldSettings, num_questions: int, *, seed: int):
     """(single-hop questions, 2-hop questions, BM25 retriever) of the probe world with ``seed``: ``num_questions``
     of each (fewer if the world holds fewer), generated with ``sft.world_options`` over ``data.synthetic.options``."""
-    options = {
-        **cfg.data.synthetic.options,
-        **cfg.sft.world_options,
-        "hop_mix": (0.5, 0.5, 0.0),
-        "num_train": 2 * num_questions,
-        "num_test": 0,
-    }
+    options = worlds.generator_options(hop_mix=(0.5, 0.5, 0.0), num_train=2 * num_questions, num_test=0)
     kb = generate_knowledge_base(seed=seed, **options)
     questions = [*kb.train, *kb.test]
     single = [e for e in questions if len(e.metadata.get("hops") or []) == 1][:num_questions]
@@ -100,15 +93,15 @@ def probe_questions(cfg: Config, num_questions: int, *, seed: int):
     return single, multi, BM25Retriever.from_passages(kb.passages)
 
 
-def run_probe(model, tokenizer, cfg: Config, questions, *, step: int) -> ProbeResult:
+def run_probe(model, tokenizer, settings: ProbeSettings, questions, *, step: int) -> ProbeResult:
     """Greedy rollouts of ``model`` on the probe questions (``probe_questions``), with the run's rollout settings."""
     single, multi, retriever = questions
     start = time.perf_counter()
-    result = evaluate(model, tokenizer, retriever, [*single, *multi], eval_settings(cfg), num_transcripts=0)
+    result = evaluate(model, tokenizer, retriever, [*single, *multi], settings.eval, num_transcripts=0)
     records = result["per_question"]
     single_em = [r["em"] for r in records[: len(single)]]
     multi_searches = [r["searches"] for r in records[len(single) :]]
-    two_search_share, two_search_em = sampled_second_searches(model, tokenizer, cfg, multi, retriever, step=step)
+    two_search_share, two_search_em = sampled_second_searches(model, tokenizer, settings, multi, retriever, step=step)
     return ProbeResult(
         step=step,
         sampled_two_search=two_search_share,
@@ -122,21 +115,23 @@ def run_probe(model, tokenizer, cfg: Config, questions, *, step: int) -> ProbeRe
     )
 
 
-def sampled_second_searches(model, tokenizer, cfg: Config, questions, retriever, *, step: int) -> tuple[float, float]:
+def sampled_second_searches(
+    model, tokenizer, settings: ProbeSettings, questions, retriever, *, step: int
+) -> tuple[float, float]:
     """(share of sampled rollouts with >= 2 searches, their EM) on ``questions`` at ``rollout.temperature``,
     one rollout each, seeded by ``step`` (the same draw for the same weights and step)."""
     if not questions:
         return 0.0, 0.0
-    generator = make_generator(model, tokenizer, cfg.rollout.backend, seed=1_000 + step, policy=cfg.device_policy)
-    settings = eval_settings(cfg)
+    policy = settings.eval.policy
+    generator = make_generator(model, tokenizer, settings.backend, seed=1_000 + step, policy=policy)
     with step_threads(model):
         batch = collect(
             generator,
             TimedRetriever(retriever),
             tokenizer,
             list(questions),
-            settings.rollout,
-            settings.scoring,
+            settings.eval.rollout,
+            settings.eval.scoring,
             group_size=1,
             greedy=False,
         )

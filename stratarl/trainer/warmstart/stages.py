@@ -7,6 +7,9 @@ probe        with sft.probe_every: greedy rollouts on a world never trained on d
              (stratarl.trainer.warmstart.probe); a warm start that never passes raises WarmStartFailed
 cache        with sft.cache: kept under $STRATARL_CACHE/warmstart/<name>-<hash of what it depends on>,
              published by rename (stratarl.publish)
+
+``warm_start`` resolves the config once into ``WarmStartSettings`` (stratarl.trainer.warmstart.settings); the
+stages read those, never the config (the cache key, ``warm_start_key``, is the config's own).
 """
 
 from __future__ import annotations
@@ -40,14 +43,9 @@ from stratarl.trainer.warmstart.probe import (
     probe_questions,
     run_probe,
 )
+from stratarl.trainer.warmstart.settings import WarmStartSettings
 from stratarl.trainer.warmstart.sft import demo_shortfall, run_sft
-from stratarl.trainer.warmstart.worlds import (
-    REHEARSAL_WORLD_OFFSET,
-    demonstration_style,
-    reading_batches,
-    world_batches,
-    world_seed,
-)
+from stratarl.trainer.warmstart.worlds import REHEARSAL_WORLD_OFFSET, reading_batches, world_batches, world_seed
 
 
 def warm_start_key(cfg: Config) -> dict:
@@ -114,9 +112,9 @@ def cached_warm_start(cfg: Config, *, rebuild: bool = False, progress: bool = Tr
     return final / "model", summary
 
 
-def _stage_bar(cfg: Config, enabled: bool, total: int, desc: str):
+def _stage_bar(settings: WarmStartSettings, enabled: bool, total: int, desc: str):
     """The progress display of one warm-start stage (``stratarl.infra.progress``), or None."""
-    return progress_display(total, desc) if enabled and cfg.logging.progress else None
+    return progress_display(total, desc) if enabled and settings.progress else None
 
 
 def _bar_step(bar, loss: float) -> None:
@@ -125,66 +123,63 @@ def _bar_step(bar, loss: float) -> None:
         bar.update(1)
 
 
-def _sft_settings(cfg: Config) -> dict:
-    """The ``run_sft`` arguments every stage shares."""
-    return {
-        "seed": cfg.sft.seed,
-        "micro_batch_tokens": cfg.trainer.micro_batch_tokens,
-        "chunk_tokens": cfg.trainer.logprob_chunk_tokens,
-        "grad_clip": cfg.optim.grad_clip,
-        "policy": cfg.device_policy,
-    }
-
-
-def _reading_stage(cfg: Config, model, tokenizer, *, progress: bool) -> dict:
+def _reading_stage(settings: WarmStartSettings, model, tokenizer, *, progress: bool) -> dict:
     """Copy pre-training on fresh single-hop worlds (``sft.reading_steps``); returns its summary."""
-    s = cfg.sft
+    r = settings.reading
     started = time.perf_counter()
-    bar = _stage_bar(cfg, progress, s.reading_steps, "sft reading")
-    batches = reading_batches(cfg, tokenizer, batch_size=s.reading_batch_size, curriculum=s.reading_curriculum)
+    bar = _stage_bar(settings, progress, r.steps, "sft reading")
+    batches = reading_batches(settings, tokenizer, batch_size=r.batch_size, curriculum=r.curriculum)
     reading = run_sft(
         model,
         None,
         tokenizer.pad_token_id,
-        lr=s.lr,
+        lr=settings.lr,
         epochs=1,
-        batch_size=s.reading_batch_size,
+        batch_size=r.batch_size,
         schedule="constant",
         batches=batches,
-        total_steps=s.reading_steps,
+        total_steps=r.steps,
         on_step=lambda step, total, m: _bar_step(bar, m["sft/loss"]),
-        **_sft_settings(cfg),
+        **settings.loop.kwargs(),
     )
     if bar is not None:
         bar.close()
     reading["seconds"] = time.perf_counter() - started
     print(
-        f"reading pre-training: {s.reading_steps} steps in {reading['seconds']:.0f}s, answer loss "
+        f"reading pre-training: {r.steps} steps in {reading['seconds']:.0f}s, answer loss "
         f"{reading['first_steps_loss']:.3f} -> {reading['last_steps_loss']:.3f}",
         flush=True,
     )
     return reading
 
 
-def _probe_hook(cfg: Config, model, tokenizer, logger: MetricsLogger, bar, total_steps: int, probes: list[ProbeResult]):
+def _probe_hook(
+    settings: WarmStartSettings,
+    model,
+    tokenizer,
+    logger: MetricsLogger,
+    bar,
+    total_steps: int,
+    probes: list[ProbeResult],
+):
     """``done(step)`` for ``run_sft``: the reading probe after ``sft.steps`` and every ``sft.probe_every`` steps
     after that; True once it passes. Each result is logged, printed and appended to ``probes``."""
-    s = cfg.sft
-    questions = probe_questions(cfg, s.probe_questions, seed=world_seed(cfg.data.synthetic.seed, PROBE_WORLD_OFFSET))
+    p, worlds = settings.probe, settings.worlds
+    questions = probe_questions(worlds, p.questions, seed=world_seed(worlds.task_seed, PROBE_WORLD_OFFSET))
 
     def done(step: int) -> bool:
-        if (step - total_steps) % s.probe_every:
+        if (step - total_steps) % p.every:
             return False
         model.eval()
-        result = run_probe(model, tokenizer, cfg, questions, step=step)
+        result = run_probe(model, tokenizer, p, questions, step=step)
         model.train()
         probes.append(result)
         logger.log(step, result.metrics())
-        passed = result.passed(s.probe_min_em)
-        message = f"{result.line()}: {'passed' if passed else 'below'} sft.probe_min_em={s.probe_min_em:g}"
+        passed = result.passed(p.min_em)
+        message = f"{result.line()}: {'passed' if passed else 'below'} sft.probe_min_em={p.min_em:g}"
         (bar.write if bar is not None else print)(message)
         if not passed and bar is not None:
-            bar.total = min(bar.total + s.probe_every, s.step_limit)
+            bar.total = min(bar.total + p.every, settings.step_limit)
         return passed
 
     return done
@@ -219,15 +214,17 @@ class DemoPlan:
     total_steps: int
 
 
-def _demo_plan(cfg: Config, tokenizer, task, tally: DemoTally) -> DemoPlan:
-    s = cfg.sft
+def _demo_plan(settings: WarmStartSettings, tokenizer, task, retriever, tally: DemoTally) -> DemoPlan:
+    """The demonstrations: a stream of fresh worlds' (with their rehearsal), or the task's own questions rendered
+    with ``retriever`` (the task's; None with ``sft.source: worlds``)."""
+    s = settings
     if s.source == "worlds":
-        stream = world_batches(cfg, tokenizer, batch_size=s.batch_size)
-        if s.reading_mix:
+        stream = world_batches(settings, tokenizer, batch_size=s.batch_size)
+        if s.reading.mix:
             # Rehearsal: without it, demonstrations erase the reading stage's copying in a few hundred steps
             # (held-out reading accuracy 1.00 -> 0.00 by step 200 on one world; docs/lab.md).
             rehearsal = reading_batches(
-                cfg, tokenizer, batch_size=s.reading_mix, curriculum=0, first_world=REHEARSAL_WORLD_OFFSET
+                settings, tokenizer, batch_size=s.reading.mix, curriculum=0, first_world=REHEARSAL_WORLD_OFFSET
             )
             stream = (demos + reads for demos, reads in zip(stream, rehearsal))
         sample = next(stream)
@@ -235,10 +232,10 @@ def _demo_plan(cfg: Config, tokenizer, task, tally: DemoTally) -> DemoPlan:
     demos = render_demonstrations(
         task.train,
         tokenizer,
-        build_task_retriever(cfg, task),
+        retriever,
         num_demos=s.num_demos,
         seed=s.seed,
-        **demonstration_style(cfg),
+        **s.style.kwargs(),
     )
     shortfall = demo_shortfall(s.num_demos, len(demos), len(task.train))
     if shortfall:
@@ -259,15 +256,15 @@ def _write_sample(path: Path, sample: list[Demonstration], tokenizer) -> None:
 
 
 def _demo_stage(
-    cfg: Config, model, tokenizer, plan: DemoPlan, out_dir: Path, *, progress: bool
+    settings: WarmStartSettings, model, tokenizer, plan: DemoPlan, out_dir: Path, *, progress: bool
 ) -> tuple[dict, list[ProbeResult]]:
     """Fine-tune on the plan's demonstrations (until the probe passes, with ``sft.probe_every``); returns the
     optimizer loop's summary and the probes."""
-    s = cfg.sft
-    logger = MetricsLogger(out_dir, tensorboard=cfg.logging.tensorboard, filename="sft_metrics.jsonl")
-    bar = _stage_bar(cfg, progress, plan.total_steps, "sft")
+    s = settings
+    logger = MetricsLogger(out_dir, tensorboard=s.tensorboard, filename="sft_metrics.jsonl")
+    bar = _stage_bar(s, progress, plan.total_steps, "sft")
     probes: list[ProbeResult] = []
-    done = _probe_hook(cfg, model, tokenizer, logger, bar, plan.total_steps, probes) if s.probe_every else None
+    done = _probe_hook(s, model, tokenizer, logger, bar, plan.total_steps, probes) if s.probe.every else None
 
     def on_step(step: int, total: int, metrics: dict) -> None:
         logger.log(step, metrics)
@@ -287,7 +284,7 @@ def _demo_stage(
         on_step=on_step,
         done=done,
         max_steps=s.step_limit,
-        **_sft_settings(cfg),
+        **s.loop.kwargs(),
     )
     if bar is not None:
         bar.close()
@@ -304,20 +301,21 @@ def warm_start(cfg: Config, out_dir, *, progress: bool = True) -> dict:
     (stratarl.trainer.warmstart.probe) and raises ``WarmStartFailed`` if it never does within ``sft.max_steps``.
     Returns a summary with the loss of the first and last epoch, the demo mix and the probes.
     """
+    s = WarmStartSettings.from_config(cfg)  # the config stops here: the stages read these
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    s = cfg.sft
     torch.manual_seed(s.seed)
     task = load_task(cfg)
     model, tokenizer = load_policy(cfg.model, seed=s.seed, device=cfg.trainer.device, task=task)
-    reading = _reading_stage(cfg, model, tokenizer, progress=progress) if s.reading_steps else None
+    reading = _reading_stage(s, model, tokenizer, progress=progress) if s.reading.steps else None
+    retriever = build_task_retriever(cfg, task) if s.source == "task" else None
     tally = DemoTally()
-    plan = _demo_plan(cfg, tokenizer, task, tally)
+    plan = _demo_plan(s, tokenizer, task, retriever, tally)
     _write_sample(out_dir / "demos_sample.jsonl", plan.sample, tokenizer)
-    result, probes = _demo_stage(cfg, model, tokenizer, plan, out_dir, progress=progress)
-    if probes and not probes[-1].passed(s.probe_min_em):
-        raise WarmStartFailed(probes[-1], s.probe_min_em, result["steps"], s.step_limit, out_dir)
+    result, probes = _demo_stage(s, model, tokenizer, plan, out_dir, progress=progress)
+    if probes and not probes[-1].passed(s.probe.min_em):
+        raise WarmStartFailed(probes[-1], s.probe.min_em, result["steps"], s.step_limit, out_dir)
     path = save_pretrained_model(model, tokenizer, out_dir / "model")
     summary = {
         **result,
@@ -328,7 +326,7 @@ def warm_start(cfg: Config, out_dir, *, progress: bool = True) -> dict:
         "demo_kinds": dict(tally.kinds),
         "policy_tokens": tally.policy_tokens,
         "probes": [dataclasses.asdict(p) for p in probes],
-        "probe_passed": bool(probes) and probes[-1].passed(s.probe_min_em),
+        "probe_passed": bool(probes) and probes[-1].passed(s.probe.min_em),
         "seconds": time.perf_counter() - started,
     }
     (out_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from stratarl.data.synth import generate_knowledge_base
 from stratarl.trainer.warmstart.demos import Demonstration, render_demonstrations, render_reading_examples
+from stratarl.trainer.warmstart.settings import WarmStartSettings, WorldSettings
 
 # Demonstration worlds of task seed s are seeds WORLD_SEED_STRIDE * (s + 1) + i, i = 0, 1, ...: far
 # from any task seed a user writes, so the task's own world is never among them (checked, too).
@@ -24,14 +24,14 @@ def world_seed(task_seed: int, index: int) -> int:
     return WORLD_SEED_STRIDE * (task_seed + 1) + index
 
 
-def _world(cfg, index: int, **overrides):
+def _world(worlds: WorldSettings, index: int, **overrides):
     """The ``index``-th demonstration world (a SyntheticKB) and its BM25 retriever."""
-    options = {**cfg.data.synthetic.options, **cfg.sft.world_options, **overrides}
+    options = worlds.generator_options(**overrides)
     try:
-        kb = generate_knowledge_base(seed=world_seed(cfg.data.synthetic.seed, index), **options)
+        kb = generate_knowledge_base(seed=world_seed(worlds.task_seed, index), **options)
     except TypeError as error:
         raise ValueError(
-            f"sft.world_options {cfg.sft.world_options!r} do not fit generate_knowledge_base: {error}. "
+            f"sft.world_options {dict(worlds.world_options)!r} do not fit generate_knowledge_base: {error}. "
             "Fix: use its keyword arguments (size, num_train, hop_mix, ...)"
         ) from None
     from stratarl.retrieval.bm25 import BM25Retriever  # bm25s is optional (gpu_check.py)
@@ -58,7 +58,13 @@ def _mixed_batches(
 
 
 def reading_batches(
-    cfg, tokenizer, *, batch_size: int, curriculum: int, mix_worlds: int = 4, first_world: int | None = None
+    settings: WarmStartSettings,
+    tokenizer,
+    *,
+    batch_size: int,
+    curriculum: int,
+    mix_worlds: int = 4,
+    first_world: int | None = None,
 ) -> Iterator[list[Demonstration]]:
     """Endless batches of reading examples (``render_reading_examples``) from fresh single-hop worlds; a world
     rendered after i batches shortens observations to one sentence with probability max(0, 1 - i / curriculum).
@@ -67,23 +73,24 @@ def reading_batches(
     ``sft.reading_mix`` adds to the demonstrations starts at ``REHEARSAL_WORLD_OFFSET``."""
 
     first_world = READING_WORLD_OFFSET if first_world is None else first_world
-    rng = random.Random(cfg.sft.seed + 1 + first_world - READING_WORLD_OFFSET)
+    rng = random.Random(settings.seed + 1 + first_world - READING_WORLD_OFFSET)
+    style = settings.style
 
     def render(index: int, produced: int) -> list[Demonstration]:
-        kb, retriever = _world(cfg, first_world + index, hop_mix=(1.0, 0.0, 0.0))
+        kb, retriever = _world(settings.worlds, first_world + index, hop_mix=(1.0, 0.0, 0.0))
         return render_reading_examples(
             kb.train,
             tokenizer,
             retriever,
             {p.id: p.contents for p in kb.passages},
-            topk=cfg.retrieval.topk,
-            max_obs_tokens=cfg.rollout.max_obs_tokens,
+            topk=style.topk,
+            max_obs_tokens=style.max_obs_tokens,
             rng=rng,
             sentence_probability=max(0.0, 1.0 - produced / curriculum) if curriculum else 0.0,
-            agent_probability=cfg.sft.reading_agent_fraction,
-            prompt_template=cfg.rollout.prompt_template,
-            protocol=cfg.rollout.protocol,
-            tools=cfg.rollout.tools,
+            agent_probability=settings.reading.agent_fraction,
+            prompt_template=style.prompt_template,
+            protocol=style.protocol,
+            tools=style.tools,
         )
 
     return _mixed_batches(render, batch_size=batch_size, mix_worlds=mix_worlds, rng=rng)
@@ -95,45 +102,26 @@ READING_WORLD_OFFSET = WORLD_SEED_STRIDE // 2
 REHEARSAL_WORLD_OFFSET = READING_WORLD_OFFSET + 100_000
 
 
-def world_demonstrations(cfg, tokenizer, index: int) -> list[Demonstration]:
+def world_demonstrations(settings: WarmStartSettings, tokenizer, index: int) -> list[Demonstration]:
     """All demonstrations of the ``index``-th fresh world: a synthetic KB drawn from the task's name pool
     with ``sft.world_options`` over ``data.synthetic.options``, indexed with its own BM25, rendered with the
     same prompt, observation caps and imperfect-demo mix as ``sft.source: task``, shuffled."""
 
-    kb, retriever = _world(cfg, index)
-    seed = world_seed(cfg.data.synthetic.seed, index)
+    kb, retriever = _world(settings.worlds, index)
+    seed = world_seed(settings.worlds.task_seed, index)
     return render_demonstrations(
-        kb.train, tokenizer, retriever, num_demos=len(kb.train), seed=seed, **demonstration_style(cfg)
+        kb.train, tokenizer, retriever, num_demos=len(kb.train), seed=seed, **settings.style.kwargs()
     )
 
 
-def demonstration_style(cfg) -> dict[str, Any]:
-    """``render_demonstrations``'s keyword arguments that every demonstration source shares (``sft.source``:
-    ``task`` or ``worlds``): the prompt, the search depth, the observation cap, the imperfect-demo mix, and the
-    protocol and tools the demonstrations are written in (``rollout.protocol``, ``rollout.tools``)."""
-    s = cfg.sft
-    return {
-        "protocol": cfg.rollout.protocol,
-        "tools": cfg.rollout.tools,
-        "tool_params": cfg.rollout.tool_params,
-        "open_fraction": s.open_fraction,
-        "topk": cfg.retrieval.topk,
-        "max_obs_tokens": cfg.rollout.max_obs_tokens,
-        "no_search_fraction": s.no_search_fraction,
-        "guess_on": s.guess_on,
-        "wrong_hop_pool": s.wrong_hop_pool,
-        "wrong_hop_fraction": s.wrong_hop_fraction,
-        "early_answer_fraction": s.early_answer_fraction,
-        "prompt_template": cfg.rollout.prompt_template,
-    }
-
-
-def world_batches(cfg, tokenizer, *, batch_size: int, mix_worlds: int = 4) -> Iterator[list[Demonstration]]:
+def world_batches(
+    settings: WarmStartSettings, tokenizer, *, batch_size: int, mix_worlds: int = 4
+) -> Iterator[list[Demonstration]]:
     """Endless batches of demonstrations never seen before: worlds 0, 1, 2, ... are rendered on demand and
     each batch draws from ``mix_worlds`` worlds at a time (so one batch is not one world's facts)."""
     return _mixed_batches(
-        lambda index, _: world_demonstrations(cfg, tokenizer, index),
+        lambda index, _: world_demonstrations(settings, tokenizer, index),
         batch_size=batch_size,
         mix_worlds=mix_worlds,
-        rng=random.Random(cfg.sft.seed),
+        rng=random.Random(settings.seed),
     )

@@ -306,6 +306,7 @@ def test_the_warm_start_of_a_hermes_run_writes_hermes_demonstrations(smollm2_tok
     """Wiring: the run's rollout.protocol, tools and tool_params reach every demonstration source (fresh worlds,
     reading rehearsal), and its open budget bounds the opens."""
     from stratarl.trainer.config import load_config
+    from stratarl.trainer.warmstart.settings import WarmStartSettings
     from stratarl.trainer.warmstart.worlds import reading_batches, world_demonstrations
 
     cfg = load_config(
@@ -323,13 +324,14 @@ def test_the_warm_start_of_a_hermes_run_writes_hermes_demonstrations(smollm2_tok
         ],
     )
     tok = smollm2_tokenizer
-    demos = world_demonstrations(cfg, tok, 0)
+    settings = WarmStartSettings.from_config(cfg)
+    demos = world_demonstrations(settings, tok, 0)
     texts = [tok.decode(d.response_ids) for d in demos]
     assert demos and all("<tool_call>" in t and "<search>" not in t and "<information>" not in t for t in texts)
     correct = [d for d in demos if d.kind == "correct"]
     assert correct and all([c["tool"] for c in d.meta["calls"]] == ["search", "open"] for d in correct)
     assert all(" ...[truncated]" in t for d, t in zip(demos, texts) if d.kind == "correct")  # open's 40 tokens
-    reading = next(reading_batches(cfg, tok, batch_size=2, curriculum=0))
+    reading = next(reading_batches(settings, tok, batch_size=2, curriculum=0))
     assert all("<tool_response>" in tok.decode(d.prompt_ids + d.response_ids) for d in reading)
 
 

@@ -14,6 +14,7 @@ from stratarl.data.synth import generate_knowledge_base, name_pool_words
 from stratarl.data.wordlevel import unknown_words
 from stratarl.trainer.config import ConfigError, config_from_dict
 from stratarl.trainer.warmstart.demos import Demonstration
+from stratarl.trainer.warmstart.settings import WarmStartSettings
 from stratarl.trainer.warmstart.sft import sft_step
 from stratarl.trainer.warmstart.worlds import world_batches, world_demonstrations, world_seed
 
@@ -56,7 +57,7 @@ def test_task_vocabulary_covers_every_world_of_the_pool():
     task = load_task(cfg)
     _, tokenizer = load_policy(cfg.model, task=task)
     for index in range(3):
-        for demo in world_demonstrations(cfg, tokenizer, index)[:20]:
+        for demo in world_demonstrations(WarmStartSettings.from_config(cfg), tokenizer, index)[:20]:
             text = tokenizer.decode(demo.prompt_ids + demo.response_ids)
             assert unknown_words(tokenizer, text) == []
 
@@ -66,7 +67,7 @@ def test_world_stream_is_fresh_and_mixes_weak_search_demos():
 
     cfg = _cfg()
     _, tokenizer = load_policy(cfg.model, task=load_task(cfg))
-    stream = world_batches(cfg, tokenizer, batch_size=4)
+    stream = world_batches(WarmStartSettings.from_config(cfg), tokenizer, batch_size=4)
     batches = [next(stream) for _ in range(30)]
     demos = [d for b in batches for d in b]
     assert all(len(b) == 4 for b in batches)
@@ -170,7 +171,7 @@ def test_reading_curriculum_starts_with_one_sentence_and_ends_with_full_observat
 
     cfg = _cfg()
     _, tokenizer = load_policy(cfg.model, task=load_task(cfg))
-    stream = reading_batches(cfg, tokenizer, batch_size=8, curriculum=3, mix_worlds=1)
+    stream = reading_batches(WarmStartSettings.from_config(cfg), tokenizer, batch_size=8, curriculum=3, mix_worlds=1)
     batches = [next(stream) for _ in range(8)]
 
     def docs(demo):
@@ -198,7 +199,11 @@ def test_reading_examples_in_the_agents_layout_are_single_hop_demonstrations():
     cfg = _cfg(sft={"reading_agent_fraction": 1.0}, rollout={"max_obs_tokens": 240})
     _, tokenizer = load_policy(cfg.model, task=load_task(cfg))
     demos = [
-        d for _ in range(3) for d in next(reading_batches(cfg, tokenizer, batch_size=8, curriculum=0, mix_worlds=1))
+        d
+        for _ in range(3)
+        for d in next(
+            reading_batches(WarmStartSettings.from_config(cfg), tokenizer, batch_size=8, curriculum=0, mix_worlds=1)
+        )
     ]
     assert demos and all(d.kind == "reading_agent" for d in demos)
     copied = []
@@ -231,17 +236,28 @@ def test_reading_agent_fraction_mixes_both_layouts_and_zero_keeps_the_old_stream
         for _ in range(6)
         for d in next(
             reading_batches(
-                _cfg(sft={"reading_agent_fraction": 0.5}), tokenizer, batch_size=8, curriculum=0, mix_worlds=1
+                WarmStartSettings.from_config(_cfg(sft={"reading_agent_fraction": 0.5})),
+                tokenizer,
+                batch_size=8,
+                curriculum=0,
+                mix_worlds=1,
             )
         )
     ]
     share = sum(d.kind == "reading_agent" for d in half) / len(half)
     assert 0.2 < share < 0.8
-    plain = [next(reading_batches(cfg0, tokenizer, batch_size=8, curriculum=2, mix_worlds=1)) for _ in range(1)]
+    plain = [
+        next(reading_batches(WarmStartSettings.from_config(cfg0), tokenizer, batch_size=8, curriculum=2, mix_worlds=1))
+        for _ in range(1)
+    ]
     again = [
         next(
             reading_batches(
-                _cfg(sft={"reading_agent_fraction": 0.0}), tokenizer, batch_size=8, curriculum=2, mix_worlds=1
+                WarmStartSettings.from_config(_cfg(sft={"reading_agent_fraction": 0.0})),
+                tokenizer,
+                batch_size=8,
+                curriculum=2,
+                mix_worlds=1,
             )
         )
         for _ in range(1)

@@ -13,6 +13,7 @@ from warmstart_lab import lab_sections
 from stratarl.infra.progress import LineProgress, format_duration
 from stratarl.trainer.config import ConfigError, config_from_dict
 from stratarl.trainer.warmstart.probe import PROBE_WORLD_OFFSET, WarmStartFailed, probe_questions
+from stratarl.trainer.warmstart.settings import WarmStartSettings
 from stratarl.trainer.warmstart.worlds import READING_WORLD_OFFSET, world_seed
 
 # The probe's variant of the lab: shorter turns, two SFT steps, a probe after each.
@@ -80,12 +81,13 @@ def test_probe_world_is_none_the_warm_start_trains_on():
     assert probe_seed != 0
     assert not {world_seed(0, i) for i in range(10_000)} & {probe_seed}
     assert not {world_seed(0, READING_WORLD_OFFSET + i) for i in range(10_000)} & {probe_seed}
-    single, multi, _retriever = probe_questions(cfg, 4, seed=probe_seed)
+    settings = WarmStartSettings.from_config(cfg)
+    single, multi, _retriever = probe_questions(settings.worlds, 4, seed=probe_seed)
     assert len(single) == 4 and len(multi) == 4
     assert all(len(e.metadata["hops"]) == 1 for e in single) and all(len(e.metadata["hops"]) == 2 for e in multi)
     from stratarl.trainer.warmstart.worlds import world_demonstrations
 
-    demo_facts = {d.meta["answer"] for i in range(3) for d in world_demonstrations(cfg, _tokenizer(cfg), i)}
+    demo_facts = {d.meta["answer"] for i in range(3) for d in world_demonstrations(settings, _tokenizer(cfg), i)}
     probe_answers = {e.golden_answers[0] for e in single}
     assert len(probe_answers - demo_facts) >= 2  # a pool world shares words, but the probe's facts are its own
 
@@ -153,8 +155,9 @@ def test_probe_reports_what_sampling_at_the_rl_temperature_does(tmp_path):
 
     tokenizer = load_policy(cold.model, task=load_task(cold))[1]
     model = load_model(str(tmp_path / "model"))
-    _, multi, retriever = probe_questions(cold, 4, seed=world_seed(0, PROBE_WORLD_OFFSET))
-    share, _ = sampled_second_searches(model, tokenizer, cold, multi, retriever, step=0)
+    settings = WarmStartSettings.from_config(cold)
+    _, multi, retriever = probe_questions(settings.worlds, 4, seed=world_seed(0, PROBE_WORLD_OFFSET))
+    share, _ = sampled_second_searches(model, tokenizer, settings.probe, multi, retriever, step=0)
     assert share == pytest.approx(greedy_two)
 
 
