@@ -162,6 +162,7 @@ class _Layout:
     tail: list[str]
     world_from: int | None
     shared: bool  # ``shared_warmstart: true``: one warm start per task for every world
+    groups: tuple[int, ...] = ()  # ``warmstart_groups``: with ``shared``, the seeds of one warm start per world group
 
     def world(self, seed: int) -> list[str]:
         """With ``world_from``: seed s trains on its own world (data.synthetic.seed = world_from + s) and its own
@@ -169,14 +170,47 @@ class _Layout:
         return [] if self.world_from is None else [f"data.synthetic.seed={self.world_from + seed}"]
 
     def key(self, task: str, seed: int) -> str:
-        """The name of the warm start a run of ``task`` and ``seed`` starts from (one warm start per key)."""
+        """The name of the warm start a run of ``task`` and ``seed`` starts from (one warm start per key): with
+        ``warmstart_groups`` seed s starts from group s mod G's (``<task>-g<its seed>``), so that consecutive
+        seeds, and a sweep cut short, cover every warm start."""
+        if self.shared and self.groups:
+            return f"{task}-g{self.groups[seed % len(self.groups)]}"
         return task if self.world_from is None or self.shared else f"{task}-w{self.world_from + seed}"
+
+    def group(self, seed: int) -> list[str]:
+        """The overrides that make world group ``seed mod G``'s warm start its own: its seed seeds the
+        demonstration worlds (``data.synthetic.seed``, from which every demonstration world's seed derives) and
+        the demonstrations' choice, order and the initial weights (``sft.seed``)."""
+        if not (self.shared and self.groups):
+            return []
+        g = self.groups[seed % len(self.groups)]
+        return [f"data.synthetic.seed={g}", f"sft.seed={g}"]
 
     def task_head(self, task: str) -> list[str]:
         return self.common + as_overrides(self.exp["tasks"][task])
 
     def task_tail(self, task: str) -> list[str]:
         return [x.replace("{task}", task) for x in self.tail]
+
+
+def _warmstart_groups(exp: dict) -> tuple[int, ...]:
+    """The experiment's ``warmstart_groups`` (a list of distinct warm-start seeds, with ``shared_warmstart``):
+    seed s starts from the warm start of group s mod G, so the CI over worlds covers the warm start too."""
+    groups = exp.get("warmstart_groups")
+    if groups is None:
+        return ()
+    ok = (
+        isinstance(groups, list)
+        and groups
+        and all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in groups)
+        and len(set(groups)) == len(groups)
+    )
+    if not ok or not exp.get("shared_warmstart"):
+        sys.exit(
+            f"error: {exp['name']}.yaml: warmstart_groups {groups!r} must be a list of distinct warm-start seeds "
+            "(integers >= 0) beside shared_warmstart: true. Fix: e.g. warmstart_groups: [8101, 8102, 8103]"
+        )
+    return tuple(groups)
 
 
 def _seeds_of(exp: dict, cond: str, seeds: int, condition_seeds: bool) -> int:
@@ -187,14 +221,15 @@ def _seeds_of(exp: dict, cond: str, seeds: int, condition_seeds: bool) -> int:
 
 
 def _warm_starts(layout: _Layout, conditions: list[str], seeds_of) -> dict[str, list[str]]:
-    """Warm start name -> its SFT overrides: one per task, or with ``world_from`` (and no shared warm start) one
-    per task and world."""
+    """Warm start name -> its SFT overrides: one per task, with ``world_from`` (and no shared warm start) one
+    per task and world, with a shared warm start and ``warmstart_groups`` one per task and world group."""
     exp, sft = layout.exp, {}
     for t in sorted({exp["conditions"][c]["task"] for c in conditions}):
         task_seeds = max(seeds_of(c) for c in conditions if exp["conditions"][c]["task"] == t)
-        for seed in range(task_seeds if layout.world_from is not None and not layout.shared else 1):
+        own = layout.world_from is not None and not layout.shared
+        for seed in range(task_seeds if own else min(task_seeds, len(layout.groups)) or 1):
             sft[layout.key(t, seed)] = (
-                layout.task_head(t) + layout.task_tail(t) + ([] if layout.shared else layout.world(seed))
+                layout.task_head(t) + layout.task_tail(t) + (layout.world(seed) if own else layout.group(seed))
             )
     return sft
 
@@ -210,6 +245,9 @@ def _run_spec(layout: _Layout, out: Path, cond: str, arm: str, seed: int, n_step
         + as_overrides(exp["arms"][arm])
         + layout.task_tail(task)
         + layout.world(seed)
+        # with warmstart_groups, the group's seed (sft.seed does nothing in RL): which warm start a run starts from
+        # is then part of its config hash, not only of its machine path
+        + [o for o in layout.group(seed) if o.startswith("sft.seed=")]
         + [
             f"trainer.seed={seed}",
             f"trainer.steps={n_steps}",
@@ -250,7 +288,9 @@ def plan(
         tail += [f"data.synthetic.cache_dir={cache / '{task}'}"]
     # ``shared_warmstart: true``: one warm start per task for every world (a warm start that never sees the task's
     # world, as the lab's: its demonstrations come from fresh worlds), so the worlds differ only in the RL task.
-    layout = _Layout(exp, common, tail, _world_from(exp), bool(exp.get("shared_warmstart", False)))
+    layout = _Layout(
+        exp, common, tail, _world_from(exp), bool(exp.get("shared_warmstart", False)), _warmstart_groups(exp)
+    )
 
     def seeds_of(cond: str) -> int:
         return _seeds_of(exp, cond, seeds, condition_seeds)

@@ -268,7 +268,38 @@ def condition_tables(exp: dict, condition: str, arms: dict[str, dict[int, dict]]
     table = {"condition": condition, "metrics": names, "per_arm": per_arm, "paired": paired}
     if exp.get("contrasts"):
         table["contrasts"] = contrasts
+    if exp.get("warmstart_groups"):
+        table["warmstart_groups"] = warmstart_group_table(exp, values, names[0])
     return table
+
+
+def warmstart_group_table(exp: dict, values: dict, primary: str) -> dict:
+    """With ``warmstart_groups`` (seed s starts from warm start s mod G): per warm start, each arm's mean of the
+    primary metric and of em_before, its paired difference to the baseline within the group, and on how many of
+    the group's worlds the arm ended above its warm start's own em_before."""
+    groups, base = exp["warmstart_groups"], exp["baseline"]
+    out: dict = {}
+    for g_index, g in enumerate(groups):
+        in_group = {
+            arm: {
+                m: {s: v for s, v in by_seed.items() if s % len(groups) == g_index} for m, by_seed in by_metric.items()
+            }
+            for arm, by_metric in values.items()
+        }
+        rows = {}
+        for arm, by_metric in in_group.items():
+            after, before = by_metric.get(primary, {}), by_metric.get("em_before", {})
+            finished = [s for s, v in after.items() if v is not None]
+            above = [s for s in finished if before.get(s) is not None and after[s] > before[s]]
+            rows[arm] = {
+                "seeds": sorted(finished),
+                primary: mean_ci([after[s] for s in finished]).to_dict(),
+                "above_before": len(above),
+            }
+            if arm != base and base in in_group:
+                rows[arm]["paired"] = _paired(after, in_group[base].get(primary, {}))
+        out[str(g)] = rows
+    return out
 
 
 def _paired(a: dict[int, float | None], b: dict[int, float | None]) -> dict:
@@ -391,9 +422,38 @@ def render(exp: dict, tables: list[dict], figures: dict[str, str], counts: dict[
             lines += _difference_rows(
                 "contrast", {pair.replace(" - ", " − "): by_metric for pair, by_metric in table["contrasts"].items()}
             )
+        if table.get("warmstart_groups"):
+            lines += _group_rows(exp, table)
         if cond in figures:
             lines += ["", f"![{cond}]({figures[cond]})"]
     return "\n".join(lines) + "\n"
+
+
+def _group_rows(exp: dict, table: dict) -> list[str]:
+    """Per warm start (``warmstart_groups``): the primary metric, the worlds above the warm start's em_before,
+    and the paired difference to the baseline within the group."""
+    primary, base = table["metrics"][0], exp["baseline"]
+    lines = [
+        "",
+        (
+            f"Per warm start (world seed s starts from warm start s mod {len(table['warmstart_groups'])}): "
+            f"{primary}, worlds where the run ended above its warm start's em_before, and the difference to "
+            f"{base} within the group."
+        ),
+        "",
+        f"| warm start | arm | worlds | {primary} | above em_before | − {base} |",
+        "|---|---|---|---|---|---|",
+    ]
+    for g, rows in table["warmstart_groups"].items():
+        for arm, row in rows.items():
+            if not row["seeds"]:  # no run of this group yet
+                continue
+            diff = _diff(row["paired"]) if "paired" in row else "-"
+            lines.append(
+                f"| {g} | {arm} | {len(row['seeds'])} | {_interval(row[primary])} | "
+                f"{row['above_before']} of {len(row['seeds'])} | {diff} |"
+            )
+    return lines
 
 
 def _plain(x: float) -> str:

@@ -300,3 +300,40 @@ def test_every_committed_summary_has_the_config_hash_its_design_plans(ev):
             assert planned.get(key) == summary["config_hash"], path
             checked += 1
     assert checked > 600  # every experiment's summaries, not a folder that moved
+
+
+def test_warmstart_groups_give_each_world_group_its_own_seeded_warm_start(ev, tmp_path):
+    """lab_offpolicy_lag_warmstarts: seed s starts from warm start s mod 3, each seeded on its own (demonstration
+    worlds and sft.seed), and which warm start a run starts from is part of its config hash."""
+    exp = ev.planning.load_experiment("lab_offpolicy_lag_warmstarts")
+    sft, specs = ev.planning.plan(exp, tmp_path, seeds=5, steps=5, reduced=False, extra=[], arms=["grpo"])
+    assert list(sft) == ["lab-g8101", "lab-g8102", "lab-g8103"]
+    for g, overrides in zip((8101, 8102, 8103), sft.values(), strict=True):
+        assert overrides[-2:] == [f"data.synthetic.seed={g}", f"sft.seed={g}"]
+    assert [s.task for s in specs] == ["lab-g8101", "lab-g8102", "lab-g8103", "lab-g8101", "lab-g8102"]
+    assert [next(o for o in s.overrides if o.startswith("data.synthetic.seed=")) for s in specs] == [
+        f"data.synthetic.seed={5301 + s}" for s in range(5)
+    ]
+    assert specs[0].overrides[-1] == f"model.init_from={tmp_path / 'warmstart' / 'lab-g8101' / 'model'}"
+    # the same world and seed from another warm start is another run
+    exp["warmstart_groups"] = [8104, 8102, 8103]
+    _, moved = ev.planning.plan(exp, tmp_path, seeds=1, steps=5, reduced=False, extra=[], arms=["grpo"])
+    assert moved[0].config_hash() != specs[0].config_hash()
+    # fewer seeds than groups: only the warm starts some run needs
+    sft, _ = ev.planning.plan(exp, tmp_path, seeds=2, steps=5, reduced=False, extra=[], arms=["grpo"])
+    assert list(sft) == ["lab-g8104", "lab-g8102"]
+
+
+@pytest.mark.parametrize("groups", [[8101, 8101], [], "8101", [True], [-1]])
+def test_warmstart_groups_refuse_what_is_not_a_list_of_distinct_seeds(ev, tmp_path, groups):
+    exp = ev.planning.load_experiment("lab_offpolicy_lag_warmstarts")
+    exp["warmstart_groups"] = groups
+    with pytest.raises(SystemExit, match="warmstart_groups"):
+        ev.planning.plan(exp, tmp_path, seeds=1, steps=5, reduced=False, extra=[], arms=["grpo"])
+
+
+def test_warmstart_groups_need_a_shared_warm_start(ev, tmp_path):
+    exp = ev.planning.load_experiment("lab_offpolicy_lag_warmstarts")
+    exp.pop("shared_warmstart")
+    with pytest.raises(SystemExit, match="shared_warmstart: true"):
+        ev.planning.plan(exp, tmp_path, seeds=1, steps=5, reduced=False, extra=[], arms=["grpo"])

@@ -108,6 +108,32 @@ def test_contrasts_pair_arms_by_seed_and_the_headline_shows_them_per_metric(tabl
     assert "contrasts" not in tables.condition_tables({**exp, "contrasts": []}, "c", arms)
 
 
+def test_warm_start_groups_are_broken_down_by_the_warm_start_each_seed_started_from(tables):
+    """With warmstart_groups [a, b], seeds 0 and 2 started from a, 1 and 3 from b: each group's mean, its
+    difference to the baseline over its own seeds, and how many of its worlds ended above em_before (hand-computed)."""
+    exp = {
+        "name": "x",
+        "baseline": "grpo",
+        "arms": {"grpo": {}, "so_grpo": {}},
+        "conditions": {"c": {}},
+        "metrics": {"primary": "em_after", "diagnostics": ["em_before"]},
+        "warmstart_groups": [8101, 8102],
+    }
+    ems = {"grpo": [0.0, 0.3, 0.2, 0.5], "so_grpo": [0.6, 0.3, 0.8, 0.9]}  # em_before is 0.1 on every world
+    arms = {arm: {s: _summary(arm, s, em) for s, em in enumerate(v)} for arm, v in ems.items()}
+    table = tables.condition_tables(exp, "c", arms)
+    a, b = table["warmstart_groups"]["8101"], table["warmstart_groups"]["8102"]
+    assert a["grpo"]["seeds"] == [0, 2] and b["grpo"]["seeds"] == [1, 3]
+    assert a["so_grpo"]["em_after"]["mean"] == pytest.approx(0.7) and b["so_grpo"]["em_after"]["mean"] == 0.6
+    assert a["so_grpo"]["paired"]["mean"] == pytest.approx(0.6) and b["so_grpo"]["paired"]["mean"] == 0.2
+    assert (a["grpo"]["above_before"], b["grpo"]["above_before"]) == (1, 2)
+    assert (a["so_grpo"]["above_before"], b["so_grpo"]["above_before"]) == (2, 2)
+    assert "paired" not in a["grpo"]
+    page = tables.render(exp, [table], {}, {"c": 8})
+    assert "| 8101 | so_grpo | 2 | 0.700 ± " in page and "| 2 of 2 | +0.600 [" in page
+    assert "warmstart_groups" not in tables.condition_tables({**exp, "warmstart_groups": None}, "c", arms)
+
+
 def test_the_results_page_table_is_generated_between_its_markers(tables):
     page = tables.RESULTS_PAGE.read_text()
     assert page.count("<!-- tables:lab_stratified begin -->") == 1
