@@ -147,12 +147,16 @@ def judge(exp: dict, pilot: dict, runs: dict, metrics: dict) -> dict:
 
 def keep_history(record: dict, previous: dict | None) -> dict:
     """``record`` with the records of earlier designs kept under ``earlier`` (oldest first): a design amended after
-    a pilot that did not admit it keeps that pilot's verdict on file. A re-judged same design replaces its own."""
+    a pilot that did not admit it keeps that pilot's verdict on file. A re-judged same design replaces its own, and
+    keeps the ``replaced_checks`` lines written into it (they say how this design weakened a check; the judge does
+    not write them)."""
     if previous is None:
         return record
     earlier = list(previous.get("earlier", []))
     if previous.get("design_hash") != record["design_hash"]:
         earlier.append({k: v for k, v in previous.items() if k != "earlier"})
+    elif "replaced_checks" in previous and "replaced_checks" not in record:
+        record = {**record, "replaced_checks": previous["replaced_checks"]}
     return {**record, "earlier": earlier} if earlier else record
 
 

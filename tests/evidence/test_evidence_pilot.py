@@ -321,6 +321,10 @@ def test_an_amended_design_keeps_the_verdicts_of_earlier_pilots(pilot):
     again = pilot.keep_history({"design_hash": "ccc", "admitted": True, "checks": {}}, kept)
     assert [r["design_hash"] for r in again["earlier"]] == ["aaa", "bbb"]
     assert pilot.keep_history(amended, None) == amended
+    # the lines saying which failing check an amendment replaced survive a re-judging of that design, not a new one
+    said = {**amended, "replaced_checks": ["clipping (0.56%) replaced by GRPO's clipping"]}
+    assert pilot.keep_history(amended, said)["replaced_checks"] == said["replaced_checks"]
+    assert "replaced_checks" not in pilot.keep_history({"design_hash": "ddd", "admitted": True, "checks": {}}, said)
 
 
 def test_a_damaged_pilot_summary_refuses_the_sweep_in_one_line(tmp_path):
