@@ -10,6 +10,7 @@ import random
 from collections.abc import Sequence
 
 import pytest
+from warmstart_lab import mask_runs
 
 from stratarl.data.examples import Example
 from stratarl.retrieval.base import Passage
@@ -143,21 +144,11 @@ def test_a_search_r1_demonstration_with_open_is_what_a_search_r1_rollout_writes(
     assert "<open> Doushil Revedi </open>" in tok.decode(demo.response_ids)
 
 
-def _runs(mask):
-    """Maximal runs of equal mask values: [(value, start, end), ...]."""
-    out, start = [], 0
-    for i in range(1, len(mask) + 1):
-        if i == len(mask) or mask[i] != mask[start]:
-            out.append((mask[start], start, i))
-            start = i
-    return out
-
-
 def test_the_loss_mask_covers_the_assistants_tokens_only(smollm2_tokenizer, retriever):
     tok = smollm2_tokenizer
     demo = _demo(tok, retriever, "hermes", ["search", "open"])
     protocol = make_protocol("hermes", ["search", "open"])
-    runs = _runs(demo.response_mask)
+    runs = mask_runs(demo.response_mask)
     assert [v for v, _, _ in runs] == [1, 0, 1, 0, 1]
     written = [tok.decode(demo.response_ids[a:b]) for v, a, b in runs if v == 1]
     assert [protocol.parse(t).kind for t in written] == ["search", "open", "answer"]

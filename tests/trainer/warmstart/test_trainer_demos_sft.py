@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 import torch
+from warmstart_lab import mask_runs
 
 from stratarl.data.examples import Example
 from stratarl.infra.schedules import sft_lr_factor
@@ -43,16 +44,6 @@ def retriever():
     return BM25Retriever.from_passages(PASSAGES)
 
 
-def _segments(mask):
-    """Maximal runs of equal mask values: [(value, start, end), ...]."""
-    out, start = [], 0
-    for i in range(1, len(mask) + 1):
-        if i == len(mask) or mask[i] != mask[start]:
-            out.append((mask[start], start, i))
-            start = i
-    return out
-
-
 def test_demonstration_layout_matches_the_protocol(smollm2_tokenizer, retriever):
     from stratarl.rollout.engine import observation_ids
     from stratarl.rollout.parsing import information_observation, parse_action
@@ -66,7 +57,7 @@ def test_demonstration_layout_matches_the_protocol(smollm2_tokenizer, retriever)
         answer="Likrix",
         kind="correct",
     )
-    segments = _segments(demo.response_mask)
+    segments = mask_runs(demo.response_mask)
     # policy, observation, policy, observation, policy (two searches then the answer).
     assert [s[0] for s in segments] == [1, 0, 1, 0, 1]
     policy_turns = [tok.decode(demo.response_ids[a:b]) for v, a, b in segments if v == 1]

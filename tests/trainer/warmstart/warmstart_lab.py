@@ -1,5 +1,6 @@
 """The lab at a test's size (a word-level tiny model, worlds from a shared name pool), shared by the warm
-start's tests; ``lab_sections`` gives a variant with some sections' fields replaced."""
+start's tests; ``lab_sections`` gives a variant with some sections' fields replaced, ``mask_runs`` cuts a loss
+mask into its runs."""
 
 from __future__ import annotations
 
@@ -59,3 +60,13 @@ def lab_sections(**sections) -> dict:
     for key, value in sections.items():
         data[key] = {**data[key], **value}
     return data
+
+
+def mask_runs(mask):
+    """Maximal runs of equal loss-mask values: [(value, start, end), ...]."""
+    out, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            out.append((mask[start], start, i))
+            start = i
+    return out
