@@ -230,3 +230,20 @@ def test_the_committed_slice_result_gives_the_gain_its_script_printed():
     assert gain["all"]["em"]["gain"]["mean"] == pytest.approx(0.031, abs=5e-4)
     assert "(closed_book -&gt; search): F1 +0.054 [-0.02, +0.13] on 98 questions" in page
     assert "<td>search</td><td>source all</td><td>98</td><td>0.082 [0.03, 0.14]</td><td>0.119 [0.06, 0.18]</td>" in page
+
+
+def test_the_committed_phantomwiki_em_run_gives_the_gain_the_docs_report():
+    """docs/results/phantomwiki_easy_smollm2_rl_em.json against the warm start's baselines: searching F1 +0.142
+    [+0.08, +0.20] on 160 questions, 29 up and 5 down, d2 +0.155 (docs/benchmarks.md, README), paired by id."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    page, gain = benchmark_page(
+        results / "phantomwiki_easy_smollm2_rl_em.json", results / "phantomwiki_easy_smollm2_warmstart_baselines.json"
+    )
+    assert gain["all"]["n"] == 160
+    assert gain["all"]["f1"]["gain"]["mean"] == pytest.approx(0.142, abs=5e-4)
+    assert gain["all"]["f1"]["gain"]["low"] == pytest.approx(0.08, abs=5e-3)
+    assert (gain["all"]["f1"]["up"], gain["all"]["f1"]["down"]) == (29, 5)
+    assert gain["per_group"]["2"]["f1"]["gain"]["mean"] == pytest.approx(0.155, abs=5e-4)
+    assert "F1 +0.142 [+0.08, +0.20] on 160 questions" in page
