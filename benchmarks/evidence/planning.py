@@ -169,28 +169,37 @@ class _Layout:
         warm start, so the CIs over seeds cover worlds and warm starts, not only RL seeds."""
         return [] if self.world_from is None else [f"data.synthetic.seed={self.world_from + seed}"]
 
+    def group_seed(self, seed: int) -> int | None:
+        """With ``warmstart_groups`` (and a shared warm start), the seed of the warm start world seed ``seed``
+        starts from (``warmstart_group``); else None."""
+        return warmstart_group(self.groups, seed) if self.shared and self.groups else None
+
     def key(self, task: str, seed: int) -> str:
         """The name of the warm start a run of ``task`` and ``seed`` starts from (one warm start per key): with
-        ``warmstart_groups`` seed s starts from group s mod G's (``<task>-g<its seed>``), so that consecutive
-        seeds, and a sweep cut short, cover every warm start."""
-        if self.shared and self.groups:
-            return f"{task}-g{self.groups[seed % len(self.groups)]}"
+        ``warmstart_groups`` ``<task>-g<the group's seed>``."""
+        g = self.group_seed(seed)
+        if g is not None:
+            return f"{task}-g{g}"
         return task if self.world_from is None or self.shared else f"{task}-w{self.world_from + seed}"
 
     def group(self, seed: int) -> list[str]:
-        """The overrides that make world group ``seed mod G``'s warm start its own: its seed seeds the
-        demonstration worlds (``data.synthetic.seed``, from which every demonstration world's seed derives) and
-        the demonstrations' choice, order and the initial weights (``sft.seed``)."""
-        if not (self.shared and self.groups):
-            return []
-        g = self.groups[seed % len(self.groups)]
-        return [f"data.synthetic.seed={g}", f"sft.seed={g}"]
+        """The overrides that make a world group's warm start its own: its seed seeds the demonstration worlds
+        (``data.synthetic.seed``, from which every demonstration world's seed derives) and the demonstrations'
+        choice, order and the initial weights (``sft.seed``)."""
+        g = self.group_seed(seed)
+        return [] if g is None else [f"data.synthetic.seed={g}", f"sft.seed={g}"]
 
     def task_head(self, task: str) -> list[str]:
         return self.common + as_overrides(self.exp["tasks"][task])
 
     def task_tail(self, task: str) -> list[str]:
         return [x.replace("{task}", task) for x in self.tail]
+
+
+def warmstart_group(groups, seed: int) -> int:
+    """The warm start (its seed, from ``warmstart_groups``) that world seed ``seed`` starts from: group s mod G, so
+    that consecutive seeds, and a sweep cut short, cover every warm start."""
+    return groups[seed % len(groups)]
 
 
 def _warmstart_groups(exp: dict) -> tuple[int, ...]:
@@ -238,7 +247,7 @@ def _run_spec(layout: _Layout, out: Path, cond: str, arm: str, seed: int, n_step
     """One run: overrides common, task, condition, arm, tail, world, then the run's own (seed, steps, one thread,
     no SFT, the warm start it loads). The order is part of the config hash."""
     exp, spec = layout.exp, layout.exp["conditions"][cond]
-    task = spec["task"]
+    task, group = spec["task"], layout.group_seed(seed)
     overrides = (
         layout.task_head(task)
         + as_overrides(spec.get("overrides", {}))
@@ -247,7 +256,7 @@ def _run_spec(layout: _Layout, out: Path, cond: str, arm: str, seed: int, n_step
         + layout.world(seed)
         # with warmstart_groups, the group's seed (sft.seed does nothing in RL): which warm start a run starts from
         # is then part of its config hash, not only of its machine path
-        + [o for o in layout.group(seed) if o.startswith("sft.seed=")]
+        + ([] if group is None else [f"sft.seed={group}"])
         + [
             f"trainer.seed={seed}",
             f"trainer.steps={n_steps}",

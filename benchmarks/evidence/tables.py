@@ -30,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from planning import RESULTS, load_experiment  # noqa: E402  (the runner's own experiment loader)
+from planning import RESULTS, load_experiment, warmstart_group  # noqa: E402  (the runner's own experiment loader)
 
 from stratarl.evaluation.stats import (  # noqa: E402
     Interval,
@@ -274,30 +274,28 @@ def condition_tables(exp: dict, condition: str, arms: dict[str, dict[int, dict]]
 
 
 def warmstart_group_table(exp: dict, values: dict, primary: str) -> dict:
-    """With ``warmstart_groups`` (seed s starts from warm start s mod G): per warm start, each arm's mean of the
-    primary metric and of em_before, its paired difference to the baseline within the group, and on how many of
-    the group's worlds the arm ended above its warm start's own em_before."""
+    """With ``warmstart_groups`` (planning.warmstart_group: seed s starts from warm start s mod G): per warm start,
+    each arm's mean of the primary metric, its paired difference to the baseline within the group, and on how many
+    of the group's worlds the arm ended above its warm start's own em_before."""
     groups, base = exp["warmstart_groups"], exp["baseline"]
     out: dict = {}
-    for g_index, g in enumerate(groups):
-        in_group = {
-            arm: {
-                m: {s: v for s, v in by_seed.items() if s % len(groups) == g_index} for m, by_seed in by_metric.items()
-            }
+    for g in groups:
+        after = {
+            arm: {s: v for s, v in by_metric.get(primary, {}).items() if warmstart_group(groups, s) == g}
             for arm, by_metric in values.items()
         }
         rows = {}
-        for arm, by_metric in in_group.items():
-            after, before = by_metric.get(primary, {}), by_metric.get("em_before", {})
-            finished = [s for s, v in after.items() if v is not None]
-            above = [s for s in finished if before.get(s) is not None and after[s] > before[s]]
+        for arm, by_seed in after.items():
+            before = values[arm].get("em_before", {})
+            finished = [s for s, v in by_seed.items() if v is not None]
+            above = [s for s in finished if before.get(s) is not None and by_seed[s] > before[s]]
             rows[arm] = {
                 "seeds": sorted(finished),
-                primary: mean_ci([after[s] for s in finished]).to_dict(),
+                primary: mean_ci([by_seed[s] for s in finished]).to_dict(),
                 "above_before": len(above),
             }
-            if arm != base and base in in_group:
-                rows[arm]["paired"] = _paired(after, in_group[base].get(primary, {}))
+            if arm != base and base in after:
+                rows[arm]["paired"] = _paired(by_seed, after[base])
         out[str(g)] = rows
     return out
 
