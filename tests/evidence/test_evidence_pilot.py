@@ -151,14 +151,20 @@ def test_an_unreadable_record_refuses_the_sweep_in_one_line(pilot, tmp_path, tex
 
 
 def test_the_committed_pilot_records_re_derive_from_the_committed_summaries():
-    """Each committed record agrees, check by check, with its committed <experiment>-pilot summaries."""
+    """Each committed record agrees, check by check, with its committed <experiment>-pilot summaries: an admitting
+    record opens the gate; a record that did not admit (a verdict worth keeping) closes it for that reason alone,
+    the gate's last test, reached only after the design hash and every check re-derived."""
     sys.path.insert(0, str(EVIDENCE))
     runner = _load("evidence_run_for_gate", "run.py")
     records = sorted((EVIDENCE / "pilots").glob("*.json"))
     assert records
     for record in records:
         exp = runner.load_experiment(record.stem)
-        assert runner.admission.pilot_gate(exp, runner.pilots.PILOTS, runner.RESULTS) is None, record.stem
+        why = runner.admission.pilot_gate(exp, runner.pilots.PILOTS, runner.RESULTS)
+        if json.loads(record.read_text())["admitted"]:
+            assert why is None, record.stem
+        else:
+            assert why is not None and why.startswith(f"{record.stem}'s pilot did not admit the regime"), why
 
 
 def test_validate_refuses_bad_sections_with_the_field_named(pilot):
