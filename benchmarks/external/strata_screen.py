@@ -1,6 +1,6 @@
 """Does a finished training run give Stratified GRPO anything to act on? Live strata, read from its metrics.
 
-    python benchmarks/external/strata_screen.py runs/pwem/rl runs/pwe/rl --out docs/results/strata_screen.json
+    python benchmarks/external/strata_screen.py runs/pwem/rl runs/pwe/rl --out docs/results/phantomwiki_strata_screen.json
 
 Paper A's admission asks for two live strata (``stratum/live_groups_frac``: a group with >= 2 search-count strata
 whose mean reward lies in [0.05, 0.95]) in at least ``--min-live`` of the groups. Every training step logs that
@@ -17,8 +17,8 @@ it dropped had one outcome in every rollout. This prints, per run:
 - the trained rollouts by number of searches (the strata themselves), averaged over the steps that trained any;
 - a verdict against ``--min-live`` on the share of all groups seen.
 
-Writes the same as JSON with ``--out``. A run folder without metrics.jsonl, or a metrics line that is not JSON,
-is refused in one line naming the file.
+Writes the same as JSON with ``--out``. A run folder without metrics.jsonl is refused in one line naming the file;
+the steps are read as the trainer's own report reads them (a resumed step once, a torn last line skipped).
 """
 
 from __future__ import annotations
@@ -30,26 +30,19 @@ from pathlib import Path
 
 import yaml
 
+from stratarl.evaluation.rundir import train_rows
+
 SEARCH_BINS = ("0", "1", "2", "3", "4+")
 
 
-def read_metrics(run: Path) -> list[dict]:
-    """The training steps of ``run``/metrics.jsonl: rows with the live-strata share or dynamic sampling's counts (a
-    step whose groups were all dropped logs only the counts, and its groups count as seen, none live)."""
+def read_steps(run: Path) -> list[dict]:
+    """The training steps of ``run``/metrics.jsonl, as every reader of a run has them (``rundir.train_rows``: step
+    order, a step re-run after a resume counted once, a torn last line of a crash skipped). A step whose groups
+    were all dropped logs only dynamic sampling's counts: its groups count as seen, none live."""
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise ValueError(f"{path}: no such file (give the folder of a training run)")
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not JSON ({error.msg}); the file is damaged") from None
-        if "stratum/live_groups_frac" in row or "dynsample/groups_seen" in row:
-            rows.append(row)
-    return rows
+    return train_rows(run)
 
 
 def prompts_per_step(run: Path) -> int | None:
@@ -106,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {}
     for run in args.runs:
         try:
-            result = screen(read_metrics(run), prompts_per_step(run), min_live=args.min_live)
+            result = screen(read_steps(run), prompts_per_step(run), min_live=args.min_live)
         except ValueError as error:
             print(f"error: {run}: {error}", file=sys.stderr)
             return 2
