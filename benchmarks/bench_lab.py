@@ -77,9 +77,10 @@ STEP_FILES = (
 # --------------------------------------------------------------------------- matmul rate
 
 
-def gemm_rate(m: int, k: int, n: int, seconds: float = 0.5) -> float:
-    """Best fp32 FLOP/s of ``[m, k] @ [k, n]`` over ``seconds`` of repeats (the best run is the least disturbed)."""
-    a, b = torch.randn(m, k), torch.randn(k, n)
+def gemm_rate(m: int, k: int, n: int, seconds: float = 0.5, dtype: torch.dtype = torch.float32) -> float:
+    """Best FLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` over ``seconds`` of repeats (the best run is the least
+    disturbed)."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
     a @ b
     best, end = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -289,6 +290,7 @@ def run_bench(args) -> dict:
         "hidden": fm.hidden,
         "vocab": fm.vocab,
         "load": os.getloadavg()[0],
+        "compute_dtype": str(run.settings.policy.compute_dtype).removeprefix("torch."),
     }
 
 
@@ -336,13 +338,15 @@ def report(result: dict, peak: float, head_rate: float, head_shape: tuple[int, i
 
 
 def measure_rates(result: dict) -> tuple[float, float, tuple[int, int, int]]:
-    """(peak fp32 FLOP/s, FLOP/s at the update's LM-head shape, that shape) on the threads the step ran on."""
+    """(peak FLOP/s, FLOP/s at the update's LM-head shape, that shape) on the threads the step ran on, in the
+    dtype of the step's matmuls (bf16 for a bf16 policy: its fp32 peak would put a bf16 step above 100%)."""
     shape = (max(int(result["policy_tokens"]), 1), result["hidden"], result["vocab"])
+    dtype = getattr(torch, result.get("compute_dtype", "float32"))
     before = torch.get_num_threads()
     torch.set_num_threads(int(result["step_threads"]))
     try:
-        peak = max(gemm_rate(1024, 1024, 1024, 1.0), gemm_rate(2048, 2048, 2048, 1.0))
-        return peak, gemm_rate(*shape, seconds=1.0), shape
+        peak = max(gemm_rate(1024, 1024, 1024, 1.0, dtype), gemm_rate(2048, 2048, 2048, 1.0, dtype))
+        return peak, gemm_rate(*shape, seconds=1.0, dtype=dtype), shape
     finally:
         torch.set_num_threads(before)
 
@@ -406,6 +410,21 @@ def compare_head(args) -> None:
     before = statistics.median(r["step_s"] for r in results["before (HEAD)"])
     after = statistics.median(r["step_s"] for r in results["after (tree)"])
     print(f"\nmedian step: before {before * 1000:.0f} ms, after {after * 1000:.0f} ms: {before / after:.2f}x faster")
+    # The two trees' policies drift apart after the first update (their rollouts then differ in length), so each
+    # phase is also compared per unit of its useful work: seconds per useful TFLOP, medians over the rounds.
+    for phase in ("generation", "update", "step"):
+        rates = {
+            label: statistics.median(_seconds_per_tflop(r, phase) for r in rows) for label, rows in results.items()
+        }
+        b, a = rates["before (HEAD)"], rates["after (tree)"]
+        print(f"{phase}: before {b:.2f} s, after {a:.2f} s per useful TFLOP: {b / a:.2f}x")
+
+
+def _seconds_per_tflop(result: dict, phase: str) -> float:
+    work = result["useful_flops"]
+    if phase == "step":
+        return result["step_s"] / (sum(work.values()) / 1e12)
+    return result["phases"][phase] / (work[phase] / 1e12)
 
 
 def main(argv: list[str] | None = None) -> None:

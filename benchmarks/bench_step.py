@@ -74,12 +74,13 @@ def gemm_ratio(seconds: float = 1.0) -> dict:
     return {"fp32_gflops": out["fp32"] / 1e9, "bf16_gflops": out["bf16"] / 1e9, "ratio": out["bf16"] / out["fp32"]}
 
 
-def lag_arms(lag: int) -> dict[str, list[str]]:
+def lag_arms(lag: int, with_pass: bool = True) -> dict[str, list[str]]:
     """The ``--policy-lag`` comparison: the config as given, fresh (the baseline), with ``lag`` stale steps, and
-    with ``lag`` stale steps measuring the sampler/learner mismatch by a scoring pass (``pass``: the step before
-    the update measured it on its own forward)."""
+    (``with_pass``) with ``lag`` stale steps measuring the sampler/learner mismatch by a scoring pass (``pass``: the
+    step before the update measured it on its own forward)."""
     stale = [f"trainer.policy_lag={lag}"]
-    return {"lag0": ["trainer.policy_lag=0"], f"lag{lag}": stale, f"lag{lag}+pass": stale}
+    arms = {"lag0": ["trainer.policy_lag=0"], f"lag{lag}": stale}
+    return {**arms, f"lag{lag}+pass": stale} if with_pass else arms
 
 
 def with_scoring_pass(run) -> None:
@@ -119,7 +120,8 @@ def build_arms(
     for arm, settings in arms.items():
         cfg = load_config(config, base + overrides + settings)
         runs[arm] = build_run(cfg, tmp / arm, init_from=init)
-    return runs, init
+    # A model.init_from given on the command line is the policy when no cached warm start was found.
+    return runs, init or cfg.model.init_from
 
 
 def spy_first_log_ratio(record: list, learner):
@@ -279,6 +281,11 @@ def main() -> int:
     parser.add_argument(
         "--policy-lag", type=int, default=0, help="compare trainer.policy_lag=0 with this lag instead of fp32 / bf16"
     )
+    parser.add_argument(
+        "--no-pass-arm",
+        action="store_true",
+        help="with --policy-lag: leave out the third arm (the mismatch by a scoring pass), e.g. to fit in memory",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides for both arms")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
@@ -384,10 +391,11 @@ def lag_main(args: argparse.Namespace) -> int:
     from stratarl.infra.threads import set_threads
 
     set_threads(args.threads)
-    arms = lag_arms(args.policy_lag)
+    arms = lag_arms(args.policy_lag, with_pass=not args.no_pass_arm)
     with tempfile.TemporaryDirectory() as tmp:
         runs, init = build_arms(args.config, args.overrides, Path(tmp), not args.no_warm_start, arms)
-        with_scoring_pass(runs[f"lag{args.policy_lag}+pass"])
+        if not args.no_pass_arm:
+            with_scoring_pass(runs[f"lag{args.policy_lag}+pass"])
         print(f"policy: {init or 'the base model (no cached warm start)'}; {torch.get_num_threads()} threads")
         rows, _, _ = timed_steps(runs, max(2, args.steps), keep=False)
     summary: dict = {"threads": torch.get_num_threads(), "policy": init, "arms": {}}

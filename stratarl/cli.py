@@ -11,6 +11,7 @@ import sys
 from stratarl import __version__
 from stratarl.commands import describe_os_error
 from stratarl.extensions import ExtensionError, env_imports, load_extensions, split_import_args
+from stratarl.infra.allocator import reuse_large_allocations
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    reuse_large_allocations()
     parser = build_parser()
     try:
         imports, argv = split_import_args(sys.argv[1:] if argv is None else argv)

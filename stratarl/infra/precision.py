@@ -9,7 +9,8 @@ The mixed-precision rules (the usual AMP recipe; bf16 needs no loss scaling, its
   under ``torch.autocast(dtype=bfloat16)``: matmuls and attention in bf16, reductions in fp32 (autocast's
   op lists). Backward runs outside the autocast region and follows the dtypes the forward chose.
 - Log-probs are fp32: the LM head's logits are cast to fp32 before the log-softmax
-  (``stratarl.trainer.logprobs``; the generator's ``.float()``), so ratios, KL and entropy are fp32. The
+  (``stratarl.trainer.logprobs``; the generator's ``.float()``), so ratios, KL and entropy are fp32. A frozen
+  LM head's weight is cast to bf16 once per weight version (``low_precision_head_weight``), not at every call. The
   value head computes in fp32 with autocast off (``stratarl.trainer.critic``).
 - fp16 is not offered (it would need a loss scaler).
 
@@ -34,6 +35,7 @@ bounds both).
 
 from __future__ import annotations
 
+import weakref
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -163,3 +165,44 @@ def check_placement(model: torch.nn.Module, device: str | torch.device, *modules
                     f"parameter {name} of {type(owner).__name__} is {p.dtype}; master weights must be "
                     "fp32 (autocast runs the forward in bf16)"
                 )
+
+
+class _CastCache:
+    """One weight's low-precision copy, kept while it is the same tensor (a weak reference: a new tensor that
+    happens to reuse a freed one's address is not mistaken for it) with the same storage and version counter."""
+
+    def __init__(self) -> None:
+        self.source: weakref.ref[torch.Tensor] | None = None
+        self.key: tuple[int, int, torch.dtype] | None = None
+        self.copy: torch.Tensor | None = None
+
+    def get(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        try:
+            key = (weight.data_ptr(), weight._version, dtype)
+        except RuntimeError:  # an inference tensor has no version counter: cast, keep nothing
+            return weight.detach().to(dtype)
+        same = self.source is not None and self.source() is weight and key == self.key
+        if not same or self.copy is None:
+            self.copy = None  # free the old copy before making the new one
+            self.copy, self.key, self.source = weight.detach().to(dtype), key, weakref.ref(weight)
+        return self.copy
+
+
+_HEAD_CAST = _CastCache()
+
+
+def low_precision_head_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The LM head's weight as the head's GEMMs should read it: under CPU bf16 autocast a frozen weight's bf16
+    copy, made once per weight version, else ``weight`` itself.
+
+    Why: autocast casts a weight at every call and caches the cast only for leaf tensors that require grad,
+    so a frozen head (SmolLM2's tied embedding: 49k x 576) was copied to bf16 once per LM-head block, forward
+    and backward, and the backward's GEMMs (the recomputed logits, dh = dz W) ran in fp32. With the bf16 copy
+    both passes run their GEMMs in bf16, as the forward's autocast does, from one copy per optimizer step
+    at most (a frozen head: once per run). A trainable head keeps autocast's own rules (fp32 dW)."""
+    if weight.requires_grad or weight.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+        return weight
+    dtype = torch.get_autocast_dtype("cpu")
+    if dtype == weight.dtype:
+        return weight
+    return _HEAD_CAST.get(weight, dtype)

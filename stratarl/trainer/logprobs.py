@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from stratarl.infra.flops import decoder_pass_costs, observe_head
+from stratarl.infra.precision import low_precision_head_weight
 from stratarl.models import activation_checkpointing, decoder_of, output_head
 
 
@@ -36,6 +37,18 @@ def selective_log_softmax(logits: torch.Tensor, targets: torch.Tensor) -> torch.
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+def _head_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
+    """``(hidden W^T + b) / temperature`` in ``weight``'s dtype, fp32 when a temperature divides it."""
+    if hidden.dtype != weight.dtype:
+        hidden = hidden.to(weight.dtype)
+    if bias is not None and bias.dtype != weight.dtype:
+        bias = bias.to(weight.dtype)
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return logits.float() / temperature if temperature != 1.0 else logits
+
+
 def _head_forward(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -44,12 +57,11 @@ def _head_forward(
     temperature: float,
     with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(log p(target), entropy or zeros, log-softmax [N, V]) of ``(hidden W^T + b) / temperature``."""
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    del logits
+    """(log p(target), entropy or zeros, log-softmax [N, V]) of ``(hidden W^T + b) / temperature``; with a bf16
+    ``weight`` (``low_precision_head_weight``) the product runs in bf16, as autocast would run it."""
+    # bf16 logits are widened inside the log-softmax (the same values as .float() first, without writing and
+    # reading back an fp32 copy of the block: 1.7x faster at 128 x 49k on one core).
+    logp = torch.log_softmax(_head_logits(hidden, weight, bias, temperature), dim=-1, dtype=torch.float32)
     picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     # H = -sum_v p_v log p_v, the same value as logsumexp(z) - sum_v softmax(z)_v z_v.
     entropy = -(logp.exp() * logp).sum(-1) if with_entropy else picked.new_zeros(picked.shape)
@@ -91,9 +103,12 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, bias, targets, entropy, logp = ctx.saved_tensors
-        if logp is None:
-            _, _, logp = _head_forward(hidden, weight, bias, targets, ctx.temperature, False)
-        probs = logp.exp()
+        if logp is None and not ctx.with_entropy:  # the probabilities alone: one softmax, no log-softmax and exp
+            probs = torch.softmax(_head_logits(hidden, weight, bias, ctx.temperature), dim=-1, dtype=torch.float32)
+        else:
+            if logp is None:
+                _, _, logp = _head_forward(hidden, weight, bias, targets, ctx.temperature, False)
+            probs = logp.exp()
         # The saved log-softmax is never written to (a retained graph may run backward again).
         if ctx.with_entropy:
             grad = (logp * grad_entropy.unsqueeze(-1)).add_((grad_entropy * entropy + grad_logp).unsqueeze(-1))
@@ -105,9 +120,9 @@ class _HeadLogprobs(torch.autograd.Function):
             grad = grad.div_(ctx.temperature)
         grad = grad.to(weight.dtype)
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
-        grad_hidden = grad @ weight if need_hidden else None
+        grad_hidden = (grad @ weight).to(hidden.dtype) if need_hidden else None
         grad_weight = grad.t() @ hidden.to(weight.dtype) if need_weight else None
-        grad_bias = grad.sum(0) if bias is not None and need_bias else None
+        grad_bias = grad.sum(0).to(bias.dtype) if bias is not None and need_bias else None
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 
@@ -138,6 +153,7 @@ def chunked_head_logprobs(
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
+    weight = low_precision_head_weight(weight)
     vocab = weight.shape[0]
     block = min(chunk_tokens, max(HEAD_MIN_BLOCK_ROWS, HEAD_BLOCK_BYTES // (4 * vocab)))
     keep = hidden.shape[0] * vocab * 4 <= HEAD_KEEP_BYTES

@@ -20,6 +20,7 @@ import torch
 
 from stratarl.algos.registry import AdvantageBatch
 from stratarl.infra import checkpoint as ckpt
+from stratarl.infra.allocator import reuse_large_allocations
 from stratarl.infra.metrics import MetricsLogger, PhaseTimer
 from stratarl.infra.precision import DevicePolicy, check_placement
 from stratarl.retrieval.timed import TimedRetriever
@@ -152,6 +153,7 @@ def build_run(cfg: Config, run_dir: Path, *, init_from: str | None = None, parts
     """Model, retriever, generator, optimizer, sampler and logger for ``cfg`` (fresh state); ``parts``: the
     collaborators (default ``DEFAULT_PARTS``)."""
     parts = DEFAULT_PARTS if parts is None else parts
+    reuse_large_allocations()  # the step's large tensors from memory the process holds, not fresh pages
     # A config-named reward or stratum function that cannot load, or bf16 asked of a GPU without it, fails here,
     # before any work.
     scoring = scoring_of(cfg)

@@ -465,8 +465,47 @@ def test_bf16_decoder_rebuilds_its_copies_when_the_weights_change(smollm2_tokeni
         again = decoder.prefill(ids, mask, capacity=ids.shape[1] + 1)
         assert decoder._layers is copies  # same weights: the bf16 copies are reused, not re-cast
         torch.testing.assert_close(first, again, rtol=0, atol=0)
+    head = decoder._lm_head
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight.mul_(3.0)
     with torch.inference_mode():
         changed = decoder.prefill(ids, mask, capacity=ids.shape[1] + 1)
+        fresh = FastDecoder(model, dtype=torch.bfloat16).prefill(ids, mask, capacity=ids.shape[1] + 1)
     assert decoder._layers is not copies and not torch.allclose(changed, first)
+    # Only the layer whose weights changed is rebuilt; the others and the LM head are the same objects.
+    assert decoder._layers[0] is not copies[0]
+    assert all(new is old for new, old in zip(decoder._layers[1:], copies[1:]))
+    assert decoder._lm_head is head
+    torch.testing.assert_close(changed, fresh, rtol=0, atol=0)
+
+
+def test_a_changed_lm_head_or_adapter_state_rebuilds_what_depends_on_it(smollm2_tokenizer):
+    """The LM head is rebuilt when its weight changes (the layers are kept); switching LoRA adapters off rebuilds
+    every layer (no parameter changes then)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = _build("llama_gqa", smollm2_tokenizer)
+    ids, mask = left_pad(PROMPTS, smollm2_tokenizer.pad_token_id, "cpu")
+    decoder = FastDecoder(model, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        decoder.prefill(ids, mask, capacity=ids.shape[1] + 1)
+    layers, head = list(decoder._layers), decoder._lm_head
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)
+    with torch.inference_mode():
+        changed = decoder.prefill(ids, mask, capacity=ids.shape[1] + 1)
+        fresh = FastDecoder(model, dtype=torch.bfloat16).prefill(ids, mask, capacity=ids.shape[1] + 1)
+    assert decoder._lm_head is not head and all(a is b for a, b in zip(decoder._layers, layers))
+    torch.testing.assert_close(changed, fresh, rtol=0, atol=0)
+
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    decoder = FastDecoder(peft_model)
+    with torch.inference_mode():
+        with_adapter = decoder.prefill(ids, mask, capacity=ids.shape[1] + 1)
+        layers = list(decoder._layers)
+        with peft_model.disable_adapter():
+            without = decoder.prefill(ids, mask, capacity=ids.shape[1] + 1)
+            assert all(a is not b for a, b in zip(decoder._layers, layers))
+            expected = FastDecoder(peft_model).prefill(ids, mask, capacity=ids.shape[1] + 1)
+    assert not torch.allclose(with_adapter, without)
+    torch.testing.assert_close(without, expected, rtol=0, atol=0)

@@ -277,3 +277,63 @@ def test_hidden_only_pass_skips_the_head_and_keeps_the_states(tiny_model, smollm
         hidden_only = response_logprobs(*args, return_hidden=True, with_logprobs=False)
     assert set(hidden_only) == {"hidden"}
     torch.testing.assert_close(hidden_only["hidden"], full["hidden"])
+
+
+def test_a_frozen_head_under_bf16_autocast_runs_on_one_bf16_copy_in_both_passes():
+    """Under CPU bf16 autocast a frozen LM head's weight is cast once per weight version (autocast alone casts
+    it at every call, and the closed-form backward ran its GEMMs in fp32): the log-probs are autocast's, the
+    gradient is that of the bf16 forward, and an in-place change of the weight makes a new copy."""
+    import stratarl.infra.precision as precision
+
+    g = torch.Generator().manual_seed(5)
+    head = torch.nn.Linear(16, 300, bias=False).requires_grad_(False)
+    hidden = torch.randn(40, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, 300, (40,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        copy = precision.low_precision_head_weight(head.weight)
+        assert copy.dtype == torch.bfloat16 and precision.low_precision_head_weight(head.weight) is copy
+        lp, _ = chunked_head_logprobs(hidden, head, targets, chunk_tokens=16)
+        reference = torch.log_softmax(head(hidden).float(), -1).gather(-1, targets[:, None]).squeeze(-1)
+    assert lp.dtype == torch.float32
+    torch.testing.assert_close(lp, reference, rtol=0, atol=0)
+    lp.sum().backward()
+    mine, hidden.grad = hidden.grad.clone(), None
+    # autograd through the bf16 forward: the product, its input gradient, in bf16
+    logits = torch.nn.functional.linear(hidden.to(torch.bfloat16), head.weight.to(torch.bfloat16)).float()
+    torch.log_softmax(logits, -1).gather(-1, targets[:, None]).sum().backward()
+    assert mine.dtype == torch.float32
+    torch.testing.assert_close(mine, hidden.grad, rtol=2e-2, atol=2e-3)
+    with torch.no_grad():
+        head.weight.mul_(2.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        new = precision.low_precision_head_weight(head.weight)
+    assert new is not copy and torch.equal(new, head.weight.to(torch.bfloat16))
+
+
+def test_a_trainable_head_or_no_autocast_keeps_the_weight_itself():
+    import stratarl.infra.precision as precision
+
+    trainable = torch.nn.Linear(8, 20, bias=False)
+    frozen = torch.nn.Linear(8, 20, bias=False).requires_grad_(False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert precision.low_precision_head_weight(trainable.weight) is trainable.weight
+    assert precision.low_precision_head_weight(frozen.weight) is frozen.weight
+
+
+def test_the_head_copy_follows_the_tensor_not_its_address():
+    """A new weight in memory a freed one used (same address, same version counter) is not served the freed
+    one's copy: here two tensors over one numpy buffer, rewritten in between without torch seeing it."""
+    import numpy as np
+
+    import stratarl.infra.precision as precision
+
+    buffer = np.ones((64, 32), dtype=np.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        old = torch.from_numpy(buffer)
+        address, version = old.data_ptr(), old._version
+        assert torch.equal(precision.low_precision_head_weight(old), torch.ones(64, 32, dtype=torch.bfloat16))
+        del old
+        buffer[:] = 2.0
+        new = torch.from_numpy(buffer)
+        assert (new.data_ptr(), new._version) == (address, version)
+        assert torch.equal(precision.low_precision_head_weight(new), torch.full((64, 32), 2.0, dtype=torch.bfloat16))
