@@ -153,7 +153,7 @@ class FastDecoder:
             adapters = tuple(
                 bool(getattr(m, "disable_adapters", False)) or tuple(m.active_adapters) for m in self._lora_modules
             )  # toggling an adapter changes no parameter
-            return (tuple((p.data_ptr(), p._version) for p in self.model.parameters()), adapters)
+            return (_parameter_key(self.model), adapters)
         except RuntimeError:  # inference tensors (a model built under inference_mode) have no counter
             return None
 
@@ -182,8 +182,7 @@ class FastDecoder:
                 version is not None
                 and self._version is not None
                 and version[1] == self._version[1]
-                and not repack
-                and small == self._unpacked_for_small
+                and small == self._unpacked_for_small  # a repack changes this too
             )
             layer_keys = [_parameter_key(layer) for layer in self.inner.layers]
             head_key = _parameter_key(self.causal_lm.lm_head)
